@@ -1,0 +1,214 @@
+//! Every rule a call must meet, checked on the host before anything is launched.
+
+use super::params::AttentionParams;
+use crate::error::{Error, Result};
+
+/// Head dimensions the shipped kernels are built for.
+pub const SUPPORTED_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// TMA addresses rows in 16-byte units, and the tensor-map fields cap extents and strides.
+const TMA_ALIGN: usize = 16;
+const TMA_MAX_DIM: usize = 1 << 31;
+
+/// Checks the shape-level rules (no buffers involved).
+pub fn check_params(p: &AttentionParams) -> Result<()> {
+    for (name, v) in [
+        ("batch", p.batch),
+        ("seqlen_q", p.seqlen_q),
+        ("seqlen_k", p.seqlen_k),
+        ("heads_q", p.heads_q),
+        ("heads_kv", p.heads_kv),
+        ("head_dim", p.head_dim),
+    ] {
+        if v == 0 {
+            return Err(Error::invalid(
+                name,
+                "must be at least 1 (zero-sized dimensions are not allowed)",
+            ));
+        }
+        if v >= TMA_MAX_DIM {
+            return Err(Error::invalid(
+                name,
+                format!("{v} exceeds the TMA extent limit of 2^31"),
+            ));
+        }
+    }
+    if !SUPPORTED_HEAD_DIMS.contains(&p.head_dim) {
+        return Err(Error::invalid(
+            "head_dim",
+            format!("{} is not supported (supported: 64, 128)", p.head_dim),
+        ));
+    }
+    if p.heads_q % p.heads_kv != 0 {
+        return Err(Error::invalid(
+            "heads_kv",
+            format!(
+                "heads_q ({}) must be a multiple of heads_kv ({})",
+                p.heads_q, p.heads_kv
+            ),
+        ));
+    }
+    if let Some(s) = p.scale {
+        if !s.is_finite() {
+            return Err(Error::invalid("scale", format!("must be finite, got {s}")));
+        }
+    }
+    // Total elements must fit the kernels' 64-bit offsets and TMA's 2^40-byte stride limit.
+    let biggest = p.q_len().max(p.kv_len()) * p.dtype.size();
+    if biggest >= (1usize << 40) {
+        return Err(Error::invalid(
+            "batch",
+            "tensor larger than 2^40 bytes cannot be addressed by TMA",
+        ));
+    }
+    Ok(())
+}
+
+/// Checks one buffer's length and its base address alignment.
+pub fn check_buffer(
+    arg: &'static str,
+    len: usize,
+    expected: usize,
+    addr: u64,
+    align: usize,
+) -> Result<()> {
+    if len != expected {
+        return Err(Error::invalid(
+            arg,
+            format!("has {len} elements, the shape needs {expected}"),
+        ));
+    }
+    if addr as usize % align != 0 {
+        return Err(Error::invalid(
+            arg,
+            format!("device address {addr:#x} is not {align}-byte aligned (TMA needs it)"),
+        ));
+    }
+    Ok(())
+}
+
+pub const TENSOR_ALIGN: usize = TMA_ALIGN;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::params::AttentionParams;
+
+    fn rule_of(e: Error) -> (&'static str, String) {
+        match e {
+            Error::InvalidArgument { arg, rule } => (arg, rule),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn accepts_supported_shapes() {
+        check_params(&AttentionParams::new(2, 4, 17, 64)).unwrap();
+        check_params(
+            &AttentionParams::new(1, 1, 1, 128)
+                .seqlen_k(1000)
+                .causal(true),
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn rejects_each_zero_dim() {
+        let base = AttentionParams::new(1, 2, 8, 64);
+        let cases: Vec<(&str, AttentionParams)> = vec![
+            (
+                "batch",
+                AttentionParams {
+                    batch: 0,
+                    ..base.clone()
+                },
+            ),
+            (
+                "seqlen_q",
+                AttentionParams {
+                    seqlen_q: 0,
+                    ..base.clone()
+                },
+            ),
+            (
+                "seqlen_k",
+                AttentionParams {
+                    seqlen_k: 0,
+                    ..base.clone()
+                },
+            ),
+            (
+                "heads_q",
+                AttentionParams {
+                    heads_q: 0,
+                    ..base.clone()
+                },
+            ),
+            (
+                "heads_kv",
+                AttentionParams {
+                    heads_kv: 0,
+                    ..base.clone()
+                },
+            ),
+            (
+                "head_dim",
+                AttentionParams {
+                    head_dim: 0,
+                    ..base.clone()
+                },
+            ),
+        ];
+        for (name, p) in cases {
+            let (arg, rule) = rule_of(check_params(&p).unwrap_err());
+            assert_eq!(arg, name);
+            assert!(rule.contains("at least 1"), "{rule}");
+        }
+    }
+
+    #[test]
+    fn rejects_unsupported_head_dim() {
+        let (arg, rule) = rule_of(check_params(&AttentionParams::new(1, 1, 8, 96)).unwrap_err());
+        assert_eq!(arg, "head_dim");
+        assert!(rule.contains("96"));
+    }
+
+    #[test]
+    fn rejects_heads_not_multiple() {
+        let p = AttentionParams {
+            heads_q: 6,
+            heads_kv: 4,
+            ..AttentionParams::new(1, 6, 8, 64)
+        };
+        let (arg, rule) = rule_of(check_params(&p).unwrap_err());
+        assert_eq!(arg, "heads_kv");
+        assert!(rule.contains("multiple"));
+    }
+
+    #[test]
+    fn rejects_non_finite_scale() {
+        for s in [f32::NAN, f32::INFINITY] {
+            let (arg, _) =
+                rule_of(check_params(&AttentionParams::new(1, 1, 8, 64).scale(s)).unwrap_err());
+            assert_eq!(arg, "scale");
+        }
+    }
+
+    #[test]
+    fn rejects_huge_tensors() {
+        let p = AttentionParams::new(1 << 20, 1 << 10, 1 << 10, 128);
+        let (arg, _) = rule_of(check_params(&p).unwrap_err());
+        assert_eq!(arg, "batch");
+    }
+
+    #[test]
+    fn buffer_length_and_alignment() {
+        check_buffer("q", 10, 10, 0x1000, 16).unwrap();
+        let (arg, rule) = rule_of(check_buffer("k", 9, 10, 0x1000, 16).unwrap_err());
+        assert_eq!(arg, "k");
+        assert!(rule.contains("9 elements"));
+        let (arg, rule) = rule_of(check_buffer("v", 10, 10, 0x1008, 16).unwrap_err());
+        assert_eq!(arg, "v");
+        assert!(rule.contains("aligned"));
+    }
+}

@@ -1,0 +1,68 @@
+//! One error type for the whole crate: every failure a user can cause or meet is a variant
+//! with a message that names the argument and the rule, never a panic.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A user-supplied argument broke a rule; raised before any launch.
+    #[error("invalid argument `{arg}`: {rule}")]
+    InvalidArgument { arg: &'static str, rule: String },
+
+    #[error("no CUDA driver: {0} (a GPU machine with the NVIDIA driver is needed for this; compilation and audit work without one)")]
+    NoDriver(String),
+
+    #[error("no CUDA device found")]
+    NoDevice,
+
+    #[error("unsupported device `{name}` (compute capability {major}.{minor}): flashcore's kernels need sm_90 (H100/H200)")]
+    UnsupportedDevice {
+        name: String,
+        major: i32,
+        minor: i32,
+    },
+
+    #[error("NVRTC not found: {0}. Run `bash scripts/install-cuda-tools.sh` (installs the pinned PyPI wheels into .cuda-tools/) or set CUDA_HOME")]
+    NoNvrtc(String),
+
+    #[error("tool `{tool}` not found: {hint}")]
+    ToolMissing { tool: &'static str, hint: String },
+
+    #[error("tool `{tool}` failed: {message}")]
+    ToolFailed { tool: String, message: String },
+
+    #[error("NVRTC could not compile `{kernel}`:\n{log}")]
+    Compile { kernel: String, log: String },
+
+    #[error("CUDA driver error: {0}")]
+    Driver(#[from] cudarc::driver::DriverError),
+
+    #[error("I/O error on {path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+
+    #[error("bad tensor file: {0}")]
+    TensorFile(String),
+
+    #[error("{0}")]
+    Other(String),
+}
+
+impl Error {
+    pub(crate) fn invalid(arg: &'static str, rule: impl Into<String>) -> Self {
+        Error::InvalidArgument {
+            arg,
+            rule: rule.into(),
+        }
+    }
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

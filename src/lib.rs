@@ -1,0 +1,10 @@
+//! flashcore: data-oblivious fused attention for NVIDIA Hopper.
+
+pub mod attention;
+pub mod cli;
+pub mod error;
+pub mod jit;
+pub mod kernels;
+
+pub use attention::{AttentionParams, DType, Layout};
+pub use error::{Error, Result};
