@@ -1,2 +1,66 @@
-// Placeholder; replaced by the real headers.
+// Basic types and helpers shared by every kernel header. No CUDA toolkit headers: NVRTC gets
+// these sources in memory, so the kernels build anywhere libnvrtc does.
 #pragma once
+
+typedef unsigned char uint8_t;
+typedef unsigned short uint16_t;
+typedef unsigned int uint32_t;
+typedef unsigned long long uint64_t;
+typedef int int32_t;
+typedef long long int64_t;
+
+#define FC_DEVICE __device__ __forceinline__
+
+// A CUtensorMap as the driver encodes it: 128 opaque bytes, 64-byte aligned.
+struct __align__(64) TensorMap {
+    uint64_t opaque[16];
+};
+
+// Shared-memory address (the 32-bit window the async proxy and mbarriers use).
+FC_DEVICE uint32_t smem_u32(const void* p) {
+    uint32_t r;
+    asm volatile("{\n.reg .u64 t;\ncvta.to.shared.u64 t, %1;\ncvt.u32.u64 %0, t;\n}\n" : "=r"(r) : "l"(p));
+    return r;
+}
+
+FC_DEVICE float neg_inf() { return __int_as_float(0xff800000); }
+
+// 2^x on the SFU (MUFU.EX2): fixed latency, no data-dependent path; exp2(-inf) = 0.
+FC_DEVICE float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// log2(x) on the SFU (MUFU.LG2).
+FC_DEVICE float fast_log2(float x) {
+    float y;
+    asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// 1/x on the SFU (MUFU.RCP): the approximate instruction, never the IEEE slow path.
+FC_DEVICE float fast_rcp(float x) {
+    float y;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Branch-free select, written so the compiler keeps it a SEL/FSEL.
+FC_DEVICE float select_f(bool c, float a, float b) { return c ? a : b; }
+
+// Two floats → one packed 16-bit pair (lo in the low half), round to nearest.
+FC_DEVICE uint32_t pack_f16x2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+FC_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Hardware thread/warp indices, uniform per warp where it matters.
+FC_DEVICE int warp_id_in_block() { return threadIdx.x / 32; }
+FC_DEVICE int lane_id() { return threadIdx.x % 32; }

@@ -1,6 +1,11 @@
-//! The public attention API: parameters, validation, launch.
+//! The public attention API: parameters, validation, context, launch.
 
+pub mod context;
+pub mod launch;
 pub mod params;
+pub mod tensor_map;
 pub mod validate;
 
+pub use context::{Context, Element};
+pub use launch::Plan;
 pub use params::{AttentionParams, DType, Layout};

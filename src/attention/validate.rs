@@ -49,8 +49,13 @@ pub fn check_params(p: &AttentionParams) -> Result<()> {
         ));
     }
     if let Some(s) = p.scale {
-        if !s.is_finite() {
-            return Err(Error::invalid("scale", format!("must be finite, got {s}")));
+        // The online softmax subtracts the running max of raw scores, which is the max of the
+        // scaled scores only for a positive scale.
+        if !s.is_finite() || s <= 0.0 {
+            return Err(Error::invalid(
+                "scale",
+                format!("must be positive and finite, got {s}"),
+            ));
         }
     }
     // Total elements must fit the kernels' 64-bit offsets and TMA's 2^40-byte stride limit.
@@ -186,8 +191,8 @@ mod tests {
     }
 
     #[test]
-    fn rejects_non_finite_scale() {
-        for s in [f32::NAN, f32::INFINITY] {
+    fn rejects_non_finite_or_non_positive_scale() {
+        for s in [f32::NAN, f32::INFINITY, 0.0, -0.5] {
             let (arg, _) =
                 rule_of(check_params(&AttentionParams::new(1, 1, 8, 64).scale(s)).unwrap_err());
             assert_eq!(arg, "scale");

@@ -132,6 +132,12 @@ pub fn compile(
             log: program_log(guard.0),
         });
     }
+    if std::env::var_os("FLASHCORE_JIT_LOG").is_some() {
+        let log = program_log(guard.0);
+        if !log.trim().is_empty() {
+            eprintln!("flashcore: NVRTC log for {kernel}:\n{log}");
+        }
+    }
     let mut size = 0usize;
     // SAFETY: program compiled; out-pointer valid, buffer sized from NVRTC's answer.
     unsafe { check(sys::nvrtcGetCUBINSize(guard.0, &mut size), "get cubin size")? };

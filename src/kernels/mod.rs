@@ -12,14 +12,56 @@ pub const FORWARD_SYMBOL: &str = "flashcore_attention_fwd";
 const FORWARD_SOURCE: &str = include_str!("../../kernels/attention_fwd.cu");
 
 /// Headers by the name the sources `#include` them.
-pub const HEADERS: &[(&str, &str)] =
-    &[("fc_common.cuh", include_str!("../../kernels/fc_common.cuh"))];
+pub const HEADERS: &[(&str, &str)] = &[
+    ("fc_common.cuh", include_str!("../../kernels/fc_common.cuh")),
+    (
+        "fc_mbarrier.cuh",
+        include_str!("../../kernels/fc_mbarrier.cuh"),
+    ),
+    ("fc_tma.cuh", include_str!("../../kernels/fc_tma.cuh")),
+    ("fc_wgmma.cuh", include_str!("../../kernels/fc_wgmma.cuh")),
+    (
+        "fc_wgmma_ops.cuh",
+        include_str!("../../kernels/fc_wgmma_ops.cuh"),
+    ),
+    (
+        "fc_softmax.cuh",
+        include_str!("../../kernels/fc_softmax.cuh"),
+    ),
+];
 
 fn headers() -> Vec<Header<'static>> {
     HEADERS
         .iter()
         .map(|(name, source)| Header { name, source })
         .collect()
+}
+
+/// Tile shape and pipeline depth of a variant. Decided here, passed to the kernel as defines, so
+/// host (grid, shared-memory size) and device agree by construction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tile {
+    /// Query rows per CTA (64 per consumer warpgroup).
+    pub block_m: usize,
+    /// Keys per pipeline stage.
+    pub block_n: usize,
+    /// Depth of the K/V shared-memory ring.
+    pub stages: usize,
+    /// Consumer warpgroups.
+    pub consumers: usize,
+}
+
+impl Tile {
+    pub fn threads(&self) -> usize {
+        128 * (1 + self.consumers)
+    }
+    /// Dynamic shared memory: Q tile, K and V rings, mbarriers, plus 1 KiB of alignment slack.
+    pub fn smem_bytes(&self, head_dim: usize) -> usize {
+        let q = self.block_m * head_dim * 2;
+        let kv = 2 * self.stages * self.block_n * head_dim * 2;
+        let barriers = (1 + 4 * self.stages) * 8;
+        q + kv + barriers + 1024
+    }
 }
 
 /// One compiled specialisation of the forward kernel. Everything that distinguishes variants
@@ -42,8 +84,22 @@ impl Variant {
         )
     }
 
+    pub fn tile(&self) -> Tile {
+        Tile {
+            block_m: 128,
+            block_n: 128,
+            stages: if self.head_dim == 64 { 4 } else { 2 },
+            consumers: 2,
+        }
+    }
+
     pub fn options(&self) -> Vec<String> {
+        let t = self.tile();
         let mut o = jit::base_options();
+        o.push(format!("-DFC_BLOCK_M={}", t.block_m));
+        o.push(format!("-DFC_BLOCK_N={}", t.block_n));
+        o.push(format!("-DFC_STAGES={}", t.stages));
+        o.push(format!("-DFC_CONSUMERS={}", t.consumers));
         o.push(format!("-DFC_HEAD_DIM={}", self.head_dim));
         o.push(format!("-DFC_BF16={}", (self.dtype == DType::Bf16) as u8));
         o.push(format!("-DFC_CAUSAL={}", self.causal as u8));

@@ -1,0 +1,76 @@
+// wgmma: warpgroup matrix multiply-accumulate (HGMMA in SASS). Shared-memory operands are
+// described by 64-bit descriptors over 128-byte-swizzled tiles laid out as [D/64][rows][64].
+#pragma once
+#include "fc_common.cuh"
+#include "fc_wgmma_ops.cuh"
+
+// Descriptor of a 128B-swizzled shared tile. `lbo`: byte distance between 64-element chunks
+// along the contiguous (MN-major) dimension; `sbo`: byte distance between 8-row groups.
+FC_DEVICE uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+    uint64_t d = 0;
+    d |= (uint64_t)((smem_addr & 0x3FFFF) >> 4);
+    d |= (uint64_t)((lbo >> 4) & 0x3FFF) << 16;
+    d |= (uint64_t)((sbo >> 4) & 0x3FFF) << 32;
+    d |= (uint64_t)1 << 62;  // 128-byte swizzle
+    return d;
+}
+
+FC_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+FC_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+FC_DEVICE void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+// Keeps the compiler from moving accumulator reads/writes across an in-flight wgmma.
+template <int N>
+FC_DEVICE void fence_regs(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// Dispatch on element type (FC_BF16) and N for the two products of attention.
+template <int N>
+struct Mma;
+template <>
+struct Mma<64> {
+    FC_DEVICE static void ss(float (&d)[32], uint64_t a, uint64_t b, int scale_d) {
+#if FC_BF16
+        wgmma_ss_m64n64k16_bf16(d, a, b, scale_d);
+#else
+        wgmma_ss_m64n64k16_f16(d, a, b, scale_d);
+#endif
+    }
+    FC_DEVICE static void rs_tb(float (&d)[32], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+#if FC_BF16
+        wgmma_rs_m64n64k16_bf16_tb(d, a, b, scale_d);
+#else
+        wgmma_rs_m64n64k16_f16_tb(d, a, b, scale_d);
+#endif
+    }
+};
+template <>
+struct Mma<128> {
+    FC_DEVICE static void ss(float (&d)[64], uint64_t a, uint64_t b, int scale_d) {
+#if FC_BF16
+        wgmma_ss_m64n128k16_bf16(d, a, b, scale_d);
+#else
+        wgmma_ss_m64n128k16_f16(d, a, b, scale_d);
+#endif
+    }
+    FC_DEVICE static void rs_tb(float (&d)[64], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+#if FC_BF16
+        wgmma_rs_m64n128k16_bf16_tb(d, a, b, scale_d);
+#else
+        wgmma_rs_m64n128k16_f16_tb(d, a, b, scale_d);
+#endif
+    }
+};
+
+FC_DEVICE uint32_t pack_elem2(float lo, float hi) {
+#if FC_BF16
+    return pack_bf16x2(lo, hi);
+#else
+    return pack_f16x2(lo, hi);
+#endif
+}

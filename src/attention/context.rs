@@ -1,0 +1,217 @@
+//! `Context`: one CUDA device, its stream, and the kernels loaded on it.
+
+use super::launch::{LoadedKernel, Plan};
+use super::params::{AttentionParams, DType};
+use super::validate;
+use crate::error::{Error, Result};
+use crate::kernels::Variant;
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits,
+};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Element types the kernels take: 16-bit floats.
+pub trait Element: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static {
+    const DTYPE: DType;
+    fn to_f64(self) -> f64;
+    fn from_f64(x: f64) -> Self;
+}
+impl Element for half::f16 {
+    const DTYPE: DType = DType::F16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(x: f64) -> Self {
+        half::f16::from_f64(x)
+    }
+}
+impl Element for half::bf16 {
+    const DTYPE: DType = DType::Bf16;
+    fn to_f64(self) -> f64 {
+        self.to_f64()
+    }
+    fn from_f64(x: f64) -> Self {
+        half::bf16::from_f64(x)
+    }
+}
+
+/// Opens the driver library ourselves first: cudarc panics when it is missing, we return
+/// `Error::NoDriver` instead.
+fn probe_driver() -> Result<()> {
+    static PROBE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    PROBE
+        .get_or_init(|| {
+            // SAFETY: loading the driver library runs its initialisers, as cudarc would.
+            match unsafe { libloading::Library::new("libcuda.so.1") } {
+                Ok(lib) => {
+                    std::mem::forget(lib);
+                    Ok(())
+                }
+                Err(e) => Err(format!("cannot load libcuda.so.1 ({e})")),
+            }
+        })
+        .clone()
+        .map_err(Error::NoDriver)
+}
+
+/// A CUDA device with its stream and the flashcore kernels loaded on it.
+pub struct Context {
+    cuda: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    kernels: Mutex<HashMap<Variant, Arc<LoadedKernel>>>,
+    num_sms: usize,
+}
+
+impl Context {
+    /// Opens device `ordinal`. Errors (never panics) when there is no driver, no device, or the
+    /// device is not an sm_90 Hopper GPU.
+    pub fn new(ordinal: usize) -> Result<Context> {
+        probe_driver()?;
+        let count = CudaContext::device_count().map_err(|e| match e.0 {
+            cudarc::driver::sys::CUresult::CUDA_ERROR_NO_DEVICE => Error::NoDevice,
+            _ => Error::Driver(e),
+        })?;
+        if count <= 0 {
+            return Err(Error::NoDevice);
+        }
+        if ordinal >= count as usize {
+            return Err(Error::invalid(
+                "device",
+                format!("ordinal {ordinal} but only {count} CUDA device(s) present"),
+            ));
+        }
+        let cuda = CudaContext::new(ordinal)?;
+        let (major, minor) = cuda.compute_capability()?;
+        if (major, minor) != (9, 0) {
+            return Err(Error::UnsupportedDevice {
+                name: cuda.name().unwrap_or_default(),
+                major,
+                minor,
+            });
+        }
+        // One stream, ordered by construction: cudarc's per-buffer event tracking is not needed.
+        // SAFETY: flashcore uses buffers from one stream only.
+        unsafe { cuda.disable_event_tracking() };
+        let num_sms = cuda.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )? as usize;
+        let stream = cuda.default_stream();
+        Ok(Context {
+            cuda,
+            stream,
+            kernels: Mutex::new(HashMap::new()),
+            num_sms,
+        })
+    }
+
+    pub fn cuda(&self) -> &Arc<CudaContext> {
+        &self.cuda
+    }
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+    pub fn device_name(&self) -> String {
+        self.cuda.name().unwrap_or_else(|_| "unknown".into())
+    }
+    pub fn num_sms(&self) -> usize {
+        self.num_sms
+    }
+
+    /// The loaded kernel for `variant`, compiling (through the disk cache) on first use.
+    pub(crate) fn kernel(&self, variant: Variant) -> Result<Arc<LoadedKernel>> {
+        let mut map = self
+            .kernels
+            .lock()
+            .map_err(|_| Error::Other("kernel cache lock poisoned".into()))?;
+        if let Some(k) = map.get(&variant) {
+            return Ok(k.clone());
+        }
+        let k = Arc::new(LoadedKernel::load(&self.cuda, variant)?);
+        map.insert(variant, k.clone());
+        Ok(k)
+    }
+
+    /// Validates `params` and prepares everything a launch needs except the buffers.
+    pub fn plan(&self, params: &AttentionParams) -> Result<Plan> {
+        validate::check_params(params)?;
+        Plan::new(self, params.clone())
+    }
+
+    /// O = softmax(scale · Q Kᵀ + mask) V on this context's stream; `lse` (fp32 [B, Hq, Sq],
+    /// natural log) is written when given. All checks happen before the launch.
+    pub fn attention<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
+        if params.dtype != T::DTYPE {
+            return Err(Error::invalid(
+                "dtype",
+                format!(
+                    "params say {} but the buffers hold {}",
+                    params.dtype.name(),
+                    T::DTYPE.name()
+                ),
+            ));
+        }
+        let plan = self.plan(params)?;
+        let align = validate::TENSOR_ALIGN;
+        let (q_ptr, _g1) = q.device_ptr(&self.stream);
+        let (k_ptr, _g2) = k.device_ptr(&self.stream);
+        let (v_ptr, _g3) = v.device_ptr(&self.stream);
+        validate::check_buffer("q", q.len(), params.q_len(), q_ptr, align)?;
+        validate::check_buffer("k", k.len(), params.kv_len(), k_ptr, align)?;
+        validate::check_buffer("v", v.len(), params.kv_len(), v_ptr, align)?;
+        let out_len = out.len();
+        let (o_ptr, _g4) = out.device_ptr_mut(&self.stream);
+        validate::check_buffer("out", out_len, params.q_len(), o_ptr, 4)?;
+        let lse_ptr = match lse {
+            Some(l) => {
+                let len = l.len();
+                let (p, _g) = l.device_ptr_mut(&self.stream);
+                validate::check_buffer("lse", len, params.lse_len(), p, 4)?;
+                p
+            }
+            None => 0,
+        };
+        // SAFETY: every buffer's length and alignment was checked against the plan's shape.
+        unsafe { plan.launch_raw(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr) }
+    }
+
+    /// Copies a host slice to a new device buffer.
+    pub fn upload<T: Element>(&self, host: &[T]) -> Result<CudaSlice<T>> {
+        Ok(self.stream.clone_htod(host)?)
+    }
+    pub fn upload_f16(&self, host: &[half::f16]) -> Result<CudaSlice<half::f16>> {
+        self.upload(host)
+    }
+    pub fn upload_bf16(&self, host: &[half::bf16]) -> Result<CudaSlice<half::bf16>> {
+        self.upload(host)
+    }
+    /// A zero-filled device buffer of `len` elements.
+    pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
+        Ok(self.stream.alloc_zeros::<T>(len)?)
+    }
+    /// Copies a device buffer back (waits for the stream).
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>) -> Result<Vec<T>> {
+        Ok(self.stream.clone_dtoh(dev)?)
+    }
+    /// Fills a device buffer from a host slice of equal length.
+    pub fn copy_to_device<T: DeviceRepr>(&self, host: &[T], dev: &mut CudaSlice<T>) -> Result<()> {
+        if host.len() != dev.len() {
+            return Err(Error::invalid(
+                "host",
+                format!("{} elements for a buffer of {}", host.len(), dev.len()),
+            ));
+        }
+        Ok(self.stream.memcpy_htod(host, dev)?)
+    }
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.stream.synchronize()?)
+    }
+}

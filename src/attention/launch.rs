@@ -1,0 +1,170 @@
+//! Loading a kernel variant and launching it: the parameter block, grid, shared memory.
+
+use super::context::Context;
+use super::params::AttentionParams;
+use super::tensor_map;
+use crate::error::{Error, Result};
+use crate::kernels::{Tile, Variant, FORWARD_SYMBOL};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use std::sync::{Arc, Mutex};
+
+/// A variant's module and function on one context, with its shared-memory limit raised.
+pub struct LoadedKernel {
+    _module: Arc<CudaModule>,
+    function: CudaFunction,
+    pub variant: Variant,
+    pub smem_bytes: usize,
+}
+
+impl LoadedKernel {
+    pub fn load(ctx: &Arc<CudaContext>, variant: Variant) -> Result<LoadedKernel> {
+        let cubin = variant.cubin()?;
+        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin))?;
+        let function = module.load_function(FORWARD_SYMBOL)?;
+        let smem_bytes = variant.tile().smem_bytes(variant.head_dim);
+        function.set_attribute(
+            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem_bytes as i32,
+        )?;
+        Ok(LoadedKernel {
+            _module: module,
+            function,
+            variant,
+            smem_bytes,
+        })
+    }
+}
+
+/// The kernel's `Params` (kernels/attention_fwd.cu), byte for byte.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct KernelParams {
+    q_map: sys::CUtensorMap,
+    k_map: sys::CUtensorMap,
+    v_map: sys::CUtensorMap,
+    o_ptr: u64,
+    lse_ptr: u64,
+    o_stride_b: i64,
+    o_stride_s: i64,
+    o_stride_h: i64,
+    seqlen_q: i32,
+    seqlen_k: i32,
+    heads_q: i32,
+    group: i32,
+    scale_log2: f32,
+    scale: f32,
+    num_m_blocks: i32,
+    pad: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<KernelParams>() == 512);
+
+/// Everything one shape needs to launch, prepared once: the loaded kernel, grid, and the
+/// parameter block of the last buffers seen (rebuilt only when the pointers change), so
+/// repeated launches on the same buffers do no host work but the launch itself.
+pub struct Plan {
+    params: AttentionParams,
+    kernel: Arc<LoadedKernel>,
+    stream: Arc<CudaStream>,
+    tile: Tile,
+    grid: (u32, u32, u32),
+    cached: Mutex<Option<([u64; 5], Box<KernelParams>)>>,
+}
+
+impl Plan {
+    pub(crate) fn new(ctx: &Context, params: AttentionParams) -> Result<Plan> {
+        let variant = Variant {
+            dtype: params.dtype,
+            head_dim: params.head_dim,
+            causal: params.causal,
+        };
+        let kernel = ctx.kernel(variant)?;
+        let tile = variant.tile();
+        let m_blocks = params.seqlen_q.div_ceil(tile.block_m);
+        if m_blocks > i32::MAX as usize || params.heads_q > 65535 || params.batch > 65535 {
+            return Err(Error::invalid(
+                "batch",
+                "grid too large: heads and batch must each be at most 65535",
+            ));
+        }
+        let grid = (m_blocks as u32, params.heads_q as u32, params.batch as u32);
+        Ok(Plan {
+            params,
+            kernel,
+            stream: ctx.stream().clone(),
+            tile,
+            grid,
+            cached: Mutex::new(None),
+        })
+    }
+
+    pub fn params(&self) -> &AttentionParams {
+        &self.params
+    }
+
+    fn build(&self, ptrs: [u64; 5]) -> Result<KernelParams> {
+        let p = &self.params;
+        let [q, k, v, o, lse] = ptrs;
+        let rows = self.tile.block_m as u32;
+        let keys = self.tile.block_n as u32;
+        let q_map = tensor_map::encode(
+            q, p.dtype, p.layout, p.batch, p.seqlen_q, p.heads_q, p.head_dim, rows,
+        )?;
+        let k_map = tensor_map::encode(
+            k, p.dtype, p.layout, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, keys,
+        )?;
+        let v_map = tensor_map::encode(
+            v, p.dtype, p.layout, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, keys,
+        )?;
+        let [sb, ss, sh] = p.layout.strides(p.seqlen_q, p.heads_q, p.head_dim);
+        let scale = p.softmax_scale();
+        Ok(KernelParams {
+            q_map,
+            k_map,
+            v_map,
+            o_ptr: o,
+            lse_ptr: lse,
+            o_stride_b: sb as i64,
+            o_stride_s: ss as i64,
+            o_stride_h: sh as i64,
+            seqlen_q: p.seqlen_q as i32,
+            seqlen_k: p.seqlen_k as i32,
+            heads_q: p.heads_q as i32,
+            group: (p.heads_q / p.heads_kv) as i32,
+            scale_log2: scale * std::f32::consts::LOG2_E,
+            scale,
+            num_m_blocks: self.grid.0 as i32,
+            pad: 0,
+        })
+    }
+
+    /// Enqueues the kernel on the context's stream.
+    ///
+    /// # Safety
+    /// The pointers must be device allocations on this context holding `params().q_len()` (q, o),
+    /// `kv_len()` (k, v) elements of the plan's dtype and, unless 0, `lse_len()` f32s (lse), each
+    /// 16-byte aligned, and must stay alive until the kernel finishes.
+    pub unsafe fn launch_raw(&self, q: u64, k: u64, v: u64, o: u64, lse: u64) -> Result<()> {
+        let ptrs = [q, k, v, o, lse];
+        let mut cached = self
+            .cached
+            .lock()
+            .map_err(|_| Error::Other("plan lock poisoned".into()))?;
+        let stale = !matches!(cached.as_ref(), Some((p, _)) if *p == ptrs);
+        if stale {
+            *cached = Some((ptrs, Box::new(self.build(ptrs)?)));
+        }
+        let block = cached.as_mut().map(|(_, b)| b).expect("filled above");
+        let mut args: [*mut std::ffi::c_void; 1] =
+            [(&mut **block) as *mut KernelParams as *mut std::ffi::c_void];
+        cudarc::driver::result::launch_kernel(
+            self.kernel.function.cu_function(),
+            self.grid,
+            (self.tile.threads() as u32, 1, 1),
+            self.kernel.smem_bytes as u32,
+            self.stream.cu_stream(),
+            &mut args,
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,58 @@
+//! TMA tensor maps (CUtensorMap) for Q, K, V: 4-D views (dim, seq, head, batch) of a `bshd` or
+//! `bhsd` tensor, tiled in 64-element (128-byte) rows with 128-byte swizzle — the shared-memory
+//! layout the kernel's wgmma descriptors expect. Out-of-range rows read as zeros.
+
+use super::params::{DType, Layout};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+
+/// Elements per swizzled row: 128 bytes of 16-bit values.
+pub const SWIZZLE_ELEMS: u32 = 64;
+
+pub fn encode(
+    ptr: u64,
+    dtype: DType,
+    layout: Layout,
+    batch: usize,
+    seqlen: usize,
+    heads: usize,
+    head_dim: usize,
+    box_rows: u32,
+) -> Result<sys::CUtensorMap> {
+    let [sb, ss, sh] = layout.strides(seqlen, heads, head_dim);
+    let esize = dtype.size() as u64;
+    let dims: [u64; 4] = [head_dim as u64, seqlen as u64, heads as u64, batch as u64];
+    // Byte strides of dims 1..3 (dim 0 is contiguous).
+    let strides: [u64; 3] = [ss as u64 * esize, sh as u64 * esize, sb as u64 * esize];
+    let boxes: [u32; 4] = [SWIZZLE_ELEMS, box_rows, 1, 1];
+    let elem_strides: [u32; 4] = [1, 1, 1, 1];
+    let data_type = match dtype {
+        DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        DType::Bf16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    };
+    let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: all arrays have the rank's length; the driver only writes `map`.
+    let rc = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            data_type,
+            4,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if rc != sys::CUresult::CUDA_SUCCESS {
+        return Err(Error::Other(format!(
+            "cuTensorMapEncodeTiled failed ({rc:?}) for dims {dims:?}, byte strides {strides:?}, box {boxes:?}"
+        )));
+    }
+    // SAFETY: the driver filled the map on success.
+    Ok(unsafe { map.assume_init() })
+}

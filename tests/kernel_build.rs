@@ -1,0 +1,72 @@
+//! Every shipped kernel variant compiles with NVRTC for sm_90a (no GPU needed) into a cubin whose
+//! SASS uses the tensor cores (HGMMA), TMA (UTMALDG) and never spills to local memory.
+
+use flashcore::jit::toolkit;
+use flashcore::kernels::shipped_variants;
+use std::process::Command;
+
+fn sass(cubin: &[u8], name: &str) -> String {
+    let nvdisasm = toolkit::tool("nvdisasm").unwrap_or_else(|e| panic!("{e}"));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(format!("{name}.cubin"));
+    std::fs::write(&path, cubin).unwrap();
+    let out = Command::new(nvdisasm)
+        .arg("-c")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nvdisasm failed on {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn every_variant_compiles_to_hgmma_without_spills() {
+    let variants = shipped_variants();
+    assert_eq!(variants.len(), 8, "f16/bf16 × d64/d128 × causal/full");
+    for v in variants {
+        let cubin = v.cubin().unwrap_or_else(|e| panic!("{}: {e}", v.name()));
+        let text = sass(&cubin, &v.name());
+        let count = |op: &str| text.lines().filter(|l| l.contains(op)).count();
+        eprintln!(
+            "compiled {}: {} bytes, HGMMA {}, UTMALDG {}, MUFU.EX2 {}",
+            v.name(),
+            cubin.len(),
+            count("HGMMA"),
+            count("UTMALDG"),
+            count("MUFU.EX2")
+        );
+        assert!(count("HGMMA") > 0, "{}: no HGMMA in SASS", v.name());
+        assert!(count("UTMALDG") > 0, "{}: no TMA loads in SASS", v.name());
+        assert_eq!(count("LDL"), 0, "{}: local-memory loads (spills)", v.name());
+        assert_eq!(
+            count("STL"),
+            0,
+            "{}: local-memory stores (spills)",
+            v.name()
+        );
+    }
+}
+
+#[test]
+fn variant_names_are_distinct() {
+    let mut names: Vec<String> = shipped_variants().iter().map(|v| v.name()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), 8);
+}
+
+#[test]
+fn compile_error_is_reported_with_the_log() {
+    let bad = "extern \"C\" __global__ void k() { this is not cuda; }";
+    match flashcore::jit::compile_cached("broken", bad, &[], &flashcore::jit::base_options()) {
+        Err(flashcore::Error::Compile { kernel, log }) => {
+            assert_eq!(kernel, "broken");
+            assert!(log.contains("error"), "{log}");
+        }
+        other => panic!("expected a compile error, got {:?}", other.map(|c| c.len())),
+    }
+}
