@@ -184,7 +184,7 @@ impl Context {
     }
 
     /// Copies a host slice to a new device buffer.
-    pub fn upload<T: Element>(&self, host: &[T]) -> Result<CudaSlice<T>> {
+    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
         Ok(self.stream.clone_htod(host)?)
     }
     pub fn upload_f16(&self, host: &[half::f16]) -> Result<CudaSlice<half::f16>> {

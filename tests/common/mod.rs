@@ -1,0 +1,114 @@
+//! Shared by the GPU test files: device acquisition that skips visibly (or fails under
+//! FLASHCORE_REQUIRE_GPU=1), random inputs, poisoned outputs, checks against the f64 reference.
+#![allow(dead_code)]
+
+use flashcore::attention::{AttentionParams, Context, DType, Element};
+use flashcore::reference;
+use rand::{Rng, SeedableRng};
+
+/// The GPU context, or `None` after printing why the test is skipped.
+pub fn gpu(test: &str) -> Option<Context> {
+    match Context::new(0) {
+        Ok(c) => Some(c),
+        Err(e) => {
+            if std::env::var("FLASHCORE_REQUIRE_GPU").as_deref() == Ok("1") {
+                panic!("{test}: FLASHCORE_REQUIRE_GPU=1 but no usable GPU: {e}");
+            }
+            eprintln!("SKIPPED {test}: no usable GPU ({e}); set FLASHCORE_REQUIRE_GPU=1 to make this a failure");
+            None
+        }
+    }
+}
+
+/// A fresh seed per call (printed, so a failure can be replayed with FLASHCORE_SEED).
+pub fn seed() -> u64 {
+    if let Ok(s) = std::env::var("FLASHCORE_SEED") {
+        return s.parse().expect("FLASHCORE_SEED must be an integer");
+    }
+    rand::rng().random()
+}
+
+/// Standard-normal values (Box–Muller), rounded to the element type.
+pub fn randn<T: Element>(rng: &mut impl Rng, n: usize) -> Vec<T> {
+    (0..n)
+        .map(|_| {
+            let u1: f64 = rng.random::<f64>().max(1e-300);
+            let u2: f64 = rng.random();
+            T::from_f64((-2.0 * u1.ln()).sqrt() * (2.0 * std::f64::consts::PI * u2).cos())
+        })
+        .collect()
+}
+
+/// NaN in the element type: written over outputs before a launch so unwritten elements show.
+pub fn poison<T: Element>() -> T {
+    T::from_f64(f64::NAN)
+}
+
+pub fn tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F16 => 2e-3,
+        DType::Bf16 => 1e-2,
+    }
+}
+
+pub struct Outcome<T> {
+    pub out: Vec<T>,
+    pub lse: Vec<f32>,
+    pub out_err: f64,
+    pub lse_err: f64,
+}
+
+/// Runs one case on the GPU with fresh random inputs and checks O and LSE against the reference.
+pub fn run_case<T: Element>(ctx: &Context, p: &AttentionParams, rng: &mut impl Rng) -> Result<Outcome<T>, String> {
+    let q: Vec<T> = randn(rng, p.q_len());
+    let k: Vec<T> = randn(rng, p.kv_len());
+    let v: Vec<T> = randn(rng, p.kv_len());
+    run_inputs(ctx, p, &q, &k, &v)
+}
+
+pub fn run_inputs<T: Element>(ctx: &Context, p: &AttentionParams, q: &[T], k: &[T], v: &[T]) -> Result<Outcome<T>, String> {
+    let e = |e: flashcore::Error| format!("{p:?}: {e}");
+    let (dq, dk, dv) = (ctx.upload(q).map_err(e)?, ctx.upload(k).map_err(e)?, ctx.upload(v).map_err(e)?);
+    let mut dout = ctx.upload(&vec![poison::<T>(); p.q_len()]).map_err(e)?;
+    let mut dlse = ctx.upload(&vec![f32::NAN; p.lse_len()]).map_err(e)?;
+    ctx.attention(p, &dq, &dk, &dv, &mut dout, Some(&mut dlse)).map_err(e)?;
+    let out: Vec<T> = ctx.download(&dout).map_err(e)?;
+    let lse: Vec<f32> = ctx.download(&dlse).map_err(e)?;
+
+    let f = |x: &[T]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
+    let want = reference::attention_f64(p, &f(q), &f(k), &f(v));
+    let got = f(&out);
+    if let Some(i) = got.iter().position(|x| !x.is_finite()) {
+        return Err(format!("{p:?}: non-finite output at element {i}: {}", got[i]));
+    }
+    let out_err = reference::rel_l2(&got, &want.out);
+    // LSE: fully masked rows must be exactly −inf; the rest compared by relative L2.
+    let mut got_l = Vec::new();
+    let mut want_l = Vec::new();
+    for (i, (&g, &w)) in lse.iter().zip(&want.lse).enumerate() {
+        if w == f64::NEG_INFINITY {
+            if g != f32::NEG_INFINITY {
+                return Err(format!("{p:?}: lse[{i}] = {g}, fully masked row must give -inf"));
+            }
+        } else {
+            if !g.is_finite() {
+                return Err(format!("{p:?}: lse[{i}] = {g} (want {w})"));
+            }
+            got_l.push(g as f64);
+            want_l.push(w);
+        }
+    }
+    let lse_err = if want_l.is_empty() { 0.0 } else { reference::rel_l2(&got_l, &want_l) };
+    let tol = tolerance(p.dtype);
+    if !(out_err <= tol) {
+        return Err(format!("{p:?}: output relative L2 error {out_err:.3e} > {tol:.0e}"));
+    }
+    if !(lse_err <= 1e-3) {
+        return Err(format!("{p:?}: LSE relative L2 error {lse_err:.3e} > 1e-3"));
+    }
+    Ok(Outcome { out, lse, out_err, lse_err })
+}
+
+pub fn rng_from(seed: u64) -> rand::rngs::StdRng {
+    rand::rngs::StdRng::seed_from_u64(seed)
+}
