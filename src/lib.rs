@@ -1,6 +1,7 @@
 //! flashcore: data-oblivious fused attention for NVIDIA Hopper.
 
 pub mod attention;
+pub mod audit;
 pub mod cli;
 pub mod error;
 pub mod jit;

@@ -1,0 +1,193 @@
+//! Control-flow graph over basic blocks of one kernel section, interprocedural: `CALL` edges go to
+//! the callee's entry and the callee's `RET`s go back to every instruction after a call to it.
+//!
+//! Edges: `BRA` (taken target, plus fall-through when guarded or predicated), `BRX`/`JMX`/`JMP`
+//! with a register target (indirect: every block of the function, conservatively), `CALL.REL`
+//! (callee entry; `CALL.ABS` through a register: every function), `RET` (return sites), `EXIT`
+//! and `KILL` (none, or fall-through when guarded), `BSSY` (fall-through plus its reconvergence
+//! point, conservatively), `BSYNC`/`BREAK`/`WARPSYNC` (fall-through).
+
+use super::sass::Section;
+
+#[derive(Debug, Clone)]
+pub struct Block {
+    /// Instruction index range `[start, end)`.
+    pub start: usize,
+    pub end: usize,
+    pub succs: Vec<usize>,
+    pub preds: Vec<usize>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Cfg {
+    pub blocks: Vec<Block>,
+    /// Block of each instruction.
+    pub block_of: Vec<usize>,
+    /// Indirect jumps/calls found (their targets were over-approximated).
+    pub indirect: Vec<usize>,
+}
+
+/// Branch-like opcodes (end a basic block).
+pub fn is_terminator(op: &str) -> bool {
+    matches!(
+        op,
+        "BRA" | "BRX" | "JMP" | "JMX" | "CALL" | "RET" | "EXIT" | "KILL" | "BSSY"
+    )
+}
+
+/// True when `BRA` is unconditional (no real guard and no predicate operand).
+pub fn unconditional(insn: &super::sass::Insn) -> bool {
+    insn.real_guard().is_none()
+        && !insn
+            .operands
+            .iter()
+            .any(|o| o.as_reg().map(|r| r.reg.is_pred()).unwrap_or(false))
+}
+
+pub fn build(sec: &Section) -> Cfg {
+    let n = sec.insns.len();
+    let target = |name: &str| sec.labels.get(name).copied().filter(|&t| t < n);
+    // Leaders.
+    let mut leader = vec![false; n + 1];
+    if n > 0 {
+        leader[0] = true;
+    }
+    for (_, s) in &sec.functions {
+        leader[*s] = true;
+    }
+    for (i, insn) in sec.insns.iter().enumerate() {
+        if is_terminator(insn.op()) {
+            leader[i + 1] = true;
+        }
+        if let Some(t) = insn.label_target().and_then(target) {
+            leader[t] = true;
+        }
+    }
+    for &t in sec.labels.values() {
+        if t < n {
+            leader[t] = true;
+        }
+    }
+    let mut blocks = Vec::new();
+    let mut block_of = vec![0; n];
+    let mut start = 0;
+    for i in 1..=n {
+        if leader[i] || i == n {
+            if start < i {
+                for b in block_of.iter_mut().take(i).skip(start) {
+                    *b = blocks.len();
+                }
+                blocks.push(Block {
+                    start,
+                    end: i,
+                    succs: vec![],
+                    preds: vec![],
+                });
+            }
+            start = i;
+        }
+    }
+    // Return sites per function (index after each call to it).
+    let nf = sec.functions.len();
+    let mut return_sites: Vec<Vec<usize>> = vec![vec![]; nf];
+    let func_index = |name: &str| sec.functions.iter().position(|(f, _)| f == name);
+    let mut indirect = Vec::new();
+    for (i, insn) in sec.insns.iter().enumerate() {
+        if insn.op() == "CALL" && i + 1 < n {
+            match insn.label_target().and_then(func_index) {
+                Some(f) => return_sites[f].push(i + 1),
+                None => {
+                    for rs in return_sites.iter_mut() {
+                        rs.push(i + 1);
+                    }
+                }
+            }
+        }
+    }
+    let nb = blocks.len();
+    for b in 0..nb {
+        let last = blocks[b].end - 1;
+        let insn = &sec.insns[last];
+        let fallthrough = (last + 1 < n).then(|| block_of[last + 1]);
+        let f = sec.function_of(last);
+        let func_blocks = || {
+            let r = sec.function_range(f);
+            let mut v: Vec<usize> = r.clone().filter(|&i| i < n).map(|i| block_of[i]).collect();
+            v.dedup();
+            v
+        };
+        let mut succs: Vec<usize> = Vec::new();
+        let conditional = !unconditional(insn);
+        match insn.op() {
+            "BRA" => {
+                if let Some(t) = insn.label_target().and_then(target) {
+                    succs.push(block_of[t]);
+                }
+                if conditional {
+                    succs.extend(fallthrough);
+                }
+            }
+            "BRX" | "JMX" | "JMP" => {
+                match insn.label_target().and_then(target) {
+                    Some(t) if insn.op() == "JMP" => succs.push(block_of[t]),
+                    _ => {
+                        indirect.push(last);
+                        succs.extend(func_blocks());
+                    }
+                }
+                if conditional {
+                    succs.extend(fallthrough);
+                }
+            }
+            "CALL" => {
+                match insn.label_target().and_then(func_index) {
+                    Some(fi) => succs.push(block_of[sec.functions[fi].1]),
+                    None => {
+                        indirect.push(last);
+                        for (_, s) in &sec.functions {
+                            if *s < n {
+                                succs.push(block_of[*s]);
+                            }
+                        }
+                    }
+                }
+                if insn.real_guard().is_some() {
+                    succs.extend(fallthrough);
+                }
+            }
+            "RET" => {
+                for &rs in &return_sites[f] {
+                    succs.push(block_of[rs]);
+                }
+                if insn.real_guard().is_some() {
+                    succs.extend(fallthrough);
+                }
+            }
+            "EXIT" | "KILL" => {
+                if insn.real_guard().is_some() {
+                    succs.extend(fallthrough);
+                }
+            }
+            "BSSY" => {
+                succs.extend(fallthrough);
+                if let Some(t) = insn.label_target().and_then(target) {
+                    succs.push(block_of[t]);
+                }
+            }
+            _ => succs.extend(fallthrough),
+        }
+        succs.sort_unstable();
+        succs.dedup();
+        blocks[b].succs = succs;
+    }
+    for b in 0..nb {
+        for s in blocks[b].succs.clone() {
+            blocks[s].preds.push(b);
+        }
+    }
+    Cfg {
+        blocks,
+        block_of,
+        indirect,
+    }
+}

@@ -1,0 +1,242 @@
+//! `flashcore audit`: static taint analysis over the SASS of every kernel (DESIGN.md §5).
+//!
+//! Pipeline: cubin → `nvdisasm -c` → [`sass`] instructions → [`cfg`] basic blocks →
+//! [`taint`] fixed point → [`rules`] findings, plus a per-kernel [`Resources`] report read from
+//! the instructions and the ELF ([`cubin`]).
+
+pub mod cfg;
+pub mod cubin;
+pub mod report;
+pub mod rules;
+pub mod sass;
+pub mod taint;
+
+pub use rules::{Finding, Rule, Step};
+
+use crate::error::{Error, Result};
+use std::path::Path;
+
+/// Resource usage of one kernel.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Resources {
+    pub instructions: usize,
+    /// Registers per thread (EIATTR_REGCOUNT).
+    pub registers: Option<u32>,
+    /// Static shared memory in bytes (`.nv.shared.<kernel>`).
+    pub static_shared_bytes: u64,
+    /// Spill instructions (LDL + STL).
+    pub spills: usize,
+    pub ldl: usize,
+    pub stl: usize,
+    pub hgmma: usize,
+    /// UTMALDG + UBLKCP + UTMASTG.
+    pub tma: usize,
+    pub mufu_ex2: usize,
+    pub bar: usize,
+    /// mbarrier try-wait instructions (`SYNCS.PHASECHK...TRYWAIT`), whose result is public.
+    pub mbarrier_waits: usize,
+    /// Conditional control transfers (guarded or predicated BRA/EXIT/RET/BRX/...) on public
+    /// predicates and on secret ones.
+    pub branches_public: usize,
+    pub branches_secret: usize,
+    /// Calls to compiler slow-path routines (IEEE div/sqrt, 64-bit division).
+    pub slow_path_calls: usize,
+}
+
+/// The audit of one kernel.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KernelAudit {
+    /// Kernel symbol.
+    pub name: String,
+    /// Shipped variant name (`fwd_f16_d64_full`) when audited through [`audit_shipped`].
+    pub variant: Option<String>,
+    pub secret_params: Vec<usize>,
+    pub params: Vec<cubin::Param>,
+    pub findings: Vec<Finding>,
+    pub resources: Resources,
+}
+
+impl KernelAudit {
+    pub fn is_clean(&self) -> bool {
+        self.findings.is_empty()
+    }
+    /// The CI gate for shipped kernels: no finding, no spill, and a forward kernel uses HGMMA.
+    pub fn gate_failures(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if !self.findings.is_empty() {
+            v.push(format!("{} finding(s)", self.findings.len()));
+        }
+        if self.resources.spills > 0 {
+            v.push(format!(
+                "{} spill instruction(s) (LDL {}, STL {})",
+                self.resources.spills, self.resources.ldl, self.resources.stl
+            ));
+        }
+        if self.name.contains("fwd") && self.resources.hgmma == 0 {
+            v.push("forward kernel without HGMMA (wgmma)".into());
+        }
+        v
+    }
+}
+
+/// Runs `nvdisasm -c` on a cubin and returns the listing.
+pub fn disassemble(cubin: &[u8]) -> Result<String> {
+    let tool = crate::jit::toolkit::tool("nvdisasm")?;
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!(
+        "flashcore-audit-{}-{}.cubin",
+        std::process::id(),
+        COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    std::fs::write(&path, cubin).map_err(|e| Error::io(&path, e))?;
+    let out = std::process::Command::new(&tool).arg("-c").arg(&path).output();
+    let _ = std::fs::remove_file(&path);
+    let out = out.map_err(|e| Error::ToolFailed {
+        tool: tool.display().to_string(),
+        message: e.to_string(),
+    })?;
+    if !out.status.success() {
+        return Err(Error::ToolFailed {
+            tool: tool.display().to_string(),
+            message: String::from_utf8_lossy(&out.stderr).into_owned(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Audits one parsed kernel section.
+pub fn audit_section(
+    sec: &sass::Section,
+    info: Option<&cubin::KernelInfo>,
+    secret_params: &[usize],
+) -> Result<KernelAudit> {
+    let mut secrets = taint::Secrets::default();
+    for &p in secret_params {
+        match info.and_then(|i| i.param_range(p)) {
+            Some(r) => secrets.ranges.push(r),
+            None => {
+                return Err(Error::Other(format!(
+                    "kernel `{}` has no parameter #{p} (--secret-param is 0-based; it has {})",
+                    sec.kernel,
+                    info.map(|i| i.params.len()).unwrap_or(0)
+                )))
+            }
+        }
+    }
+    let g = cfg::build(sec);
+    let an = taint::analyze(sec, &g, &secrets);
+    let findings = rules::findings(sec, &g, &an);
+    let resources = resources(sec, &g, &an, info, &findings);
+    Ok(KernelAudit {
+        name: sec.kernel.clone(),
+        variant: None,
+        secret_params: secret_params.to_vec(),
+        params: info.map(|i| i.params.clone()).unwrap_or_default(),
+        findings,
+        resources,
+    })
+}
+
+fn resources(
+    sec: &sass::Section,
+    g: &cfg::Cfg,
+    an: &taint::Analysis,
+    info: Option<&cubin::KernelInfo>,
+    findings: &[Finding],
+) -> Resources {
+    let mut r = Resources {
+        instructions: sec.insns.len(),
+        registers: info.and_then(|i| i.registers),
+        static_shared_bytes: info.map(|i| i.static_shared).unwrap_or(0),
+        ..Default::default()
+    };
+    let secret_offsets: std::collections::HashSet<u32> = findings
+        .iter()
+        .filter(|f| {
+            matches!(
+                f.text.split_whitespace().find(|t| !t.starts_with('@')).map(|t| t.split('.').next().unwrap_or("")),
+                Some("BRA" | "BRX" | "JMX" | "JMP" | "EXIT" | "RET" | "KILL" | "CALL")
+            )
+        })
+        .map(|f| f.offset)
+        .collect();
+    for (i, insn) in sec.insns.iter().enumerate() {
+        // Skip unreachable padding (the trailing `BRA self` after the last EXIT).
+        if an.block_in[g.block_of[i]].is_none() {
+            continue;
+        }
+        match insn.op() {
+            "LDL" => r.ldl += 1,
+            "STL" => r.stl += 1,
+            "HGMMA" => r.hgmma += 1,
+            "UTMALDG" | "UBLKCP" | "UTMASTG" => r.tma += 1,
+            "MUFU" if insn.has_mod("EX2") => r.mufu_ex2 += 1,
+            "BAR" => r.bar += 1,
+            "SYNCS" if insn.has_mod("TRYWAIT") => r.mbarrier_waits += 1,
+            "CALL" if insn.label_target().map(rules::is_slow_path).unwrap_or(false) => {
+                r.slow_path_calls += 1
+            }
+            _ => {}
+        }
+        if matches!(
+            insn.op(),
+            "BRA" | "BRX" | "JMX" | "JMP" | "EXIT" | "RET" | "KILL" | "CALL"
+        ) && !cfg::unconditional(insn)
+        {
+            if secret_offsets.contains(&insn.offset) {
+                r.branches_secret += 1;
+            } else {
+                r.branches_public += 1;
+            }
+        }
+    }
+    r.spills = r.ldl + r.stl;
+    r
+}
+
+/// Audits every kernel in a cubin; `secret_params` are 0-based parameter ordinals that are
+/// secret in every kernel.
+pub fn audit_cubin(cubin: &[u8], secret_params: &[usize]) -> Result<Vec<KernelAudit>> {
+    let infos = cubin::kernel_infos(cubin)?;
+    let listing = disassemble(cubin)?;
+    let sections = sass::parse_listing(&listing);
+    let mut out = Vec::new();
+    for sec in &sections {
+        // Only kernels (entry points have a .nv.info.<name> section); device functions that
+        // got their own section are reached through CALL edges from a kernel's section only if
+        // inlined there, so they are audited as part of the caller when present.
+        let info = infos.get(&sec.kernel);
+        if info.is_none() && !infos.is_empty() {
+            continue;
+        }
+        out.push(audit_section(sec, info, secret_params)?);
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Compiles a CUDA source file with [`crate::jit::base_options`] and audits every kernel in it.
+pub fn audit_source_file(path: &Path, secret_params: &[usize]) -> Result<Vec<KernelAudit>> {
+    let src = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let name = path
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "audit".into());
+    let cubin = crate::jit::compile_cached(&name, &src, &[], &crate::jit::base_options())?;
+    audit_cubin(&cubin, secret_params)
+}
+
+/// Audits every kernel variant the library ships (compiling through the cache as needed).
+pub fn audit_shipped() -> Result<Vec<KernelAudit>> {
+    let mut out = Vec::new();
+    for v in crate::kernels::shipped_variants() {
+        let cubin = v.cubin()?;
+        for mut k in audit_cubin(&cubin, &v.secret_params())? {
+            k.variant = Some(v.name());
+            out.push(k);
+        }
+    }
+    Ok(out)
+}
