@@ -4,8 +4,9 @@
 //! Edges: `BRA` (taken target, plus fall-through when guarded or predicated), `BRX`/`JMX`/`JMP`
 //! with a register target (indirect: every block of the function, conservatively), `CALL.REL`
 //! (callee entry; `CALL.ABS` through a register: every function), `RET` (return sites), `EXIT`
-//! and `KILL` (none, or fall-through when guarded), `BSSY` (fall-through plus its reconvergence
-//! point, conservatively), `BSYNC`/`BREAK`/`WARPSYNC` (fall-through).
+//! and `KILL` (none, or fall-through when guarded), `BSSY` (fall-through: it only records the
+//! reconvergence point, which its `BSYNC` falls through to), `BSYNC`/`BREAK`/`WARPSYNC`
+//! (fall-through).
 
 use super::sass::Section;
 
@@ -168,12 +169,8 @@ pub fn build(sec: &Section) -> Cfg {
                     succs.extend(fallthrough);
                 }
             }
-            "BSSY" => {
-                succs.extend(fallthrough);
-                if let Some(t) = insn.label_target().and_then(target) {
-                    succs.push(block_of[t]);
-                }
-            }
+            // BSSY only records the reconvergence point (reached through BSYNC's fall-through);
+            // it transfers no control, so no edge to its target.
             _ => succs.extend(fallthrough),
         }
         succs.sort_unstable();

@@ -144,7 +144,7 @@ fn dispatches_slow_path(cx: &Ctx, i: usize, pred_origin: Option<u32>) -> bool {
     })
 }
 
-fn tainted(s: &State, ls: &[usize]) -> Option<(usize, u32)> {
+fn tainted(s: &[u32], ls: &[usize]) -> Option<(usize, u32)> {
     ls.iter().map(|&l| (l, s[l])).find(|&(_, v)| v != NONE)
 }
 
@@ -157,10 +157,13 @@ fn reg_locs(op: &Operand) -> Vec<usize> {
 
 /// Checks instruction `i` against the rules with state `s` (before it). Returns
 /// (rule, reason, origin of the secret that reached the sink).
-fn check(cx: &Ctx, i: usize, s: &State) -> Vec<(Rule, String, Option<u32>)> {
+fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
     let insn: &Insn = &cx.sec.insns[i];
     let op = insn.op();
     let e = &cx.an.effects[i];
+    // Operands as seen under this instruction's own guard.
+    let view = st.view(e.guard.map(|l| (l, e.guard_neg)));
+    let s: &[u32] = &view;
     let mut out = Vec::new();
     let guard = e.guard.map(|l| (l, s[l])).filter(|&(_, v)| v != NONE);
     let guard_desc = |l: usize| format!("guard predicate {} is secret", taint::loc_name(l));
