@@ -75,18 +75,22 @@ FC_DEVICE int num_kv_blocks(const Params& p, int m_block) {
     return n;
 }
 
-// Whether block n needs element masks: a partial last block, or (causal) one that crosses the
-// diagonal of the tile's first row. Depends on indices only.
-FC_DEVICE bool block_needs_mask(const Params& p, int m_block, int n_block) {
-    bool partial = (n_block + 1) * cfg::BN > p.seqlen_k;
+// First K/V block that may need element masks: the partial last block, or (causal) the first
+// block crossing the diagonal of the tile's first row. Every later block needs them too, so the
+// main loop runs unmasked blocks, then masked ones, each as straight-line code (a branch around
+// the mask inside one loop would make ptxas wait for the in-flight wgmma at the join).
+FC_DEVICE int first_masked_block(const Params& p, int m_block, int n_blocks) {
+    int first = p.seqlen_k / cfg::BN;
 #if FC_CAUSAL
-    const int first_row_limit = m_block * cfg::BM + p.seqlen_k - p.seqlen_q;
-    partial = partial || ((n_block + 1) * cfg::BN - 1 > first_row_limit);
+    // Block n is clean iff its last key (n+1)·BN − 1 <= m_block·BM + Sk − Sq.
+    const int limit = m_block * cfg::BM + p.seqlen_k - p.seqlen_q + 1;
+    first = min(first, limit <= 0 ? 0 : limit / cfg::BN);
 #endif
-    return partial;
+    return min(first, n_blocks);
 }
 
 FC_DEVICE void producer(const Params& p, Shared& s, int m_block, int head, int batch, int n_blocks) {
+    if (n_blocks == 0) return;  // fully masked tile: consumers write zeros without waiting for Q
     const int kv_head = head / p.group;
     tma_prefetch_desc(&p.q_map);
     tma_prefetch_desc(&p.k_map);
@@ -114,115 +118,204 @@ FC_DEVICE void producer(const Params& p, Shared& s, int m_block, int head, int b
     }
 }
 
+// Consumer warpgroup state and the steps of its main loop.
+struct Consumer {
+    const Params& p;
+    Shared& s;
+    int wg, m_block, head, batch;
+    int lane, row0, col0;
+    uint32_t q_base;
+
+    // S = Q Kᵀ over the head dim, 16 at a time (32 bytes inside a 128-byte swizzle row).
+    FC_DEVICE void issue_qk(float (&sacc)[cfg::BN / 2], int stage) const {
+        using namespace cfg;
+        const uint32_t k_base = smem_u32(&s.k[stage][0][0][0]);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t kin = (kk % 4) * 32;
+            const uint64_t da = wgmma_desc_sw128(q_base + (kk / 4) * (BM * ROW_BYTES) + kin, 16, 1024);
+            const uint64_t db = wgmma_desc_sw128(k_base + (kk / 4) * (BN * ROW_BYTES) + kin, 16, 1024);
+            Mma<BN>::ss(sacc, da, db, kk > 0);
+        }
+    }
+
+    // O += P V; V is [keys][dim] in shared memory, i.e. B with the N (dim) index contiguous.
+    FC_DEVICE void issue_pv(float (&o)[cfg::D / 2], const uint32_t (&pf)[cfg::BN / 16][4], int stage) const {
+        using namespace cfg;
+        const uint32_t v_base = smem_u32(&s.v[stage][0][0][0]);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const uint64_t db = wgmma_desc_sw128(v_base + kk * 16 * ROW_BYTES, BN * ROW_BYTES, 1024);
+            Mma<D>::rs_tb(o, pf[kk], db, 1);
+        }
+    }
+
+    // Out-of-range keys and (causal) keys right of the diagonal become −inf, by select.
+    FC_DEVICE void mask(float (&sacc)[cfg::BN / 2], int n_block) const {
+        using namespace cfg;
+        const int key_base = n_block * BN + col0;
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) {
+            const int key = key_base + 8 * (i / 4) + (i % 2);
+            bool visible = key < p.seqlen_k;
+#if FC_CAUSAL
+            const int row = row0 + 8 * ((i / 2) % 2);
+            visible = visible && (key <= row + p.seqlen_k - p.seqlen_q);
+#endif
+            sacc[i] = select_f(visible, sacc[i], neg_inf());
+        }
+    }
+
+    // P (fp32 accumulators) → 16-bit A fragments: k-slice kk is accumulator columns 16kk..16kk+15.
+    FC_DEVICE static void to_fragments(const float (&sacc)[cfg::BN / 2], uint32_t (&pf)[cfg::BN / 16][4]) {
+#pragma unroll
+        for (int kk = 0; kk < cfg::BN / 16; ++kk) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) pf[kk][r] = pack_elem2(sacc[8 * kk + 2 * r], sacc[8 * kk + 2 * r + 1]);
+        }
+    }
+
+    // Ping-pong between the consumer warpgroups: a warpgroup issues its GEMMs only on its turn and
+    // then hands the turn over, so its softmax runs while the other's GEMMs occupy the tensor
+    // cores. The turn count depends on the block count only.
+    FC_DEVICE void wait_turn() const {
+        if constexpr (cfg::CONSUMERS == 2) named_bar_sync(1 + wg, 256);
+    }
+    FC_DEVICE void pass_turn(bool last) const {
+        if constexpr (cfg::CONSUMERS == 2) {
+            // Warpgroup 0 moves first; warpgroup 1's final hand-over would have no taker.
+            if (!(wg == 1 && last)) named_bar_arrive(1 + (1 - wg), 256);
+        }
+    }
+
+    FC_DEVICE void release(uint64_t* bar) const {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+    }
+
+    // One main-loop step for block `it`: issue S_it = Q K_itᵀ and O += P_{it-1} V_{it-1}; run the
+    // softmax of S_it while the PV GEMM is still on the tensor cores; then rescale O.
+    template <bool kMask>
+    FC_DEVICE void iteration(int it, int n_blocks, float (&sacc)[cfg::BN / 2], uint32_t (&pf)[cfg::BN / 16][4],
+                             float (&o)[cfg::D / 2], OnlineSoftmax<cfg::BN>& softmax) const {
+        using namespace cfg;
+        const int stage = it % STAGES;
+        const uint32_t phase = (it / STAGES) & 1;
+        const int prev = (it - 1) % STAGES;
+        const uint32_t prev_phase = ((it - 1) / STAGES) & 1;
+
+        mbar_wait(&s.k_full[stage], phase);
+        mbar_wait(&s.v_full[prev], prev_phase);
+        wait_turn();
+        wgmma_fence();
+        issue_qk(sacc, stage);
+        wgmma_commit();
+        issue_pv(o, pf, prev);
+        wgmma_commit();
+        pass_turn(it == n_blocks - 1);
+
+        wgmma_wait<1>();  // S_it is ready; P_{it-1} V_{it-1} may still run
+        fence_regs(sacc);
+        release(&s.k_empty[stage]);
+        if constexpr (kMask) mask(sacc, it);
+        float alpha[2];
+        softmax.step(sacc, p.scale_log2, alpha);
+        fence_regs(sacc);  // pins the softmax before the wait, so it overlaps the PV GEMM
+
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_frags(pf);
+        release(&s.v_empty[prev]);
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i / 2) % 2];
+        to_fragments(sacc, pf);
+    }
+
+    // Normalise, write O (rows past Sq are not stored) and the log-sum-exp.
+    FC_DEVICE void epilogue(float (&o)[cfg::D / 2], const OnlineSoftmax<cfg::BN>& softmax) const {
+        using namespace cfg;
+        float total[2];
+        softmax.finish(total);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = row0 + 8 * h;
+            const bool any = total[h] > 0.0f;  // false only for a fully masked row
+            const float inv = select_f(any, fast_rcp(total[h]), 0.0f);
+            if (row < p.seqlen_q) {
+                uint16_t* out = reinterpret_cast<uint16_t*>(p.o_ptr) + batch * p.o_stride_b + (int64_t)row * p.o_stride_s +
+                                head * p.o_stride_h + col0;
+#pragma unroll
+                for (int j = 0; j < D / 8; ++j) {
+                    const uint32_t packed = pack_elem2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+                    *reinterpret_cast<uint32_t*>(out + 8 * j) = packed;
+                }
+                if (p.lse_ptr != 0 && (lane % 4) == 0) {
+                    const float m = select_f(softmax.row_max[h] == neg_inf(), 0.0f, softmax.row_max[h]);
+                    const float lse = m * p.scale + fast_log2(total[h]) * 0.69314718055994530942f;
+                    float* lse_out =
+                        reinterpret_cast<float*>(p.lse_ptr) + ((int64_t)batch * p.heads_q + head) * p.seqlen_q + row;
+                    *lse_out = select_f(any, lse, neg_inf());
+                }
+            }
+        }
+    }
+};
+
+// Main loop, software-pipelined inside the warpgroup: while the tensor cores compute
+// O += P_{j-1} V_{j-1}, this warpgroup already runs the softmax of S_j (FA3's intra-warpgroup
+// overlap). Every wait and branch depends on the block index only.
 FC_DEVICE void consumer(const Params& p, Shared& s, int wg, int m_block, int head, int batch, int n_blocks) {
     using namespace cfg;
     const int warp = warp_id_in_block() % 4;
     const int lane = lane_id();
-    // This thread's two query rows (global index) and its first column within a block.
-    const int row0 = m_block * BM + wg * 64 + warp * 16 + lane / 4;
-    const int col0 = 2 * (lane % 4);
+    Consumer c{p, s, wg, m_block, head, batch, lane, m_block * BM + wg * 64 + warp * 16 + lane / 4, 2 * (lane % 4),
+               smem_u32(&s.q[0][wg * 64][0])};
 
     float o[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
     OnlineSoftmax<BN> softmax;
     softmax.init();
-
-    const uint32_t q_base = smem_u32(&s.q[0][wg * 64][0]);
+    if (n_blocks == 0) {  // every key is masked for this tile (causal, Sq > Sk): O = 0, LSE = −inf
+        c.epilogue(o, softmax);
+        return;
+    }
     mbar_wait(&s.q_full, 0);
 
-    for (int it = 0; it < n_blocks; ++it) {
-        const int stage = it % STAGES;
-        const uint32_t phase = (it / STAGES) & 1;
+    float sacc[BN / 2];
+    uint32_t pf[BN / 16][4];
+    float alpha[2];  // block 0: O is still zero, nothing to rescale
 
-        // S = Q Kᵀ over the head dim, 16 at a time (32 bytes inside a 128-byte swizzle row).
-        float sacc[BN / 2];
-        const uint32_t k_base = smem_u32(&s.k[stage][0][0][0]);
-        mbar_wait(&s.k_full[stage], phase);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t kin = (kk % 4) * 32;  // byte offset of this k-slice inside the swizzle row
-            const uint64_t da = wgmma_desc_sw128(q_base + (kk / 4) * (BM * ROW_BYTES) + kin, 16, 1024);
-            const uint64_t db = wgmma_desc_sw128(k_base + (kk / 4) * (BN * ROW_BYTES) + kin, 16, 1024);
-            Mma<BN>::ss(sacc, da, db, kk > 0);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(sacc);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&s.k_empty[stage]);
+    // Block 0: S, softmax, fragments. Warpgroup 1 first hands warpgroup 0 the first turn.
+    if (CONSUMERS == 2 && wg == 1) named_bar_arrive(1, 256);
+    mbar_wait(&s.k_full[0], 0);
+    c.wait_turn();
+    wgmma_fence();
+    c.issue_qk(sacc, 0);
+    wgmma_commit();
+    c.pass_turn(n_blocks == 1);
+    wgmma_wait<0>();
+    fence_regs(sacc);
+    c.release(&s.k_empty[0]);
+    if (first_masked_block(p, m_block, n_blocks) == 0) c.mask(sacc, 0);
+    softmax.step(sacc, p.scale_log2, alpha);
+    Consumer::to_fragments(sacc, pf);
 
-        // Mask out-of-range keys and (causal) keys right of the diagonal, by select.
-        if (block_needs_mask(p, m_block, it)) {
-            const int key_base = it * BN + col0;
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i) {
-                const int key = key_base + 8 * (i / 4) + (i % 2);
-                bool visible = key < p.seqlen_k;
-#if FC_CAUSAL
-                const int row = row0 + 8 * ((i / 2) % 2);
-                visible = visible && (key <= row + p.seqlen_k - p.seqlen_q);
-#endif
-                sacc[i] = select_f(visible, sacc[i], neg_inf());
-            }
-        }
+    const int first_masked = first_masked_block(p, m_block, n_blocks);
+    int it = 1;
+    for (; it < first_masked; ++it) c.iteration<false>(it, n_blocks, sacc, pf, o, softmax);
+    for (; it < n_blocks; ++it) c.iteration<true>(it, n_blocks, sacc, pf, o, softmax);
 
-        float alpha[2];
-        softmax.step(sacc, p.scale_log2, alpha);
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i / 2) % 2];
+    const int last = (n_blocks - 1) % STAGES;
+    mbar_wait(&s.v_full[last], ((n_blocks - 1) / STAGES) & 1);
+    wgmma_fence();
+    c.issue_pv(o, pf, last);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    c.release(&s.v_empty[last]);
 
-        // P (fp32 accumulators) → 16-bit A fragments: k-slice kk is accumulator columns 16kk..16kk+15.
-        uint32_t pf[BN / 16][4];
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            pf[kk][0] = pack_elem2(sacc[8 * kk + 0], sacc[8 * kk + 1]);
-            pf[kk][1] = pack_elem2(sacc[8 * kk + 2], sacc[8 * kk + 3]);
-            pf[kk][2] = pack_elem2(sacc[8 * kk + 4], sacc[8 * kk + 5]);
-            pf[kk][3] = pack_elem2(sacc[8 * kk + 6], sacc[8 * kk + 7]);
-        }
-
-        // O += P V; V is [keys][dim] in shared memory, i.e. B with the N (dim) index contiguous.
-        const uint32_t v_base = smem_u32(&s.v[stage][0][0][0]);
-        mbar_wait(&s.v_full[stage], phase);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BN / 16; ++kk) {
-            const uint64_t db = wgmma_desc_sw128(v_base + kk * 16 * ROW_BYTES, BN * ROW_BYTES, 1024);
-            Mma<D>::rs_tb(o, pf[kk], db, 1);
-        }
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_regs(o);
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&s.v_empty[stage]);
-    }
-
-    // Epilogue: normalise, write O (rows past Sq are not stored) and the log-sum-exp.
-    float total[2];
-    softmax.finish(total);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int row = row0 + 8 * h;
-        const bool any = total[h] > 0.0f;  // false only for a fully masked row
-        const float inv = select_f(any, fast_rcp(total[h]), 0.0f);
-        if (row < p.seqlen_q) {
-            uint16_t* out = reinterpret_cast<uint16_t*>(p.o_ptr) + batch * p.o_stride_b + (int64_t)row * p.o_stride_s +
-                            head * p.o_stride_h + col0;
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-                const uint32_t packed = pack_elem2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-                *reinterpret_cast<uint32_t*>(out + 8 * j) = packed;
-            }
-            if (p.lse_ptr != 0 && (lane % 4) == 0) {
-                const float m = select_f(softmax.row_max[h] == neg_inf(), 0.0f, softmax.row_max[h]);
-                const float lse = m * p.scale + fast_log2(total[h]) * 0.69314718055994530942f;
-                float* lse_out = reinterpret_cast<float*>(p.lse_ptr) + ((int64_t)batch * p.heads_q + head) * p.seqlen_q + row;
-                *lse_out = select_f(any, lse, neg_inf());
-            }
-        }
-    }
+    c.epilogue(o, softmax);
 }
 
 extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) flashcore_attention_fwd(const __grid_constant__ Params p) {

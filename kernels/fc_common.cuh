@@ -61,6 +61,13 @@ FC_DEVICE uint32_t pack_bf16x2(float lo, float hi) {
     return r;
 }
 
+// Named barriers (ids 1..15; 0 is __syncthreads): `sync` waits for `count` threads to arrive,
+// `arrive` signals without waiting. Used to order the two consumer warpgroups' GEMM issue.
+FC_DEVICE void named_bar_sync(int id, int count) { asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(count) : "memory"); }
+FC_DEVICE void named_bar_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
+}
+
 // Hardware thread/warp indices, uniform per warp where it matters.
 FC_DEVICE int warp_id_in_block() { return threadIdx.x / 32; }
 FC_DEVICE int lane_id() { return threadIdx.x % 32; }

@@ -29,6 +29,16 @@ FC_DEVICE void fence_regs(float (&r)[N]) {
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
 }
 
+// The same for 16-bit A fragments read asynchronously by an in-flight wgmma: fencing them after
+// the wait keeps the compiler from reusing their registers while the tensor cores still read them.
+template <int K>
+FC_DEVICE void fence_frags(uint32_t (&r)[K][4]) {
+#pragma unroll
+    for (int k = 0; k < K; ++k)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(r[k][i])::"memory");
+}
+
 // Dispatch on element type (FC_BF16) and N for the two products of attention.
 template <int N>
 struct Mma;
