@@ -23,7 +23,10 @@ fn corpus(f: &str) -> String {
 fn clean_source_exits_zero() {
     let (code, out, err) = flashcore(&["audit", "--source", &corpus("clean.cu")]);
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(out.contains("clean_select_mask") && out.contains("0 finding(s)"), "{out}");
+    assert!(
+        out.contains("clean_select_mask") && out.contains("0 finding(s)"),
+        "{out}"
+    );
 }
 
 #[test]
@@ -32,7 +35,9 @@ fn leaky_source_exits_one_with_json() {
     assert_eq!(code, 1, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("valid JSON");
     let kernels = v.as_array().unwrap();
-    assert!(kernels.iter().all(|k| !k["findings"].as_array().unwrap().is_empty()));
+    assert!(kernels
+        .iter()
+        .all(|k| !k["findings"].as_array().unwrap().is_empty()));
     let f = &kernels[0]["findings"][0];
     for key in ["kernel", "offset", "text", "rule", "rule_number", "chain"] {
         assert!(!f[key].is_null(), "finding lacks {key}: {f}");
@@ -43,7 +48,10 @@ fn leaky_source_exits_one_with_json() {
 fn secret_param_flag_changes_the_verdict() {
     let src = corpus("leak_secret_param.cu");
     assert_eq!(flashcore(&["audit", "--source", &src]).0, 0);
-    assert_eq!(flashcore(&["audit", "--source", &src, "--secret-param", "2"]).0, 1);
+    assert_eq!(
+        flashcore(&["audit", "--source", &src, "--secret-param", "2"]).0,
+        1
+    );
     // An ordinal the kernel does not have is a usage error.
     let (code, _, err) = flashcore(&["audit", "--source", &src, "--secret-param", "9"]);
     assert_eq!(code, 2, "{err}");
@@ -52,8 +60,9 @@ fn secret_param_flag_changes_the_verdict() {
 #[test]
 fn cubin_input_and_usage_errors() {
     let src = std::fs::read_to_string(corpus("leaks.cu")).unwrap();
-    let cubin = flashcore::jit::compile_cached("leaks.cu", &src, &[], &flashcore::jit::base_options())
-        .unwrap_or_else(|e| panic!("{e}"));
+    let cubin =
+        flashcore::jit::compile_cached("leaks.cu", &src, &[], &flashcore::jit::base_options())
+            .unwrap_or_else(|e| panic!("{e}"));
     let dir = tempfile::tempdir().unwrap();
     let p = dir.path().join("leaks.cubin");
     std::fs::write(&p, cubin).unwrap();

@@ -19,15 +19,22 @@ fn cubin(file: &str) -> Vec<u8> {
         .unwrap_or_else(|e| panic!("compiling {file}: {e}"))
 }
 
-fn audit(file: &str, secret: &[usize]) -> (HashMap<String, KernelAudit>, HashMap<String, sass::Section>) {
+fn audit(
+    file: &str,
+    secret: &[usize],
+) -> (HashMap<String, KernelAudit>, HashMap<String, sass::Section>) {
     let bin = cubin(file);
-    let audits = audit::audit_cubin(&bin, secret).unwrap_or_else(|e| panic!("auditing {file}: {e}"));
+    let audits =
+        audit::audit_cubin(&bin, secret).unwrap_or_else(|e| panic!("auditing {file}: {e}"));
     let listing = audit::disassemble(&bin).unwrap_or_else(|e| panic!("{e}"));
     let secs = sass::parse_listing(&listing)
         .into_iter()
         .map(|s| (s.kernel.clone(), s))
         .collect();
-    (audits.into_iter().map(|a| (a.name.clone(), a)).collect(), secs)
+    (
+        audits.into_iter().map(|a| (a.name.clone(), a)).collect(),
+        secs,
+    )
 }
 
 fn has_op(sec: &sass::Section, pred: impl Fn(&sass::Insn) -> bool) -> bool {
@@ -52,7 +59,10 @@ const LEAKS: &[(&str, Rule, &str)] = &[
 ];
 
 fn base_op(text: &str) -> &str {
-    let t = text.split_whitespace().find(|t| !t.starts_with('@')).unwrap_or("");
+    let t = text
+        .split_whitespace()
+        .find(|t| !t.starts_with('@'))
+        .unwrap_or("");
     t.split('.').next().unwrap_or("")
 }
 
@@ -74,15 +84,25 @@ fn assert_flagged(a: &KernelAudit, rule: Rule, op: &str) {
 #[test]
 fn every_planted_leak_is_flagged_with_its_rule() {
     let (audits, secs) = audit("leaks.cu", &[]);
-    assert_eq!(audits.len(), LEAKS.len(), "kernels: {:?}", audits.keys().collect::<Vec<_>>());
+    assert_eq!(
+        audits.len(),
+        LEAKS.len(),
+        "kernels: {:?}",
+        audits.keys().collect::<Vec<_>>()
+    );
     for (name, rule, op) in LEAKS {
-        let a = audits.get(*name).unwrap_or_else(|| panic!("kernel {name} missing"));
+        let a = audits
+            .get(*name)
+            .unwrap_or_else(|| panic!("kernel {name} missing"));
         assert_flagged(a, *rule, op);
         // A finding carries its taint chain back to a global load (the secret source).
         let f = a.findings.iter().find(|f| f.rule == *rule).unwrap();
         if *name != "leak_smem_roundtrip" {
             assert!(
-                f.chain.first().map(|s| base_op(&s.text) == "LDG").unwrap_or(false),
+                f.chain
+                    .first()
+                    .map(|s| base_op(&s.text) == "LDG")
+                    .unwrap_or(false),
                 "{name}: chain should start at the LDG: {:#?}",
                 f.chain
             );
@@ -90,13 +110,18 @@ fn every_planted_leak_is_flagged_with_its_rule() {
     }
     // The SASS contains the intended pattern, not something the compiler turned it into.
     let s = |k: &str| &secs[k];
-    assert!(has_op(s("leak_pred_load"), |i| i.op() == "LDG" && i.real_guard().is_some()));
-    assert!(has_op(s("leak_pred_store"), |i| i.op() == "STG" && i.real_guard().is_some()));
-    assert!(has_op(s("leak_early_exit"), |i| i.op() == "EXIT" && i.real_guard().is_some()));
+    assert!(has_op(s("leak_pred_load"), |i| i.op() == "LDG"
+        && i.real_guard().is_some()));
+    assert!(has_op(s("leak_pred_store"), |i| i.op() == "STG"
+        && i.real_guard().is_some()));
+    assert!(has_op(s("leak_early_exit"), |i| i.op() == "EXIT"
+        && i.real_guard().is_some()));
     assert!(has_op(s("leak_vote_branch"), |i| i.op() == "VOTE"));
     assert!(has_op(s("leak_ieee_div"), |i| i.op() == "FCHK"));
     assert!(has_op(s("leak_ieee_div"), |i| i.op() == "CALL"));
-    assert!(has_op(s("leak_ieee_sqrt"), |i| i.text.contains("sqrt_rn_f32_slowpath")));
+    assert!(has_op(s("leak_ieee_sqrt"), |i| i
+        .text
+        .contains("sqrt_rn_f32_slowpath")));
     assert!(has_op(s("leak_div64"), |i| i.text.contains("div_s64")));
     assert!(has_op(s("leak_smem_roundtrip"), |i| i.op() == "STS"));
     assert!(has_op(s("leak_smem_roundtrip"), |i| i.op() == "LDS"));
@@ -106,7 +131,11 @@ fn every_planted_leak_is_flagged_with_its_rule() {
 fn shared_memory_round_trip_chain_goes_through_the_store() {
     let (audits, _) = audit("leaks.cu", &[]);
     let a = &audits["leak_smem_roundtrip"];
-    let f = a.findings.iter().find(|f| f.rule == Rule::ControlFlow).unwrap();
+    let f = a
+        .findings
+        .iter()
+        .find(|f| f.rule == Rule::ControlFlow)
+        .unwrap();
     let ops: Vec<&str> = f.chain.iter().map(|s| base_op(&s.text)).collect();
     let (ldg, sts, lds) = (
         ops.iter().position(|o| *o == "LDG"),
@@ -121,9 +150,16 @@ fn secret_parameter_as_loop_bound_is_flagged() {
     let (audits, _) = audit("leak_secret_param.cu", &[2]);
     let a = &audits["leak_secret_param_loop"];
     assert_flagged(a, Rule::ControlFlow, "BRA");
-    let f = a.findings.iter().find(|f| f.rule == Rule::ControlFlow).unwrap();
+    let f = a
+        .findings
+        .iter()
+        .find(|f| f.rule == Rule::ControlFlow)
+        .unwrap();
     assert!(
-        f.chain.first().map(|s| s.text.contains("c[0x0][0x220]")).unwrap_or(false),
+        f.chain
+            .first()
+            .map(|s| s.text.contains("c[0x0][0x220]"))
+            .unwrap_or(false),
         "chain should start at the read of parameter 2: {:#?}",
         f.chain
     );
@@ -140,11 +176,18 @@ fn clean_patterns_have_no_findings() {
         assert!(a.findings.is_empty(), "{}: {:#?}", a.name, a.findings);
     }
     let s = |k: &str| &secs[k];
-    assert!(has_op(s("clean_select_mask"), |i| matches!(i.op(), "FSEL" | "SEL" | "FMNMX" | "IMNMX" | "VIMNMX")));
+    assert!(has_op(s("clean_select_mask"), |i| matches!(
+        i.op(),
+        "FSEL" | "SEL" | "FMNMX" | "IMNMX" | "VIMNMX"
+    )));
     assert!(has_op(s("clean_shuffle_reduce"), |i| i.op() == "SHFL"));
     assert!(has_op(s("clean_shuffle_reduce"), |i| i.op() == "FMNMX"));
-    assert!(has_op(s("clean_exp2_softmax"), |i| i.opcode.starts_with("MUFU.EX2")));
-    assert!(has_op(s("clean_exp2_softmax"), |i| i.opcode.starts_with("MUFU.RCP")));
+    assert!(has_op(s("clean_exp2_softmax"), |i| i
+        .opcode
+        .starts_with("MUFU.EX2")));
+    assert!(has_op(s("clean_exp2_softmax"), |i| i
+        .opcode
+        .starts_with("MUFU.RCP")));
     assert!(has_op(s("clean_smem_staging"), |i| i.op() == "LDS"));
     assert!(!has_op(s("clean_int_div_public"), |i| i.op() == "CALL"));
 }
@@ -155,7 +198,10 @@ fn tma_wgmma_mbarrier_kernel_is_clean() {
     let a = &audits["clean_tma_wgmma"];
     assert!(a.findings.is_empty(), "{:#?}", a.findings);
     let r = &a.resources;
-    assert!(r.hgmma >= 1 && r.tma >= 1 && r.mbarrier_waits >= 1 && r.mufu_ex2 >= 1, "{r:?}");
+    assert!(
+        r.hgmma >= 1 && r.tma >= 1 && r.mbarrier_waits >= 1 && r.mufu_ex2 >= 1,
+        "{r:?}"
+    );
     assert_eq!(r.spills, 0);
     let s = &secs["clean_tma_wgmma"];
     assert!(has_op(s, |i| i.opcode.starts_with("USETMAXREG")));
@@ -171,8 +217,13 @@ fn secret_length_used_only_in_selects_is_clean() {
     let a = &audits["clean_secret_len"];
     assert!(a.findings.is_empty(), "{:#?}", a.findings);
     // The secret parameter is really read and really feeds a select.
-    assert!(has_op(&secs["clean_secret_len"], |i| i.text.contains("c[0x0][0x220]")));
-    assert!(has_op(&secs["clean_secret_len"], |i| matches!(i.op(), "FSEL" | "SEL")));
+    assert!(has_op(&secs["clean_secret_len"], |i| i
+        .text
+        .contains("c[0x0][0x220]")));
+    assert!(has_op(&secs["clean_secret_len"], |i| matches!(
+        i.op(),
+        "FSEL" | "SEL"
+    )));
 }
 
 #[test]

@@ -13,7 +13,10 @@ fn shipped_variants_are_data_oblivious_spill_free_and_use_wgmma() {
     let mut failures = Vec::new();
     for a in &audits {
         for why in a.gate_failures() {
-            failures.push(format!("{}: {why}", a.variant.as_deref().unwrap_or(&a.name)));
+            failures.push(format!(
+                "{}: {why}",
+                a.variant.as_deref().unwrap_or(&a.name)
+            ));
         }
     }
     assert!(

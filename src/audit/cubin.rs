@@ -31,10 +31,12 @@ pub struct KernelInfo {
 impl KernelInfo {
     /// Constant-bank-0 byte range `[start, end)` of parameter `ordinal`.
     pub fn param_range(&self, ordinal: usize) -> Option<(u32, u32)> {
-        self.params
-            .iter()
-            .find(|p| p.ordinal == ordinal)
-            .map(|p| (self.param_base + p.offset, self.param_base + p.offset + p.size))
+        self.params.iter().find(|p| p.ordinal == ordinal).map(|p| {
+            (
+                self.param_base + p.offset,
+                self.param_base + p.offset + p.size,
+            )
+        })
     }
 }
 
@@ -95,7 +97,10 @@ fn sections(d: &[u8]) -> Result<Vec<Sh>> {
             u32_at(d, o + 0x28)?,
         ));
     }
-    let strtab = raw.get(shstrndx).map(|r| r.2).ok_or_else(|| bad("no shstrtab"))?;
+    let strtab = raw
+        .get(shstrndx)
+        .map(|r| r.2)
+        .ok_or_else(|| bad("no shstrtab"))?;
     Ok(raw
         .into_iter()
         .map(|(name, typ, offset, size, link)| Sh {

@@ -89,7 +89,10 @@ pub fn disassemble(cubin: &[u8]) -> Result<String> {
         COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     std::fs::write(&path, cubin).map_err(|e| Error::io(&path, e))?;
-    let out = std::process::Command::new(&tool).arg("-c").arg(&path).output();
+    let out = std::process::Command::new(&tool)
+        .arg("-c")
+        .arg(&path)
+        .output();
     let _ = std::fs::remove_file(&path);
     let out = out.map_err(|e| Error::ToolFailed {
         tool: tool.display().to_string(),
@@ -156,7 +159,10 @@ fn resources(
         .iter()
         .filter(|f| {
             matches!(
-                f.text.split_whitespace().find(|t| !t.starts_with('@')).map(|t| t.split('.').next().unwrap_or("")),
+                f.text
+                    .split_whitespace()
+                    .find(|t| !t.starts_with('@'))
+                    .map(|t| t.split('.').next().unwrap_or("")),
                 Some("BRA" | "BRX" | "JMX" | "JMP" | "EXIT" | "RET" | "KILL" | "CALL")
             )
         })
@@ -167,6 +173,11 @@ fn resources(
         if an.block_in[g.block_of[i]].is_none() {
             continue;
         }
+        // Inside a compiler slow-path routine: its call site is what the report counts.
+        let f = sec.function_of(i);
+        if f != 0 && rules::is_slow_path(&sec.functions[f].0) {
+            continue;
+        }
         match insn.op() {
             "LDL" => r.ldl += 1,
             "STL" => r.stl += 1,
@@ -175,7 +186,12 @@ fn resources(
             "MUFU" if insn.has_mod("EX2") => r.mufu_ex2 += 1,
             "BAR" => r.bar += 1,
             "SYNCS" if insn.has_mod("TRYWAIT") => r.mbarrier_waits += 1,
-            "CALL" if insn.label_target().map(rules::is_slow_path).unwrap_or(false) => {
+            "CALL"
+                if insn
+                    .label_target()
+                    .map(rules::is_slow_path)
+                    .unwrap_or(false) =>
+            {
                 r.slow_path_calls += 1
             }
             _ => {}

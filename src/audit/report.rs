@@ -23,7 +23,17 @@ pub fn render_table(audits: &[KernelAudit]) -> String {
     let _ = writeln!(
         s,
         "{:<w$}  {:>8}  {:>5}  {:>7}  {:>6}  {:>5}  {:>4}  {:>4}  {:>4}  {:>9}  {:>8}",
-        "kernel", "findings", "regs", "smem", "spills", "hgmma", "tma", "ex2", "bar", "br pub", "br secret"
+        "kernel",
+        "findings",
+        "regs",
+        "smem",
+        "spills",
+        "hgmma",
+        "tma",
+        "ex2",
+        "bar",
+        "br pub",
+        "br secret"
     );
     for a in audits {
         let r = &a.resources;

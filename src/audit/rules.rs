@@ -139,9 +139,9 @@ fn dispatches_slow_path(cx: &Ctx, i: usize, pred_origin: Option<u32>) -> bool {
     {
         starts.push(t);
     }
-    starts.into_iter().any(|s| {
-        (s..(s + 6).min(n)).any(|j| slow_call(cx.sec, j))
-    })
+    starts
+        .into_iter()
+        .any(|s| (s..(s + 6).min(n)).any(|j| slow_call(cx.sec, j)))
 }
 
 fn tainted(s: &[u32], ls: &[usize]) -> Option<(usize, u32)> {
@@ -188,7 +188,10 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
             if let Some((l, v)) = guard {
                 hit = Some((guard_desc(l), v));
             } else if let Some((l, v)) = tainted(s, &pred_ops) {
-                hit = Some((format!("branch predicate {} is secret", taint::loc_name(l)), v));
+                hit = Some((
+                    format!("branch predicate {} is secret", taint::loc_name(l)),
+                    v,
+                ));
             } else if matches!(op, "BRX" | "JMX" | "JMP" | "RET" | "CALL" | "WARPSYNC") {
                 if let Some((l, v)) = tainted(s, &gpr_ops) {
                     let what = if op == "WARPSYNC" {
@@ -196,7 +199,10 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
                     } else {
                         "jump target"
                     };
-                    hit = Some((format!("{what} register {} is secret", taint::loc_name(l)), v));
+                    hit = Some((
+                        format!("{what} register {} is secret", taint::loc_name(l)),
+                        v,
+                    ));
                 }
             }
             if let Some((why, v)) = hit {
@@ -249,7 +255,11 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
         }
         "BAR" => {
             if let Some((l, v)) = guard {
-                out.push((Rule::ControlFlow, format!("barrier under a secret guard: {}", guard_desc(l)), Some(v)));
+                out.push((
+                    Rule::ControlFlow,
+                    format!("barrier under a secret guard: {}", guard_desc(l)),
+                    Some(v),
+                ));
             } else if let Some((l, v)) = tainted(s, &gpr_ops) {
                 out.push((
                     Rule::ControlFlow,
@@ -262,7 +272,10 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
             if let Some((l, v)) = guard {
                 out.push((
                     Rule::ControlFlow,
-                    format!("warp-collective {op} under a secret guard (member mask): {}", guard_desc(l)),
+                    format!(
+                        "warp-collective {op} under a secret guard (member mask): {}",
+                        guard_desc(l)
+                    ),
                     Some(v),
                 ));
             }
@@ -271,7 +284,10 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
             if let Some((l, v)) = tainted(s, &e.srcs) {
                 out.push((
                     Rule::VariableLatency,
-                    format!("FCHK (IEEE division range check) of secret {}", taint::loc_name(l)),
+                    format!(
+                        "FCHK (IEEE division range check) of secret {}",
+                        taint::loc_name(l)
+                    ),
                     Some(v),
                 ));
             }
@@ -330,13 +346,19 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
     let mut mem_hit: Option<(String, u32)> = None;
     if taint::is_memory(op) {
         if let Some((l, v)) = guard {
-            mem_hit = Some((format!("memory access under a secret guard: {}", guard_desc(l)), v));
+            mem_hit = Some((
+                format!("memory access under a secret guard: {}", guard_desc(l)),
+                v,
+            ));
         }
         if mem_hit.is_none() {
             for o in &insn.operands {
                 let ls = taint::mem_operand_locs(insn, o);
                 if let Some((l, v)) = tainted(s, &ls) {
-                    mem_hit = Some((format!("address register {} is secret", taint::loc_name(l)), v));
+                    mem_hit = Some((
+                        format!("address register {} is secret", taint::loc_name(l)),
+                        v,
+                    ));
                     break;
                 }
             }
@@ -347,7 +369,10 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
             if let Operand::CBank { index, .. } = o {
                 let ls: Vec<usize> = index.iter().flat_map(taint::operand_locs).collect();
                 if let Some((l, v)) = tainted(s, &ls) {
-                    mem_hit = Some((format!("constant-bank index {} is secret", taint::loc_name(l)), v));
+                    mem_hit = Some((
+                        format!("constant-bank index {} is secret", taint::loc_name(l)),
+                        v,
+                    ));
                 }
             }
         }
@@ -387,7 +412,9 @@ pub fn findings(sec: &Section, cfg: &Cfg, an: &Analysis) -> Vec<Finding> {
     let mut touches = vec![false; nf];
     let mut states_before: Vec<Option<State>> = vec![None; sec.insns.len()];
     for (b, blk) in cfg.blocks.iter().enumerate() {
-        let Some(mut s) = an.block_in[b].clone() else { continue };
+        let Some(mut s) = an.block_in[b].clone() else {
+            continue;
+        };
         for i in blk.start..blk.end {
             states_before[i] = Some(s.clone());
             let e = &an.effects[i];
@@ -416,7 +443,10 @@ pub fn findings(sec: &Section, cfg: &Cfg, an: &Analysis) -> Vec<Finding> {
             continue;
         }
         for (rule, reason, origin) in check(&cx, i, s) {
-            if out.iter().any(|x| x.offset == sec.insns[i].offset && x.rule == rule) {
+            if out
+                .iter()
+                .any(|x| x.offset == sec.insns[i].offset && x.rule == rule)
+            {
                 continue;
             }
             out.push(Finding {

@@ -29,7 +29,10 @@ pub enum Reg {
 
 impl Reg {
     pub fn is_pred(&self) -> bool {
-        matches!(self, Reg::P(_) | Reg::UP(_) | Reg::True | Reg::PR | Reg::UPR)
+        matches!(
+            self,
+            Reg::P(_) | Reg::UP(_) | Reg::True | Reg::PR | Reg::UPR
+        )
     }
     pub fn is_gpr(&self) -> bool {
         matches!(self, Reg::R(_) | Reg::UR(_) | Reg::Zero)
@@ -542,7 +545,8 @@ mod tests {
 
     #[test]
     fn parses_global_load_with_desc() {
-        let i = parse_line("/*0050*/                   LDG.E.128 R4, desc[UR4][R2.64+0x10] ;").unwrap();
+        let i =
+            parse_line("/*0050*/                   LDG.E.128 R4, desc[UR4][R2.64+0x10] ;").unwrap();
         assert_eq!(i.op(), "LDG");
         assert!(i.has_mod("128"));
         assert_eq!(i.operands[0], Operand::Reg(r(Reg::R(4), 1)));
@@ -596,7 +600,8 @@ mod tests {
 
     #[test]
     fn parses_hgmma_and_negations() {
-        let i = parse_line("/*06a0*/ HGMMA.64x64x16.F32 R24, gdesc[UR8], RZ, !UPT, gsb0 ;").unwrap();
+        let i =
+            parse_line("/*06a0*/ HGMMA.64x64x16.F32 R24, gdesc[UR8], RZ, !UPT, gsb0 ;").unwrap();
         assert_eq!(i.operands.len(), 5);
         match &i.operands[1] {
             Operand::Mem { prefix, desc, .. } => {
@@ -621,7 +626,8 @@ mod tests {
         assert_eq!(i.operands.len(), 2);
         assert_eq!(i.operands[0].as_reg().unwrap().reg, Reg::P(2));
         assert_eq!(i.label_target(), Some(".L_x_16"));
-        let c = parse_line("/*00c0*/ CALL.REL.NOINC `($__internal_0_$__cuda_sm20_div_s64) ;").unwrap();
+        let c =
+            parse_line("/*00c0*/ CALL.REL.NOINC `($__internal_0_$__cuda_sm20_div_s64) ;").unwrap();
         assert_eq!(c.label_target(), Some("$__internal_0_$__cuda_sm20_div_s64"));
     }
 

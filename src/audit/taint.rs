@@ -130,12 +130,51 @@ fn no_dest(insn: &Insn) -> bool {
 pub fn is_memory(op: &str) -> bool {
     matches!(
         op,
-        "LDG" | "STG" | "LD" | "ST" | "LDS" | "STS" | "LDL" | "STL" | "ATOM" | "ATOMG"
-            | "ATOMS" | "RED" | "REDG" | "REDAS" | "LDSM" | "STSM" | "LDGSTS" | "UTMALDG"
-            | "UTMASTG" | "UTMAPF" | "UTMAREDG" | "UTMACCTL" | "UBLKCP" | "UBLKRED" | "UBLKPF"
-            | "LDC" | "ULDC" | "CCTL" | "SYNCS" | "SULD" | "SUST" | "SURED" | "SUATOM" | "TLD"
-            | "TEX" | "TLD4" | "TMML" | "TXD" | "TXQ" | "HGMMA" | "IGMMA" | "QGMMA" | "BGMMA"
-            | "LDTRAM" | "ATOMAS"
+        "LDG"
+            | "STG"
+            | "LD"
+            | "ST"
+            | "LDS"
+            | "STS"
+            | "LDL"
+            | "STL"
+            | "ATOM"
+            | "ATOMG"
+            | "ATOMS"
+            | "RED"
+            | "REDG"
+            | "REDAS"
+            | "LDSM"
+            | "STSM"
+            | "LDGSTS"
+            | "UTMALDG"
+            | "UTMASTG"
+            | "UTMAPF"
+            | "UTMAREDG"
+            | "UTMACCTL"
+            | "UBLKCP"
+            | "UBLKRED"
+            | "UBLKPF"
+            | "LDC"
+            | "ULDC"
+            | "CCTL"
+            | "SYNCS"
+            | "SULD"
+            | "SUST"
+            | "SURED"
+            | "SUATOM"
+            | "TLD"
+            | "TEX"
+            | "TLD4"
+            | "TMML"
+            | "TXD"
+            | "TXQ"
+            | "HGMMA"
+            | "IGMMA"
+            | "QGMMA"
+            | "BGMMA"
+            | "LDTRAM"
+            | "ATOMAS"
     )
 }
 
@@ -148,13 +187,12 @@ fn loads_global(op: &str) -> bool {
 }
 
 fn hgmma_shape_n(insn: &Insn) -> Option<usize> {
-    insn.mods()
-        .find_map(|m| {
-            let parts: Vec<&str> = m.split('x').collect();
-            (parts.len() == 3 && parts.iter().all(|p| p.parse::<usize>().is_ok()))
-                .then(|| parts[1].parse::<usize>().ok())
-                .flatten()
-        })
+    insn.mods().find_map(|m| {
+        let parts: Vec<&str> = m.split('x').collect();
+        (parts.len() == 3 && parts.iter().all(|p| p.parse::<usize>().is_ok()))
+            .then(|| parts[1].parse::<usize>().ok())
+            .flatten()
+    })
 }
 
 /// Registers per thread of the accumulator of a wgmma (HGMMA m64nNk16): N/2 (f32) or N/4 (f16).
@@ -190,7 +228,10 @@ pub fn mem_width(insn: &Insn) -> usize {
 /// descriptor registers together).
 pub fn mem_operand_locs(insn: &Insn, operand: &Operand) -> Vec<usize> {
     let mut v = Vec::new();
-    if let Operand::Mem { prefix, desc, addr, .. } = operand {
+    if let Operand::Mem {
+        prefix, desc, addr, ..
+    } = operand
+    {
         let op = insn.op();
         let tma_dims = insn
             .mods()
@@ -269,7 +310,10 @@ impl Secrets {
 }
 
 fn is_conversion(op: &str) -> bool {
-    matches!(op, "F2I" | "I2F" | "F2F" | "I2I" | "F2IP" | "I2FP" | "FRND" | "UF2I" | "UI2F")
+    matches!(
+        op,
+        "F2I" | "I2F" | "F2F" | "I2I" | "F2IP" | "I2FP" | "FRND" | "UF2I" | "UI2F"
+    )
 }
 
 /// Computes the static read/write sets of `insn`.
@@ -317,7 +361,8 @@ pub fn effects(insn: &Insn, secrets: &Secrets) -> Effects {
         }
     };
     let wide_all = insn.has_mod("64") && !is_memory(op) && !is_conversion(op)
-        || op.starts_with('D') && matches!(op, "DADD" | "DMUL" | "DFMA" | "DMNMX" | "DSETP" | "DSET");
+        || op.starts_with('D')
+            && matches!(op, "DADD" | "DMUL" | "DFMA" | "DMNMX" | "DSETP" | "DSET");
     let conv64 = is_conversion(op)
         && insn
             .mods()
@@ -510,7 +555,10 @@ pub fn transfer(i: usize, e: &Effects, st: &mut State) -> Option<Cause> {
             st.cond.retain(|c| c.guard != d);
         }
     }
-    if e.writes_smem && st.t[SMEM] == NONE && (e.smem_intrinsic || src_taint.is_some() || g.is_some()) {
+    if e.writes_smem
+        && st.t[SMEM] == NONE
+        && (e.smem_intrinsic || src_taint.is_some() || g.is_some())
+    {
         st.t[SMEM] = i as u32;
     }
     if e.writes_lmem && st.t[LMEM] == NONE && (src_taint.is_some() || g.is_some()) {
@@ -662,9 +710,8 @@ mod tests {
     use super::*;
 
     fn findings(body: &str) -> Vec<rules::Finding> {
-        let listing = format!(
-            "\t.section\t.text.k,\"ax\",@progbits\n        .type k,@function\nk:\n{body}"
-        );
+        let listing =
+            format!("\t.section\t.text.k,\"ax\",@progbits\n        .type k,@function\nk:\n{body}");
         let secs = sass::parse_listing(&listing);
         let g = cfg::build(&secs[0]);
         let an = analyze(&secs[0], &g, &Secrets::default());
