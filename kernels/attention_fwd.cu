@@ -178,14 +178,11 @@ struct Consumer {
     // Ping-pong between the consumer warpgroups: a warpgroup issues its GEMMs only on its turn and
     // then hands the turn over, so its softmax runs while the other's GEMMs occupy the tensor
     // cores. The turn count depends on the block count only.
-    FC_DEVICE void wait_turn() const {
-        if constexpr (cfg::CONSUMERS == 2) named_bar_sync(1 + wg, 256);
-    }
+    // Turns go round-robin 0, 1, …, CONSUMERS−1; barrier 1+w is warpgroup w's turn.
+    FC_DEVICE void wait_turn() const { named_bar_sync(1 + wg, 256); }
     FC_DEVICE void pass_turn(bool last) const {
-        if constexpr (cfg::CONSUMERS == 2) {
-            // Warpgroup 0 moves first; warpgroup 1's final hand-over would have no taker.
-            if (!(wg == 1 && last)) named_bar_arrive(1 + (1 - wg), 256);
-        }
+        // The last warpgroup's final hand-over would have no taker.
+        if (!(wg == cfg::CONSUMERS - 1 && last)) named_bar_arrive(1 + (wg + 1) % cfg::CONSUMERS, 256);
     }
 
     FC_DEVICE void release(uint64_t* bar) const {
@@ -286,8 +283,8 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg, int m_block, int hea
     uint32_t pf[BN / 16][4];
     float alpha[2];  // block 0: O is still zero, nothing to rescale
 
-    // Block 0: S, softmax, fragments. Warpgroup 1 first hands warpgroup 0 the first turn.
-    if (CONSUMERS == 2 && wg == 1) named_bar_arrive(1, 256);
+    // Block 0: S, softmax, fragments. The last warpgroup hands warpgroup 0 the first turn.
+    if (wg == CONSUMERS - 1) named_bar_arrive(1, 256);
     mbar_wait(&s.k_full[0], 0);
     c.wait_turn();
     wgmma_fence();

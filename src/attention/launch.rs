@@ -73,11 +73,15 @@ pub struct Plan {
 
 impl Plan {
     pub(crate) fn new(ctx: &Context, params: AttentionParams) -> Result<Plan> {
-        let variant = Variant {
-            dtype: params.dtype,
-            head_dim: params.head_dim,
-            causal: params.causal,
-        };
+        let variant = Variant::for_shape(
+            params.dtype,
+            params.head_dim,
+            params.causal,
+            params.batch,
+            params.heads_q,
+            params.seqlen_q,
+            ctx.num_sms(),
+        );
         let kernel = ctx.kernel(variant)?;
         let tile = variant.tile();
         let m_blocks = params.seqlen_q.div_ceil(tile.block_m);

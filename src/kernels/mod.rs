@@ -71,25 +71,56 @@ pub struct Variant {
     pub dtype: DType,
     pub head_dim: usize,
     pub causal: bool,
+    /// Query rows per CTA: 64 per consumer warpgroup (128 or 192).
+    pub block_m: usize,
 }
 
 impl Variant {
     /// A stable, human-readable name, e.g. `fwd_bf16_d128_causal`.
     pub fn name(&self) -> String {
         format!(
-            "fwd_{}_d{}_{}",
+            "fwd_{}_d{}_{}_m{}",
             self.dtype.name(),
             self.head_dim,
-            if self.causal { "causal" } else { "full" }
+            if self.causal { "causal" } else { "full" },
+            self.block_m
         )
     }
 
+    /// The variant for a call's shape. At d64, three consumer warpgroups (192 query rows per CTA)
+    /// read fewer K/V bytes from L2 per FLOP and keep more softmax work in flight, but make fewer
+    /// CTAs: they are used only when there are enough tiles to fill the chip twice over, and
+    /// only without the causal mask (measured: no gain there). Public shapes only.
+    pub fn for_shape(
+        dtype: DType,
+        head_dim: usize,
+        causal: bool,
+        batch: usize,
+        heads: usize,
+        seqlen_q: usize,
+        num_sms: usize,
+    ) -> Variant {
+        let tiles_192 = seqlen_q.div_ceil(192) * batch * heads;
+        let block_m = if head_dim == 64 && !causal && tiles_192 >= 2 * num_sms {
+            192
+        } else {
+            128
+        };
+        Variant {
+            dtype,
+            head_dim,
+            causal,
+            block_m,
+        }
+    }
+
     pub fn tile(&self) -> Tile {
+        let stages = if self.head_dim == 64 { 4 } else { 2 };
         Tile {
-            block_m: 128,
+            block_m: self.block_m,
             block_n: 128,
-            stages: if self.head_dim == 64 { 4 } else { 2 },
-            consumers: 2,
+            stages,
+            consumers: self.block_m / 64,
         }
     }
 
@@ -128,7 +159,16 @@ pub fn shipped_variants() -> Vec<Variant> {
                     dtype,
                     head_dim,
                     causal,
+                    block_m: 128,
                 });
+                if head_dim == 64 && !causal {
+                    v.push(Variant {
+                        dtype,
+                        head_dim,
+                        causal,
+                        block_m: 192,
+                    });
+                }
             }
         }
     }
