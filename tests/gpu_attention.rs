@@ -14,11 +14,22 @@ fn sweep<T: Element>(ctx: &Context, dtype: DType, seed: u64) -> Vec<String> {
     for head_dim in [64, 128] {
         for causal in [false, true] {
             for layout in [Layout::Bshd, Layout::Bhsd] {
-                let mut shapes: Vec<(usize, usize, usize, usize)> = SEQLENS.iter().map(|&s| (1, 2, s, s)).collect();
+                let mut shapes: Vec<(usize, usize, usize, usize)> =
+                    SEQLENS.iter().map(|&s| (1, 2, s, s)).collect();
                 // Sq ≠ Sk both ways (causal: bottom-right aligned; Sq > Sk has fully masked rows).
-                shapes.extend([(2, 3, 1, 300), (1, 2, 77, 500), (1, 2, 300, 77), (2, 2, 129, 1), (1, 1, 1000, 1023)]);
+                shapes.extend([
+                    (2, 3, 1, 300),
+                    (1, 2, 77, 500),
+                    (1, 2, 300, 77),
+                    (2, 2, 129, 1),
+                    (1, 1, 1000, 1023),
+                ]);
                 for (b, h, sq, sk) in shapes {
-                    let p = AttentionParams::new(b, h, sq, head_dim).seqlen_k(sk).dtype(dtype).layout(layout).causal(causal);
+                    let p = AttentionParams::new(b, h, sq, head_dim)
+                        .seqlen_k(sk)
+                        .dtype(dtype)
+                        .layout(layout)
+                        .causal(causal);
                     match run_case::<T>(ctx, &p, &mut rng) {
                         Ok(o) => eprintln!(
                             "ok {:4} d{head_dim} {} {} B{b} H{h} Sq{sq:5} Sk{sk:5}  err {:.2e}  lse {:.2e}",
@@ -39,28 +50,46 @@ fn sweep<T: Element>(ctx: &Context, dtype: DType, seed: u64) -> Vec<String> {
 
 #[test]
 fn f16_all_variants_match_reference() {
-    let Some(ctx) = gpu("f16_all_variants_match_reference") else { return };
+    let Some(ctx) = gpu("f16_all_variants_match_reference") else {
+        return;
+    };
     let s = seed();
     let failures = sweep::<half::f16>(&ctx, DType::F16, s);
-    assert!(failures.is_empty(), "seed {s}: {} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "seed {s}: {} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
 fn bf16_all_variants_match_reference() {
-    let Some(ctx) = gpu("bf16_all_variants_match_reference") else { return };
+    let Some(ctx) = gpu("bf16_all_variants_match_reference") else {
+        return;
+    };
     let s = seed();
     let failures = sweep::<half::bf16>(&ctx, DType::Bf16, s);
-    assert!(failures.is_empty(), "seed {s}: {} failures:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "seed {s}: {} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
 fn grouped_query_attention_and_custom_scale() {
-    let Some(ctx) = gpu("grouped_query_attention_and_custom_scale") else { return };
+    let Some(ctx) = gpu("grouped_query_attention_and_custom_scale") else {
+        return;
+    };
     let s = seed();
     let mut rng = rng_from(s);
     for (hq, hkv) in [(8, 2), (6, 1), (4, 4)] {
         for causal in [false, true] {
-            let mut p = AttentionParams::new(2, hq, 333, 128).causal(causal).scale(0.3);
+            let mut p = AttentionParams::new(2, hq, 333, 128)
+                .causal(causal)
+                .scale(0.3);
             p.heads_kv = hkv;
             run_case::<half::f16>(&ctx, &p, &mut rng).unwrap_or_else(|e| panic!("seed {s}: {e}"));
         }
@@ -69,23 +98,43 @@ fn grouped_query_attention_and_custom_scale() {
 
 #[test]
 fn output_bits_are_identical_run_to_run() {
-    let Some(ctx) = gpu("output_bits_are_identical_run_to_run") else { return };
+    let Some(ctx) = gpu("output_bits_are_identical_run_to_run") else {
+        return;
+    };
     let mut rng = rng_from(seed());
-    let p = AttentionParams::new(2, 4, 1500, 64).causal(true).dtype(DType::Bf16);
+    let p = AttentionParams::new(2, 4, 1500, 64)
+        .causal(true)
+        .dtype(DType::Bf16);
     let q: Vec<half::bf16> = randn(&mut rng, p.q_len());
     let k: Vec<half::bf16> = randn(&mut rng, p.kv_len());
     let v: Vec<half::bf16> = randn(&mut rng, p.kv_len());
     let first = run_inputs(&ctx, &p, &q, &k, &v).unwrap();
     for _ in 0..5 {
         let again = run_inputs(&ctx, &p, &q, &k, &v).unwrap();
-        assert!(first.out.iter().zip(&again.out).all(|(a, b)| a.to_bits() == b.to_bits()), "output bits differ between runs");
-        assert!(first.lse.iter().zip(&again.lse).all(|(a, b)| a.to_bits() == b.to_bits()), "LSE bits differ between runs");
+        assert!(
+            first
+                .out
+                .iter()
+                .zip(&again.out)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "output bits differ between runs"
+        );
+        assert!(
+            first
+                .lse
+                .iter()
+                .zip(&again.lse)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "LSE bits differ between runs"
+        );
     }
 }
 
 #[test]
 fn bad_buffers_are_rejected_before_launch() {
-    let Some(ctx) = gpu("bad_buffers_are_rejected_before_launch") else { return };
+    let Some(ctx) = gpu("bad_buffers_are_rejected_before_launch") else {
+        return;
+    };
     let p = AttentionParams::new(1, 2, 64, 64);
     let q = ctx.alloc::<half::f16>(p.q_len()).unwrap();
     let short = ctx.alloc::<half::f16>(p.kv_len() - 1).unwrap();

@@ -59,19 +59,34 @@ pub struct Outcome<T> {
 }
 
 /// Runs one case on the GPU with fresh random inputs and checks O and LSE against the reference.
-pub fn run_case<T: Element>(ctx: &Context, p: &AttentionParams, rng: &mut impl Rng) -> Result<Outcome<T>, String> {
+pub fn run_case<T: Element>(
+    ctx: &Context,
+    p: &AttentionParams,
+    rng: &mut impl Rng,
+) -> Result<Outcome<T>, String> {
     let q: Vec<T> = randn(rng, p.q_len());
     let k: Vec<T> = randn(rng, p.kv_len());
     let v: Vec<T> = randn(rng, p.kv_len());
     run_inputs(ctx, p, &q, &k, &v)
 }
 
-pub fn run_inputs<T: Element>(ctx: &Context, p: &AttentionParams, q: &[T], k: &[T], v: &[T]) -> Result<Outcome<T>, String> {
+pub fn run_inputs<T: Element>(
+    ctx: &Context,
+    p: &AttentionParams,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> Result<Outcome<T>, String> {
     let e = |e: flashcore::Error| format!("{p:?}: {e}");
-    let (dq, dk, dv) = (ctx.upload(q).map_err(e)?, ctx.upload(k).map_err(e)?, ctx.upload(v).map_err(e)?);
+    let (dq, dk, dv) = (
+        ctx.upload(q).map_err(e)?,
+        ctx.upload(k).map_err(e)?,
+        ctx.upload(v).map_err(e)?,
+    );
     let mut dout = ctx.upload(&vec![poison::<T>(); p.q_len()]).map_err(e)?;
     let mut dlse = ctx.upload(&vec![f32::NAN; p.lse_len()]).map_err(e)?;
-    ctx.attention(p, &dq, &dk, &dv, &mut dout, Some(&mut dlse)).map_err(e)?;
+    ctx.attention(p, &dq, &dk, &dv, &mut dout, Some(&mut dlse))
+        .map_err(e)?;
     let out: Vec<T> = ctx.download(&dout).map_err(e)?;
     let lse: Vec<f32> = ctx.download(&dlse).map_err(e)?;
 
@@ -79,7 +94,10 @@ pub fn run_inputs<T: Element>(ctx: &Context, p: &AttentionParams, q: &[T], k: &[
     let want = reference::attention_f64(p, &f(q), &f(k), &f(v));
     let got = f(&out);
     if let Some(i) = got.iter().position(|x| !x.is_finite()) {
-        return Err(format!("{p:?}: non-finite output at element {i}: {}", got[i]));
+        return Err(format!(
+            "{p:?}: non-finite output at element {i}: {}",
+            got[i]
+        ));
     }
     let out_err = reference::rel_l2(&got, &want.out);
     // LSE: fully masked rows must be exactly −inf; the rest compared by relative L2.
@@ -88,7 +106,9 @@ pub fn run_inputs<T: Element>(ctx: &Context, p: &AttentionParams, q: &[T], k: &[
     for (i, (&g, &w)) in lse.iter().zip(&want.lse).enumerate() {
         if w == f64::NEG_INFINITY {
             if g != f32::NEG_INFINITY {
-                return Err(format!("{p:?}: lse[{i}] = {g}, fully masked row must give -inf"));
+                return Err(format!(
+                    "{p:?}: lse[{i}] = {g}, fully masked row must give -inf"
+                ));
             }
         } else {
             if !g.is_finite() {
@@ -98,15 +118,26 @@ pub fn run_inputs<T: Element>(ctx: &Context, p: &AttentionParams, q: &[T], k: &[
             want_l.push(w);
         }
     }
-    let lse_err = if want_l.is_empty() { 0.0 } else { reference::rel_l2(&got_l, &want_l) };
+    let lse_err = if want_l.is_empty() {
+        0.0
+    } else {
+        reference::rel_l2(&got_l, &want_l)
+    };
     let tol = tolerance(p.dtype);
     if !(out_err <= tol) {
-        return Err(format!("{p:?}: output relative L2 error {out_err:.3e} > {tol:.0e}"));
+        return Err(format!(
+            "{p:?}: output relative L2 error {out_err:.3e} > {tol:.0e}"
+        ));
     }
     if !(lse_err <= 1e-3) {
         return Err(format!("{p:?}: LSE relative L2 error {lse_err:.3e} > 1e-3"));
     }
-    Ok(Outcome { out, lse, out_err, lse_err })
+    Ok(Outcome {
+        out,
+        lse,
+        out_err,
+        lse_err,
+    })
 }
 
 pub fn rng_from(seed: u64) -> rand::rngs::StdRng {
