@@ -8,7 +8,12 @@
 // Data-oblivious: loop bounds, masks-or-not and addresses depend only on shapes and indices;
 // masking and every NaN guard are selects (DESIGN.md §1).
 //
-// Compile-time configuration (NVRTC -D): FC_HEAD_DIM (64|128), FC_BF16 (0|1), FC_CAUSAL (0|1).
+// Compile-time configuration (NVRTC -D): FC_HEAD_DIM (64|128), FC_BF16 (0|1), FC_CAUSAL (0|1),
+// FC_SECRET_LEN (0|1), tile shape FC_BLOCK_M/N, FC_STAGES, FC_CONSUMERS.
+//
+// Secret-length mode (FC_SECRET_LEN): each batch entry's true length is an i32 in device memory,
+// a secret. The kernel still walks the padded length (public); keys at or past the true length
+// are masked by select and query rows at or past it are written as zeros (LSE −inf).
 #include "fc_common.cuh"
 #include "fc_mbarrier.cuh"
 #include "fc_tma.cuh"
@@ -16,7 +21,7 @@
 #include "fc_softmax.cuh"
 
 #if !defined(FC_HEAD_DIM) || !defined(FC_BF16) || !defined(FC_CAUSAL) || !defined(FC_BLOCK_M) || \
-    !defined(FC_BLOCK_N) || !defined(FC_STAGES) || !defined(FC_CONSUMERS)
+    !defined(FC_BLOCK_N) || !defined(FC_STAGES) || !defined(FC_CONSUMERS) || !defined(FC_SECRET_LEN)
 #error "the variant's defines are missing (see Variant::options in src/kernels/mod.rs)"
 #endif
 
@@ -44,6 +49,7 @@ struct Params {
     TensorMap q_map, k_map, v_map;  // 4-D maps over (dim, seq, head, batch)
     uint64_t o_ptr;                  // output, same layout as Q (strides below, in elements)
     uint64_t lse_ptr;                // fp32 [B, Hq, Sq] or 0 for none
+    uint64_t lens_ptr;               // secret-length mode: i32 [B] true lengths (secret); else 0
     int64_t o_stride_b, o_stride_s, o_stride_h;
     int32_t seqlen_q, seqlen_k, heads_q, group;  // group = heads_q / heads_kv
     float scale_log2;                            // softmax scale · log2(e)
@@ -80,6 +86,7 @@ FC_DEVICE int num_kv_blocks(const Params& p, int m_block) {
 // main loop runs unmasked blocks, then masked ones, each as straight-line code (a branch around
 // the mask inside one loop would make ptxas wait for the in-flight wgmma at the join).
 FC_DEVICE int first_masked_block(const Params& p, int m_block, int n_blocks) {
+    if (FC_SECRET_LEN) return 0;  // the true length is secret: every block is masked
     int first = p.seqlen_k / cfg::BN;
 #if FC_CAUSAL
     // Block n is clean iff its last key (n+1)·BN − 1 <= m_block·BM + Sk − Sq.
@@ -125,6 +132,7 @@ struct Consumer {
     int wg, m_block, head, batch;
     int lane, row0, col0;
     uint32_t q_base;
+    int key_limit;  // keys at or past this are masked: Sk, or the (secret) true length
 
     // S = Q Kᵀ over the head dim, 16 at a time (32 bytes inside a 128-byte swizzle row).
     FC_DEVICE void issue_qk(float (&sacc)[cfg::BN / 2], int stage) const {
@@ -157,7 +165,7 @@ struct Consumer {
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) {
             const int key = key_base + 8 * (i / 4) + (i % 2);
-            bool visible = key < p.seqlen_k;
+            bool visible = key < key_limit;
 #if FC_CAUSAL
             const int row = row0 + 8 * ((i / 2) % 2);
             visible = visible && (key <= row + p.seqlen_k - p.seqlen_q);
@@ -236,7 +244,9 @@ struct Consumer {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int row = row0 + 8 * h;
-            const bool any = total[h] > 0.0f;  // false only for a fully masked row
+            // `any` is false only for a fully masked row; in secret-length mode rows at or past
+            // the true length are zeroed too (a select on a secret, never a branch).
+            const bool any = total[h] > 0.0f && (!FC_SECRET_LEN || row < key_limit);
             const float inv = select_f(any, fast_rcp(total[h]), 0.0f);
             if (row < p.seqlen_q) {
                 uint16_t* out = reinterpret_cast<uint16_t*>(p.o_ptr) + batch * p.o_stride_b + (int64_t)row * p.o_stride_s +
@@ -265,8 +275,22 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg, int m_block, int hea
     using namespace cfg;
     const int warp = warp_id_in_block() % 4;
     const int lane = lane_id();
-    Consumer c{p, s, wg, m_block, head, batch, lane, m_block * BM + wg * 64 + warp * 16 + lane / 4, 2 * (lane % 4),
-               smem_u32(&s.q[0][wg * 64][0])};
+    int key_limit = p.seqlen_k;
+#if FC_SECRET_LEN
+    // Clamped with min/max (ALU selects), so any stored value is safe and nothing branches on it.
+    key_limit = max(0, min(p.seqlen_k, reinterpret_cast<const int32_t*>(p.lens_ptr)[batch]));
+#endif
+    Consumer c{p,
+               s,
+               wg,
+               m_block,
+               head,
+               batch,
+               lane,
+               m_block * BM + wg * 64 + warp * 16 + lane / 4,
+               2 * (lane % 4),
+               smem_u32(&s.q[0][wg * 64][0]),
+               key_limit};
 
     float o[D / 2];
 #pragma unroll

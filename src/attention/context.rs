@@ -135,7 +135,15 @@ impl Context {
     /// Validates `params` and prepares everything a launch needs except the buffers.
     pub fn plan(&self, params: &AttentionParams) -> Result<Plan> {
         validate::check_params(params)?;
-        Plan::new(self, params.clone())
+        Plan::new(self, params.clone(), false)
+    }
+
+    /// A plan in secret-length mode: the kernel walks the padded length `seqlen_q` = `seqlen_k`
+    /// (public) and reads each batch entry's true length from device memory (secret).
+    pub fn plan_secret_len(&self, params: &AttentionParams) -> Result<Plan> {
+        validate::check_params(params)?;
+        validate::check_secret_len(params)?;
+        Plan::new(self, params.clone(), true)
     }
 
     /// O = softmax(scale · Q Kᵀ + mask) V on this context's stream; `lse` (fp32 [B, Hq, Sq],
@@ -160,6 +168,33 @@ impl Context {
             ));
         }
         let plan = self.plan(params)?;
+        self.launch_checked(&plan, params, q, k, v, out, lse, 0)
+    }
+
+    /// Checks every buffer against the plan's shape, then launches (with `lens` in
+    /// secret-length mode, else 0).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_checked<T: Element>(
+        &self,
+        plan: &Plan,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+        lens: u64,
+    ) -> Result<()> {
+        if params.dtype != T::DTYPE {
+            return Err(Error::invalid(
+                "dtype",
+                format!(
+                    "params say {} but the buffers hold {}",
+                    params.dtype.name(),
+                    T::DTYPE.name()
+                ),
+            ));
+        }
         let align = validate::TENSOR_ALIGN;
         let (q_ptr, _g1) = q.device_ptr(&self.stream);
         let (k_ptr, _g2) = k.device_ptr(&self.stream);
@@ -180,7 +215,39 @@ impl Context {
             None => 0,
         };
         // SAFETY: every buffer's length and alignment was checked against the plan's shape.
-        unsafe { plan.launch_raw(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr) }
+        unsafe {
+            if plan.secret_len() {
+                plan.launch_raw_with_lengths(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, lens)
+            } else {
+                plan.launch_raw(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr)
+            }
+        }
+    }
+
+    /// Secret-length mode: like [`Context::attention`], with `lengths` (i32 per batch entry, on the
+    /// device) giving each sequence's true length inside the padded one. Keys at or past it are
+    /// masked, output rows at or past it are zero (LSE −inf); the work done, the control flow and
+    /// every address are those of the padded shape, whatever the lengths.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_secret_len<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+        lengths: &CudaSlice<i32>,
+    ) -> Result<()> {
+        if lengths.len() != params.batch {
+            return Err(Error::invalid(
+                "lengths",
+                format!("has {} entries, batch is {}", lengths.len(), params.batch),
+            ));
+        }
+        let plan = self.plan_secret_len(params)?;
+        let (lens_ptr, _g) = lengths.device_ptr(&self.stream);
+        self.launch_checked(&plan, params, q, k, v, out, lse, lens_ptr)
     }
 
     /// Copies a host slice to a new device buffer.

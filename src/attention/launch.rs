@@ -44,6 +44,7 @@ struct KernelParams {
     v_map: sys::CUtensorMap,
     o_ptr: u64,
     lse_ptr: u64,
+    lens_ptr: u64,
     o_stride_b: i64,
     o_stride_s: i64,
     o_stride_h: i64,
@@ -68,15 +69,17 @@ pub struct Plan {
     stream: Arc<CudaStream>,
     tile: Tile,
     grid: (u32, u32, u32),
-    cached: Mutex<Option<([u64; 5], Box<KernelParams>)>>,
+    secret_len: bool,
+    cached: Mutex<Option<([u64; 6], Box<KernelParams>)>>,
 }
 
 impl Plan {
-    pub(crate) fn new(ctx: &Context, params: AttentionParams) -> Result<Plan> {
+    pub(crate) fn new(ctx: &Context, params: AttentionParams, secret_len: bool) -> Result<Plan> {
         let variant = Variant::for_shape(
             params.dtype,
             params.head_dim,
             params.causal,
+            secret_len,
             params.batch,
             params.heads_q,
             params.seqlen_q,
@@ -98,6 +101,7 @@ impl Plan {
             stream: ctx.stream().clone(),
             tile,
             grid,
+            secret_len,
             cached: Mutex::new(None),
         })
     }
@@ -106,9 +110,14 @@ impl Plan {
         &self.params
     }
 
-    fn build(&self, ptrs: [u64; 5]) -> Result<KernelParams> {
+    /// Whether this plan runs in secret-length mode (see [`Plan::launch_raw_with_lengths`]).
+    pub fn secret_len(&self) -> bool {
+        self.secret_len
+    }
+
+    fn build(&self, ptrs: [u64; 6]) -> Result<KernelParams> {
         let p = &self.params;
-        let [q, k, v, o, lse] = ptrs;
+        let [q, k, v, o, lse, lens] = ptrs;
         let rows = self.tile.block_m as u32;
         let keys = self.tile.block_n as u32;
         let q_map = tensor_map::encode(
@@ -128,6 +137,7 @@ impl Plan {
             v_map,
             o_ptr: o,
             lse_ptr: lse,
+            lens_ptr: lens,
             o_stride_b: sb as i64,
             o_stride_s: ss as i64,
             o_stride_h: sh as i64,
@@ -149,7 +159,40 @@ impl Plan {
     /// `kv_len()` (k, v) elements of the plan's dtype and, unless 0, `lse_len()` f32s (lse), each
     /// 16-byte aligned, and must stay alive until the kernel finishes.
     pub unsafe fn launch_raw(&self, q: u64, k: u64, v: u64, o: u64, lse: u64) -> Result<()> {
-        let ptrs = [q, k, v, o, lse];
+        if self.secret_len {
+            return Err(Error::invalid(
+                "lengths",
+                "this plan is in secret-length mode: use launch_raw_with_lengths",
+            ));
+        }
+        self.launch(q, k, v, o, lse, 0)
+    }
+
+    /// Secret-length mode: as [`Plan::launch_raw`], plus `lens`, a device buffer of `batch` i32
+    /// true lengths (each clamped to [0, padded length] on the device).
+    ///
+    /// # Safety
+    /// As for [`Plan::launch_raw`]; `lens` must hold `params().batch` i32s.
+    pub unsafe fn launch_raw_with_lengths(
+        &self,
+        q: u64,
+        k: u64,
+        v: u64,
+        o: u64,
+        lse: u64,
+        lens: u64,
+    ) -> Result<()> {
+        if !self.secret_len || lens == 0 {
+            return Err(Error::invalid(
+                "lengths",
+                "needs a plan made by Context::plan_secret_len and a lengths buffer",
+            ));
+        }
+        self.launch(q, k, v, o, lse, lens)
+    }
+
+    unsafe fn launch(&self, q: u64, k: u64, v: u64, o: u64, lse: u64, lens: u64) -> Result<()> {
+        let ptrs = [q, k, v, o, lse, lens];
         let mut cached = self
             .cached
             .lock()

@@ -69,6 +69,21 @@ pub fn check_params(p: &AttentionParams) -> Result<()> {
     Ok(())
 }
 
+/// Secret-length mode pads queries and keys to one public length; each batch entry's true
+/// length applies to both.
+pub fn check_secret_len(p: &AttentionParams) -> Result<()> {
+    if p.seqlen_q != p.seqlen_k {
+        return Err(Error::invalid(
+            "seqlen_k",
+            format!(
+                "secret-length mode needs seqlen_q == seqlen_k (the padded length), got {} and {}",
+                p.seqlen_q, p.seqlen_k
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks one buffer's length and its base address alignment.
 pub fn check_buffer(
     arg: &'static str,
@@ -204,6 +219,16 @@ mod tests {
         let p = AttentionParams::new(1 << 20, 1 << 10, 1 << 10, 128);
         let (arg, _) = rule_of(check_params(&p).unwrap_err());
         assert_eq!(arg, "batch");
+    }
+
+    #[test]
+    fn secret_len_needs_equal_lengths() {
+        check_secret_len(&AttentionParams::new(2, 2, 100, 64)).unwrap();
+        let (arg, rule) = rule_of(
+            check_secret_len(&AttentionParams::new(2, 2, 100, 64).seqlen_k(99)).unwrap_err(),
+        );
+        assert_eq!(arg, "seqlen_k");
+        assert!(rule.contains("secret-length"));
     }
 
     #[test]

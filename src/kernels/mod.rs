@@ -73,17 +73,20 @@ pub struct Variant {
     pub causal: bool,
     /// Query rows per CTA: 64 per consumer warpgroup (128 or 192).
     pub block_m: usize,
+    /// Secret-length mode: per-batch true lengths from device memory mask keys and zero rows.
+    pub secret_len: bool,
 }
 
 impl Variant {
     /// A stable, human-readable name, e.g. `fwd_bf16_d128_causal`.
     pub fn name(&self) -> String {
         format!(
-            "fwd_{}_d{}_{}_m{}",
+            "fwd_{}_d{}_{}_m{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
-            self.block_m
+            self.block_m,
+            if self.secret_len { "_slen" } else { "" }
         )
     }
 
@@ -95,13 +98,14 @@ impl Variant {
         dtype: DType,
         head_dim: usize,
         causal: bool,
+        secret_len: bool,
         batch: usize,
         heads: usize,
         seqlen_q: usize,
         num_sms: usize,
     ) -> Variant {
         let tiles_192 = seqlen_q.div_ceil(192) * batch * heads;
-        let block_m = if head_dim == 64 && !causal && tiles_192 >= 2 * num_sms {
+        let block_m = if head_dim == 64 && !causal && !secret_len && tiles_192 >= 2 * num_sms {
             192
         } else {
             128
@@ -111,6 +115,7 @@ impl Variant {
             head_dim,
             causal,
             block_m,
+            secret_len,
         }
     }
 
@@ -134,6 +139,7 @@ impl Variant {
         o.push(format!("-DFC_HEAD_DIM={}", self.head_dim));
         o.push(format!("-DFC_BF16={}", (self.dtype == DType::Bf16) as u8));
         o.push(format!("-DFC_CAUSAL={}", self.causal as u8));
+        o.push(format!("-DFC_SECRET_LEN={}", self.secret_len as u8));
         o
     }
 
@@ -155,18 +161,22 @@ pub fn shipped_variants() -> Vec<Variant> {
     for dtype in [DType::F16, DType::Bf16] {
         for head_dim in [64, 128] {
             for causal in [false, true] {
-                v.push(Variant {
-                    dtype,
-                    head_dim,
-                    causal,
-                    block_m: 128,
-                });
+                for secret_len in [false, true] {
+                    v.push(Variant {
+                        dtype,
+                        head_dim,
+                        causal,
+                        block_m: 128,
+                        secret_len,
+                    });
+                }
                 if head_dim == 64 && !causal {
                     v.push(Variant {
                         dtype,
                         head_dim,
                         causal,
                         block_m: 192,
+                        secret_len: false,
                     });
                 }
             }
