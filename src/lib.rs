@@ -6,6 +6,8 @@ pub mod cli;
 pub mod error;
 pub mod jit;
 pub mod kernels;
+pub mod reference;
+pub mod tensor_io;
 
 pub use attention::{AttentionParams, DType, Layout};
 pub use error::{Error, Result};

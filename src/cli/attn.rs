@@ -1,9 +1,146 @@
-//! `flashcore attn` (not yet implemented).
+//! `flashcore attn`: attention on `q`, `k`, `v` read from a safetensors file, the result written
+//! to another (`out`, and `lse` with `--lse`).
+//!
+//! Exit codes: 0 ok; 1 runtime errors (unreadable or malformed file, unsupported shape, no GPU);
+//! 2 usage errors (reported by clap before anything runs).
 
+use crate::attention::{validate, AttentionParams, Context, Element, Layout};
+use crate::error::Result;
+use crate::reference;
+use crate::tensor_io::{self, AttnInput, TensorData};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Run attention on q, k, v from a safetensors file.
 #[derive(clap::Args, Debug)]
-pub struct AttnArgs {}
+pub struct AttnArgs {
+    /// safetensors file holding `q`, `k`, `v` (F16 or BF16, all one dtype, 4-D in --layout).
+    #[arg(long, value_name = "IN.safetensors")]
+    pub input: PathBuf,
+    /// Where to write `out` (shape of q; the input dtype, or F32 with --cpu) and `lse`.
+    #[arg(long, value_name = "OUT.safetensors")]
+    pub output: PathBuf,
+    /// Layout of q, k, v and out: bshd [B, S, H, D] (flash-attn) or bhsd [B, H, S, D] (SDPA).
+    #[arg(long, default_value = "bshd", value_name = "bshd|bhsd")]
+    pub layout: Layout,
+    /// Causal mask, bottom-right aligned when Sq ≠ Sk.
+    #[arg(long)]
+    pub causal: bool,
+    /// Softmax scale (positive, finite); default 1/sqrt(head_dim).
+    #[arg(long, value_name = "X", value_parser = parse_scale)]
+    pub scale: Option<f32>,
+    /// Also write `lse` (F32 [B, Hq, Sq], natural log; −inf for fully masked rows).
+    #[arg(long)]
+    pub lse: bool,
+    /// Run the float64 CPU reference instead of the GPU (writes F32; no GPU needed).
+    #[arg(long)]
+    pub cpu: bool,
+    /// CUDA device ordinal.
+    #[arg(long, value_name = "N", conflicts_with = "cpu")]
+    pub device: Option<usize>,
+}
 
-pub fn run(_args: AttnArgs) -> i32 {
-    eprintln!("flashcore attn: not yet implemented");
-    2
+fn parse_scale(s: &str) -> std::result::Result<f32, String> {
+    let x: f32 = s
+        .parse()
+        .map_err(|e| format!("`{s}` is not a number ({e})"))?;
+    if x.is_finite() && x > 0.0 {
+        Ok(x)
+    } else {
+        Err(format!("must be positive and finite, got {s}"))
+    }
+}
+
+pub fn run(args: AttnArgs) -> i32 {
+    match attn(&args) {
+        Ok(()) => 0,
+        Err(e) => super::fail(1, e),
+    }
+}
+
+fn attn(args: &AttnArgs) -> Result<()> {
+    let input = tensor_io::read_attn_input(&args.input, args.layout)?;
+    let p = AttentionParams {
+        causal: args.causal,
+        scale: args.scale,
+        ..input.params.clone()
+    };
+    validate::check_params(&p)?;
+    let start = Instant::now();
+    let (out, lse, engine) = if args.cpu {
+        let r =
+            reference::attention_f64(&p, &input.q.to_f64(), &input.k.to_f64(), &input.v.to_f64());
+        let f32s = |x: Vec<f64>| x.into_iter().map(|v| v as f32).collect::<Vec<f32>>();
+        (
+            TensorData::F32(f32s(r.out)),
+            f32s(r.lse),
+            "cpu f64 reference".to_string(),
+        )
+    } else {
+        gpu(args.device.unwrap_or(0), &p, &input)?
+    };
+    let elapsed = start.elapsed();
+    let (out_dtype, shape) = (
+        out.dtype_name(),
+        p.layout.shape(p.batch, p.seqlen_q, p.heads_q, p.head_dim),
+    );
+    tensor_io::write_attn_output(&args.output, &p, out, args.lse.then_some(lse))?;
+    println!(
+        "flashcore attn: B={} Sq={} Sk={} Hq={} Hkv={} D={} {} {}{} scale={} on {engine} in {:.3} ms: wrote out {shape:?} {out_dtype}{} to {}",
+        p.batch,
+        p.seqlen_q,
+        p.seqlen_k,
+        p.heads_q,
+        p.heads_kv,
+        p.head_dim,
+        p.dtype.name(),
+        p.layout.name(),
+        if p.causal { " causal" } else { "" },
+        p.softmax_scale(),
+        elapsed.as_secs_f64() * 1e3,
+        if args.lse { " and lse F32" } else { "" },
+        args.output.display()
+    );
+    Ok(())
+}
+
+/// Runs the kernel on device `ordinal`; returns `out` in the input dtype, the LSE and a
+/// description of the device.
+fn gpu(
+    ordinal: usize,
+    p: &AttentionParams,
+    input: &AttnInput,
+) -> Result<(TensorData, Vec<f32>, String)> {
+    let ctx = Context::new(ordinal)?;
+    let name = format!("GPU {ordinal} ({})", ctx.device_name());
+    Ok(match (&input.q, &input.k, &input.v) {
+        (TensorData::F16(q), TensorData::F16(k), TensorData::F16(v)) => {
+            let (o, l) = launch(&ctx, p, q, k, v)?;
+            (TensorData::F16(o), l, name)
+        }
+        (TensorData::Bf16(q), TensorData::Bf16(k), TensorData::Bf16(v)) => {
+            let (o, l) = launch(&ctx, p, q, k, v)?;
+            (TensorData::Bf16(o), l, name)
+        }
+        // read_attn_input guarantees one 16-bit dtype for all three.
+        _ => {
+            return Err(crate::Error::TensorFile(
+                "q, k and v must share one dtype (F16 or BF16)".into(),
+            ))
+        }
+    })
+}
+
+fn launch<T: Element>(
+    ctx: &Context,
+    p: &AttentionParams,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> Result<(Vec<T>, Vec<f32>)> {
+    let (dq, dk, dv) = (ctx.upload(q)?, ctx.upload(k)?, ctx.upload(v)?);
+    let mut out = ctx.alloc::<T>(p.q_len())?;
+    let mut lse = ctx.alloc::<f32>(p.lse_len())?;
+    ctx.attention(p, &dq, &dk, &dv, &mut out, Some(&mut lse))?;
+    Ok((ctx.download(&out)?, ctx.download(&lse)?))
 }
