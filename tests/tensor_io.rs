@@ -311,9 +311,7 @@ fn mismatched_shapes_are_rejected() {
         let m = tensor_file_error(read_attn_input(&path, Layout::Bshd));
         assert!(m.contains(want), "{name}: {m}");
     }
-    // The same file is fine in one layout and wrong in the other: in bhsd, dim 1 is heads and
-    // dim 2 is sequence, so batch/dim agreement does not depend on the layout, but the
-    // inferred Sq/Hq do.
+    // The same file read in the other layout swaps the inferred sequence and head counts.
     let path = qkv_file(
         dir.path(),
         "ok",
