@@ -2,9 +2,52 @@
 //! predicates, shared memory (one cell: once any secret reaches shared memory, every shared load
 //! is secret) and local memory (one cell, for spills).
 //!
-//! A location's state is `NONE` (public) or the index of the instruction whose write made it
-//! secret; [`Analysis::causes`] records, for each tainting instruction, where its own secret
-//! input came from, so a finding can print the chain back to the source.
+//! A location's state is its *origin* — `NONE` (public) or the index of the instruction whose
+//! write made it secret — and a 32-bit *taint mask*: which bits of the value may depend on a
+//! secret. A secret value has every bit tainted ([`ALL`]); predicates and the memory cells only
+//! ever hold `0` or `ALL`. [`Analysis::causes`] records, for each tainting instruction, where its
+//! own secret input came from, so a finding can print the chain back to the source. The origin
+//! is `NONE` exactly when the mask is `0`; any rule sink fires on any tainted bit.
+//!
+//! # Bit-precise rules
+//!
+//! Under register pressure ptxas packs predicates into single bits of one general register
+//! (`@P4 LOP3.LUT R9, R9, 0x40000000, RZ, 0xfc, !PT` … `LOP3.LUT P0, RZ, R9, 0x10000000, RZ,
+//! 0xc0, !PT`): one secret bit must not make the other bits secret. So masks move bit by bit
+//! through the operations whose bits are independent or merely moved ([`BitOp`]):
+//!
+//! * **`LOP3.LUT` / `ULOP3.LUT`** (`Rd, Ra, Rb, Rc, lut, Pq` and the predicate form `Pp, Rd, Ra,
+//!   Rb, Rc, lut, Pq`): output bit *i* depends only on bit *i* of `Ra`, `Rb`, `Rc`. Immediates and
+//!   `RZ` have known bits; a public register (or public constant-bank word) has a public but
+//!   *unknown* bit, which may be either value. Output bit *i* is tainted iff there is an
+//!   assignment of the unknown public bits (known bits fixed) under which changing the tainted
+//!   input bits changes the LUT's output. So an operand the LUT ignores never taints; `AND` with
+//!   an immediate whose bit *i* is 0 makes bit *i* public (it is 0); `OR` with bit *i* = 1 makes
+//!   it public (it is 1). LUT index = `a<<2 | b<<1 | c` (a = `0xf0`, b = `0xcc`, c = `0xaa`).
+//! * The predicate written by the `Pp` form is "result ≠ 0": tainted iff any result bit is.
+//!   A secret (non-constant) trailing predicate `Pq` conservatively taints every output.
+//! * **Shifts by an immediate** move the mask: `SHF`/`USHF` (funnel of `{hi = Rc : lo = Ra}`,
+//!   `.L`/`.R`, `.HI` picks the upper word, `.S32`/`.S64` replicate a tainted sign bit),
+//!   `IMAD.SHL` (`Ra · 2^k + Rc`) and `LEA`/`ULEA` without `.HI`/`.X` (`(Ra << k) + Rb`): with a
+//!   zero addend the mask is shifted; with any other addend the addition's carries move taint
+//!   upward, so every bit at or above the lowest tainted bit is tainted. A carry-out predicate is
+//!   tainted iff any input bit is.
+//! * **`P2R Rd, PR, Rb, mask`** (`.B1`..`.B3` shift by 8·k) writes predicate *k* into bit *k* for
+//!   each set bit *k* of `mask`; the other bits come from `Rb`. **`R2P PR, Ra, mask`** reads bit
+//!   *k* of `Ra` into predicate *k* for each set bit of `mask` and leaves the others alone.
+//!   `UP2UR`/`UR2UP` likewise for uniform predicates.
+//! * **`MOV`, `UMOV`, `IMAD.MOV` (`RZ, RZ, Rb`), `R2UR`** copy the mask.
+//! * Everything else — arithmetic with carries, multiplication, floating point, conversions,
+//!   loads, `PLOP3`, shuffles, register-indexed constants, negated (`-R`) moves — stays
+//!   conservative: any tainted input bit taints every bit of every output. Register pairs,
+//!   quads and wgmma accumulator ranges are tracked register by register as before.
+//!
+//! **Guards.** A write under a *public* guard leaves a conditional fact (see [`Cond`]); the
+//! plain state is the bitwise join of written and not written. A write under a *secret* guard
+//! taints, on top of that join, the bits that can differ between "written" and "not written":
+//! for an in-place `LOP3` (destination also a source) exactly the bits the LUT can change given
+//! the known operand bits (`OR imm`: the immediate's 1 bits; `AND imm`: its 0 bits); for `P2R
+//! Rd, PR, Rd, mask` the inserted bits; for anything else every bit.
 
 use super::cfg::Cfg;
 use super::sass::{Insn, Operand, Reg, RegOp, Section};
@@ -18,22 +61,28 @@ pub const SMEM: usize = UP_BASE + 7;
 pub const LMEM: usize = SMEM + 1;
 pub const NLOC: usize = LMEM + 1;
 
-/// "When guard predicate `guard` (negated if `neg`) holds, location `loc` has taint `val`":
-/// what a write under a public guard leaves behind, so that later reads under the same guard
-/// (the usual shape of predicated code: `@P5 VIADD R31, ..; @P5 SHF R86, .., R31`) see the
-/// value written, not the weak join with the old one.
+/// Every bit tainted: the mask of a secret value.
+pub const ALL: u32 = u32::MAX;
+
+/// "When guard predicate `guard` (negated if `neg`) holds, location `loc` has taint `val`
+/// (origin) with bits `mask`": what a write under a public guard leaves behind, so that later
+/// reads under the same guard (the usual shape of predicated code: `@P5 VIADD R31, ..; @P5 SHF
+/// R86, .., R31`) see the value written, not the weak join with the old one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cond {
     pub loc: usize,
     pub guard: usize,
     pub neg: bool,
     pub val: u32,
+    pub mask: u32,
 }
 
-/// Taint of every location, plus the conditional facts of predicated writes.
+/// Taint of every location (origin `t`, bit mask `m`), plus the conditional facts of
+/// predicated writes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct State {
     pub t: Vec<u32>,
+    pub m: Vec<u32>,
     pub cond: Vec<Cond>,
 }
 
@@ -41,10 +90,11 @@ impl State {
     pub fn public() -> State {
         State {
             t: vec![NONE; NLOC],
+            m: vec![0; NLOC],
             cond: Vec::new(),
         }
     }
-    /// Taints as seen by an instruction under `guard` (conditional facts applied).
+    /// Origins as seen by an instruction under `guard` (conditional facts applied).
     pub fn view(&self, guard: Option<(usize, bool)>) -> Vec<u32> {
         let mut v = self.t.clone();
         if let Some((g, neg)) = guard {
@@ -56,6 +106,24 @@ impl State {
         }
         v
     }
+    /// (origin, mask) of one location as seen under `guard`.
+    pub fn get(&self, l: usize, guard: Option<(usize, bool)>) -> (u32, u32) {
+        if let Some((g, neg)) = guard {
+            if let Some(c) = self
+                .cond
+                .iter()
+                .rev()
+                .find(|c| c.loc == l && c.guard == g && c.neg == neg)
+            {
+                return (c.val, c.mask);
+            }
+        }
+        (self.t[l], self.m[l])
+    }
+    /// Taint mask of one location (plain state).
+    pub fn mask(&self, l: usize) -> u32 {
+        self.m[l]
+    }
 }
 
 impl std::ops::Index<usize> for State {
@@ -64,17 +132,16 @@ impl std::ops::Index<usize> for State {
         &self.t[l]
     }
 }
-impl std::ops::IndexMut<usize> for State {
-    fn index_mut(&mut self, l: usize) -> &mut u32 {
-        &mut self.t[l]
-    }
-}
 
-fn join1(a: u32, b: u32) -> u32 {
-    if a != NONE {
-        a
+/// Join of two (origin, mask) taints.
+fn join2(a: (u32, u32), b: (u32, u32)) -> (u32, u32) {
+    let m = a.1 | b.1;
+    if m == 0 {
+        (NONE, 0)
+    } else if a.1 != 0 {
+        (a.0, m)
     } else {
-        b
+        (b.0, m)
     }
 }
 
@@ -285,6 +352,9 @@ pub struct Effects {
     pub smem_intrinsic: bool,
     /// Results are public whatever the inputs (mbarrier `SYNCS`).
     pub public_result: bool,
+    /// A bit-precise transfer for this instruction (replaces `dests`/`srcs` for the taint of
+    /// its results; `srcs` still lists what it reads).
+    pub bitop: Option<BitOp>,
 }
 
 /// Parameter facts needed to decide whether a constant-bank read is secret.
@@ -472,7 +542,623 @@ pub fn effects(insn: &Insn, secrets: &Secrets) -> Effects {
     if op == "SYNCS" || op == "S2R" || op == "S2UR" || op == "CS2R" {
         e.public_result = true;
     }
+    e.bitop = bit_op(insn, secrets);
     e
+}
+
+/// An input of a bit-precise operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Src {
+    /// A tracked register: its mask is read from the state.
+    Loc(usize),
+    /// Known bits: an immediate or `RZ`.
+    Const(u32),
+    /// Public, bits unknown (a public constant-bank word, a floating immediate).
+    Public,
+    /// Secret, every bit (a secret kernel parameter).
+    Secret,
+}
+
+/// Instructions whose taint moves bit by bit (see the module documentation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BitOp {
+    /// `LOP3.LUT [pd,] rd, a, b, c, lut, pin`.
+    Lop3 {
+        rd: Option<usize>,
+        pd: Option<usize>,
+        src: [Src; 3],
+        lut: u8,
+        /// The trailing predicate input when it is not constant.
+        pin: Option<usize>,
+    },
+    /// Funnel shift of `{hi : lo}` by an immediate `sh` < 32.
+    Funnel {
+        rd: usize,
+        lo: Src,
+        hi: Src,
+        sh: u32,
+        left: bool,
+        hi_word: bool,
+        arith: bool,
+    },
+    /// `(a << sh) + add`, with an optional carry-out predicate.
+    ShlAdd {
+        rd: usize,
+        pd: Option<usize>,
+        a: Src,
+        sh: u32,
+        add: Src,
+    },
+    /// Copy.
+    Mov { rd: usize, a: Src },
+    /// `P2R`: predicate `loc` into bit `bit`, every other bit from `base` (`keep` = those bits).
+    P2r {
+        rd: usize,
+        preds: Vec<(u32, usize)>,
+        base: Src,
+        keep: u32,
+    },
+    /// `R2P`: bit `bit` of `src` into predicate `loc`.
+    R2p { src: Src, preds: Vec<(u32, usize)> },
+}
+
+/// Parses an integer immediate (`0x7fffffff`, `-0x1`, `12`) as its 32-bit pattern.
+fn imm_u32(s: &str) -> Option<u32> {
+    let t = s.trim();
+    let (neg, t) = match t.strip_prefix('-') {
+        Some(r) => (true, r),
+        None => (false, t),
+    };
+    let v: i128 = if let Some(h) = t.strip_prefix("0x") {
+        i128::from_str_radix(h, 16).ok()?
+    } else {
+        t.parse::<i128>().ok()?
+    };
+    let v = if neg { -v } else { v };
+    (-(1i128 << 32)..(1i128 << 32))
+        .contains(&v)
+        .then_some(v as u32)
+}
+
+/// A general-register/uniform operand as a bit source. `bitwise_not_ok`: a `~`/`-` prefix may
+/// be a bitwise not (keeps the mask; only for `LOP3`).
+fn bit_src(o: &Operand, secrets: &Secrets, bitwise_not_ok: bool) -> Option<Src> {
+    match o {
+        Operand::Reg(r) => {
+            if r.width != 1 || r.reg.is_pred() {
+                return None;
+            }
+            if r.negated && !bitwise_not_ok {
+                return None;
+            }
+            match r.reg {
+                Reg::Zero if r.negated => Some(Src::Public),
+                Reg::Zero => Some(Src::Const(0)),
+                _ => loc(r.reg).map(Src::Loc),
+            }
+        }
+        Operand::Imm(t) => Some(match imm_u32(t) {
+            Some(v) => Src::Const(v),
+            None => Src::Public,
+        }),
+        Operand::CBank {
+            bank,
+            offset,
+            index,
+        } => {
+            if !index.is_empty() {
+                return None;
+            }
+            Some(if secrets.cbank_secret(*bank, *offset, 4, false) {
+                Src::Secret
+            } else {
+                Src::Public
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Destination general/uniform register: `Some(None)` for `RZ`, `None` if not a plain register.
+fn bit_dest(o: &Operand) -> Option<Option<usize>> {
+    let r = o.as_reg()?;
+    if r.width != 1 || r.negated || r.reg.is_pred() {
+        return None;
+    }
+    Some(loc(r.reg))
+}
+
+/// A predicate operand: `Some(None)` for `PT`/`!PT`, `Some(Some(loc))` otherwise.
+fn pred_opnd(o: &Operand) -> Option<Option<usize>> {
+    let r = o.as_reg()?;
+    match r.reg {
+        Reg::True => Some(None),
+        Reg::P(_) | Reg::UP(_) => Some(loc(r.reg)),
+        _ => None,
+    }
+}
+
+fn imm_of(o: &Operand) -> Option<u32> {
+    match o {
+        Operand::Imm(t) => imm_u32(t),
+        _ => None,
+    }
+}
+
+/// Byte shift of a `P2R`/`R2P` (`.B1` .. `.B3`).
+fn byte_shift(insn: &Insn) -> u32 {
+    insn.mods()
+        .find_map(|m| match m {
+            "B1" => Some(8),
+            "B2" => Some(16),
+            "B3" => Some(24),
+            _ => None,
+        })
+        .unwrap_or(0)
+}
+
+/// Recognises the instructions with a bit-precise transfer; `None` means conservative.
+pub fn bit_op(insn: &Insn, secrets: &Secrets) -> Option<BitOp> {
+    let op = insn.op();
+    let ops = &insn.operands;
+    let mods: Vec<&str> = insn.mods().collect();
+    match op {
+        "LOP3" | "ULOP3" if mods == ["LUT"] => {
+            let (pd, rest) = match ops.first()?.as_reg() {
+                Some(r) if r.reg.is_pred() => (pred_opnd(&ops[0])?, &ops[1..]),
+                _ => (None, &ops[..]),
+            };
+            if !(rest.len() == 5 || rest.len() == 6) {
+                return None;
+            }
+            let rd = bit_dest(&rest[0])?;
+            let src = [
+                bit_src(&rest[1], secrets, true)?,
+                bit_src(&rest[2], secrets, true)?,
+                bit_src(&rest[3], secrets, true)?,
+            ];
+            let lut = u8::try_from(imm_of(&rest[4])?).ok()?;
+            let pin = match rest.get(5) {
+                Some(o) => pred_opnd(o)?,
+                None => None,
+            };
+            Some(BitOp::Lop3 {
+                rd,
+                pd,
+                src,
+                lut,
+                pin,
+            })
+        }
+        "SHF" | "USHF" if ops.len() == 4 => {
+            let left = mods.contains(&"L");
+            if left == mods.contains(&"R") {
+                return None;
+            }
+            if !mods.iter().all(|m| {
+                matches!(
+                    *m,
+                    "L" | "R" | "U32" | "S32" | "U64" | "S64" | "HI" | "W"
+                )
+            }) {
+                return None;
+            }
+            let sh = imm_of(&ops[2]).filter(|&v| v < 32)?;
+            Some(BitOp::Funnel {
+                rd: bit_dest(&ops[0])??,
+                lo: bit_src(&ops[1], secrets, false)?,
+                hi: bit_src(&ops[3], secrets, false)?,
+                sh,
+                left,
+                hi_word: mods.contains(&"HI"),
+                arith: mods.contains(&"S32") || mods.contains(&"S64"),
+            })
+        }
+        "IMAD" if ops.len() == 4 && (mods == ["SHL", "U32"] || mods == ["SHL"]) => {
+            let k = imm_of(&ops[2]).filter(|v| v.is_power_of_two())?;
+            Some(BitOp::ShlAdd {
+                rd: bit_dest(&ops[0])??,
+                pd: None,
+                a: bit_src(&ops[1], secrets, false)?,
+                sh: k.trailing_zeros(),
+                add: bit_src(&ops[3], secrets, false)?,
+            })
+        }
+        "LEA" | "ULEA" if mods.is_empty() => {
+            let (pd, rest) = match ops.get(1).and_then(|o| o.as_reg()) {
+                Some(r) if r.reg.is_pred() => (pred_opnd(&ops[1])?, &ops[2..]),
+                _ => (None, &ops[1..]),
+            };
+            if rest.len() != 3 {
+                return None;
+            }
+            let sh = imm_of(&rest[2]).filter(|&v| v < 32)?;
+            Some(BitOp::ShlAdd {
+                rd: bit_dest(&ops[0])??,
+                pd,
+                a: bit_src(&rest[0], secrets, false)?,
+                sh,
+                add: bit_src(&rest[1], secrets, false)?,
+            })
+        }
+        "MOV" | "UMOV" | "R2UR" if mods.is_empty() && ops.len() == 2 => Some(BitOp::Mov {
+            rd: bit_dest(&ops[0])??,
+            a: bit_src(&ops[1], secrets, false)?,
+        }),
+        "IMAD" if ops.len() == 4 && (mods == ["MOV", "U32"] || mods == ["MOV"]) => {
+            let zero = |o: &Operand| bit_src(o, secrets, false) == Some(Src::Const(0));
+            if !(zero(&ops[1]) && zero(&ops[2])) {
+                return None;
+            }
+            Some(BitOp::Mov {
+                rd: bit_dest(&ops[0])??,
+                a: bit_src(&ops[3], secrets, false)?,
+            })
+        }
+        "P2R" | "UP2UR" if ops.len() == 4 => {
+            let base_p = match ops[1].as_reg()?.reg {
+                Reg::PR => P_BASE,
+                Reg::UPR => UP_BASE,
+                _ => return None,
+            };
+            let mask = imm_of(&ops[3]).filter(|&m| m <= 0xff)?;
+            let sh = byte_shift(insn);
+            let preds = (0..7u32)
+                .filter(|k| mask >> k & 1 == 1)
+                .map(|k| (sh + k, base_p + k as usize))
+                .collect();
+            Some(BitOp::P2r {
+                rd: bit_dest(&ops[0])??,
+                preds,
+                base: bit_src(&ops[2], secrets, false)?,
+                keep: !(mask << sh),
+            })
+        }
+        "R2P" | "UR2UP" if ops.len() == 3 => {
+            let base_p = match ops[0].as_reg()?.reg {
+                Reg::PR => P_BASE,
+                Reg::UPR => UP_BASE,
+                _ => return None,
+            };
+            let mask = imm_of(&ops[2]).filter(|&m| m <= 0xff)?;
+            let sh = byte_shift(insn);
+            let preds = (0..7u32)
+                .filter(|k| mask >> k & 1 == 1)
+                .map(|k| (sh + k, base_p + k as usize))
+                .collect();
+            Some(BitOp::R2p {
+                src: bit_src(&ops[1], secrets, false)?,
+                preds,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Per-bit class of a `LOP3` operand: known 0, known 1, public unknown, tainted.
+const K0: u8 = 0;
+const K1: u8 = 1;
+const PU: u8 = 2;
+const TT: u8 = 3;
+
+/// (known-bits mask, known values, taint mask) of an operand.
+#[derive(Clone, Copy)]
+struct Bits {
+    known: u32,
+    val: u32,
+    taint: u32,
+}
+
+impl Bits {
+    fn class(&self, i: u32) -> u8 {
+        if self.taint >> i & 1 == 1 {
+            TT
+        } else if self.known >> i & 1 == 1 {
+            if self.val >> i & 1 == 1 {
+                K1
+            } else {
+                K0
+            }
+        } else {
+            PU
+        }
+    }
+}
+
+fn lut_bit(lut: u8, x: u32) -> bool {
+    lut >> x & 1 == 1
+}
+
+/// Is input combination `x` (bit 2 = a, 1 = b, 0 = c) consistent with the known classes?
+fn consistent(x: u32, cls: [u8; 3]) -> bool {
+    (0..3).all(|k| {
+        let b = (x >> (2 - k)) & 1;
+        match cls[k] {
+            K0 => b == 0,
+            K1 => b == 1,
+            _ => true,
+        }
+    })
+}
+
+/// Can flipping the tainted inputs change the output, for some value of the unknown public ones?
+fn lut_bit_tainted(lut: u8, cls: [u8; 3]) -> bool {
+    let tainted: u32 = (0..3)
+        .filter(|&k| cls[k] == TT)
+        .map(|k| 1 << (2 - k))
+        .sum();
+    if tainted == 0 {
+        return false;
+    }
+    (0..8u32).filter(|&x| consistent(x, cls)).any(|x| {
+        (0..8u32)
+            .filter(|&y| (x ^ y) & !tainted == 0 && consistent(y, cls))
+            .any(|y| lut_bit(lut, x) != lut_bit(lut, y))
+    })
+}
+
+/// Can the output differ from input `j`'s bit (an in-place write), for some unknown inputs?
+fn lut_bit_can_change(lut: u8, cls: [u8; 3], j: usize) -> bool {
+    (0..8u32)
+        .filter(|&x| consistent(x, cls))
+        .any(|x| lut_bit(lut, x) != ((x >> (2 - j)) & 1 == 1))
+}
+
+/// Per output bit, `f(classes of the three operands' bit i)`, memoised over the 64 class
+/// combinations.
+fn per_bit(ops: &[Bits; 3], f: impl Fn([u8; 3]) -> bool) -> u32 {
+    let mut memo = [0u8; 64];
+    let mut out = 0u32;
+    for i in 0..32 {
+        let cls = [ops[0].class(i), ops[1].class(i), ops[2].class(i)];
+        let key = (cls[0] | cls[1] << 2 | cls[2] << 4) as usize;
+        if memo[key] == 0 {
+            memo[key] = if f(cls) { 2 } else { 1 };
+        }
+        if memo[key] == 2 {
+            out |= 1 << i;
+        }
+    }
+    out
+}
+
+/// Tainted output bits of `LOP3` with operands `ops`.
+fn lop3_taint(lut: u8, ops: &[Bits; 3]) -> u32 {
+    if ops.iter().all(|o| o.taint == 0) {
+        return 0;
+    }
+    per_bit(ops, |cls| lut_bit_tainted(lut, cls))
+}
+
+/// Bits an in-place `LOP3` (destination = operand `j`) can change.
+fn lop3_changes(lut: u8, ops: &[Bits; 3], j: usize) -> u32 {
+    let mut o = *ops;
+    for b in o.iter_mut() {
+        b.taint = 0;
+    }
+    per_bit(&o, |cls| lut_bit_can_change(lut, cls, j))
+}
+
+/// Every bit at or above the lowest set bit of `x` (where carries can carry taint).
+fn smear_up(x: u32) -> u32 {
+    if x == 0 {
+        0
+    } else {
+        !((x & x.wrapping_neg()) - 1)
+    }
+}
+
+/// One result of a bit-precise transfer.
+struct Out {
+    loc: usize,
+    /// Origin when `mask != 0`.
+    origin: u32,
+    mask: u32,
+    /// Bits that can differ between "written" and "not written" (for a secret guard).
+    diff: u32,
+}
+
+/// Applies a [`BitOp`]; `get` reads (origin, mask) under the instruction's guard. Returns the
+/// results and, when some result is newly secret here, where its secret came from.
+fn bit_outputs(
+    i: usize,
+    b: &BitOp,
+    get: &dyn Fn(usize) -> (u32, u32),
+) -> (Vec<Out>, Option<Cause>) {
+    let me = i as u32;
+    let rd_of = |s: &Src| -> (Bits, u32) {
+        match *s {
+            Src::Loc(l) => {
+                let (o, m) = get(l);
+                (
+                    Bits {
+                        known: 0,
+                        val: 0,
+                        taint: m,
+                    },
+                    o,
+                )
+            }
+            Src::Const(v) => (
+                Bits {
+                    known: ALL,
+                    val: v,
+                    taint: 0,
+                },
+                NONE,
+            ),
+            Src::Public => (
+                Bits {
+                    known: 0,
+                    val: 0,
+                    taint: 0,
+                },
+                NONE,
+            ),
+            Src::Secret => (
+                Bits {
+                    known: 0,
+                    val: 0,
+                    taint: ALL,
+                },
+                NONE,
+            ),
+        }
+    };
+    // Why a result of this instruction is secret: the first secret input.
+    let cause_of = |srcs: &[Src]| -> Option<Cause> {
+        srcs.iter().find_map(|s| match *s {
+            Src::Secret => Some(Cause::Source),
+            Src::Loc(l) => {
+                let (o, m) = get(l);
+                (m != 0).then_some(Cause::From(o))
+            }
+            _ => None,
+        })
+    };
+    let mut outs = Vec::new();
+    let mut cause = None;
+    let push = |outs: &mut Vec<Out>, loc: usize, mask: u32, diff: u32, origin: u32| {
+        outs.push(Out {
+            loc,
+            origin: if mask == 0 { NONE } else { origin },
+            mask,
+            diff,
+        });
+    };
+    match b {
+        BitOp::Lop3 {
+            rd,
+            pd,
+            src,
+            lut,
+            pin,
+        } => {
+            let bits = [rd_of(&src[0]).0, rd_of(&src[1]).0, rd_of(&src[2]).0];
+            let pin_t = pin.map(|p| get(p)).filter(|&(_, m)| m != 0);
+            let mut mask = lop3_taint(*lut, &bits);
+            if pin_t.is_some() {
+                mask = ALL;
+            }
+            if let Some(d) = rd {
+                // In place: the destination is also an operand.
+                let j = src.iter().position(|s| *s == Src::Loc(*d));
+                let diff = match j {
+                    Some(j) => lop3_changes(*lut, &bits, j),
+                    None => ALL,
+                };
+                // Bits only passed through from the destination itself keep its origin (short
+                // chains through long packing sequences).
+                let (old_o, old_m) = get(*d);
+                let pass = pin_t.is_none()
+                    && j.is_some()
+                    && mask & !old_m == 0
+                    && src
+                        .iter()
+                        .all(|s| *s == Src::Loc(*d) || rd_of(s).0.taint == 0);
+                if pass {
+                    push(&mut outs, *d, mask, diff, old_o);
+                } else {
+                    push(&mut outs, *d, mask, diff, me);
+                    if mask != 0 {
+                        cause = cause_of(src);
+                    }
+                }
+            }
+            if let Some(p) = pd {
+                let m = if mask != 0 { ALL } else { 0 };
+                push(&mut outs, *p, m, ALL, me);
+                if m != 0 && cause.is_none() {
+                    cause = cause_of(src);
+                }
+            }
+            if cause.is_none() && pin_t.is_some() && outs.iter().any(|o| o.origin == me) {
+                cause = pin_t.map(|(o, _)| Cause::From(o));
+            }
+        }
+        BitOp::Funnel {
+            rd,
+            lo,
+            hi,
+            sh,
+            left,
+            hi_word,
+            arith,
+        } => {
+            let (lm, hm) = (rd_of(lo).0.taint, rd_of(hi).0.taint);
+            let v = (hm as u64) << 32 | lm as u64;
+            let s = if *left {
+                v << sh
+            } else {
+                let mut s = v >> sh;
+                if *arith && hm >> 31 & 1 == 1 && *sh > 0 {
+                    s |= !(u64::MAX >> sh);
+                }
+                s
+            };
+            let mask = if *hi_word { (s >> 32) as u32 } else { s as u32 };
+            push(&mut outs, *rd, mask, ALL, me);
+            if mask != 0 {
+                cause = cause_of(&[*lo, *hi]);
+            }
+        }
+        BitOp::ShlAdd { rd, pd, a, sh, add } => {
+            let (am, cm) = (rd_of(a).0.taint, rd_of(add).0.taint);
+            let shifted = am << sh;
+            let mask = if *add == Src::Const(0) {
+                shifted
+            } else {
+                smear_up(shifted | cm)
+            };
+            push(&mut outs, *rd, mask, ALL, me);
+            if let Some(p) = pd {
+                let m = if am | cm != 0 { ALL } else { 0 };
+                push(&mut outs, *p, m, ALL, me);
+            }
+            if outs.iter().any(|o| o.mask != 0) {
+                cause = cause_of(&[*a, *add]);
+            }
+        }
+        BitOp::Mov { rd, a } => {
+            let mask = rd_of(a).0.taint;
+            push(&mut outs, *rd, mask, ALL, me);
+            if mask != 0 {
+                cause = cause_of(&[*a]);
+            }
+        }
+        BitOp::P2r {
+            rd,
+            preds,
+            base,
+            keep,
+        } => {
+            let mut mask = rd_of(base).0.taint & keep;
+            let mut pc = None;
+            for &(bit, p) in preds {
+                let (o, m) = get(p);
+                if m != 0 {
+                    mask |= 1 << bit;
+                    pc = pc.or(Some(Cause::From(o)));
+                }
+            }
+            let diff = if *base == Src::Loc(*rd) { !keep } else { ALL };
+            push(&mut outs, *rd, mask, diff, me);
+            if mask != 0 {
+                cause = pc.or_else(|| cause_of(&[*base]));
+            }
+        }
+        BitOp::R2p { src, preds } => {
+            let m = rd_of(src).0.taint;
+            for &(bit, p) in preds {
+                let pm = if m >> bit & 1 == 1 { ALL } else { 0 };
+                push(&mut outs, p, pm, ALL, me);
+            }
+            if outs.iter().any(|o| o.mask != 0) {
+                cause = cause_of(&[*src]);
+            }
+        }
+    }
+    (outs, cause)
 }
 
 /// Where a secret value came from when an instruction made its destinations secret.
@@ -488,41 +1174,75 @@ pub enum Cause {
 pub fn transfer(i: usize, e: &Effects, st: &mut State) -> Option<Cause> {
     let g = e.guard.map(|l| st.t[l]).filter(|&v| v != NONE);
     // Reads see the conditional facts of this instruction's own guard.
-    let s = st.view(e.guard.map(|l| (l, e.guard_neg)));
+    let gv = e.guard.map(|l| (l, e.guard_neg));
     let mut cause = None;
-    if e.intrinsic && !e.public_result {
-        cause = Some(Cause::Source);
-    }
-    let src_taint = e.srcs.iter().map(|&l| s[l]).find(|&v| v != NONE);
-    if !e.public_result {
-        if e.reads_smem && s[SMEM] != NONE {
-            cause = Some(Cause::From(s[SMEM]));
+    let src_taint = e
+        .srcs
+        .iter()
+        .map(|&l| st.get(l, gv).0)
+        .find(|&v| v != NONE);
+    let mut weak_val = NONE;
+    let outs: Vec<Out> = match &e.bitop {
+        Some(b) if !e.public_result => {
+            let (o, c) = bit_outputs(i, b, &|l| st.get(l, gv));
+            cause = c;
+            o
         }
-        if e.reads_lmem && s[LMEM] != NONE {
-            cause = cause.or(Some(Cause::From(s[LMEM])));
+        _ => {
+            if e.intrinsic && !e.public_result {
+                cause = Some(Cause::Source);
+            }
+            if !e.public_result {
+                if e.reads_smem && st.t[SMEM] != NONE {
+                    cause = Some(Cause::From(st.t[SMEM]));
+                }
+                if e.reads_lmem && st.t[LMEM] != NONE {
+                    cause = cause.or(Some(Cause::From(st.t[LMEM])));
+                }
+                if cause.is_none() {
+                    cause = src_taint.map(Cause::From);
+                }
+            }
+            if cause.is_some() || g.is_some() {
+                weak_val = i as u32;
+            }
+            let (val, mask) = if cause.is_some() {
+                (i as u32, ALL)
+            } else {
+                (NONE, 0)
+            };
+            e.dests
+                .iter()
+                .map(|&d| Out {
+                    loc: d,
+                    origin: val,
+                    mask,
+                    diff: ALL,
+                })
+                .collect()
         }
-        if cause.is_none() {
-            cause = src_taint.map(Cause::From);
-        }
-    }
+    };
     if let Some(g) = g {
         cause = cause.or(Some(Cause::From(g)));
     }
-    let val = if cause.is_some() { i as u32 } else { NONE };
     match (e.guard, g) {
         (Some(gl), None) => {
             // Public guard: the write happens on some threads only.
-            for &d in &e.dests {
+            for o in &outs {
+                let d = o.loc;
+                let new = (o.origin, o.mask);
                 let other = st
                     .cond
                     .iter()
                     .find(|c| c.loc == d && c.guard == gl && c.neg != e.guard_neg)
-                    .map(|c| c.val);
-                st.t[d] = match other {
+                    .map(|c| (c.val, c.mask));
+                let (t, m) = match other {
                     // Both polarities written: the value is fully determined.
-                    Some(o) => join1(val, o),
-                    None => join1(st.t[d], val),
+                    Some(ot) => join2(new, ot),
+                    None => join2((st.t[d], st.m[d]), new),
                 };
+                st.t[d] = t;
+                st.m[d] = m;
                 // Facts under other guards may no longer hold; keep only the opposite polarity.
                 st.cond
                     .retain(|c| c.loc != d || (c.guard == gl && c.neg != e.guard_neg));
@@ -530,28 +1250,54 @@ pub fn transfer(i: usize, e: &Effects, st: &mut State) -> Option<Cause> {
                     loc: d,
                     guard: gl,
                     neg: e.guard_neg,
-                    val,
+                    val: new.0,
+                    mask: new.1,
                 });
             }
         }
-        _ => {
-            for &d in &e.dests {
-                st.t[d] = val;
+        (_, Some(_)) => {
+            // Secret guard: written or not is secret; the bits that can differ are tainted.
+            for o in &outs {
+                let d = o.loc;
+                let (t, m) = join2((st.t[d], st.m[d]), (o.origin, o.mask));
+                let (t, m) = if o.diff & !m != 0 {
+                    (i as u32, m | o.diff)
+                } else {
+                    (t, m)
+                };
+                st.t[d] = t;
+                st.m[d] = m;
                 st.cond.retain(|c| c.loc != d);
             }
         }
+        (None, None) => {
+            for o in &outs {
+                st.t[o.loc] = o.origin;
+                st.m[o.loc] = o.mask;
+                st.cond.retain(|c| c.loc != o.loc);
+            }
+        }
     }
-    if val != NONE {
+    if weak_val != NONE {
         for &d in &e.weak_dests {
             if st.t[d] == NONE {
-                st.t[d] = val;
+                st.t[d] = weak_val;
             }
+            st.m[d] = ALL;
             st.cond.retain(|c| c.loc != d);
         }
     }
     // A redefined predicate invalidates the facts it guarded.
-    for &d in e.dests.iter().chain(e.weak_dests.iter()) {
-        if d >= P_BASE && d < SMEM {
+    let redefined = outs
+        .iter()
+        .map(|o| o.loc)
+        .chain(if e.bitop.is_none() || e.public_result {
+            e.weak_dests.clone()
+        } else {
+            Vec::new()
+        });
+    for d in redefined {
+        if (P_BASE..SMEM).contains(&d) {
             st.cond.retain(|c| c.guard != d);
         }
     }
@@ -560,9 +1306,11 @@ pub fn transfer(i: usize, e: &Effects, st: &mut State) -> Option<Cause> {
         && (e.smem_intrinsic || src_taint.is_some() || g.is_some())
     {
         st.t[SMEM] = i as u32;
+        st.m[SMEM] = ALL;
     }
     if e.writes_lmem && st.t[LMEM] == NONE && (src_taint.is_some() || g.is_some()) {
         st.t[LMEM] = i as u32;
+        st.m[LMEM] = ALL;
     }
     cause
 }
@@ -579,9 +1327,12 @@ pub struct Analysis {
 fn join_into(dst: &mut State, src: &State) -> bool {
     let mut changed = false;
     let old_t = dst.t.clone();
-    for (d, &s) in dst.t.iter_mut().zip(src.t.iter()) {
-        if *d == NONE && s != NONE {
-            *d = s;
+    let old_m = dst.m.clone();
+    for l in 0..NLOC {
+        let (t, m) = join2((dst.t[l], dst.m[l]), (src.t[l], src.m[l]));
+        if m != dst.m[l] || t != dst.t[l] {
+            dst.t[l] = t;
+            dst.m[l] = m;
             changed = true;
         }
     }
@@ -596,21 +1347,25 @@ fn join_into(dst: &mut State, src: &State) -> bool {
         .collect();
     keys.sort_unstable();
     keys.dedup();
-    let val_in = |cs: &[Cond], t: &[u32], k: (usize, usize, bool)| {
+    let val_in = |cs: &[Cond], t: &[u32], m: &[u32], k: (usize, usize, bool)| {
         cs.iter()
             .find(|c| (c.loc, c.guard, c.neg) == k)
-            .map(|c| c.val)
-            .unwrap_or(t[k.0])
+            .map(|c| (c.val, c.mask))
+            .unwrap_or((t[k.0], m[k.0]))
     };
     let mut cond = Vec::new();
     for k in keys {
-        let v = join1(val_in(&dst.cond, &old_t, k), val_in(&src.cond, &src.t, k));
-        if v == NONE && dst.t[k.0] != NONE {
+        let v = join2(
+            val_in(&dst.cond, &old_t, &old_m, k),
+            val_in(&src.cond, &src.t, &src.m, k),
+        );
+        if v.1 != dst.m[k.0] {
             cond.push(Cond {
                 loc: k.0,
                 guard: k.1,
                 neg: k.2,
-                val: v,
+                val: v.0,
+                mask: v.1,
             });
         }
     }
