@@ -283,7 +283,8 @@ fn wrong_rank_is_named() {
 #[test]
 fn mismatched_shapes_are_rejected() {
     let dir = tempfile::tempdir().unwrap();
-    let cases: [(&str, [usize; 4], [usize; 4], [usize; 4], &str); 3] = [
+    type Case<'a> = (&'a str, [usize; 4], [usize; 4], [usize; 4], &'a str);
+    let cases: [Case; 3] = [
         (
             "kv",
             [1, 4, 2, 64],

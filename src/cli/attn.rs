@@ -5,7 +5,7 @@
 //! 2 usage errors (reported by clap before anything runs).
 
 use crate::attention::{validate, AttentionParams, Context, Element, Layout};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::reference;
 use crate::tensor_io::{self, AttnInput, TensorData};
 use std::path::PathBuf;
@@ -27,7 +27,7 @@ pub struct AttnArgs {
     #[arg(long)]
     pub causal: bool,
     /// Softmax scale (positive, finite); default 1/sqrt(head_dim).
-    #[arg(long, value_name = "X", value_parser = parse_scale)]
+    #[arg(long, value_name = "X", value_parser = parse_scale, allow_negative_numbers = true)]
     pub scale: Option<f32>,
     /// Also write `lse` (F32 [B, Hq, Sq], natural log; −inf for fully masked rows).
     #[arg(long)]
@@ -65,7 +65,24 @@ fn attn(args: &AttnArgs) -> Result<()> {
         scale: args.scale,
         ..input.params.clone()
     };
-    validate::check_params(&p)?;
+    // Shapes come from the file: say what was inferred, since a wrong --layout shows up here.
+    validate::check_params(&p).map_err(|e| match e {
+        Error::InvalidArgument { arg, rule } => Error::InvalidArgument {
+            arg,
+            rule: format!(
+                "{rule} (read from {} as {}: B={} Sq={} Sk={} Hq={} Hkv={} D={})",
+                args.input.display(),
+                p.layout.name(),
+                p.batch,
+                p.seqlen_q,
+                p.seqlen_k,
+                p.heads_q,
+                p.heads_kv,
+                p.head_dim
+            ),
+        },
+        other => other,
+    })?;
     let start = Instant::now();
     let (out, lse, engine) = if args.cpu {
         let r =
@@ -124,7 +141,7 @@ fn gpu(
         }
         // read_attn_input guarantees one 16-bit dtype for all three.
         _ => {
-            return Err(crate::Error::TensorFile(
+            return Err(Error::TensorFile(
                 "q, k and v must share one dtype (F16 or BF16)".into(),
             ))
         }

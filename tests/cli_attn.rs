@@ -1,0 +1,330 @@
+//! `flashcore attn` end to end: `--cpu` on files written here, checked against the reference;
+//! exit codes and messages of the error paths; the GPU path on a machine without one.
+
+use flashcore::attention::{AttentionParams, DType, Layout};
+use flashcore::reference::{self, check_close};
+use flashcore::tensor_io::{read_attn_input, read_file, write_file, Tensor, TensorData};
+use half::{bf16, f16};
+use rand::{Rng, SeedableRng};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn flashcore(args: &[&str]) -> Run {
+    let o = Command::new(env!("CARGO_BIN_EXE_flashcore"))
+        .arg("attn")
+        .args(args)
+        .output()
+        .expect("spawn flashcore");
+    let run = Run {
+        code: o.status.code().expect("flashcore killed by a signal"),
+        stdout: String::from_utf8_lossy(&o.stdout).into(),
+        stderr: String::from_utf8_lossy(&o.stderr).into(),
+    };
+    assert!(
+        !run.stderr.contains("panicked"),
+        "flashcore panicked:\n{}",
+        run.stderr
+    );
+    run
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn randn(r: &mut impl Rng, n: usize, dtype: DType) -> TensorData {
+    let x = (0..n).map(|_| r.random_range(-2.0f32..2.0));
+    match dtype {
+        DType::F16 => TensorData::F16(x.map(f16::from_f32).collect()),
+        DType::Bf16 => TensorData::Bf16(x.map(bf16::from_f32).collect()),
+    }
+}
+
+/// Writes random q, k, v for `p` (its dtype and layout) and returns the path.
+fn input_file(dir: &Path, name: &str, p: &AttentionParams, seed: u64) -> PathBuf {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let l = p.layout;
+    let q = Tensor {
+        shape: l.shape(p.batch, p.seqlen_q, p.heads_q, p.head_dim).to_vec(),
+        data: randn(&mut r, p.q_len(), p.dtype),
+    };
+    let kv_shape = l
+        .shape(p.batch, p.seqlen_k, p.heads_kv, p.head_dim)
+        .to_vec();
+    let k = Tensor {
+        shape: kv_shape.clone(),
+        data: randn(&mut r, p.kv_len(), p.dtype),
+    };
+    let v = Tensor {
+        shape: kv_shape,
+        data: randn(&mut r, p.kv_len(), p.dtype),
+    };
+    let path = dir.join(name);
+    write_file(&path, &[("q", &q), ("k", &k), ("v", &v)], None).unwrap();
+    path
+}
+
+fn gqa(b: usize, sq: usize, sk: usize, hq: usize, hkv: usize, d: usize) -> AttentionParams {
+    AttentionParams {
+        heads_kv: hkv,
+        ..AttentionParams::new(b, hq, sq, d).seqlen_k(sk)
+    }
+}
+
+/// Runs `--cpu` on random inputs for `p` and checks `out` and `lse` against the reference.
+fn cpu_end_to_end(p: &AttentionParams, extra: &[&str], seed: u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let input = input_file(dir.path(), "in.safetensors", p, seed);
+    let output = dir.path().join("out.safetensors");
+    let mut args = vec![
+        "--cpu",
+        "--lse",
+        "--input",
+        s(&input),
+        "--output",
+        s(&output),
+        "--layout",
+        p.layout.name(),
+    ];
+    if p.causal {
+        args.push("--causal");
+    }
+    args.extend(extra);
+    let run = flashcore(&args);
+    assert_eq!(run.code, 0, "{p:?}\n{}", run.stderr);
+    assert!(run.stdout.contains("cpu f64 reference"), "{}", run.stdout);
+
+    let inp = read_attn_input(&input, p.layout).unwrap();
+    let want = reference::attention_f64(p, &inp.q.to_f64(), &inp.k.to_f64(), &inp.v.to_f64());
+    let got = read_file(&output).unwrap();
+    let out = &got["out"];
+    assert_eq!(
+        out.shape,
+        p.layout
+            .shape(p.batch, p.seqlen_q, p.heads_q, p.head_dim)
+            .to_vec()
+    );
+    assert!(matches!(out.data, TensorData::F32(_)), "--cpu writes F32");
+    check_close("out", &out.data.to_f64(), &want.out, 1e-6).unwrap();
+    let lse = &got["lse"];
+    assert_eq!(lse.shape, vec![p.batch, p.heads_q, p.seqlen_q]);
+    check_close("lse", &lse.data.to_f64(), &want.lse, 1e-6).unwrap();
+}
+
+#[test]
+fn cpu_bshd_f16_matches_reference() {
+    cpu_end_to_end(&AttentionParams::new(2, 3, 17, 64), &[], 1);
+}
+
+#[test]
+fn cpu_bhsd_bf16_causal_gqa_with_scale() {
+    let mut p = gqa(1, 9, 20, 4, 2, 128)
+        .layout(Layout::Bhsd)
+        .dtype(DType::Bf16)
+        .causal(true);
+    p.scale = Some(0.3);
+    cpu_end_to_end(&p, &["--scale", "0.3"], 2);
+}
+
+#[test]
+fn cpu_causal_sq_greater_than_sk_has_masked_rows() {
+    // Rows 0..5 are fully masked: out 0 and lse −inf, which check_close matches exactly.
+    cpu_end_to_end(&gqa(1, 12, 7, 2, 1, 64).causal(true), &[], 3);
+}
+
+#[test]
+fn scale_changes_the_result() {
+    // Guards against --scale being ignored: the default-scale run must not match scale 0.3.
+    let p = AttentionParams::new(1, 2, 8, 64);
+    let dir = tempfile::tempdir().unwrap();
+    let input = input_file(dir.path(), "in", &p, 4);
+    let out = dir.path().join("out");
+    let run = flashcore(&[
+        "--cpu",
+        "--input",
+        s(&input),
+        "--output",
+        s(&out),
+        "--scale",
+        "0.3",
+    ]);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    let inp = read_attn_input(&input, Layout::Bshd).unwrap();
+    let (q, k, v) = (inp.q.to_f64(), inp.k.to_f64(), inp.v.to_f64());
+    let got = read_file(&out).unwrap()["out"].data.to_f64();
+    check_close(
+        "out",
+        &got,
+        &reference::attention_f64(&p.clone().scale(0.3), &q, &k, &v).out,
+        1e-6,
+    )
+    .unwrap();
+    assert!(check_close(
+        "out",
+        &got,
+        &reference::attention_f64(&p, &q, &k, &v).out,
+        1e-3
+    )
+    .is_err());
+    assert!(
+        !read_file(&out).unwrap().contains_key("lse"),
+        "no --lse, no lse tensor"
+    );
+}
+
+/// Runs with `args` and expects exit `code` and `needles` in stderr.
+fn expect_failure(args: &[&str], code: i32, needles: &[&str]) {
+    let run = flashcore(args);
+    assert_eq!(run.code, code, "args {args:?}\nstderr: {}", run.stderr);
+    for n in needles {
+        assert!(
+            run.stderr.contains(n),
+            "args {args:?}: stderr lacks `{n}`:\n{}",
+            run.stderr
+        );
+    }
+}
+
+#[test]
+fn runtime_errors_exit_1_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = d.join("out");
+    let o = s(&out);
+
+    let missing = d.join("missing.safetensors");
+    expect_failure(
+        &["--cpu", "--input", s(&missing), "--output", o],
+        1,
+        &["flashcore: error:", "missing.safetensors", "cannot read"],
+    );
+
+    let garbage = d.join("garbage");
+    std::fs::write(&garbage, b"this is not a safetensors file at all").unwrap();
+    expect_failure(
+        &["--cpu", "--input", s(&garbage), "--output", o],
+        1,
+        &["not a safetensors file"],
+    );
+
+    let sh = [1, 4, 2, 64];
+    let x = Tensor {
+        shape: sh.to_vec(),
+        data: TensorData::F16(vec![f16::ONE; 512]),
+    };
+    let wrong_name = d.join("wrong_name");
+    write_file(&wrong_name, &[("query", &x), ("k", &x), ("v", &x)], None).unwrap();
+    expect_failure(
+        &["--cpu", "--input", s(&wrong_name), "--output", o],
+        1,
+        &["no tensor named `q`"],
+    );
+
+    let wrong_dtype = d.join("wrong_dtype");
+    let y = Tensor {
+        shape: sh.to_vec(),
+        data: TensorData::F32(vec![1.0; 512]),
+    };
+    write_file(&wrong_dtype, &[("q", &x), ("k", &y), ("v", &x)], None).unwrap();
+    expect_failure(
+        &["--cpu", "--input", s(&wrong_dtype), "--output", o],
+        1,
+        &["`k`", "F32"],
+    );
+
+    let wrong_shape = d.join("wrong_shape");
+    let z = Tensor {
+        shape: vec![1, 8, 64],
+        data: TensorData::F16(vec![f16::ONE; 512]),
+    };
+    write_file(&wrong_shape, &[("q", &x), ("k", &x), ("v", &z)], None).unwrap();
+    expect_failure(
+        &["--cpu", "--input", s(&wrong_shape), "--output", o],
+        1,
+        &["`v`", "rank 3"],
+    );
+
+    // Well-formed file, but a head dim the kernels do not support: check_params rejects it.
+    let d32 = input_file(d, "d32", &AttentionParams::new(1, 2, 4, 32), 5);
+    expect_failure(
+        &["--cpu", "--input", s(&d32), "--output", o],
+        1,
+        &["head_dim", "32"],
+    );
+
+    // Hq not a multiple of Hkv.
+    let h3 = input_file(d, "h3", &gqa(1, 4, 4, 3, 2, 64), 6);
+    expect_failure(
+        &["--cpu", "--input", s(&h3), "--output", o],
+        1,
+        &[
+            "heads_kv",
+            "multiple",
+            "as bshd: B=1 Sq=4 Sk=4 Hq=3 Hkv=2 D=64",
+        ],
+    );
+
+    // Unwritable output.
+    let good = input_file(d, "good", &AttentionParams::new(1, 1, 4, 64), 7);
+    let bad_out = d.join("no/such/dir/out");
+    expect_failure(
+        &["--cpu", "--input", s(&good), "--output", s(&bad_out)],
+        1,
+        &["no/such/dir/out"],
+    );
+    assert!(!out.exists(), "no output is written on failure");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = input_file(dir.path(), "in", &AttentionParams::new(1, 1, 4, 64), 8);
+    let (i, o) = (s(&input), dir.path().join("out"));
+    let o = s(&o);
+    expect_failure(&["--cpu", "--output", o], 2, &["--input"]);
+    expect_failure(&["--cpu", "--input", i], 2, &["--output"]);
+    expect_failure(
+        &["--cpu", "--input", i, "--output", o, "--layout", "sbhd"],
+        2,
+        &["sbhd", "bshd or bhsd"],
+    );
+    for bad in ["-1", "0", "nan", "inf", "abc"] {
+        expect_failure(
+            &["--cpu", "--input", i, "--output", o, "--scale", bad],
+            2,
+            &["--scale"],
+        );
+    }
+    expect_failure(
+        &["--cpu", "--device", "1", "--input", i, "--output", o],
+        2,
+        &["--device"],
+    );
+}
+
+#[test]
+fn gpu_path_without_a_gpu_fails_cleanly() {
+    // On a machine with a usable GPU this test has nothing to show; the GPU tests cover it.
+    if flashcore::attention::Context::new(0).is_ok() {
+        eprintln!("SKIPPED gpu_path_without_a_gpu_fails_cleanly: a GPU is present");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let input = input_file(dir.path(), "in", &AttentionParams::new(1, 2, 8, 64), 9);
+    let out = dir.path().join("out");
+    let run = flashcore(&["--input", s(&input), "--output", s(&out), "--lse"]);
+    assert_eq!(run.code, 1, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("flashcore: error:")
+            && (run.stderr.contains("no CUDA driver") || run.stderr.contains("no CUDA device")),
+        "{}",
+        run.stderr
+    );
+    assert!(!out.exists());
+}
