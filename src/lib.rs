@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod audit;
+pub mod bench;
 pub mod cli;
 pub mod error;
 pub mod jit;

@@ -1,0 +1,105 @@
+//! Facts about the run that go into every record: clocks and driver from `nvidia-smi`, the git
+//! commit, the date. Each is `None` when it cannot be found; nothing here fails the run.
+
+use super::record::Clocks;
+use std::process::Command;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// One line of `nvidia-smi --query-gpu=clocks.sm,clocks.mem,driver_version --format=csv,noheader`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SmiReading {
+    pub clocks: Clocks,
+    pub driver_version: Option<String>,
+}
+
+/// Parses one CSV line such as `1980 MHz, 2619 MHz, 580.95.05` (units optional; `[N/A]` → None).
+pub fn parse_smi_line(line: &str) -> Option<SmiReading> {
+    let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+    if fields.len() < 3 {
+        return None;
+    }
+    let mhz = |s: &str| -> Option<f64> {
+        let num = s.trim_end_matches("MHz").trim();
+        num.parse::<f64>().ok().filter(|x| x.is_finite())
+    };
+    let driver = fields[2];
+    Some(SmiReading {
+        clocks: Clocks {
+            sm_mhz: mhz(fields[0]),
+            mem_mhz: mhz(fields[1]),
+        },
+        driver_version: if driver.is_empty() || driver.starts_with('[') {
+            None
+        } else {
+            Some(driver.to_string())
+        },
+    })
+}
+
+/// Queries `nvidia-smi` for GPU `ordinal`; `None` when it is absent or says something else.
+pub fn query_smi(ordinal: usize) -> Option<SmiReading> {
+    let out = Command::new("nvidia-smi")
+        .args([
+            "--query-gpu=clocks.sm,clocks.mem,driver_version",
+            "--format=csv,noheader",
+            &format!("--id={ordinal}"),
+        ])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines().find_map(parse_smi_line)
+}
+
+/// The git commit: `$FLASHCORE_GIT_COMMIT`, else `git rev-parse HEAD` in the current directory,
+/// else the value of `FLASHCORE_GIT_COMMIT` when the binary was built; `None` if none is known.
+pub fn git_commit() -> Option<String> {
+    if let Ok(c) = std::env::var("FLASHCORE_GIT_COMMIT") {
+        let c = c.trim().to_string();
+        if !c.is_empty() {
+            return Some(c);
+        }
+    }
+    let from_git = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .stderr(std::process::Stdio::null())
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .filter(|s| !s.is_empty());
+    from_git.or_else(|| option_env!("FLASHCORE_GIT_COMMIT").map(str::to_string))
+}
+
+/// `secs` since the Unix epoch as UTC ISO-8601, `YYYY-MM-DDTHH:MM:SSZ`.
+pub fn iso8601_utc(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (proleptic Gregorian; Howard Hinnant's method).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Now, UTC ISO-8601.
+pub fn now_utc() -> String {
+    let secs = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    iso8601_utc(secs)
+}
