@@ -735,12 +735,10 @@ pub fn bit_op(insn: &Insn, secrets: &Secrets) -> Option<BitOp> {
             if left == mods.contains(&"R") {
                 return None;
             }
-            if !mods.iter().all(|m| {
-                matches!(
-                    *m,
-                    "L" | "R" | "U32" | "S32" | "U64" | "S64" | "HI" | "W"
-                )
-            }) {
+            if !mods
+                .iter()
+                .all(|m| matches!(*m, "L" | "R" | "U32" | "S32" | "U64" | "S64" | "HI" | "W"))
+            {
                 return None;
             }
             let sh = imm_of(&ops[2]).filter(|&v| v < 32)?;
@@ -883,10 +881,7 @@ fn consistent(x: u32, cls: [u8; 3]) -> bool {
 
 /// Can flipping the tainted inputs change the output, for some value of the unknown public ones?
 fn lut_bit_tainted(lut: u8, cls: [u8; 3]) -> bool {
-    let tainted: u32 = (0..3)
-        .filter(|&k| cls[k] == TT)
-        .map(|k| 1 << (2 - k))
-        .sum();
+    let tainted: u32 = (0..3).filter(|&k| cls[k] == TT).map(|k| 1 << (2 - k)).sum();
     if tainted == 0 {
         return false;
     }
@@ -1176,11 +1171,7 @@ pub fn transfer(i: usize, e: &Effects, st: &mut State) -> Option<Cause> {
     // Reads see the conditional facts of this instruction's own guard.
     let gv = e.guard.map(|l| (l, e.guard_neg));
     let mut cause = None;
-    let src_taint = e
-        .srcs
-        .iter()
-        .map(|&l| st.get(l, gv).0)
-        .find(|&v| v != NONE);
+    let src_taint = e.srcs.iter().map(|&l| st.get(l, gv).0).find(|&v| v != NONE);
     let mut weak_val = NONE;
     let outs: Vec<Out> = match &e.bitop {
         Some(b) if !e.public_result => {
@@ -1471,6 +1462,258 @@ mod tests {
         let g = cfg::build(&secs[0]);
         let an = analyze(&secs[0], &g, &Secrets::default());
         rules::findings(&secs[0], &g, &an)
+    }
+
+    /// Runs straight-line `body` from a public state and returns the final state.
+    fn state_after(body: &str) -> State {
+        let listing =
+            format!("\t.section\t.text.k,\"ax\",@progbits\n        .type k,@function\nk:\n{body}");
+        let secs = sass::parse_listing(&listing);
+        let mut st = State::public();
+        for (i, insn) in secs[0].insns.iter().enumerate() {
+            transfer(i, &effects(insn, &Secrets::default()), &mut st);
+        }
+        st
+    }
+
+    fn r(i: usize) -> usize {
+        R_BASE + i
+    }
+    fn p(i: usize) -> usize {
+        P_BASE + i
+    }
+
+    /// R7 secret (global load), P4 secret (compare of it), P1 public (lane == 0), R0/R3 public
+    /// with unknown bits.
+    const PRELUDE: &str = "/*0000*/ LDG.E R7, desc[UR4][R2.64] ;\n\
+         /*0010*/ FSETP.GT.AND P4, PT, R7, RZ, PT ;\n\
+         /*0020*/ S2R R0, SR_LANEID ;\n\
+         /*0030*/ ISETP.EQ.AND P1, PT, R0, RZ, PT ;\n\
+         /*0040*/ S2R R3, SR_TID.X ;\n";
+
+    /// The packing ptxas emits under register pressure: a secret predicate into bit 30, a
+    /// public one into bit 28, then one bit extracted into a predicate that guards an mbarrier
+    /// arrive.
+    fn packed(extract: &str) -> String {
+        format!(
+            "{PRELUDE}\
+             /*0100*/ IMAD.MOV.U32 R9, RZ, RZ, RZ ;\n\
+             /*0110*/ @P4 LOP3.LUT R9, R9, 0x40000000, RZ, 0xfc, !PT ;\n\
+             /*0120*/ LOP3.LUT R9, R9, 0x7fffffff, RZ, 0xc0, !PT ;\n\
+             /*0130*/ LOP3.LUT R9, R9, 0xf7ffffff, RZ, 0xc0, !PT ;\n\
+             /*0140*/ LOP3.LUT R9, R9, 0xefffffff, RZ, 0xc0, !PT ;\n\
+             /*0150*/ @P1 LOP3.LUT R9, R9, 0x10000000, RZ, 0xfc, !PT ;\n\
+             /*0160*/ LOP3.LUT P0, RZ, R9, {extract}, RZ, 0xc0, !PT ;\n\
+             /*0170*/ @!P0 SYNCS.ARRIVE.TRANS64.A1T0 RZ, [R11+URZ], RZ ;\n\
+             /*0180*/ EXIT ;\n"
+        )
+    }
+
+    #[test]
+    fn packed_predicate_extracting_a_public_bit_is_public() {
+        let st = state_after(&packed("0x10000000"));
+        assert_eq!(
+            st.mask(r(9)),
+            0x4000_0000,
+            "only the secret predicate's bit"
+        );
+        assert_eq!(st.mask(p(0)), 0, "bit 28 came from lane == 0");
+        let f = findings(&packed("0x10000000"));
+        assert!(f.is_empty(), "{f:#?}");
+    }
+
+    #[test]
+    fn packed_predicate_extracting_the_secret_bit_is_secret() {
+        let st = state_after(&packed("0x40000000"));
+        assert_eq!(st.mask(p(0)), ALL);
+        let f = findings(&packed("0x40000000"));
+        let got: Vec<(u32, u8)> = f.iter().map(|x| (x.offset, x.rule_number)).collect();
+        assert_eq!(got, vec![(0x170, 2)], "{f:#?}");
+        // The chain runs from the load through the compare and the guarded OR to the extract.
+        let offs: Vec<u32> = f[0].chain.iter().map(|s| s.offset).collect();
+        assert_eq!(offs.first(), Some(&0x0), "{offs:x?}");
+        assert!(offs.contains(&0x10) && offs.contains(&0x110), "{offs:x?}");
+        assert_eq!(offs.last(), Some(&0x160), "{offs:x?}");
+        // Extracting both bits is secret too.
+        assert!(!findings(&packed("0x50000000")).is_empty());
+    }
+
+    #[test]
+    fn and_with_zero_bits_and_or_with_one_bits_make_bits_public() {
+        let st = state_after(&format!(
+            "{PRELUDE}\
+             /*0100*/ LOP3.LUT R10, R7, 0x0, RZ, 0xc0, !PT ;\n\
+             /*0110*/ LOP3.LUT R11, R7, 0xffff0000, RZ, 0xc0, !PT ;\n\
+             /*0120*/ LOP3.LUT R12, R7, 0xffffffff, RZ, 0xfc, !PT ;\n\
+             /*0130*/ LOP3.LUT R13, R7, 0xff, RZ, 0xfc, !PT ;\n\
+             /*0140*/ LOP3.LUT R14, R11, 0xfffeffff, RZ, 0xc0, !PT ;\n"
+        ));
+        assert_eq!(st.mask(r(10)), 0, "x & 0 is 0");
+        assert_eq!(st.mask(r(11)), 0xffff_0000);
+        assert_eq!(st.mask(r(12)), 0, "x | ~0 is ~0");
+        assert_eq!(st.mask(r(13)), 0xffff_ff00);
+        assert_eq!(
+            st.mask(r(14)),
+            0xfffe_0000,
+            "clearing bit 16 makes it public"
+        );
+        // A public address computed as secret & 0 is no leak; secret & 0xff is.
+        let body = |imm: &str| {
+            format!(
+                "{PRELUDE}\
+                 /*0100*/ LOP3.LUT R10, R7, {imm}, RZ, 0xc0, !PT ;\n\
+                 /*0110*/ LDS R4, [R10] ;\n\
+                 /*0120*/ EXIT ;\n"
+            )
+        };
+        assert!(findings(&body("0x0")).is_empty());
+        assert_eq!(findings(&body("0xff")).len(), 1);
+    }
+
+    #[test]
+    fn lut_decides_which_operands_matter_and_public_registers_are_unknown() {
+        let st = state_after(&format!(
+            "{PRELUDE}\
+             /*0100*/ LOP3.LUT R10, R0, R7, RZ, 0xf0, !PT ;\n\
+             /*0110*/ LOP3.LUT R11, R0, R7, R3, 0xcc, !PT ;\n\
+             /*0120*/ LOP3.LUT R12, R7, R0, RZ, 0xc0, !PT ;\n\
+             /*0130*/ LOP3.LUT R13, R7, R0, RZ, 0x3c, !PT ;\n\
+             /*0140*/ LOP3.LUT R14, R0, R3, RZ, 0xc0, !PT ;\n\
+             /*0150*/ LOP3.LUT R15, R12, 0xf, R0, 0xea, !PT ;\n"
+        ));
+        assert_eq!(st.mask(r(10)), 0, "LUT 0xf0 reads only a");
+        assert_eq!(st.mask(r(11)), ALL, "LUT 0xcc reads only b");
+        assert_eq!(st.mask(r(12)), ALL, "AND with an unknown public register");
+        assert_eq!(st.mask(r(13)), ALL, "XOR");
+        assert_eq!(st.mask(r(14)), 0, "public inputs");
+        // (a & b) | c with b = 0xf: bits 4.. of a are masked off.
+        assert_eq!(st.mask(r(15)), 0xf);
+    }
+
+    #[test]
+    fn secret_guard_on_in_place_or_taints_only_the_written_bits() {
+        let st = state_after(&format!(
+            "{PRELUDE}\
+             /*0100*/ MOV R9, R3 ;\n\
+             /*0110*/ @P4 LOP3.LUT R9, R9, 0x40000000, RZ, 0xfc, !PT ;\n\
+             /*0120*/ MOV R10, R3 ;\n\
+             /*0130*/ @P4 LOP3.LUT R10, R10, 0xfffffffe, RZ, 0xc0, !PT ;\n\
+             /*0140*/ MOV R11, R3 ;\n\
+             /*0150*/ @P4 LOP3.LUT R11, R0, 0x1, RZ, 0xc0, !PT ;\n\
+             /*0160*/ MOV R12, R3 ;\n\
+             /*0170*/ @P4 MOV R12, 0x1 ;\n"
+        ));
+        assert_eq!(st.mask(r(9)), 0x4000_0000, "OR imm: the immediate's 1 bits");
+        assert_eq!(st.mask(r(10)), 0x1, "AND imm: the immediate's 0 bits");
+        assert_eq!(st.mask(r(11)), ALL, "not in place: any bit may differ");
+        assert_eq!(st.mask(r(12)), ALL);
+        // Under a public guard the bits stay public.
+        let st = state_after(&format!(
+            "{PRELUDE}\
+             /*0100*/ MOV R9, R3 ;\n\
+             /*0110*/ @P1 LOP3.LUT R9, R9, 0x40000000, RZ, 0xfc, !PT ;\n"
+        ));
+        assert_eq!(st.mask(r(9)), 0);
+    }
+
+    #[test]
+    fn immediate_shifts_move_the_mask_and_additions_carry_it_up() {
+        let st = state_after(&format!(
+            "{PRELUDE}\
+             /*0100*/ LOP3.LUT R6, R7, 0xff, RZ, 0xc0, !PT ;\n\
+             /*0110*/ SHF.L.U32 R10, R6, 0x4, RZ ;\n\
+             /*0120*/ SHF.R.U32.HI R11, RZ, 0x4, R6 ;\n\
+             /*0130*/ LOP3.LUT R5, R7, 0x80000000, RZ, 0xc0, !PT ;\n\
+             /*0140*/ SHF.R.S32.HI R12, RZ, 0x4, R5 ;\n\
+             /*0150*/ SHF.R.U32.HI R13, RZ, 0x4, R5 ;\n\
+             /*0160*/ IMAD.SHL.U32 R14, R6, 0x10, RZ ;\n\
+             /*0170*/ LEA R15, R6, RZ, 0x2 ;\n\
+             /*0180*/ LEA R16, R6, R0, 0x4 ;\n\
+             /*0190*/ SHF.L.U64.HI R17, R5, 0x1, R6 ;\n\
+             /*01a0*/ USHF.L.U32 UR5, UR4, 0x3, URZ ;\n\
+             /*01b0*/ IADD3 R18, R6, 0x1, RZ ;\n\
+             /*01c0*/ LEA R19, P2, R0, R3, 0x2 ;\n\
+             /*01d0*/ LEA R20, P3, R6, R3, 0x2 ;\n"
+        ));
+        assert_eq!(st.mask(r(10)), 0xff0);
+        assert_eq!(st.mask(r(11)), 0xf);
+        assert_eq!(
+            st.mask(r(12)),
+            0xf800_0000,
+            "arithmetic shift replicates the sign"
+        );
+        assert_eq!(st.mask(r(13)), 0x0800_0000);
+        assert_eq!(st.mask(r(14)), 0xff0);
+        assert_eq!(st.mask(r(15)), 0x3fc);
+        assert_eq!(st.mask(r(16)), 0xffff_fff0, "carries move taint upward");
+        assert_eq!(st.mask(r(17)), 0x1fe | 0x1, "high word of {{R6:R5}} << 1");
+        assert_eq!(st.mask(UR_BASE + 5), 0);
+        assert_eq!(st.mask(r(18)), ALL, "other arithmetic stays conservative");
+        assert_eq!((st.mask(r(19)), st.mask(p(2))), (0, 0));
+        assert_eq!((st.mask(r(20)), st.mask(p(3))), (0xffff_fc00 | 0x3fc, ALL));
+    }
+
+    #[test]
+    fn p2r_and_r2p_map_predicates_to_bits() {
+        let st = state_after(&format!(
+            "{PRELUDE}\
+             /*0100*/ P2R R10, PR, RZ, 0x2 ;\n\
+             /*0110*/ P2R R11, PR, RZ, 0x12 ;\n\
+             /*0120*/ P2R.B1 R12, PR, R10, 0x10 ;\n\
+             /*0130*/ P2R R13, PR, R7, 0x2 ;\n\
+             /*0140*/ R2P PR, R11, 0x12 ;\n\
+             /*0150*/ MOV R14, R11 ;\n\
+             /*0160*/ IMAD.MOV.U32 R15, RZ, RZ, R11 ;\n\
+             /*0170*/ R2UR UR6, R11 ;\n"
+        ));
+        assert_eq!(st.mask(r(10)), 0, "P1 only");
+        assert_eq!(st.mask(r(11)), 0x10, "P4 into bit 4");
+        assert_eq!(st.mask(r(12)), 0x1000, ".B1: P4 into bit 12");
+        assert_eq!(st.mask(r(13)), !0x2, "other bits from the secret base");
+        assert_eq!(st.mask(p(1)), 0, "bit 1 is public");
+        assert_eq!(st.mask(p(4)), ALL, "bit 4 is secret");
+        assert_eq!(st.mask(r(14)), 0x10, "MOV copies the mask");
+        assert_eq!(st.mask(r(15)), 0x10);
+        assert_eq!(st.mask(UR_BASE + 6), 0x10);
+        // R2P of the public bit then a guarded load: clean; of the secret bit: a leak.
+        let body = |pred: &str| {
+            format!(
+                "{PRELUDE}\
+                 /*0100*/ P2R R11, PR, RZ, 0x12 ;\n\
+                 /*0110*/ R2P PR, R11, 0x12 ;\n\
+                 /*0120*/ @{pred} LDS R4, [R3] ;\n\
+                 /*0130*/ EXIT ;\n"
+            )
+        };
+        assert!(findings(&body("P1")).is_empty());
+        assert_eq!(findings(&body("P4")).len(), 1);
+    }
+
+    #[test]
+    fn masks_join_bitwise_across_branches() {
+        // One path leaves R9 with secret bit 30, the other with secret bit 0: after the join both
+        // are secret, bit 28 is not.
+        let body = |imm: &str| {
+            format!(
+                "{PRELUDE}\
+                 /*0100*/ IMAD.MOV.U32 R9, RZ, RZ, RZ ;\n\
+                 /*0110*/ ISETP.NE.AND P2, PT, R3, RZ, PT ;\n\
+                 /*0120*/ @P2 BRA `(.L_x_1) ;\n\
+                 /*0130*/ @P4 LOP3.LUT R9, R9, 0x40000000, RZ, 0xfc, !PT ;\n\
+                 /*0140*/ BRA `(.L_x_2) ;\n\
+.L_x_1:\n\
+                 /*0150*/ @P4 LOP3.LUT R9, R9, 0x1, RZ, 0xfc, !PT ;\n\
+.L_x_2:\n\
+                 /*0160*/ LOP3.LUT P0, RZ, R9, {imm}, RZ, 0xc0, !PT ;\n\
+                 /*0170*/ @P0 BRA `(.L_x_3) ;\n\
+                 /*0180*/ NOP ;\n\
+.L_x_3:\n\
+                 /*0190*/ EXIT ;\n"
+            )
+        };
+        assert!(findings(&body("0x10000000")).is_empty());
+        assert_eq!(findings(&body("0x40000000")).len(), 1);
+        assert_eq!(findings(&body("0x1")).len(), 1);
     }
 
     #[test]
