@@ -9,7 +9,12 @@
 // masking and every NaN guard are selects (DESIGN.md §1).
 //
 // Compile-time configuration (NVRTC -D): FC_HEAD_DIM (64|128), FC_BF16 (0|1), FC_CAUSAL (0|1),
-// FC_SECRET_LEN (0|1), tile shape FC_BLOCK_M/N, FC_STAGES, FC_CONSUMERS.
+// FC_SECRET_LEN (0|1), FC_SPLIT (1|2|4), tile shape FC_BLOCK_M/N, FC_STAGES, FC_CONSUMERS.
+//
+// Split mode (FC_SPLIT > 1, for short sequences that would leave most SMs idle): the keys of one
+// query tile are divided among the FC_SPLIT CTAs of a thread-block cluster; each computes a
+// partial (O, max, sum) over its range, and the cluster combines them through distributed shared
+// memory in a fixed order (rank 0, 1, …) — no atomics, bitwise deterministic.
 //
 // Secret-length mode (FC_SECRET_LEN): each batch entry's true length is an i32 in device memory,
 // a secret. The kernel still walks the padded length (public); keys at or past the true length
@@ -19,9 +24,10 @@
 #include "fc_tma.cuh"
 #include "fc_wgmma.cuh"
 #include "fc_softmax.cuh"
+#include "fc_cluster.cuh"
 
 #if !defined(FC_HEAD_DIM) || !defined(FC_BF16) || !defined(FC_CAUSAL) || !defined(FC_BLOCK_M) || \
-    !defined(FC_BLOCK_N) || !defined(FC_STAGES) || !defined(FC_CONSUMERS) || !defined(FC_SECRET_LEN)
+    !defined(FC_BLOCK_N) || !defined(FC_STAGES) || !defined(FC_CONSUMERS) || !defined(FC_SECRET_LEN) || !defined(FC_SPLIT)
 #error "the variant's defines are missing (see Variant::options in src/kernels/mod.rs)"
 #endif
 
@@ -34,11 +40,13 @@ constexpr int CHUNKS = D / 64;              // 128-byte swizzle atoms across the
 constexpr int CONSUMERS = FC_CONSUMERS;     // consumer warpgroups, 64 query rows each
 static_assert(BM == 64 * CONSUMERS, "each consumer warpgroup owns 64 query rows");
 static_assert(BN == 64 || BN == 128, "wgmma N for S = Q K^T");
+constexpr int SPLIT = FC_SPLIT;             // CTAs per cluster sharing one query tile's keys
+static_assert(SPLIT == 1 || (BM % SPLIT == 0 && (BM / SPLIT) * D % (4 * 128) == 0), "combine tiling");
 constexpr int THREADS = 128 * (1 + CONSUMERS);
 constexpr int ROW_BYTES = 128;              // one swizzled row of 64 two-byte elements
 // Register split after setmaxnreg: the producer gives registers back, consumers take them.
-constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 40 : 24;
-constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 232 : 160;
+constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 56 : 32;
+constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 224 : 160;
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
 constexpr uint32_t Q_BYTES = BM * D * 2;
 constexpr uint32_t KV_BYTES = BN * D * 2;
@@ -65,6 +73,18 @@ struct Shared {
     uint64_t q_full;
     uint64_t k_full[cfg::STAGES], v_full[cfg::STAGES];
     uint64_t k_empty[cfg::STAGES], v_empty[cfg::STAGES];
+#if FC_SPLIT > 1
+    // This CTA's partial result over its key range, read by the whole cluster when combining.
+    alignas(16) float part_o[cfg::BM][cfg::D];  // unnormalised output (read as float4)
+    float part_m[cfg::BM];          // running max of raw scores (−inf: no visible key)
+    float part_l[cfg::BM];          // sum of exp2 terms relative to part_m
+#endif
+};
+
+// The K/V blocks one CTA visits: [begin, begin + count), and the first of them (relative) that
+// needs element masks. Public: shapes, block indices and the cluster rank only.
+struct KvRange {
+    int begin, count, first_masked;
 };
 
 FC_DEVICE int ceil_div(int a, int b) { return (a + b - 1) / b; }
@@ -96,7 +116,7 @@ FC_DEVICE int first_masked_block(const Params& p, int m_block, int n_blocks) {
     return min(first, n_blocks);
 }
 
-FC_DEVICE void producer(const Params& p, Shared& s, int m_block, int head, int batch, int n_blocks) {
+FC_DEVICE void producer(const Params& p, Shared& s, int m_block, int head, int batch, int kv_begin, int n_blocks) {
     if (n_blocks == 0) return;  // fully masked tile: consumers write zeros without waiting for Q
     const int kv_head = head / p.group;
     tma_prefetch_desc(&p.q_map);
@@ -114,13 +134,15 @@ FC_DEVICE void producer(const Params& p, Shared& s, int m_block, int head, int b
         mbar_arrive_expect_tx(&s.k_full[stage], cfg::KV_BYTES);
 #pragma unroll
         for (int c = 0; c < cfg::CHUNKS; ++c) {
-            tma_load_4d(&s.k[stage][c][0][0], &p.k_map, &s.k_full[stage], c * 64, it * cfg::BN, kv_head, batch);
+            tma_load_4d(&s.k[stage][c][0][0], &p.k_map, &s.k_full[stage], c * 64, (kv_begin + it) * cfg::BN, kv_head,
+                        batch);
         }
         mbar_wait(&s.v_empty[stage], phase ^ 1);
         mbar_arrive_expect_tx(&s.v_full[stage], cfg::KV_BYTES);
 #pragma unroll
         for (int c = 0; c < cfg::CHUNKS; ++c) {
-            tma_load_4d(&s.v[stage][c][0][0], &p.v_map, &s.v_full[stage], c * 64, it * cfg::BN, kv_head, batch);
+            tma_load_4d(&s.v[stage][c][0][0], &p.v_map, &s.v_full[stage], c * 64, (kv_begin + it) * cfg::BN, kv_head,
+                        batch);
         }
     }
 }
@@ -133,6 +155,7 @@ struct Consumer {
     int lane, row0, col0;
     uint32_t q_base;
     int key_limit;  // keys at or past this are masked: Sk, or the (secret) true length
+    int kv_begin;   // first K/V block of this CTA's range (split mode), else 0
 
     // S = Q Kᵀ over the head dim, 16 at a time (32 bytes inside a 128-byte swizzle row).
     FC_DEVICE void issue_qk(float (&sacc)[cfg::BN / 2], int stage) const {
@@ -222,7 +245,7 @@ struct Consumer {
         wgmma_wait<1>();  // S_it is ready; P_{it-1} V_{it-1} may still run
         fence_regs(sacc);
         release(&s.k_empty[stage]);
-        if constexpr (kMask) mask(sacc, it);
+        if constexpr (kMask) mask(sacc, kv_begin + it);
         float alpha[2];
         softmax.step(sacc, p.scale_log2, alpha);
         fence_regs(sacc);  // pins the softmax before the wait, so it overlaps the PV GEMM
@@ -234,6 +257,29 @@ struct Consumer {
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i / 2) % 2];
         to_fragments(sacc, pf);
+    }
+
+    // Split mode: park the unnormalised partial (O, max, sum) in shared memory for the combine.
+    FC_DEVICE void write_partial(const float (&o)[cfg::D / 2], const OnlineSoftmax<cfg::BN>& softmax) const {
+#if FC_SPLIT > 1
+        using namespace cfg;
+        float total[2];
+        softmax.finish(total);
+        const int local0 = row0 - m_block * BM;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = local0 + 8 * h;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+                s.part_o[r][8 * j + col0] = o[4 * j + 2 * h];
+                s.part_o[r][8 * j + col0 + 1] = o[4 * j + 2 * h + 1];
+            }
+            if ((lane % 4) == 0) {
+                s.part_m[r] = softmax.row_max[h];
+                s.part_l[r] = total[h];
+            }
+        }
+#endif
     }
 
     // Normalise, write O (rows past Sq are not stored) and the log-sum-exp.
@@ -268,39 +314,12 @@ struct Consumer {
     }
 };
 
-// Main loop, software-pipelined inside the warpgroup: while the tensor cores compute
-// O += P_{j-1} V_{j-1}, this warpgroup already runs the softmax of S_j (FA3's intra-warpgroup
-// overlap). Every wait and branch depends on the block index only.
-FC_DEVICE void consumer(const Params& p, Shared& s, int wg, int m_block, int head, int batch, int n_blocks) {
+FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax<cfg::BN>& softmax, KvRange kv) {
     using namespace cfg;
-    const int warp = warp_id_in_block() % 4;
-    const int lane = lane_id();
-    int key_limit = p.seqlen_k;
-#if FC_SECRET_LEN
-    // Clamped with min/max (ALU selects), so any stored value is safe and nothing branches on it.
-    key_limit = max(0, min(p.seqlen_k, reinterpret_cast<const int32_t*>(p.lens_ptr)[batch]));
-#endif
-    Consumer c{p,
-               s,
-               wg,
-               m_block,
-               head,
-               batch,
-               lane,
-               m_block * BM + wg * 64 + warp * 16 + lane / 4,
-               2 * (lane % 4),
-               smem_u32(&s.q[0][wg * 64][0]),
-               key_limit};
-
-    float o[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
-    OnlineSoftmax<BN> softmax;
-    softmax.init();
-    if (n_blocks == 0) {  // every key is masked for this tile (causal, Sq > Sk): O = 0, LSE = −inf
-        c.epilogue(o, softmax);
-        return;
-    }
+    const int n_blocks = kv.count;
+    const int wg = c.wg;
+    Shared& s = c.s;
+    const Params& p = c.p;
     mbar_wait(&s.q_full, 0);
 
     float sacc[BN / 2];
@@ -318,11 +337,11 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg, int m_block, int hea
     wgmma_wait<0>();
     fence_regs(sacc);
     c.release(&s.k_empty[0]);
-    if (first_masked_block(p, m_block, n_blocks) == 0) c.mask(sacc, 0);
+    if (kv.first_masked == 0) c.mask(sacc, kv.begin);
     softmax.step(sacc, p.scale_log2, alpha);
     Consumer::to_fragments(sacc, pf);
 
-    const int first_masked = first_masked_block(p, m_block, n_blocks);
+    const int first_masked = kv.first_masked;
     int it = 1;
     for (; it < first_masked; ++it) c.iteration<false>(it, n_blocks, sacc, pf, o, softmax);
     for (; it < n_blocks; ++it) c.iteration<true>(it, n_blocks, sacc, pf, o, softmax);
@@ -335,22 +354,130 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg, int m_block, int hea
     wgmma_wait<0>();
     fence_regs(o);
     c.release(&s.v_empty[last]);
-
-    c.epilogue(o, softmax);
 }
 
-extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) flashcore_attention_fwd(const __grid_constant__ Params p) {
+// Main loop, software-pipelined inside the warpgroup: while the tensor cores compute
+// O += P_{j-1} V_{j-1}, this warpgroup already runs the softmax of S_j (FA3's intra-warpgroup
+// overlap). Every wait and branch depends on the block index only.
+FC_DEVICE void consumer(const Params& p, Shared& s, int wg, int m_block, int head, int batch, KvRange kv,
+                        int key_limit) {
+    using namespace cfg;
+    const int warp = warp_id_in_block() % 4;
+    const int lane = lane_id();
+    const int n_blocks = kv.count;
+    Consumer c{p,
+               s,
+               wg,
+               m_block,
+               head,
+               batch,
+               lane,
+               m_block * BM + wg * 64 + warp * 16 + lane / 4,
+               2 * (lane % 4),
+               smem_u32(&s.q[0][wg * 64][0]),
+               key_limit,
+               kv.begin};
+
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
+    OnlineSoftmax<BN> softmax;
+    softmax.init();
+    // No visible key in this range (causal, Sq > Sk; or a split's empty share): O = 0, LSE = −inf.
+    if (n_blocks > 0) mainloop(c, o, softmax, kv);
+    if (SPLIT > 1) {
+        c.write_partial(o, softmax);
+    } else {
+        c.epilogue(o, softmax);
+    }
+}
+
+// Split mode: after the cluster barrier, CTA `rank` combines rows [rank·BM/SPLIT, …) of the
+// query tile from every CTA's partial, in rank order, normalises, and writes O and the LSE.
+FC_DEVICE void combine_split(const Params& p, Shared& s, int m_block, int head, int batch, int key_limit) {
+#if FC_SPLIT > 1
+    using namespace cfg;
+    constexpr int ROWS = BM / SPLIT;
+    constexpr int THREADS_C = 128 * CONSUMERS;
+    const int t = threadIdx.x - 128;
+    const uint32_t rank = cluster_rank();
+#pragma unroll
+    for (int e = 4 * t; e < ROWS * D; e += 4 * THREADS_C) {
+        const int r = rank * ROWS + e / D;
+        const int col = e % D;
+        float m_s[SPLIT];
+        float m_all = neg_inf();
+#pragma unroll
+        for (int q = 0; q < SPLIT; ++q) {
+            m_s[q] = cluster_load_f32(cluster_map(smem_u32(&s.part_m[r]), q));
+            m_all = fmaxf(m_all, m_s[q]);
+        }
+        const float m_use = select_f(m_all == neg_inf(), 0.0f, m_all);
+        float l = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+#pragma unroll
+        for (int q = 0; q < SPLIT; ++q) {  // fixed order: deterministic
+            const float w = fast_exp2((m_s[q] - m_use) * p.scale_log2);
+            l += cluster_load_f32(cluster_map(smem_u32(&s.part_l[r]), q)) * w;
+            const float4 v = cluster_load_f32x4(cluster_map(smem_u32(&s.part_o[r][col]), q));
+            o0 += v.x * w;
+            o1 += v.y * w;
+            o2 += v.z * w;
+            o3 += v.w * w;
+        }
+        const int row = m_block * BM + r;
+        const bool any = l > 0.0f && (!FC_SECRET_LEN || row < key_limit);
+        const float inv = select_f(any, fast_rcp(l), 0.0f);
+        if (row < p.seqlen_q) {
+            uint16_t* out = reinterpret_cast<uint16_t*>(p.o_ptr) + batch * p.o_stride_b + (int64_t)row * p.o_stride_s +
+                            head * p.o_stride_h + col;
+            uint2 packed;
+            packed.x = pack_elem2(o0 * inv, o1 * inv);
+            packed.y = pack_elem2(o2 * inv, o3 * inv);
+            *reinterpret_cast<uint2*>(out) = packed;
+            if (p.lse_ptr != 0 && col == 0) {
+                const float lse = m_use * p.scale + fast_log2(l) * 0.69314718055994530942f;
+                float* lse_out = reinterpret_cast<float*>(p.lse_ptr) + ((int64_t)batch * p.heads_q + head) * p.seqlen_q + row;
+                *lse_out = select_f(any, lse, neg_inf());
+            }
+        }
+    }
+#endif
+}
+
+#if FC_SPLIT > 1
+#define FC_CLUSTER_DIMS __cluster_dims__(FC_SPLIT, 1, 1)
+#else
+#define FC_CLUSTER_DIMS
+#endif
+
+extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
+    flashcore_attention_fwd(const __grid_constant__ Params p) {
     extern __shared__ uint8_t smem_raw[];
     // 128-byte swizzled TMA/wgmma tiles need 1024-byte alignment; the host adds the slack.
     const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
     Shared& s = *reinterpret_cast<Shared*>(smem_raw + pad);
 
+    // Split mode: the SPLIT CTAs of a cluster (consecutive along x) share one query tile.
+    const int tile_x = (int)blockIdx.x / cfg::SPLIT;
+    const int split_rank = (int)blockIdx.x % cfg::SPLIT;
     // Heaviest causal tiles first: the last query blocks see the most keys.
-    const int m_block = FC_CAUSAL ? (p.num_m_blocks - 1 - (int)blockIdx.x) : (int)blockIdx.x;
+    const int m_block = FC_CAUSAL ? (p.num_m_blocks - 1 - tile_x) : tile_x;
     const int head = blockIdx.y;
     const int batch = blockIdx.z;
-    const int n_blocks = num_kv_blocks(p, m_block);
 
+    // This CTA's share of the K/V blocks (all of them unless split).
+    const int n_total = num_kv_blocks(p, m_block);
+    const int per_split = ceil_div(n_total, cfg::SPLIT);
+    KvRange kv;
+    kv.begin = min(n_total, split_rank * per_split);
+    kv.count = min(n_total, kv.begin + per_split) - kv.begin;
+    kv.first_masked = max(0, min(kv.count, first_masked_block(p, m_block, n_total) - kv.begin));
+
+    int key_limit = p.seqlen_k;
+#if FC_SECRET_LEN
+    // Clamped with min/max (ALU selects), so any stored value is safe and nothing branches on it.
+    key_limit = max(0, min(p.seqlen_k, reinterpret_cast<const int32_t*>(p.lens_ptr)[batch]));
+#endif
     const int warp = warp_id_in_block();
     if (threadIdx.x == 0) {
         mbar_init(&s.q_full, 1);
@@ -365,11 +492,22 @@ extern "C" __global__ void __launch_bounds__(cfg::THREADS, 1) flashcore_attentio
     }
     __syncthreads();
 
+    // Each role stays inside its own branch to the end: code after a join would be compiled for
+    // the producer's reduced register budget.
     if (warp < 4) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(cfg::PRODUCER_REGS));
-        if (threadIdx.x == 0) producer(p, s, m_block, head, batch, n_blocks);
+        if (threadIdx.x == 0) producer(p, s, m_block, head, batch, kv.begin, kv.count);
+#if FC_SPLIT > 1
+        cluster_sync();  // partials are parked (see below)
+        cluster_sync();  // the combine is done
+#endif
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(cfg::CONSUMER_REGS));
-        consumer(p, s, warp / 4 - 1, m_block, head, batch, n_blocks);
+        consumer(p, s, warp / 4 - 1, m_block, head, batch, kv, key_limit);
+#if FC_SPLIT > 1
+        cluster_sync();  // every CTA's partial is in its shared memory
+        combine_split(p, s, m_block, head, batch, key_limit);
+        cluster_sync();  // no CTA leaves while others still read its shared memory
+#endif
     }
 }

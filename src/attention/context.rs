@@ -96,7 +96,8 @@ impl Context {
         let num_sms = cuda.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )? as usize;
-        let stream = cuda.default_stream();
+        // A stream of our own (not the legacy default stream): CUDA graphs can capture it.
+        let stream = cuda.new_stream()?;
         Ok(Context {
             cuda,
             stream,

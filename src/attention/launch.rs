@@ -80,11 +80,22 @@ impl Plan {
             params.head_dim,
             params.causal,
             secret_len,
-            params.batch,
-            params.heads_q,
             params.seqlen_q,
-            ctx.num_sms(),
+            params.seqlen_k,
         );
+        // Tuning knob for measurements: FLASHCORE_SPLIT=1|2|4 overrides the split rule (public,
+        // deterministic; it changes which kernel runs, never what it computes).
+        let variant = match std::env::var("FLASHCORE_SPLIT")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+        {
+            Some(n @ (1 | 2 | 4)) => Variant {
+                split: n,
+                block_m: if n > 1 { 128 } else { variant.block_m },
+                ..variant
+            },
+            _ => variant,
+        };
         let kernel = ctx.kernel(variant)?;
         let tile = variant.tile();
         let m_blocks = params.seqlen_q.div_ceil(tile.block_m);
@@ -94,7 +105,12 @@ impl Plan {
                 "grid too large: heads and batch must each be at most 65535",
             ));
         }
-        let grid = (m_blocks as u32, params.heads_q as u32, params.batch as u32);
+        // Split mode: the CTAs of a cluster sit next to each other along x.
+        let grid = (
+            (m_blocks * tile.split) as u32,
+            params.heads_q as u32,
+            params.batch as u32,
+        );
         Ok(Plan {
             params,
             kernel,
@@ -147,7 +163,7 @@ impl Plan {
             group: (p.heads_q / p.heads_kv) as i32,
             scale_log2: scale * std::f32::consts::LOG2_E,
             scale,
-            num_m_blocks: self.grid.0 as i32,
+            num_m_blocks: (self.grid.0 as usize / self.tile.split) as i32,
             pad: 0,
         })
     }

@@ -2,7 +2,9 @@
 //! (DESIGN.md §1): it may shape the launch, never the tensors' values.
 
 /// Element type of Q, K, V and O.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
     F16,
@@ -35,7 +37,17 @@ impl std::str::FromStr for DType {
 /// Memory layout of Q, K, V and O. `Bshd` is flash-attn's (batch, seq, head, dim);
 /// `Bhsd` is PyTorch SDPA's (batch, head, seq, dim). The last dim is always contiguous.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Layout {

@@ -11,24 +11,23 @@ pub const FORWARD_SYMBOL: &str = "flashcore_attention_fwd";
 
 const FORWARD_SOURCE: &str = include_str!("../../kernels/attention_fwd.cu");
 
+/// Embeds each kernel header under the name the sources `#include` it by.
+macro_rules! embed_headers {
+    ($($name:literal),* $(,)?) => {
+        &[$(($name, include_str!(concat!("../../kernels/", $name)))),*]
+    };
+}
+
 /// Headers by the name the sources `#include` them.
-pub const HEADERS: &[(&str, &str)] = &[
-    ("fc_common.cuh", include_str!("../../kernels/fc_common.cuh")),
-    (
-        "fc_mbarrier.cuh",
-        include_str!("../../kernels/fc_mbarrier.cuh"),
-    ),
-    ("fc_tma.cuh", include_str!("../../kernels/fc_tma.cuh")),
-    ("fc_wgmma.cuh", include_str!("../../kernels/fc_wgmma.cuh")),
-    (
-        "fc_wgmma_ops.cuh",
-        include_str!("../../kernels/fc_wgmma_ops.cuh"),
-    ),
-    (
-        "fc_softmax.cuh",
-        include_str!("../../kernels/fc_softmax.cuh"),
-    ),
-];
+pub const HEADERS: &[(&str, &str)] = embed_headers!(
+    "fc_common.cuh",
+    "fc_mbarrier.cuh",
+    "fc_tma.cuh",
+    "fc_wgmma.cuh",
+    "fc_wgmma_ops.cuh",
+    "fc_softmax.cuh",
+    "fc_cluster.cuh",
+);
 
 fn headers() -> Vec<Header<'static>> {
     HEADERS
@@ -49,6 +48,8 @@ pub struct Tile {
     pub stages: usize,
     /// Consumer warpgroups.
     pub consumers: usize,
+    /// CTAs of a cluster sharing one query tile's keys (1: no split).
+    pub split: usize,
 }
 
 impl Tile {
@@ -60,7 +61,13 @@ impl Tile {
         let q = self.block_m * head_dim * 2;
         let kv = 2 * self.stages * self.block_n * head_dim * 2;
         let barriers = (1 + 4 * self.stages) * 8;
-        q + kv + barriers + 1024
+        // Split mode parks an fp32 partial (O, max, sum) per query row for the cluster combine.
+        let partial = if self.split > 1 {
+            self.block_m * (head_dim + 2) * 4 + 16 // + alignment of part_o
+        } else {
+            0
+        };
+        q + kv + barriers + partial + 1024
     }
 }
 
@@ -75,37 +82,45 @@ pub struct Variant {
     pub block_m: usize,
     /// Secret-length mode: per-batch true lengths from device memory mask keys and zero rows.
     pub secret_len: bool,
+    /// Key-range split across a cluster of this many CTAs (1: none); see [`split_for`].
+    pub split: usize,
 }
 
 impl Variant {
     /// A stable, human-readable name, e.g. `fwd_bf16_d128_causal`.
     pub fn name(&self) -> String {
         format!(
-            "fwd_{}_d{}_{}_m{}{}",
+            "fwd_{}_d{}_{}_m{}{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
             self.block_m,
-            if self.secret_len { "_slen" } else { "" }
+            if self.secret_len { "_slen" } else { "" },
+            if self.split > 1 {
+                format!("_split{}", self.split)
+            } else {
+                String::new()
+            }
         )
     }
 
-    /// The variant for a call's shape. At d64, three consumer warpgroups (192 query rows per CTA)
-    /// read fewer K/V bytes from L2 per FLOP and keep more softmax work in flight, but make fewer
-    /// CTAs: they are used only when there are enough tiles to fill the chip twice over, and
-    /// only without the causal mask (measured: no gain there). Public shapes only.
+    /// The variant for a call's shape. Every choice depends on the shape of one sequence only —
+    /// never on the batch size — so a sequence's output bits are the same in any batch.
+    /// - Short key sequences (Sk ≤ 1024) split their keys across a cluster ([`split_for`]).
+    /// - At d64 without causal mask or split, long queries (Sq ≥ 1024) use 192-row tiles with three
+    ///   consumer warpgroups: fewer K/V bytes from L2 per FLOP, more softmax work in flight
+    ///   (measured +13%; no gain with the causal mask).
     pub fn for_shape(
         dtype: DType,
         head_dim: usize,
         causal: bool,
         secret_len: bool,
-        batch: usize,
-        heads: usize,
         seqlen_q: usize,
-        num_sms: usize,
+        seqlen_k: usize,
     ) -> Variant {
-        let tiles_192 = seqlen_q.div_ceil(192) * batch * heads;
-        let block_m = if head_dim == 64 && !causal && !secret_len && tiles_192 >= 2 * num_sms {
+        let split = split_for(seqlen_k);
+        let block_m = if head_dim == 64 && !causal && !secret_len && split == 1 && seqlen_q >= 1024
+        {
             192
         } else {
             128
@@ -116,6 +131,7 @@ impl Variant {
             causal,
             block_m,
             secret_len,
+            split,
         }
     }
 
@@ -126,6 +142,7 @@ impl Variant {
             block_n: 128,
             stages,
             consumers: self.block_m / 64,
+            split: self.split,
         }
     }
 
@@ -140,6 +157,7 @@ impl Variant {
         o.push(format!("-DFC_BF16={}", (self.dtype == DType::Bf16) as u8));
         o.push(format!("-DFC_CAUSAL={}", self.causal as u8));
         o.push(format!("-DFC_SECRET_LEN={}", self.secret_len as u8));
+        o.push(format!("-DFC_SPLIT={}", self.split));
         o
     }
 
@@ -155,6 +173,16 @@ impl Variant {
     }
 }
 
+/// Key-range split across a cluster: measured on the H100 (PERF_NOTES.md, step 4) to be no
+/// faster than one CTA per query tile at any shape tried (1,8,512,64: 8.9 µs unsplit vs 9.0 / 14.0
+/// µs split 2 / 4, graph replay), because each CTA's fixed latency dominates and clusters of 4
+/// cannot all be resident at one CTA per SM. So no shape splits by default; `FLASHCORE_SPLIT=2|4`
+/// forces it for measurement. Whatever the rule, it may depend on the key length only — never on
+/// the batch — so a sequence's output bits do not depend on the batch it is launched in.
+pub fn split_for(_seqlen_k: usize) -> usize {
+    1
+}
+
 /// Every variant the library can launch.
 pub fn shipped_variants() -> Vec<Variant> {
     let mut v = Vec::new();
@@ -162,13 +190,16 @@ pub fn shipped_variants() -> Vec<Variant> {
         for head_dim in [64, 128] {
             for causal in [false, true] {
                 for secret_len in [false, true] {
-                    v.push(Variant {
-                        dtype,
-                        head_dim,
-                        causal,
-                        block_m: 128,
-                        secret_len,
-                    });
+                    for split in [1, 2, 4] {
+                        v.push(Variant {
+                            dtype,
+                            head_dim,
+                            causal,
+                            block_m: 128,
+                            secret_len,
+                            split,
+                        });
+                    }
                 }
                 if head_dim == 64 && !causal {
                     v.push(Variant {
@@ -177,6 +208,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                         causal,
                         block_m: 192,
                         secret_len: false,
+                        split: 1,
                     });
                 }
             }
