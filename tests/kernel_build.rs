@@ -28,8 +28,8 @@ fn every_variant_compiles_to_hgmma_without_spills() {
     let variants = shipped_variants();
     assert_eq!(
         variants.len(),
-        18,
-        "f16/bf16 × causal/full × (d64, d128) × (plain, secret-length) at 128 rows, plus d64 non-causal at 192 rows"
+        50,
+        "f16/bf16 × causal/full × (d64, d128) × (plain, secret-length) × split (1, 2, 4) at 128 rows, plus d64 non-causal at 192 rows"
     );
     for v in variants {
         let cubin = v.cubin().unwrap_or_else(|e| panic!("{}: {e}", v.name()));
@@ -60,7 +60,7 @@ fn variant_names_are_distinct() {
     let mut names: Vec<String> = shipped_variants().iter().map(|v| v.name()).collect();
     names.sort();
     names.dedup();
-    assert_eq!(names.len(), 18);
+    assert_eq!(names.len(), 50);
 }
 
 #[test]
