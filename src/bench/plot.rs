@@ -163,6 +163,7 @@ pub fn render(records: &[Record], path: &Path, mode: Option<Mode>) -> Result<()>
             .y_desc("TFLOPS")
             .x_labels(((xmax - xmin) as usize + 3).max(3))
             .x_label_formatter(&fmt_x)
+            .y_label_formatter(&|y: &f64| format!("{y:.0}"))
             .draw()
             .map_err(plot_err)?;
         for (name, pts) in series {
@@ -183,7 +184,7 @@ pub fn render(records: &[Record], path: &Path, mode: Option<Mode>) -> Result<()>
             .configure_series_labels()
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::UpperLeft)
             .label_font(("sans-serif", 13))
             .draw()
             .map_err(plot_err)?;
