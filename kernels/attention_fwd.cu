@@ -11,6 +11,11 @@
 // Compile-time configuration (NVRTC -D): FC_HEAD_DIM (64|128), FC_BF16 (0|1), FC_CAUSAL (0|1),
 // FC_SECRET_LEN (0|1), FC_SPLIT (1|2|4), tile shape FC_BLOCK_M/N, FC_STAGES, FC_CONSUMERS.
 //
+// FC_LEAKY_CONTROL (never shipped; the power control of `flashcore leakage`): 1 = the whole CTA
+// exits at once when the first element of its Q tile is +0.0 (an early exit on data); 2 = in
+// secret-length mode, K/V blocks past the true length are skipped (a loop bound from a secret).
+// Both are exactly what the audit forbids; the timing test must catch them.
+//
 // Split mode (FC_SPLIT > 1, for short sequences that would leave most SMs idle): the keys of one
 // query tile are divided among the FC_SPLIT CTAs of a thread-block cluster; each computes a
 // partial (O, max, sum) over its range, and the cluster combines them through distributed shared
@@ -27,7 +32,8 @@
 #include "fc_cluster.cuh"
 
 #if !defined(FC_HEAD_DIM) || !defined(FC_BF16) || !defined(FC_CAUSAL) || !defined(FC_BLOCK_M) || \
-    !defined(FC_BLOCK_N) || !defined(FC_STAGES) || !defined(FC_CONSUMERS) || !defined(FC_SECRET_LEN) || !defined(FC_SPLIT)
+    !defined(FC_BLOCK_N) || !defined(FC_STAGES) || !defined(FC_CONSUMERS) || !defined(FC_SECRET_LEN) || !defined(FC_SPLIT) || \
+    !defined(FC_LEAKY_CONTROL)
 #error "the variant's defines are missing (see Variant::options in src/kernels/mod.rs)"
 #endif
 
@@ -58,6 +64,7 @@ struct Params {
     uint64_t o_ptr;                  // output, same layout as Q (strides below, in elements)
     uint64_t lse_ptr;                // fp32 [B, Hq, Sq] or 0 for none
     uint64_t lens_ptr;               // secret-length mode: i32 [B] true lengths (secret); else 0
+    uint64_t o_ptr_q_for_control;    // Q's address, read only by the leaky control variant
     int64_t o_stride_b, o_stride_s, o_stride_h;
     int32_t seqlen_q, seqlen_k, heads_q, group;  // group = heads_q / heads_kv
     float scale_log2;                            // softmax scale · log2(e)
@@ -477,6 +484,17 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
 #if FC_SECRET_LEN
     // Clamped with min/max (ALU selects), so any stored value is safe and nothing branches on it.
     key_limit = max(0, min(p.seqlen_k, reinterpret_cast<const int32_t*>(p.lens_ptr)[batch]));
+#endif
+#if FC_LEAKY_CONTROL == 1
+    {  // LEAK (control only): read Q[batch, m_block·BM, head, 0] and leave early if it is +0.0.
+        const uint16_t* q = reinterpret_cast<const uint16_t*>(p.o_ptr_q_for_control);
+        if (q[batch * p.o_stride_b + (int64_t)min(m_block * cfg::BM, p.seqlen_q - 1) * p.o_stride_s + head * p.o_stride_h] == 0)
+            return;
+    }
+#elif FC_LEAKY_CONTROL == 2
+    // LEAK (control only): walk only the blocks below the secret true length.
+    kv.count = min(kv.count, ceil_div(key_limit, cfg::BN));
+    kv.first_masked = min(kv.first_masked, kv.count);
 #endif
     const int warp = warp_id_in_block();
     if (threadIdx.x == 0) {

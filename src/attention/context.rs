@@ -136,7 +136,7 @@ impl Context {
     /// Validates `params` and prepares everything a launch needs except the buffers.
     pub fn plan(&self, params: &AttentionParams) -> Result<Plan> {
         validate::check_params(params)?;
-        Plan::new(self, params.clone(), false)
+        Plan::new(self, params.clone(), false, None)
     }
 
     /// A plan in secret-length mode: the kernel walks the padded length `seqlen_q` = `seqlen_k`
@@ -144,7 +144,24 @@ impl Context {
     pub fn plan_secret_len(&self, params: &AttentionParams) -> Result<Plan> {
         validate::check_params(params)?;
         validate::check_secret_len(params)?;
-        Plan::new(self, params.clone(), true)
+        Plan::new(self, params.clone(), true, None)
+    }
+
+    /// A plan for one of the deliberately leaky control kernels (never used for real work): the
+    /// timing-leakage test must be able to tell them from the shipped ones.
+    /// `SkipPastSecretLength` runs in secret-length mode.
+    #[doc(hidden)]
+    pub fn plan_leaky_control(
+        &self,
+        params: &AttentionParams,
+        control: crate::kernels::LeakyControl,
+    ) -> Result<Plan> {
+        validate::check_params(params)?;
+        let secret_len = control == crate::kernels::LeakyControl::SkipPastSecretLength;
+        if secret_len {
+            validate::check_secret_len(params)?;
+        }
+        Plan::new(self, params.clone(), secret_len, Some(control))
     }
 
     /// O = softmax(scale · Q Kᵀ + mask) V on this context's stream; `lse` (fp32 [B, Hq, Sq],

@@ -4,7 +4,7 @@ use super::context::Context;
 use super::params::AttentionParams;
 use super::tensor_map;
 use crate::error::{Error, Result};
-use crate::kernels::{Tile, Variant, FORWARD_SYMBOL};
+use crate::kernels::{LeakyControl, Tile, Variant, FORWARD_SYMBOL};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::sync::{Arc, Mutex};
 
@@ -45,6 +45,7 @@ struct KernelParams {
     o_ptr: u64,
     lse_ptr: u64,
     lens_ptr: u64,
+    q_ptr_for_control: u64,
     o_stride_b: i64,
     o_stride_s: i64,
     o_stride_h: i64,
@@ -74,7 +75,12 @@ pub struct Plan {
 }
 
 impl Plan {
-    pub(crate) fn new(ctx: &Context, params: AttentionParams, secret_len: bool) -> Result<Plan> {
+    pub(crate) fn new(
+        ctx: &Context,
+        params: AttentionParams,
+        secret_len: bool,
+        control: Option<LeakyControl>,
+    ) -> Result<Plan> {
         let variant = Variant::for_shape(
             params.dtype,
             params.head_dim,
@@ -95,6 +101,15 @@ impl Plan {
                 ..variant
             },
             _ => variant,
+        };
+        // The leakage test's power control: the same launch, a deliberately leaky build.
+        let variant = match control {
+            Some(c) => Variant {
+                leaky_control: Some(c),
+                split: 1,
+                ..variant
+            },
+            None => variant,
         };
         let kernel = ctx.kernel(variant)?;
         let tile = variant.tile();
@@ -154,6 +169,7 @@ impl Plan {
             o_ptr: o,
             lse_ptr: lse,
             lens_ptr: lens,
+            q_ptr_for_control: q,
             o_stride_b: sb as i64,
             o_stride_s: ss as i64,
             o_stride_h: sh as i64,

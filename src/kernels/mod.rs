@@ -84,24 +84,52 @@ pub struct Variant {
     pub secret_len: bool,
     /// Key-range split across a cluster of this many CTAs (1: none); see [`split_for`].
     pub split: usize,
+    /// A deliberately leaky build for the timing test's power control; never shipped.
+    pub leaky_control: Option<LeakyControl>,
+}
+
+/// The deliberately leaky kernels that prove `flashcore leakage` can fail (and that the audit
+/// flags). Built only on request by the leakage test; never part of [`shipped_variants`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeakyControl {
+    /// Every CTA exits at once when the first element of its Q tile is +0.0.
+    EarlyExitOnZeroQ = 1,
+    /// Secret-length mode that skips the key blocks past the true length.
+    SkipPastSecretLength = 2,
 }
 
 impl Variant {
     /// A stable, human-readable name, e.g. `fwd_bf16_d128_causal`.
     pub fn name(&self) -> String {
+        let split = if self.split > 1 {
+            format!("_split{}", self.split)
+        } else {
+            String::new()
+        };
+        let control = self
+            .leaky_control
+            .map_or(String::new(), |c| format!("_LEAKY_CONTROL{}", c as u8));
         format!(
-            "fwd_{}_d{}_{}_m{}{}{}",
+            "fwd_{}_d{}_{}_m{}{}{split}{control}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
             self.block_m,
             if self.secret_len { "_slen" } else { "" },
-            if self.split > 1 {
-                format!("_split{}", self.split)
-            } else {
-                String::new()
-            }
         )
+    }
+
+    /// A plain variant (no secret length, no split, not a control) with the given tile height.
+    pub fn basic(dtype: DType, head_dim: usize, causal: bool, block_m: usize) -> Variant {
+        Variant {
+            dtype,
+            head_dim,
+            causal,
+            block_m,
+            secret_len: false,
+            split: 1,
+            leaky_control: None,
+        }
     }
 
     /// The variant for a call's shape. Every choice depends on the shape of one sequence only —
@@ -132,6 +160,7 @@ impl Variant {
             block_m,
             secret_len,
             split,
+            leaky_control: None,
         }
     }
 
@@ -158,6 +187,10 @@ impl Variant {
         o.push(format!("-DFC_CAUSAL={}", self.causal as u8));
         o.push(format!("-DFC_SECRET_LEN={}", self.secret_len as u8));
         o.push(format!("-DFC_SPLIT={}", self.split));
+        o.push(format!(
+            "-DFC_LEAKY_CONTROL={}",
+            self.leaky_control.map_or(0, |c| c as u8)
+        ));
         o
     }
 
@@ -198,6 +231,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                             block_m: 128,
                             secret_len,
                             split,
+                            leaky_control: None,
                         });
                     }
                 }
@@ -209,6 +243,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                         block_m: 192,
                         secret_len: false,
                         split: 1,
+                        leaky_control: None,
                     });
                 }
             }
