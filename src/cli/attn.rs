@@ -103,7 +103,7 @@ fn attn(args: &AttnArgs) -> Result<()> {
     );
     tensor_io::write_attn_output(&args.output, &p, out, args.lse.then_some(lse))?;
     println!(
-        "flashcore attn: B={} Sq={} Sk={} Hq={} Hkv={} D={} {} {}{} scale={} on {engine} in {:.3} ms: wrote out {shape:?} {out_dtype}{} to {}",
+        "flashcore attn: B={} Sq={} Sk={} Hq={} Hkv={} D={} {} {}{} scale={} on {engine} in {:.3} ms (wall, incl. setup): wrote out {shape:?} {out_dtype}{} to {}",
         p.batch,
         p.seqlen_q,
         p.seqlen_k,
