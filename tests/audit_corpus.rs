@@ -56,7 +56,31 @@ const LEAKS: &[(&str, Rule, &str)] = &[
     ("leak_div64", Rule::VariableLatency, "CALL"),
     ("leak_vote_branch", Rule::ControlFlow, "BRA"),
     ("leak_smem_roundtrip", Rule::ControlFlow, "BRA"),
+    ("leak_packed_pred_branch", Rule::ControlFlow, "BRA"),
 ];
+
+/// The kernel builds a word from predicates (a select of the secret bit) and reads one bit of a
+/// register back into a predicate (`LOP3.LUT Px, RZ, Rn, imm, ...` or `R2P`).
+fn packs_and_extracts_bits(sec: &sass::Section) -> bool {
+    let builds = has_op(sec, |i| {
+        matches!(i.op(), "SEL" | "P2R" | "LOP3") && i.text.contains("0x40000000")
+    });
+    let extracts = has_op(sec, |i| {
+        i.op() == "R2P"
+            || (i.op() == "LOP3"
+                && i.operands
+                    .first()
+                    .and_then(|o| o.as_reg())
+                    .map(|r| r.reg.is_pred())
+                    .unwrap_or(false)
+                && i.operands
+                    .get(2)
+                    .and_then(|o| o.as_reg())
+                    .map(|r| r.reg.is_gpr() && r.reg != sass::Reg::Zero)
+                    .unwrap_or(false))
+    });
+    builds && extracts
+}
 
 fn base_op(text: &str) -> &str {
     let t = text
@@ -125,6 +149,7 @@ fn every_planted_leak_is_flagged_with_its_rule() {
     assert!(has_op(s("leak_div64"), |i| i.text.contains("div_s64")));
     assert!(has_op(s("leak_smem_roundtrip"), |i| i.op() == "STS"));
     assert!(has_op(s("leak_smem_roundtrip"), |i| i.op() == "LDS"));
+    assert!(packs_and_extracts_bits(s("leak_packed_pred_branch")));
 }
 
 #[test]
@@ -171,7 +196,7 @@ fn secret_parameter_as_loop_bound_is_flagged() {
 #[test]
 fn clean_patterns_have_no_findings() {
     let (audits, secs) = audit("clean.cu", &[]);
-    assert_eq!(audits.len(), 6);
+    assert_eq!(audits.len(), 7);
     for a in audits.values() {
         assert!(a.findings.is_empty(), "{}: {:#?}", a.name, a.findings);
     }
@@ -190,6 +215,10 @@ fn clean_patterns_have_no_findings() {
         .starts_with("MUFU.RCP")));
     assert!(has_op(s("clean_smem_staging"), |i| i.op() == "LDS"));
     assert!(!has_op(s("clean_int_div_public"), |i| i.op() == "CALL"));
+    assert!(packs_and_extracts_bits(s("clean_packed_pred_branch")));
+    // The public bit really drives a branch (not a select).
+    assert!(has_op(s("clean_packed_pred_branch"), |i| i.op() == "BRA"
+        && i.real_guard().is_some()));
 }
 
 #[test]

@@ -227,7 +227,7 @@ impl Section {
     }
 }
 
-fn split_top(s: &str) -> Vec<&str> {
+pub fn split_top(s: &str) -> Vec<&str> {
     let mut out = Vec::new();
     let (mut depth, mut start) = (0i32, 0usize);
     let mut in_tick = false;

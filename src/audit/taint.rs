@@ -36,7 +36,17 @@
 //!   each set bit *k* of `mask`; the other bits come from `Rb`. **`R2P PR, Ra, mask`** reads bit
 //!   *k* of `Ra` into predicate *k* for each set bit of `mask` and leaves the others alone.
 //!   `UP2UR`/`UR2UP` likewise for uniform predicates.
+//!   A byte-selected source (`R2P PR, R9.B3, 0x50`) reads bits 24 + *k*.
 //! * **`MOV`, `UMOV`, `IMAD.MOV` (`RZ, RZ, Rb`), `R2UR`** copy the mask.
+//! * **`SEL`/`USEL`/`FSEL Rd, Ra, Rb, Pc`** is a per-bit multiplexer: the union of both sides'
+//!   masks, plus, when `Pc` is secret, every bit where the two sides are not known to be equal
+//!   (`SEL R9, RZ, 0x40000000, !P4` taints bit 30 only).
+//! * **Additions without carry-in** (`IADD3`, `UIADD3`, `VIADD`, `IMAD.IADD Rd, Ra, 0x1, Rc`,
+//!   negated addends allowed): bit *i* of a sum depends on bits ≤ *i* of the addends, so every
+//!   bit at or above the lowest tainted input bit is tainted; carry-out predicates are tainted
+//!   iff any input bit is. `.X` (carry-in) forms stay conservative.
+//! * Operands with byte/half selects (`.B1`, `.H1`) other than the `P2R`/`R2P` cases above
+//!   make the instruction conservative.
 //! * Everything else — arithmetic with carries, multiplication, floating point, conversions,
 //!   loads, `PLOP3`, shuffles, register-indexed constants, negated (`-R`) moves — stays
 //!   conservative: any tainted input bit taints every bit of every output. Register pairs,
@@ -591,6 +601,20 @@ pub enum BitOp {
     },
     /// Copy.
     Mov { rd: usize, a: Src },
+    /// `SEL rd, a, b, p`: bit *i* is `p ? a_i : b_i`.
+    Sel {
+        rd: usize,
+        a: Src,
+        b: Src,
+        p: Option<usize>,
+    },
+    /// Sum of `adds` (negations allowed) with carry-out predicates `pds`: bit *i* depends on
+    /// bits ≤ *i* only.
+    Add {
+        rd: usize,
+        pds: Vec<usize>,
+        adds: Vec<Src>,
+    },
     /// `P2R`: predicate `loc` into bit `bit`, every other bit from `base` (`keep` = those bits).
     P2r {
         rd: usize,
@@ -697,12 +721,109 @@ fn byte_shift(insn: &Insn) -> u32 {
         .unwrap_or(0)
 }
 
+/// Register-operand suffixes other than `.reuse` (byte/half selects such as `R0.B3`, `R2.H1`),
+/// per operand, read back from the instruction's text.
+fn reg_suffixes(insn: &Insn) -> Vec<Vec<String>> {
+    let body = insn.text.trim();
+    let body = match body.strip_prefix('@') {
+        Some(g) => g.split_once(char::is_whitespace).map(|x| x.1).unwrap_or(""),
+        None => body,
+    }
+    .trim();
+    let ops = body
+        .split_once(char::is_whitespace)
+        .map(|x| x.1)
+        .unwrap_or("");
+    super::sass::split_top(ops)
+        .into_iter()
+        .zip(insn.operands.iter())
+        .map(|(tok, o)| match o {
+            Operand::Reg(_) => tok
+                .trim_end_matches('|')
+                .split('.')
+                .skip(1)
+                .filter(|m| *m != "reuse")
+                .map(str::to_string)
+                .collect(),
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
 /// Recognises the instructions with a bit-precise transfer; `None` means conservative.
 pub fn bit_op(insn: &Insn, secrets: &Secrets) -> Option<BitOp> {
     let op = insn.op();
     let ops = &insn.operands;
     let mods: Vec<&str> = insn.mods().collect();
+    let suffixes = reg_suffixes(insn);
+    // Byte select of operand `k` (`R0.B3`), for P2R/R2P.
+    let operand_byte = |k: usize| -> Option<u32> {
+        match suffixes.get(k).map(|v| v.as_slice()) {
+            None | Some([]) => Some(0),
+            Some([b]) => match b.as_str() {
+                "B0" => Some(0),
+                "B1" => Some(8),
+                "B2" => Some(16),
+                "B3" => Some(24),
+                _ => None,
+            },
+            _ => None,
+        }
+    };
+    if !matches!(op, "P2R" | "UP2UR" | "R2P" | "UR2UP") && suffixes.iter().any(|v| !v.is_empty()) {
+        return None;
+    }
     match op {
+        "SEL" | "USEL" | "FSEL" if mods.is_empty() && ops.len() == 4 => Some(BitOp::Sel {
+            rd: bit_dest(&ops[0])??,
+            a: bit_src(&ops[1], secrets, false)?,
+            b: bit_src(&ops[2], secrets, false)?,
+            p: pred_opnd(&ops[3])?,
+        }),
+        "IADD3" | "UIADD3" | "VIADD" | "IMAD"
+            if (op != "IMAD" || mods == ["IADD"]) && (mods.is_empty() || mods == ["IADD"]) =>
+        {
+            // Additions without carry-in: (dest, [carry-out predicates], addends).
+            let rd = bit_dest(ops.first()?)??;
+            let mut k = 1;
+            let mut pds = Vec::new();
+            while let Some(Operand::Reg(r)) = ops.get(k) {
+                if !r.reg.is_pred() {
+                    break;
+                }
+                if r.negated {
+                    return None;
+                }
+                pds.push(loc(r.reg)?);
+                k += 1;
+            }
+            let srcs = &ops[k..];
+            let want = match op {
+                "VIADD" => 2,
+                _ => 3,
+            };
+            if srcs.len() != want {
+                return None;
+            }
+            let mut adds = Vec::new();
+            for (j, o) in srcs.iter().enumerate() {
+                if op == "IMAD" && j == 1 {
+                    // IMAD.IADD Rd, Ra, 0x1, Rc: a multiplier of 1.
+                    if imm_of(o) != Some(1) {
+                        return None;
+                    }
+                    continue;
+                }
+                // A negated addend (-R) is ~R + 1: still low-to-high.
+                adds.push(match bit_src(o, secrets, true)? {
+                    Src::Public if !matches!(o, Operand::Imm(_) | Operand::CBank { .. }) => {
+                        return None
+                    }
+                    x => x,
+                });
+            }
+            Some(BitOp::Add { rd, pds, adds })
+        }
         "LOP3" | "ULOP3" if mods == ["LUT"] => {
             let (pd, rest) = match ops.first()?.as_reg() {
                 Some(r) if r.reg.is_pred() => (pred_opnd(&ops[0])?, &ops[1..]),
@@ -800,6 +921,9 @@ pub fn bit_op(insn: &Insn, secrets: &Secrets) -> Option<BitOp> {
                 _ => return None,
             };
             let mask = imm_of(&ops[3]).filter(|&m| m <= 0xff)?;
+            if suffixes.iter().any(|v| !v.is_empty()) {
+                return None;
+            }
             let sh = byte_shift(insn);
             let preds = (0..7u32)
                 .filter(|k| mask >> k & 1 == 1)
@@ -819,7 +943,10 @@ pub fn bit_op(insn: &Insn, secrets: &Secrets) -> Option<BitOp> {
                 _ => return None,
             };
             let mask = imm_of(&ops[2]).filter(|&m| m <= 0xff)?;
-            let sh = byte_shift(insn);
+            let sh = byte_shift(insn) + operand_byte(1)?;
+            if sh > 24 {
+                return None;
+            }
             let preds = (0..7u32)
                 .filter(|k| mask >> k & 1 == 1)
                 .map(|k| (sh + k, base_p + k as usize))
@@ -1112,6 +1239,31 @@ fn bit_outputs(
             }
             if outs.iter().any(|o| o.mask != 0) {
                 cause = cause_of(&[*a, *add]);
+            }
+        }
+        BitOp::Sel { rd, a, b, p } => {
+            let (ba, bb) = (rd_of(a).0, rd_of(b).0);
+            let pt = p.map(|l| get(l)).filter(|&(_, m)| m != 0);
+            let mut mask = ba.taint | bb.taint;
+            if pt.is_some() {
+                // A secret selector taints the bits where the two sides may differ.
+                let same = ba.known & bb.known & !(ba.val ^ bb.val);
+                mask |= !same;
+            }
+            push(&mut outs, *rd, mask, ALL, me);
+            if mask != 0 {
+                cause = cause_of(&[*a, *b]).or(pt.map(|(o, _)| Cause::From(o)));
+            }
+        }
+        BitOp::Add { rd, pds, adds } => {
+            let m = adds.iter().fold(0, |m, s| m | rd_of(s).0.taint);
+            let mask = smear_up(m);
+            push(&mut outs, *rd, mask, ALL, me);
+            for &p in pds {
+                push(&mut outs, p, if m != 0 { ALL } else { 0 }, ALL, me);
+            }
+            if m != 0 {
+                cause = cause_of(adds);
             }
         }
         BitOp::Mov { rd, a } => {
@@ -1687,6 +1839,42 @@ mod tests {
         };
         assert!(findings(&body("P1")).is_empty());
         assert_eq!(findings(&body("P4")).len(), 1);
+    }
+
+    #[test]
+    fn selects_of_constants_and_additions_carry_taint_upward_only() {
+        // The shape NVRTC emits for `flags = (x > 0) << 30 | (lane == 0) << 28`, read back with
+        // a byte-selected R2P.
+        let body = |pred: &str| {
+            format!(
+                "{PRELUDE}\
+                 /*0100*/ SEL R9, RZ, 0x40000000, !P4 ;\n\
+                 /*0110*/ @!P1 VIADD R9, R9, 0x10000000 ;\n\
+                 /*0120*/ R2P PR, R9.B3, 0x50 ;\n\
+                 /*0130*/ @{pred} LDS R4, [R3] ;\n\
+                 /*0140*/ EXIT ;\n"
+            )
+        };
+        let st = state_after(&body("P4"));
+        assert_eq!(st.mask(r(9)), 0xc000_0000, "bit 30, and carries above it");
+        assert_eq!(st.mask(p(4)), 0, "bit 28 (byte 3, bit 4) is public");
+        assert_eq!(st.mask(p(6)), ALL, "bit 30 (byte 3, bit 6) is secret");
+        assert!(findings(&body("P4")).is_empty());
+        assert_eq!(findings(&body("P6")).len(), 1);
+        let st = state_after(&format!(
+            "{PRELUDE}\
+             /*0100*/ SEL R10, R0, R3, P4 ;\n\
+             /*0110*/ SEL R11, 0x5, 0x5, P4 ;\n\
+             /*0120*/ LOP3.LUT R6, R7, 0xf00, RZ, 0xc0, !PT ;\n\
+             /*0130*/ IADD3 R12, R6, R0, -R3 ;\n\
+             /*0140*/ IADD3 R13, P2, R0, R3, RZ ;\n\
+             /*0150*/ IADD3.X R14, R6, R0, RZ, P2, !PT ;\n"
+        ));
+        assert_eq!(st.mask(r(10)), ALL, "unknown sides under a secret selector");
+        assert_eq!(st.mask(r(11)), 0, "equal constants");
+        assert_eq!(st.mask(r(12)), 0xffff_ff00);
+        assert_eq!((st.mask(r(13)), st.mask(p(2))), (0, 0));
+        assert_eq!(st.mask(r(14)), ALL, "carry-in: conservative");
     }
 
     #[test]

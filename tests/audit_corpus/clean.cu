@@ -70,3 +70,21 @@ extern "C" __global__ void clean_int_div_public(int* o, const int* a, int d) {
     int i = threadIdx.x;
     o[i] = a[i] * 3 + (i / d) + (i % d);
 }
+
+// The same packed word as leaks.cu's leak_packed_pred_branch: the secret bit only feeds a
+// select, the branch reads a public bit of the same register (bit-precise taint).
+extern "C" __global__ void clean_packed_pred_branch(float* o, const float* a, const float* b) {
+    int i = threadIdx.x;
+    float x = a[i];
+    unsigned flags = 0;
+    if (x > 0.f) flags |= 1u << 30;        // secret
+    if ((i & 31) == 0) flags |= 1u << 28;  // public
+    if (i < 64) flags |= 1u << 3;          // public
+    asm volatile("mov.b32 %0, %0;" : "+r"(flags));
+    float acc = (flags & (1u << 30)) ? x : 0.f;
+    if (flags & (1u << 28)) {
+#pragma unroll 1
+        for (int j = 0; j < 16; ++j) acc = acc * 0.5f + b[j];
+    }
+    o[i] = acc;
+}

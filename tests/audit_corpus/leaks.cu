@@ -109,3 +109,23 @@ extern "C" __global__ void leak_smem_roundtrip(float* o, const float* a, const f
     }
     o[i] = acc;
 }
+
+// Rule 1: a secret predicate packed into one bit of a register beside public flags (the shape
+// ptxas produces under register pressure), then that bit extracted and branched on. The
+// `asm volatile` identity keeps the compiler from folding the extraction back into the compare,
+// so the SASS really builds the word (SEL/VIADD) and really extracts a bit (LOP3.LUT P / R2P).
+extern "C" __global__ void leak_packed_pred_branch(float* o, const float* a, const float* b) {
+    int i = threadIdx.x;
+    float x = a[i];
+    unsigned flags = 0;
+    if (x > 0.f) flags |= 1u << 30;        // secret
+    if ((i & 31) == 0) flags |= 1u << 28;  // public
+    if (i < 64) flags |= 1u << 3;          // public
+    asm volatile("mov.b32 %0, %0;" : "+r"(flags));
+    float acc = 0.f;
+    if (flags & (1u << 30)) {
+#pragma unroll 1
+        for (int j = 0; j < 16; ++j) acc = acc * x + b[j];
+    }
+    o[i] = acc;
+}
