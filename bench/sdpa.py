@@ -197,14 +197,19 @@ def query_smi(device):
     return None
 
 
+def is_commit(s):
+    """7 to 64 hex digits (`git rev-parse HEAD` prints `HEAD` when it cannot resolve it)."""
+    return 7 <= len(s) <= 64 and all(c in "0123456789abcdefABCDEF" for c in s)
+
+
 def git_commit():
     c = os.environ.get("FLASHCORE_GIT_COMMIT", "").strip()
-    if c:
+    if is_commit(c):
         return c
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
                              cwd=os.path.dirname(os.path.abspath(__file__)))
-        if out.returncode == 0 and out.stdout.strip():
+        if out.returncode == 0 and is_commit(out.stdout.strip()):
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass

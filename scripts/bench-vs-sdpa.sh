@@ -32,8 +32,10 @@ suite="${SUITE:-seed}"
 out="${BENCH_OUT:-${OUT:-bench-out}}"
 mkdir -p "$out"
 if [[ -z "${FLASHCORE_GIT_COMMIT:-}" ]]; then
-    FLASHCORE_GIT_COMMIT="$(git rev-parse HEAD 2>/dev/null || true)"
+    FLASHCORE_GIT_COMMIT="$(git rev-parse --verify -q HEAD 2>/dev/null || true)"
 fi
+# Anything but a commit id (e.g. no git history in a copied tree) leaves it to the binary's
+# build-time value or null.
 export FLASHCORE_GIT_COMMIT
 
 echo "== flashcore ($bin), suite $suite" >&2

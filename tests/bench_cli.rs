@@ -22,17 +22,33 @@ fn file(records: &[(&str, f64)]) -> String {
         .iter()
         .map(|(imp, med)| RECORD.replace("IMP", imp).replace("MED", &med.to_string()))
         .collect();
-    format!(r#"{{"schema":"flashcore-bench","version":1,"records":[{}]}}"#, recs.join(","))
+    format!(
+        r#"{{"schema":"flashcore-bench","version":1,"records":[{}]}}"#,
+        recs.join(",")
+    )
 }
 
 #[test]
 fn usage_errors_exit_2() {
     assert_eq!(flashcore(&[]).status.code(), Some(2));
-    assert_eq!(flashcore(&["--suite", "seed", "--heads", "8"]).status.code(), Some(2));
+    assert_eq!(
+        flashcore(&["--suite", "seed", "--heads", "8"])
+            .status
+            .code(),
+        Some(2)
+    );
     assert_eq!(flashcore(&["--seqlen", "512"]).status.code(), Some(2));
-    assert_eq!(flashcore(&["--suite", "seed", "--reps", "0"]).status.code(), Some(2));
+    assert_eq!(
+        flashcore(&["--suite", "seed", "--reps", "0"]).status.code(),
+        Some(2)
+    );
     assert_eq!(flashcore(&["--suite", "nope"]).status.code(), Some(2));
-    assert_eq!(flashcore(&["--suite", "seed", "--mode", "sometimes"]).status.code(), Some(2));
+    assert_eq!(
+        flashcore(&["--suite", "seed", "--mode", "sometimes"])
+            .status
+            .code(),
+        Some(2)
+    );
 }
 
 #[test]
@@ -41,7 +57,16 @@ fn no_gpu_is_a_runtime_failure() {
         eprintln!("SKIPPED no_gpu_is_a_runtime_failure: this machine has a GPU");
         return;
     }
-    let o = flashcore(&["--heads", "8", "--seqlen", "512", "--headdim", "64", "--reps", "3"]);
+    let o = flashcore(&[
+        "--heads",
+        "8",
+        "--seqlen",
+        "512",
+        "--headdim",
+        "64",
+        "--reps",
+        "3",
+    ]);
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("flashcore: error:"), "{err}");
@@ -64,11 +89,21 @@ fn join_and_plot_from_files() {
         png.to_str().unwrap(),
     ]);
     let out = String::from_utf8_lossy(&o.stdout);
-    assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
-    assert!(out.contains("sdpa-cudnn_us") && out.contains("sdpa-flash_us"), "{out}");
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        out.contains("sdpa-cudnn_us") && out.contains("sdpa-flash_us"),
+        "{out}"
+    );
     assert!(out.contains("0.889"), "{out}");
     assert_eq!(&std::fs::read(&png).unwrap()[..4], b"\x89PNG");
     // A missing file is a runtime failure.
-    let o = flashcore(&["--from-json", dir.path().join("none.json").to_str().unwrap()]);
+    let o = flashcore(&[
+        "--from-json",
+        dir.path().join("none.json").to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(1));
 }

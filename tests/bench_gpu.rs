@@ -39,7 +39,10 @@ fn bench_small_shape_both_modes() {
     for r in &recs {
         assert_eq!(r.status, Status::Ok, "{:?}: {:?}", r.mode, r.skip_reason);
         let t = r.time_us.unwrap();
-        assert!(t.min > 0.0 && t.min <= t.median && t.median <= t.max, "{t:?}");
+        assert!(
+            t.min > 0.0 && t.min <= t.median && t.median <= t.max,
+            "{t:?}"
+        );
         assert!(t.median < 10_000.0, "implausible {t:?}");
         let m = r.method.unwrap();
         assert!(m.buffer_sets >= 2);

@@ -161,6 +161,9 @@ fn smi_and_dates() {
         (Some(345.0), None, None)
     );
     assert!(parse_smi_line("garbage").is_none());
+    assert!(flashcore::bench::env::is_commit("0123abcd"));
+    assert!(!flashcore::bench::env::is_commit("HEAD"));
+    assert!(!flashcore::bench::env::is_commit(""));
     assert_eq!(iso8601_utc(0), "1970-01-01T00:00:00Z");
     assert_eq!(iso8601_utc(951_782_400), "2000-02-29T00:00:00Z");
     assert_eq!(iso8601_utc(1_795_338_245), "2026-11-22T09:04:05Z");

@@ -48,7 +48,10 @@ fn stats_edge_cases() {
     assert!(Stats::from_samples(&[1.0, f64::NAN]).is_none());
     assert!(Stats::from_samples(&[1.0, f64::INFINITY]).is_none());
     let one = Stats::from_samples(&[3.0]).unwrap();
-    assert_eq!((one.min, one.median, one.max, one.stddev), (3.0, 3.0, 3.0, 0.0));
+    assert_eq!(
+        (one.min, one.median, one.max, one.stddev),
+        (3.0, 3.0, 3.0, 0.0)
+    );
     let big: Vec<f64> = (1..=1000).map(f64::from).collect();
     let s = Stats::from_samples(&big).unwrap();
     assert!(close(s.median, 500.5));

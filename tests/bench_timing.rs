@@ -160,13 +160,17 @@ fn zero_counts_are_usage_errors() {
 #[test]
 fn schedules() {
     assert_eq!(graph_schedules(2, 4), vec![vec![0, 1, 0, 1]]);
-    assert_eq!(graph_schedules(5, 2), vec![vec![0, 1], vec![2, 3], vec![4, 0]]);
+    assert_eq!(
+        graph_schedules(5, 2),
+        vec![vec![0, 1], vec![2, 3], vec![4, 0]]
+    );
     assert_eq!(graph_schedules(3, 3), vec![vec![0, 1, 2]]);
 }
 
 #[test]
 fn buffer_sets_exceed_twice_l2() {
-    let l2 = 50 * 1024 * 1024u64; // H100: 50 MiB
+    // H100: 50 MiB of L2.
+    let l2 = 50 * 1024 * 1024u64;
     // (1,8,512,64) fp16: q, k, v of 512·8·64·2 B = 512 KiB each → 1.5 MiB of inputs per set.
     let inputs = 3 * 512 * 8 * 64 * 2u64;
     let n = sets_needed(l2, inputs, inputs * 4 / 3, u64::MAX);

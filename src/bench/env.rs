@@ -57,9 +57,8 @@ pub fn query_smi(ordinal: usize) -> Option<SmiReading> {
 /// else the value of `FLASHCORE_GIT_COMMIT` when the binary was built; `None` if none is known.
 pub fn git_commit() -> Option<String> {
     if let Ok(c) = std::env::var("FLASHCORE_GIT_COMMIT") {
-        let c = c.trim().to_string();
-        if !c.is_empty() {
-            return Some(c);
+        if is_commit(c.trim()) {
+            return Some(c.trim().to_string());
         }
     }
     let from_git = Command::new("git")
@@ -69,8 +68,17 @@ pub fn git_commit() -> Option<String> {
         .ok()
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .filter(|s| !s.is_empty());
-    from_git.or_else(|| option_env!("FLASHCORE_GIT_COMMIT").map(str::to_string))
+        .filter(|s| is_commit(s));
+    from_git.or_else(|| {
+        option_env!("FLASHCORE_GIT_COMMIT")
+            .filter(|c| is_commit(c))
+            .map(str::to_string)
+    })
+}
+
+/// A commit id: 7 to 64 hex digits (`git rev-parse HEAD` prints `HEAD` when it cannot resolve it).
+pub fn is_commit(s: &str) -> bool {
+    (7..=64).contains(&s.len()) && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// `secs` since the Unix epoch as UTC ISO-8601, `YYYY-MM-DDTHH:MM:SSZ`.
