@@ -7,6 +7,7 @@ pub mod cli;
 pub mod error;
 pub mod jit;
 pub mod kernels;
+pub mod leakage;
 pub mod reference;
 pub mod tensor_io;
 
