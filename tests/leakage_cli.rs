@@ -1,0 +1,81 @@
+//! `flashcore leakage` as a process: usage errors exit 2 before any device is touched, and with
+//! no GPU it exits 2 with a clear message.
+
+use std::process::Command;
+
+fn flashcore(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_flashcore"))
+        .arg("leakage")
+        .args(args)
+        .output()
+        .expect("run flashcore")
+}
+
+fn usage_error(args: &[&str], says: &str) {
+    let o = flashcore(args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+    assert!(err.contains(says), "{args:?}: expected `{says}` in: {err}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    usage_error(&["--class", "nope"], "unknown class `nope`");
+    usage_error(&["--class", "len-0"], "--secret-len");
+    usage_error(&["--secret-len", "--class", "zeros"], "drop --secret-len");
+    usage_error(&["--measurements", "10"], "--measurements must be at least");
+    usage_error(&["--budget-s", "0"], "--budget-s");
+    usage_error(&["--budget-s=-3"], "--budget-s");
+    usage_error(&["--budget-s", "nan"], "--budget-s");
+    usage_error(&["--pool", "4"], "--pool must be at least 16");
+    usage_error(&["--headdim", "96"], "head_dim");
+    usage_error(&["--control", "early-exit", "--secret-len"], "early-exit");
+    usage_error(&["--control", "sometimes"], "invalid value");
+    usage_error(&["--dtype", "f32"], "f32");
+    usage_error(&["--layout", "sbhd"], "sbhd");
+    usage_error(&["--no-such-flag"], "no-such-flag");
+}
+
+#[test]
+fn no_gpu_exits_2_with_a_message() {
+    if std::path::Path::new("/dev/nvidia0").exists() {
+        eprintln!("SKIPPED no_gpu_exits_2_with_a_message: this machine has a GPU");
+        return;
+    }
+    for args in [
+        &[][..],
+        &["--class", "zeros", "--measurements", "1000"][..],
+        &["--secret-len", "--control", "skip-past-length"][..],
+    ] {
+        let o = flashcore(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("flashcore: error:"), "{err}");
+        assert!(err.contains("needs a usable GPU"), "{err}");
+        assert!(o.stdout.is_empty(), "no table without measurements");
+    }
+}
+
+#[test]
+fn help_lists_the_options() {
+    let o = flashcore(&["--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    let out = String::from_utf8_lossy(&o.stdout);
+    for flag in [
+        "--batch",
+        "--heads",
+        "--seqlen",
+        "--headdim",
+        "--dtype",
+        "--causal",
+        "--layout",
+        "--measurements",
+        "--budget-s",
+        "--class",
+        "--secret-len",
+        "--control",
+        "--json",
+    ] {
+        assert!(out.contains(flag), "{flag} missing from --help");
+    }
+}
