@@ -14,7 +14,12 @@ pub fn gpu(test: &str) -> Option<Context> {
             if std::env::var("FLASHCORE_REQUIRE_GPU").as_deref() == Ok("1") {
                 panic!("{test}: FLASHCORE_REQUIRE_GPU=1 but no usable GPU: {e}");
             }
-            eprintln!("SKIPPED {test}: no usable GPU ({e}); set FLASHCORE_REQUIRE_GPU=1 to make this a failure");
+            // Written to the stderr stream itself, past libtest's capture, so that it shows.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "SKIPPED {test}: no usable GPU ({e}); set FLASHCORE_REQUIRE_GPU=1 to make this a failure"
+            );
             None
         }
     }
