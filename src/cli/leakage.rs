@@ -67,8 +67,9 @@ pub struct LeakageArgs {
     /// Stop a class test early after this many seconds of measuring.
     #[arg(long, value_name = "SECONDS")]
     pub budget_s: Option<f64>,
-    /// Only this fixed class. Values: zeros, max, denormal, onehot, equal, range. With
-    /// --secret-len: len-0, len-1, len-half, len-full. Default: each in turn.
+    /// Only this fixed class. Values: zeros, max, denormal, onehot, equal, range (and
+    /// one-random, a fixed uniform draw: the harness's own check). With --secret-len: len-0,
+    /// len-1, len-half, len-full. Default: each in turn (one-random excluded).
     #[arg(long, value_name = "NAME")]
     pub class: Option<String>,
     /// Secret-length mode: inputs identical, classes differ only in the true lengths (fixed
@@ -179,7 +180,11 @@ pub fn run(args: LeakageArgs) -> i32 {
         p.head_dim,
         p.layout.name(),
         if p.causal { " causal" } else { "" },
-        if run_info.secret_len { " secret-length" } else { "" },
+        if run_info.secret_len {
+            " secret-length"
+        } else {
+            ""
+        },
         env.gpu.as_deref().unwrap_or("?"),
     );
     eprintln!("{title}");

@@ -21,6 +21,11 @@ pub enum ValueClass {
     /// Extreme dynamic range within each row: +max, +tiny, −max, −tiny, repeating (tiny: the
     /// smallest subnormal).
     Range,
+    /// One fixed draw of the random class's distribution (uniform in [−1, 1)), the same in
+    /// every slot: not a corner case but the harness's own check. It differs from the random
+    /// class only in being fixed, so a "leak" here comes from the data's regularity across
+    /// launches or from the harness, not from a corner case. Not in the default sweep.
+    OneRandom,
 }
 
 impl ValueClass {
@@ -41,6 +46,7 @@ impl ValueClass {
             ValueClass::OneHot => "onehot",
             ValueClass::AllEqual => "equal",
             ValueClass::Range => "range",
+            ValueClass::OneRandom => "one-random",
         }
     }
 
@@ -52,11 +58,15 @@ impl ValueClass {
             ValueClass::OneHot => "one 1.0 per row, rest 0",
             ValueClass::AllEqual => "every element 1.0",
             ValueClass::Range => "±max finite and ±smallest subnormal within each row",
+            ValueClass::OneRandom => "one fixed uniform draw in [−1, 1)",
         }
     }
 
     pub fn from_name(s: &str) -> Option<ValueClass> {
-        ValueClass::ALL.into_iter().find(|c| c.name() == s)
+        ValueClass::ALL
+            .into_iter()
+            .chain([ValueClass::OneRandom])
+            .find(|c| c.name() == s)
     }
 
     /// The element at flat index `i` of a tensor whose rows have `head_dim` elements, as bits.
@@ -82,6 +92,18 @@ impl ValueClass {
                 2 => max | SIGN,
                 _ => tiny | SIGN,
             },
+            ValueClass::OneRandom => {
+                // SplitMix64 of the index: a fixed, uniform-looking draw.
+                let mut z = (i as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+                z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+                z ^= z >> 31;
+                let f = ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0;
+                match dtype {
+                    DType::F16 => half::f16::from_f32(f).to_bits(),
+                    DType::Bf16 => half::bf16::from_f32(f).to_bits(),
+                }
+            }
         }
     }
 
@@ -182,9 +204,15 @@ impl FixedClass {
     /// Every fixed class of a mode, in the order a default run takes them.
     pub fn all(secret_len: bool) -> Vec<FixedClass> {
         if secret_len {
-            LengthClass::ALL.into_iter().map(FixedClass::Length).collect()
+            LengthClass::ALL
+                .into_iter()
+                .map(FixedClass::Length)
+                .collect()
         } else {
-            ValueClass::ALL.into_iter().map(FixedClass::Values).collect()
+            ValueClass::ALL
+                .into_iter()
+                .map(FixedClass::Values)
+                .collect()
         }
     }
 
@@ -196,9 +224,19 @@ impl FixedClass {
             ValueClass::from_name(s).map(FixedClass::Values)
         };
         found.ok_or_else(|| {
-            let names: Vec<&str> = FixedClass::all(secret_len).iter().map(|c| c.name()).collect();
-            let mode = if secret_len { "secret-length mode" } else { "value mode" };
-            let other: Vec<&str> = FixedClass::all(!secret_len).iter().map(|c| c.name()).collect();
+            let names: Vec<&str> = FixedClass::all(secret_len)
+                .iter()
+                .map(|c| c.name())
+                .collect();
+            let mode = if secret_len {
+                "secret-length mode"
+            } else {
+                "value mode"
+            };
+            let other: Vec<&str> = FixedClass::all(!secret_len)
+                .iter()
+                .map(|c| c.name())
+                .collect();
             let hint = if other.contains(&s) {
                 if secret_len {
                     " (a value class: drop --secret-len)".to_string()
@@ -208,8 +246,9 @@ impl FixedClass {
             } else {
                 String::new()
             };
+            let extra = if secret_len { "" } else { " (or one-random)" };
             format!(
-                "unknown class `{s}` in {mode}{hint}; expected one of: {}",
+                "unknown class `{s}` in {mode}{hint}; expected one of: {}{extra}",
                 names.join(", ")
             )
         })

@@ -8,7 +8,11 @@
 //! trial is drawn at random.
 //!
 //! * Value mode: the fixed class has `pool` buffer sets all holding the class's pattern, the
-//!   random class `pool` sets of uniform random values ([`random_bits`]), drawn once.
+//!   random class `pool` sets of uniform random values ([`random_bits`]), drawn once. The two
+//!   pools swap roles every `swap_every` trials (contents rewritten between batches, then an
+//!   untimed launch on every slot), so each class runs on both pools' addresses equally often
+//!   and a difference between the pools' placement (DRAM channels, L2 slices, TLB) cannot pass
+//!   for a leak.
 //! * Secret-length mode: both classes launch on the same `pool` random input sets; they differ
 //!   only in the lengths buffer. The random class's lengths are drawn afresh, uniform in [0, S]
 //!   per batch entry, after every synchronisation (outside the timed region).
@@ -46,6 +50,9 @@ pub struct LeakageConfig {
     pub warmup: usize,
     /// Cropping thresholds.
     pub crops: usize,
+    /// Value mode: the fixed and random pools swap roles after this many trials (rounded up to
+    /// whole batches).
+    pub swap_every: usize,
     pub seed: u64,
 }
 
@@ -67,6 +74,7 @@ impl LeakageConfig {
             batch: 32,
             warmup: 1000,
             crops: CROPS,
+            swap_every: 2048,
             seed: 0x1EA4,
         }
     }
@@ -81,14 +89,19 @@ impl LeakageConfig {
         }
         if let Some(b) = self.budget_s {
             if !(b.is_finite() && b > 0.0) {
-                return Err(format!("--budget-s must be a positive number of seconds (got {b})"));
+                return Err(format!(
+                    "--budget-s must be a positive number of seconds (got {b})"
+                ));
             }
         }
         if self.pool < MIN_POOL {
-            return Err(format!("--pool must be at least {MIN_POOL} (got {})", self.pool));
+            return Err(format!(
+                "--pool must be at least {MIN_POOL} (got {})",
+                self.pool
+            ));
         }
-        if self.batch == 0 || self.crops == 0 {
-            return Err("batch and crops must be positive".into());
+        if self.batch == 0 || self.crops == 0 || self.swap_every == 0 {
+            return Err("batch, crops and swap_every must be positive".into());
         }
         match (self.control, self.secret_len) {
             (Some(LeakyControl::SkipPastSecretLength), false) => {
@@ -145,11 +158,18 @@ struct Tensors {
 pub struct Harness<'a> {
     ctx: &'a Context,
     cfg: LeakageConfig,
-    /// Value mode: the fixed pool's tensors (refilled per class), then the random pool's.
-    /// Secret-length mode: the shared input sets.
+    /// Value mode: two pools of `pool` sets (pool 0, then pool 1), each holding the fixed
+    /// pattern or the random values as `fixed_pool` says. Secret-length mode: the shared
+    /// input sets.
     tensors: Vec<Tensors>,
-    /// Slots of each class: [fixed, random].
-    slots: [Vec<Slot>; 2],
+    /// Value mode: the random sets' contents (q, k, v), to rewrite a pool when roles swap.
+    random_host: Vec<[Vec<u16>; 3]>,
+    /// Value mode: the fixed class's q and k/v contents.
+    fixed_host: Option<(Vec<u16>, Vec<u16>)>,
+    /// Which pool holds the fixed class now (always 0 in secret-length mode).
+    fixed_pool: usize,
+    /// `2 · pool` slots: pool 0's, then pool 1's. Secret-length mode: fixed slots, then random.
+    slots: Vec<Slot>,
     /// Secret-length mode: `2 · pool · batch` i32 lengths, fixed slots first.
     lens: Option<(CudaSlice<i32>, Vec<i32>)>,
     events: Vec<CudaEvent>,
@@ -166,7 +186,11 @@ impl<'a> Harness<'a> {
     pub fn new(ctx: &'a Context, cfg: LeakageConfig) -> Result<Harness<'a>> {
         cfg.validate().map_err(Error::Other)?;
         let p = &cfg.params;
-        let sets = if cfg.secret_len { cfg.pool } else { 2 * cfg.pool };
+        let sets = if cfg.secret_len {
+            cfg.pool
+        } else {
+            2 * cfg.pool
+        };
         let need = sets as u64 * set_bytes(p).1;
         let free = free_bytes(ctx)?;
         if need > free / 2 {
@@ -183,11 +207,20 @@ impl<'a> Harness<'a> {
             None => ctx.plan(p),
         };
         let mut tensors = Vec::with_capacity(sets);
+        let mut random_host = Vec::with_capacity(cfg.pool);
         for s in 0..sets {
-            let seed = cfg.seed.wrapping_add((s as u64) << 8);
-            let q = ctx.upload(&random_bits(p.dtype, p.q_len(), seed))?;
-            let k = ctx.upload(&random_bits(p.dtype, p.kv_len(), seed + 1))?;
-            let v = ctx.upload(&random_bits(p.dtype, p.kv_len(), seed + 2))?;
+            // Value mode: both pools start with the random sets' values (pool 0 is refilled
+            // with the fixed pattern per class).
+            let seed = cfg.seed.wrapping_add(((s % cfg.pool) as u64) << 8);
+            let hq = random_bits(p.dtype, p.q_len(), seed);
+            let hk = random_bits(p.dtype, p.kv_len(), seed + 1);
+            let hv = random_bits(p.dtype, p.kv_len(), seed + 2);
+            let q = ctx.upload(&hq)?;
+            let k = ctx.upload(&hk)?;
+            let v = ctx.upload(&hv)?;
+            if !cfg.secret_len && s < cfg.pool {
+                random_host.push([hq, hk, hv]);
+            }
             let o = ctx.alloc::<u16>(p.q_len())?;
             let ptrs = [ptr(ctx, &q), ptr(ctx, &k), ptr(ctx, &v), ptr(ctx, &o)];
             tensors.push(Tensors {
@@ -198,16 +231,16 @@ impl<'a> Harness<'a> {
                 ptrs,
             });
         }
-        let mut slots: [Vec<Slot>; 2] = [Vec::new(), Vec::new()];
+        let mut slots = Vec::with_capacity(2 * cfg.pool);
         let mut lens = None;
         if cfg.secret_len {
             let host = vec![p.seqlen_k as i32; 2 * cfg.pool * p.batch];
             let dev = ctx.upload(&host)?;
             let base = dev.device_ptr(ctx.stream()).0;
-            for (c, class_slots) in slots.iter_mut().enumerate() {
+            for c in 0..2 {
                 for (j, t) in tensors.iter().enumerate() {
                     let offset = ((c * cfg.pool + j) * p.batch * 4) as u64;
-                    class_slots.push(Slot {
+                    slots.push(Slot {
                         ptrs: t.ptrs,
                         lens: base + offset,
                         plan: make_plan()?,
@@ -216,8 +249,8 @@ impl<'a> Harness<'a> {
             }
             lens = Some((dev, host));
         } else {
-            for (s, t) in tensors.iter().enumerate() {
-                slots[s / cfg.pool].push(Slot {
+            for t in &tensors {
+                slots.push(Slot {
                     ptrs: t.ptrs,
                     lens: 0,
                     plan: make_plan()?,
@@ -237,6 +270,9 @@ impl<'a> Harness<'a> {
             ctx,
             cfg,
             tensors,
+            random_host,
+            fixed_host: None,
+            fixed_pool: 0,
             slots,
             lens,
             events,
@@ -272,11 +308,45 @@ impl<'a> Harness<'a> {
     fn fill_fixed(&mut self, v: ValueClass, p: &AttentionParams) -> Result<()> {
         let q = v.fill(p.dtype, p.head_dim, p.q_len());
         let kv = v.fill(p.dtype, p.head_dim, p.kv_len());
+        self.fixed_host = Some((q, kv));
+        self.place(0)
+    }
+
+    /// Value mode: writes the fixed pattern into pool `fixed_pool` and the random sets into
+    /// the other one (outside the timed region; waits for the copies).
+    fn place(&mut self, fixed_pool: usize) -> Result<()> {
+        let Some((q, kv)) = &self.fixed_host else {
+            return Err(Error::Other("no fixed class prepared".into()));
+        };
+        let pool = self.cfg.pool;
         let stream = self.ctx.stream();
-        for t in &mut self.tensors[..self.cfg.pool] {
-            stream.memcpy_htod(&q, &mut t.q)?;
-            stream.memcpy_htod(&kv, &mut t.k)?;
-            stream.memcpy_htod(&kv, &mut t.v)?;
+        for (s, t) in self.tensors.iter_mut().enumerate() {
+            if s / pool == fixed_pool {
+                stream.memcpy_htod(q, &mut t.q)?;
+                stream.memcpy_htod(kv, &mut t.k)?;
+                stream.memcpy_htod(kv, &mut t.v)?;
+            } else {
+                let [hq, hk, hv] = &self.random_host[s % pool];
+                stream.memcpy_htod(hq, &mut t.q)?;
+                stream.memcpy_htod(hk, &mut t.k)?;
+                stream.memcpy_htod(hv, &mut t.v)?;
+            }
+        }
+        self.fixed_pool = fixed_pool;
+        self.ctx.synchronize()
+    }
+
+    /// Value mode: the pools swap roles, then every slot is launched once, untimed, so that
+    /// caches are back in their steady state before timing resumes.
+    fn swap_pools(&mut self) -> Result<()> {
+        self.place(1 - self.fixed_pool)?;
+        for s in 0..self.slots.len() {
+            let (class, j) = if s / self.cfg.pool == self.fixed_pool {
+                (Class::Fixed, s % self.cfg.pool)
+            } else {
+                (Class::Random, s % self.cfg.pool)
+            };
+            self.launch(class, j)?;
         }
         self.ctx.synchronize()
     }
@@ -297,7 +367,14 @@ impl<'a> Harness<'a> {
     }
 
     fn launch(&self, class: Class, slot: usize) -> Result<()> {
-        let s = &self.slots[class.index()][slot];
+        let pool = if self.cfg.secret_len {
+            class.index()
+        } else if class == Class::Fixed {
+            self.fixed_pool
+        } else {
+            1 - self.fixed_pool
+        };
+        let s = &self.slots[pool * self.cfg.pool + slot];
         let [q, k, v, o] = s.ptrs;
         // SAFETY: every slot's buffers were allocated for exactly this plan's shape and dtype
         // (q_len / kv_len 16-bit elements, batch i32 lengths at a 4-byte-aligned offset of one
@@ -323,9 +400,14 @@ impl<'a> Harness<'a> {
         let mut next = [0usize; 2];
         let mut classes = Vec::with_capacity(self.cfg.batch);
         let mut done = 0;
+        let mut since_swap = 0;
         while done < trials {
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(true);
+            }
+            if !self.cfg.secret_len && since_swap >= self.cfg.swap_every {
+                self.swap_pools()?;
+                since_swap = 0;
             }
             let b = self.cfg.batch.min(trials - done);
             classes.clear();
@@ -353,6 +435,7 @@ impl<'a> Harness<'a> {
                 });
             }
             done += b;
+            since_swap += b;
             if self.cfg.secret_len {
                 self.refresh_random_lengths()?;
             }
@@ -373,7 +456,13 @@ impl<'a> Harness<'a> {
         let mut m = Vec::with_capacity(self.cfg.measurements);
         let stopped = self.trials(self.cfg.measurements, deadline, |x| m.push(x))?;
         let elapsed_s = start.elapsed().as_secs_f64();
-        Ok(summarize(class.name(), &m, stopped, elapsed_s, self.cfg.crops))
+        Ok(summarize(
+            class.name(),
+            &m,
+            stopped,
+            elapsed_s,
+            self.cfg.crops,
+        ))
     }
 }
 

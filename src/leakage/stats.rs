@@ -233,7 +233,10 @@ fn second_order(m: &[Measurement], keep: impl Fn(f64) -> bool) -> Welch {
     for x in m.iter().filter(|x| keep(x.time_us)) {
         first.push(x.class, x.time_us);
     }
-    let means = [first.class(Class::Fixed).mean(), first.class(Class::Random).mean()];
+    let means = [
+        first.class(Class::Fixed).mean(),
+        first.class(Class::Random).mean(),
+    ];
     let mut second = Welch::new();
     for x in m.iter().filter(|x| keep(x.time_us)) {
         let d = x.time_us - means[x.class.index()];
