@@ -35,7 +35,10 @@ fn every_class_has_its_pattern() {
             let bits = c.fill(dtype, D, LEN);
             assert_eq!(bits.len(), LEN);
             let x: Vec<f64> = bits.iter().map(|&b| value(dtype, b)).collect();
-            assert!(x.iter().all(|v| v.is_finite()), "{c:?} {dtype:?}: finite only");
+            assert!(
+                x.iter().all(|v| v.is_finite()),
+                "{c:?} {dtype:?}: finite only"
+            );
             for row in x.chunks(D) {
                 match c {
                     ValueClass::Zeros => {
@@ -59,6 +62,7 @@ fn every_class_has_its_pattern() {
                             assert_eq!(row.iter().filter(|v| **v == want).count(), D / 4);
                         }
                     }
+                    ValueClass::OneRandom => unreachable!("not in the default sweep"),
                 }
             }
         }
@@ -69,6 +73,18 @@ fn every_class_has_its_pattern() {
         };
         assert_eq!(tiny, expect);
     }
+    // The harness check: a fixed draw, uniform in [−1, 1), the same every time, not sorted.
+    let r = ValueClass::OneRandom.fill(DType::F16, D, 4096);
+    assert_eq!(r, ValueClass::OneRandom.fill(DType::F16, D, 4096));
+    let x: Vec<f64> = r.iter().map(|&b| value(DType::F16, b)).collect();
+    assert!(x.iter().all(|v| (-1.0..1.0).contains(v)));
+    let mean = x.iter().sum::<f64>() / x.len() as f64;
+    assert!(mean.abs() < 0.05, "{mean}");
+    assert!(x.iter().filter(|v| **v < 0.0).count() > 1800);
+    assert_eq!(
+        FixedClass::parse("one-random", false),
+        Ok(FixedClass::Values(ValueClass::OneRandom))
+    );
     // One-hot moves along the rows.
     let oh = ValueClass::OneHot.fill(DType::F16, D, 3 * D);
     let pos: Vec<usize> = oh
@@ -126,8 +142,14 @@ fn table_and_json() {
     assert_eq!(quiet.measurements, 2000);
     assert_eq!(quiet.fixed_us.unwrap().n + quiet.random_us.unwrap().n, 2000);
     let table = format_table(&[quiet.clone(), loud.clone()]);
-    assert!(table.contains("max |t|") && table.contains("verdict"), "{table}");
-    assert!(table.contains("no leak") && table.contains("CERTAIN LEAK"), "{table}");
+    assert!(
+        table.contains("max |t|") && table.contains("verdict"),
+        "{table}"
+    );
+    assert!(
+        table.contains("no leak") && table.contains("CERTAIN LEAK"),
+        "{table}"
+    );
     assert!(table.contains("2000 (budget)"), "{table}");
     assert_eq!(table.lines().count(), 4, "{table}");
 
@@ -151,8 +173,8 @@ fn table_and_json() {
     LeakageFile::new(run, EnvInfo::default(), vec![quiet, loud])
         .write(&path)
         .unwrap();
-    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
-        .expect("valid JSON");
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("valid JSON");
     assert_eq!(v["schema"], "flashcore-leakage");
     assert_eq!(v["leak_threshold"], 4.5);
     assert_eq!(v["results"][0]["verdict"], "no_leak");
