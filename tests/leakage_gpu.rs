@@ -8,7 +8,9 @@
 use flashcore::attention::{AttentionParams, Context};
 use flashcore::kernels::LeakyControl;
 use flashcore::leakage::report::format_table;
-use flashcore::leakage::{ClassResult, FixedClass, Harness, LeakageConfig, LengthClass, ValueClass};
+use flashcore::leakage::{
+    ClassResult, FixedClass, Harness, LeakageConfig, LengthClass, ValueClass,
+};
 use std::sync::Mutex;
 
 /// One GPU test at a time: tests of one binary run on parallel threads, and a second kernel
@@ -53,8 +55,14 @@ fn measure(
     assert_eq!(r.measurements, MEASUREMENTS);
     assert!(!r.stopped_by_budget);
     let (f, rnd) = (r.fixed_us.unwrap(), r.random_us.unwrap());
-    assert!(f.n > MEASUREMENTS / 3 && rnd.n > MEASUREMENTS / 3, "interleaving");
-    assert!(f.min > 0.0 && rnd.min > 0.0 && f.median < 10_000.0, "{f:?} {rnd:?}");
+    assert!(
+        f.n > MEASUREMENTS / 3 && rnd.n > MEASUREMENTS / 3,
+        "interleaving"
+    );
+    assert!(
+        f.min > 0.0 && rnd.min > 0.0 && f.median < 10_000.0,
+        "{f:?} {rnd:?}"
+    );
     r
 }
 
@@ -69,7 +77,12 @@ fn shipped_kernel_zeros_vs_random_shows_no_leak() {
         return;
     };
     let r = measure(&ctx, false, None, FixedClass::Values(ValueClass::Zeros));
-    assert!(max_t(&r) < 10.0, "shipped kernel: max |t| {} ({:?})", max_t(&r), r.analysis);
+    assert!(
+        max_t(&r) < 10.0,
+        "shipped kernel: max |t| {} ({:?})",
+        max_t(&r),
+        r.analysis
+    );
 }
 
 #[test]
@@ -84,7 +97,11 @@ fn early_exit_control_is_caught() {
         Some(LeakyControl::EarlyExitOnZeroQ),
         FixedClass::Values(ValueClass::Zeros),
     );
-    assert!(max_t(&r) > 10.0, "control not caught: max |t| {}", max_t(&r));
+    assert!(
+        max_t(&r) > 10.0,
+        "control not caught: max |t| {}",
+        max_t(&r)
+    );
     // Zero Q exits at once: the fixed class is the faster one.
     assert!(r.fixed_us.unwrap().median < r.random_us.unwrap().median);
 }
@@ -104,5 +121,9 @@ fn secret_length_shipped_passes_and_control_is_caught() {
         shipped.analysis
     );
     let control = measure(&ctx, true, Some(LeakyControl::SkipPastSecretLength), class);
-    assert!(max_t(&control) > 10.0, "control not caught: max |t| {}", max_t(&control));
+    assert!(
+        max_t(&control) > 10.0,
+        "control not caught: max |t| {}",
+        max_t(&control)
+    );
 }

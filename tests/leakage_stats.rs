@@ -3,8 +3,8 @@
 //! second-order test, verdicts.
 
 use flashcore::leakage::stats::{
-    analyze, crop_percentiles, crop_thresholds, Class, Measurement, Verdict, Welch, Welford,
-    CROPS, LEAK_T,
+    analyze, crop_percentiles, crop_thresholds, Class, Measurement, Verdict, Welch, Welford, CROPS,
+    LEAK_T,
 };
 use rand::{Rng, SeedableRng};
 
