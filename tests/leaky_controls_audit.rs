@@ -8,9 +8,17 @@ use flashcore::DType;
 
 fn findings_of(control: LeakyControl) -> Vec<flashcore::audit::Finding> {
     let secret_len = control == LeakyControl::SkipPastSecretLength;
-    let v = Variant { secret_len, leaky_control: Some(control), ..Variant::basic(DType::F16, 64, false, 128) };
+    let v = Variant {
+        secret_len,
+        leaky_control: Some(control),
+        ..Variant::basic(DType::F16, 64, false, 128)
+    };
     let cubin = v.cubin().unwrap_or_else(|e| panic!("{}: {e}", v.name()));
-    audit_cubin(&cubin, &[]).unwrap().into_iter().flat_map(|k| k.findings).collect()
+    audit_cubin(&cubin, &[])
+        .unwrap()
+        .into_iter()
+        .flat_map(|k| k.findings)
+        .collect()
 }
 
 #[test]
@@ -35,5 +43,7 @@ fn skip_past_secret_length_control_is_flagged() {
 
 #[test]
 fn controls_are_not_shipped() {
-    assert!(flashcore::kernels::shipped_variants().iter().all(|v| v.leaky_control.is_none()));
+    assert!(flashcore::kernels::shipped_variants()
+        .iter()
+        .all(|v| v.leaky_control.is_none()));
 }
