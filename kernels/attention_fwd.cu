@@ -80,6 +80,7 @@ struct Shared {
     uint64_t q_full;
     uint64_t k_full[cfg::STAGES], v_full[cfg::STAGES];
     uint64_t k_empty[cfg::STAGES], v_empty[cfg::STAGES];
+    float anchor[128 * cfg::CONSUMERS];  // write-only scheduling anchor (see Consumer::iteration)
 #if FC_SPLIT > 1
     // This CTA's partial result over its key range, read by the whole cluster when combining.
     alignas(16) float part_o[cfg::BM][cfg::D];  // unnormalised output (read as float4)
@@ -255,15 +256,23 @@ struct Consumer {
         if constexpr (kMask) mask(sacc, kv_begin + it);
         float alpha[2];
         softmax.step(sacc, p.scale_log2, alpha);
-        fence_regs(sacc);  // pins the softmax before the wait, so it overlaps the PV GEMM
+        fence_regs(sacc);
+        // Anchor: a shared-memory store of the softmax's last result. The wait below is ordered
+        // after it, so ptxas cannot schedule the wait (and stall on the PV GEMM) before the
+        // softmax — which is what lets the softmax overlap the PV GEMM.
+        asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_u32(&s.anchor[threadIdx.x - 128])), "f"(softmax.row_sum[1])
+                     : "memory");
 
         wgmma_wait<0>();
         fence_regs(o);
         fence_frags(pf);
-        release(&s.v_empty[prev]);
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i / 2) % 2];
         to_fragments(sacc, pf);
+        // Released only now: an mbarrier arrive right after the wait is a memory operation that
+        // ptxas schedules early, dragging the wait (and so the PV GEMM's completion) in front of
+        // the softmax above and serialising the two.
+        release(&s.v_empty[prev]);
     }
 
     // Split mode: park the unnormalised partial (O, max, sum) in shared memory for the combine.

@@ -95,7 +95,7 @@ impl Plan {
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
         {
-            Some(n @ (1 | 2 | 4)) => Variant {
+            Some(n @ (1 | 2 | 4)) if variant.head_dim == 64 => Variant {
                 split: n,
                 block_m: if n > 1 { 128 } else { variant.block_m },
                 ..variant

@@ -61,13 +61,14 @@ impl Tile {
         let q = self.block_m * head_dim * 2;
         let kv = 2 * self.stages * self.block_n * head_dim * 2;
         let barriers = (1 + 4 * self.stages) * 8;
+        let anchor = 128 * self.consumers * 4;
         // Split mode parks an fp32 partial (O, max, sum) per query row for the cluster combine.
         let partial = if self.split > 1 {
             self.block_m * (head_dim + 2) * 4 + 16 // + alignment of part_o
         } else {
             0
         };
-        q + kv + barriers + partial + 1024
+        q + kv + barriers + anchor + partial + 1024
     }
 }
 
@@ -216,6 +217,9 @@ pub fn split_for(_seqlen_k: usize) -> usize {
     1
 }
 
+/// The most dynamic shared memory a CTA may use on sm_90 (227 KiB).
+pub const MAX_SMEM_BYTES: usize = 232_448;
+
 /// Every variant the library can launch.
 pub fn shipped_variants() -> Vec<Variant> {
     let mut v = Vec::new();
@@ -223,7 +227,10 @@ pub fn shipped_variants() -> Vec<Variant> {
         for head_dim in [64, 128] {
             for causal in [false, true] {
                 for secret_len in [false, true] {
-                    for split in [1, 2, 4] {
+                    // Split variants (off by default; `FLASHCORE_SPLIT`) only at d64: at d128 the
+                    // fp32 partials would not fit beside a two-stage K/V ring.
+                    let splits: &[usize] = if head_dim == 64 { &[1, 2, 4] } else { &[1] };
+                    for &split in splits {
                         v.push(Variant {
                             dtype,
                             head_dim,
