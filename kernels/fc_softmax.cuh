@@ -30,17 +30,17 @@ struct OnlineSoftmax {
             // A row with no visible key so far keeps max −inf; subtracting 0 instead keeps
             // (−inf) − (−inf) = NaN out, and exp2(−inf) = 0 gives p = 0, alpha = 0.
             const float m_use = select_f(mx == neg_inf(), 0.0f, mx);
-            // One FFMA per exponent: s·c − m·c. Exact for any score whose scaled value fits fp32
-            // (the host caps the scale at 1e20, so f16 inputs always do); −inf scores give 0.
-            const float mc = m_use * scale_log2;
-            alpha[h] = fast_exp2(fmaf(row_max[h], scale_log2, -mc));
+            // (s − m)·c, not fma(s, c, −m·c): the latter carries the rounding of m·c into every
+            // exponent (ulp(m·c), hundreds of units for large scores: exps overflow). (s − m) is
+            // ≤ 0 and finite for any finite scale, so no inf − inf either.
+            alpha[h] = fast_exp2((row_max[h] - m_use) * scale_log2);
             row_max[h] = mx;
             float sum = 0.0f;
 #pragma unroll
             for (int j = 0; j < N / 8; ++j) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    const float p = fast_exp2(fmaf(s[4 * j + 2 * h + e], scale_log2, -mc));
+                    const float p = fast_exp2((s[4 * j + 2 * h + e] - m_use) * scale_log2);
                     s[4 * j + 2 * h + e] = p;
                     sum += p;
                 }
