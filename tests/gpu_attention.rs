@@ -48,13 +48,12 @@ fn sweep<T: Element>(ctx: &Context, dtype: DType, seed: u64) -> Vec<String> {
     failures
 }
 
-#[test]
-fn f16_all_variants_match_reference() {
-    let Some(ctx) = gpu("f16_all_variants_match_reference") else {
+fn sweep_test<T: Element>(name: &str, dtype: DType) {
+    let Some(ctx) = gpu(name) else {
         return;
     };
     let s = seed();
-    let failures = sweep::<half::f16>(&ctx, DType::F16, s);
+    let failures = sweep::<T>(&ctx, dtype, s);
     assert!(
         failures.is_empty(),
         "seed {s}: {} failures:\n{}",
@@ -64,18 +63,13 @@ fn f16_all_variants_match_reference() {
 }
 
 #[test]
+fn f16_all_variants_match_reference() {
+    sweep_test::<half::f16>("f16_all_variants_match_reference", DType::F16);
+}
+
+#[test]
 fn bf16_all_variants_match_reference() {
-    let Some(ctx) = gpu("bf16_all_variants_match_reference") else {
-        return;
-    };
-    let s = seed();
-    let failures = sweep::<half::bf16>(&ctx, DType::Bf16, s);
-    assert!(
-        failures.is_empty(),
-        "seed {s}: {} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    sweep_test::<half::bf16>("bf16_all_variants_match_reference", DType::Bf16);
 }
 
 #[test]

@@ -5,6 +5,8 @@
 //! The bound here is |t| < 10 for the shipped kernel (robust at 20 000 measurements); the CLI's
 //! verdict threshold stays 4.5.
 
+mod common;
+use common::gpu;
 use flashcore::attention::{AttentionParams, Context};
 use flashcore::kernels::LeakyControl;
 use flashcore::leakage::report::format_table;
@@ -18,24 +20,6 @@ use std::sync::Mutex;
 static GPU: Mutex<()> = Mutex::new(());
 
 const MEASUREMENTS: usize = 20_000;
-
-fn gpu(test: &str) -> Option<Context> {
-    match Context::new(0) {
-        Ok(c) => Some(c),
-        Err(e) => {
-            if std::env::var("FLASHCORE_REQUIRE_GPU").as_deref() == Ok("1") {
-                panic!("{test}: FLASHCORE_REQUIRE_GPU=1 but no usable GPU: {e}");
-            }
-            // Written to the stderr stream itself, past libtest's capture, so that it shows.
-            use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "SKIPPED {test}: no usable GPU ({e}); set FLASHCORE_REQUIRE_GPU=1 to make this a failure"
-            );
-            None
-        }
-    }
-}
 
 fn measure(
     ctx: &Context,

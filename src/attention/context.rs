@@ -175,16 +175,6 @@ impl Context {
         out: &mut CudaSlice<T>,
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
-        if params.dtype != T::DTYPE {
-            return Err(Error::invalid(
-                "dtype",
-                format!(
-                    "params say {} but the buffers hold {}",
-                    params.dtype.name(),
-                    T::DTYPE.name()
-                ),
-            ));
-        }
         let plan = self.plan(params)?;
         self.launch_checked(&plan, params, q, k, v, out, lse, 0)
     }
