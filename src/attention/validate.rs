@@ -7,7 +7,8 @@ use crate::error::{Error, Result};
 pub const SUPPORTED_HEAD_DIMS: [usize; 2] = [64, 128];
 
 /// TMA addresses rows in 16-byte units, and the tensor-map fields cap extents and strides.
-const TMA_ALIGN: usize = 16;
+/// Base-address alignment TMA needs for Q, K and V.
+pub const TENSOR_ALIGN: usize = 16;
 const TMA_MAX_DIM: usize = 1 << 31;
 
 /// Checks the shape-level rules (no buffers involved).
@@ -106,8 +107,6 @@ pub fn check_buffer(
     }
     Ok(())
 }
-
-pub const TENSOR_ALIGN: usize = TMA_ALIGN;
 
 #[cfg(test)]
 mod tests {

@@ -491,9 +491,7 @@ pub fn effects(insn: &Insn, secrets: &Secrets) -> Effects {
                 if gmma {
                     let dest = ops.first().and_then(|d| d.as_reg()).map(|d| d.reg);
                     w = if Some(r.reg) == dest { accw } else { 4 };
-                } else if wide_all || conv64 {
-                    w = 2;
-                } else if wide_mul && nsrc == 2 {
+                } else if wide_all || conv64 || (wide_mul && nsrc == 2) {
                     w = 2;
                 } else if matches!(op, "HMMA" | "IMMA" | "DMMA") {
                     w = 4;
@@ -781,7 +779,7 @@ pub fn bit_op(insn: &Insn, secrets: &Secrets) -> Option<BitOp> {
             p: pred_opnd(&ops[3])?,
         }),
         "IADD3" | "UIADD3" | "VIADD" | "IMAD"
-            if (op != "IMAD" || mods == ["IADD"]) && (mods.is_empty() || mods == ["IADD"]) =>
+            if mods == ["IADD"] || (op != "IMAD" && mods.is_empty()) =>
         {
             // Additions without carry-in: (dest, [carry-out predicates], addends).
             let rd = bit_dest(ops.first()?)??;
@@ -1157,7 +1155,7 @@ fn bit_outputs(
             pin,
         } => {
             let bits = [rd_of(&src[0]).0, rd_of(&src[1]).0, rd_of(&src[2]).0];
-            let pin_t = pin.map(|p| get(p)).filter(|&(_, m)| m != 0);
+            let pin_t = pin.map(get).filter(|&(_, m)| m != 0);
             let mut mask = lop3_taint(*lut, &bits);
             if pin_t.is_some() {
                 mask = ALL;

@@ -2,7 +2,7 @@
 //! install of the pinned PyPI wheels (`scripts/install-cuda-tools.sh` → `.cuda-tools/`).
 
 use crate::error::{Error, Result};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Roots that may hold a CUDA toolkit layout (`bin/`, `lib64/` or `lib/`), most specific first.
 pub fn toolkit_roots() -> Vec<PathBuf> {
@@ -92,9 +92,4 @@ pub fn tool(name: &'static str) -> Result<PathBuf> {
         tool: name,
         hint: "install it with `bash scripts/install-cuda-tools.sh` (pinned PyPI wheels into .cuda-tools/) or set CUDA_HOME to a CUDA 13 toolkit".into(),
     })
-}
-
-/// True when `path` exists and is a readable file.
-pub fn exists(path: &Path) -> bool {
-    path.is_file()
 }
