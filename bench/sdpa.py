@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""PyTorch SDPA side by side with `flashcore bench`.
+"""PyTorch SDPA and FlashAttention-4 side by side with `flashcore bench`.
 
 Times torch.nn.functional.scaled_dot_product_attention with each backend (flash, cuDNN,
-efficient; torch.nn.attention.sdpa_kernel) on the same shapes and suites, with the same method
+efficient; torch.nn.attention.sdpa_kernel) and, when `flash_attn.cute` imports (the
+`flash-attn-4` package; scripts/prepare-fa4.sh installs it on the GPU machine), FlashAttention-4's
+`flash_attn.cute.flash_attn_func` on the same shapes and suites, with the same method
 (random inputs uploaded once and rotated over buffer sets whose inputs exceed 2x L2, warm-up,
 per-call device events, CUDA-graph replay of N calls divided by N) and the same statistics, and
 writes the same JSON schema as flashcore (docs/bench-json.md), with `implementation` set to
-"sdpa-flash", "sdpa-cudnn" or "sdpa-efficient". A backend that fails on a shape is recorded as
+"sdpa-flash", "sdpa-cudnn", "sdpa-efficient" or "fa4". A backend that fails on a shape is recorded as
 skipped with the reason.
 
     python3 bench/sdpa.py --suite seed --json sdpa.json
@@ -18,6 +20,7 @@ flashcore's), `--print-shapes` lists the shapes a command line selects.
 """
 
 import argparse
+import contextlib
 import ctypes
 import datetime
 import json
@@ -28,7 +31,9 @@ import sys
 
 SCHEMA = "flashcore-bench"
 VERSION = 1
-BACKENDS = ("flash", "cudnn", "efficient")
+BACKENDS = ("flash", "cudnn", "efficient", "fa4")
+# FlashAttention-4 is not part of PyTorch: it is timed only when asked for or when it imports.
+SDPA_BACKENDS = ("flash", "cudnn", "efficient")
 DTYPES = ("f16", "bf16")
 LAYOUTS = ("bshd", "bhsd")
 
@@ -254,8 +259,9 @@ def build_parser():
     p.add_argument("--json", metavar="FILE.json")
     p.add_argument("--device", type=nonnegative, default=0)
     p.add_argument("--seed", type=nonnegative, default=DEFAULT_SEED)
-    p.add_argument("--backends", type=parse_backends, default=list(BACKENDS),
-                   help="comma-separated subset of flash,cudnn,efficient")
+    p.add_argument("--backends", type=parse_backends, default=None,
+                   help="comma-separated subset of flash,cudnn,efficient,fa4 (default: the SDPA three, "
+                        "plus fa4 when flash_attn.cute imports)")
     p.add_argument("--self-test", action="store_true", help="print the pure computations as JSON and exit")
     p.add_argument("--print-shapes", action="store_true", help="print the selected shapes as JSON and exit")
     return p
@@ -336,6 +342,19 @@ def make_record(impl, suite, dtype, shape, mode, samples, reason, method, env):
     }
 
 
+def impl_name(backend):
+    """The `implementation` field of a backend's records."""
+    return "fa4" if backend == "fa4" else "sdpa-" + backend
+
+
+def fa4_available():
+    try:
+        from flash_attn.cute import flash_attn_func  # noqa: F401
+        return True
+    except Exception:  # noqa: BLE001 (not installed, or broken)
+        return False
+
+
 def bench_file(records):
     return {"schema": SCHEMA, "version": VERSION, "records": records}
 
@@ -353,6 +372,7 @@ def self_test():
                         sets_needed(50 << 20, 300 << 20, 400 << 20, 1 << 40)],
         "schedules": graph_schedules(5, 2),
         "smi": parse_smi_line("1980 MHz, 2619 MHz, 580.95.05"),
+        "impl_names": [impl_name(b) for b in BACKENDS],
         "record": make_record("sdpa-flash", "seed", "f16", make_shape(1, 8, 512, 64, True), "graph",
                               samples, None, None, {"gpu": None, "date": "2026-11-22T00:00:00Z"}),
     }
@@ -376,6 +396,8 @@ class Runner:
         self.backend_enum = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
                              "efficient": SDPBackend.EFFICIENT_ATTENTION}
         self.args = args
+        if args.backends is None:
+            args.backends = list(SDPA_BACKENDS) + (["fa4"] if fa4_available() else [])
         self.dev = torch.device("cuda", args.device)
         torch.cuda.set_device(self.dev)
         props = torch.cuda.get_device_properties(self.dev)
@@ -393,6 +415,12 @@ class Runner:
             "software": {"torch": torch.__version__, "cudnn": str(torch.backends.cudnn.version()),
                          "cuda": str(torch.version.cuda)},
         }
+        if "fa4" in args.backends:
+            try:
+                from importlib.metadata import version
+                self.env0["software"]["flash_attn_4"] = version("flash-attn-4")
+            except Exception:  # noqa: BLE001
+                pass
 
     def make_sets(self, dtype, shape, nsets):
         """Random inputs in [-1, 1) generated on the host and uploaded once, as SDPA views."""
@@ -422,6 +450,15 @@ class Runner:
             return lambda i: F.scaled_dot_product_attention(*sets[i], attn_mask=mask, **kwargs)
         causal = shape["causal"]
         return lambda i: F.scaled_dot_product_attention(*sets[i], is_causal=causal, **kwargs)
+
+    def fa4_fn(self, shape, sets):
+        """FlashAttention-4 on the same buffers: it takes [B, S, H, D] views (the transposes undo
+        the SDPA views; for bshd they are the contiguous tensors themselves). GQA is native, and its
+        causal mask is bottom-right aligned when Sq != Sk, as flashcore's."""
+        from flash_attn.cute import flash_attn_func
+        causal = shape["causal"]
+        views = [tuple(t.transpose(1, 2) for t in s) for s in sets]
+        return lambda i: flash_attn_func(*views[i], causal=causal)
 
     def time_per_call(self, fn, nsets):
         torch, a = self.torch, self.args
@@ -489,7 +526,7 @@ class Runner:
         nsets = sets_needed(self.l2, inputs, total, int(free * MEM_FRACTION))
 
         def skip_all(reason):
-            return [make_record("sdpa-" + b, a.suite, dtype, shape, m, None, reason, None, env)
+            return [make_record(impl_name(b), a.suite, dtype, shape, m, None, reason, None, env)
                     for b in a.backends for m in modes]
 
         if nsets == 0:
@@ -501,10 +538,21 @@ class Runner:
             return skip_all(short_reason(e))
         smi = query_smi(a.device)
         env["clocks_start"] = smi[0] if smi else None
-        fn0 = self.call_fn(shape, sets)
+        sdpa_fn = self.call_fn(shape, sets)
         for b in a.backends:
-            with self.sdpa_kernel(self.backend_enum[b]):
-                try:  # does this backend take this shape at all?
+            if b == "fa4":
+                ctx = contextlib.nullcontext()
+                try:
+                    fn0 = self.fa4_fn(shape, sets)
+                except Exception as e:  # noqa: BLE001 (not installed)
+                    fn0 = None
+                    import_error = short_reason(e)
+            else:
+                ctx, fn0 = self.sdpa_kernel(self.backend_enum[b]), sdpa_fn
+            with ctx:
+                try:  # does this backend take this shape at all? (FA4 compiles here, untimed)
+                    if fn0 is None:
+                        raise RuntimeError(import_error)
                     fn0(0)
                     torch.cuda.synchronize()
                     ok, why = True, None
@@ -522,12 +570,12 @@ class Runner:
                         except Exception as e:  # noqa: BLE001
                             reason = short_reason(e)
                             torch.cuda.synchronize()
-                    records.append(make_record("sdpa-" + b, a.suite, dtype, shape, m, samples, reason,
+                    records.append(make_record(impl_name(b), a.suite, dtype, shape, m, samples, reason,
                                                method if samples is not None else None, env))
         smi = query_smi(a.device)
         for r in records:
             r["env"] = dict(r["env"], clocks_end=smi[0] if smi else None)
-        del sets, fn0
+        del sets, fn0, sdpa_fn
         torch.cuda.empty_cache()
         return records
 
@@ -567,7 +615,7 @@ def main(argv=None):
     for i, (dt, shape) in enumerate(shapes):
         recs = runner.run_shape(dt, shape)
         records.extend(recs)
-        summary = ", ".join("%s/%s %s" % (r["implementation"][5:], r["mode"],
+        summary = ", ".join("%s/%s %s" % (r["implementation"].replace("sdpa-", ""), r["mode"],
                                           "%.2f us" % r["time_us"]["median"] if r["status"] == "ok" else "skipped")
                             for r in recs)
         print("[%d/%d] %s %s: %s" % (i + 1, len(shapes), dt, label(shape), summary), file=sys.stderr, flush=True)

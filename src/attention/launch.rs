@@ -56,10 +56,62 @@ struct KernelParams {
     scale_log2: f32,
     scale: f32,
     num_m_blocks: i32,
-    pad: i32,
+    units_per_head: i32,
+    num_units: i32,
+    pair_tiles: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<KernelParams>() == 512);
+
+/// How the persistent grid walks the query tiles (kernels/fc_scheduler.cuh): the work units and
+/// the number of CTAs. A function of the shape and the device's SM count only; it decides which
+/// CTA computes a tile, never what the tile computes, so output bits stay batch-invariant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    /// Query tiles per (batch, head).
+    pub m_blocks: i32,
+    /// Causal with more tiles than SMs: a unit pairs tile m_blocks−1−j with tile j, so every unit
+    /// visits about the same number of key blocks and a static round-robin balances the SMs.
+    pub pair_tiles: bool,
+    /// Work units per (batch, head) and in all.
+    pub units_per_head: i32,
+    pub units: i32,
+    /// CTAs launched: one per SM at most (each takes every gridDim-th unit); split mode launches
+    /// one cluster per unit.
+    pub ctas: u32,
+}
+
+impl Schedule {
+    pub fn new(params: &AttentionParams, tile: &Tile, num_sms: usize) -> Result<Schedule> {
+        let m_blocks = params.seqlen_q.div_ceil(tile.block_m);
+        let tiles = m_blocks as u128 * params.heads_q as u128 * params.batch as u128;
+        let pair_tiles = params.causal && tile.split == 1 && tiles > num_sms as u128;
+        let units_per_head = if pair_tiles {
+            m_blocks.div_ceil(2)
+        } else {
+            m_blocks
+        };
+        let units = units_per_head as u128 * params.heads_q as u128 * params.batch as u128;
+        let ctas = if tile.split > 1 {
+            units * tile.split as u128
+        } else {
+            units.min(num_sms.max(1) as u128)
+        };
+        if units > i32::MAX as u128 || ctas > i32::MAX as u128 {
+            return Err(Error::invalid(
+                "batch",
+                "too many query tiles: batch · heads · ceil(seqlen_q / 128) must fit in an i32",
+            ));
+        }
+        Ok(Schedule {
+            m_blocks: m_blocks as i32,
+            pair_tiles,
+            units_per_head: units_per_head as i32,
+            units: units as i32,
+            ctas: ctas as u32,
+        })
+    }
+}
 
 /// Everything one shape needs to launch, prepared once: the loaded kernel, grid, and the
 /// parameter block of the last buffers seen (rebuilt only when the pointers change), so
@@ -70,6 +122,7 @@ pub struct Plan {
     stream: Arc<CudaStream>,
     tile: Tile,
     grid: (u32, u32, u32),
+    schedule: Schedule,
     secret_len: bool,
     cached: Mutex<Option<([u64; 6], Box<KernelParams>)>>,
 }
@@ -113,25 +166,15 @@ impl Plan {
         };
         let kernel = ctx.kernel(variant)?;
         let tile = variant.tile();
-        let m_blocks = params.seqlen_q.div_ceil(tile.block_m);
-        if m_blocks > i32::MAX as usize || params.heads_q > 65535 || params.batch > 65535 {
-            return Err(Error::invalid(
-                "batch",
-                "grid too large: heads and batch must each be at most 65535",
-            ));
-        }
-        // Split mode: the CTAs of a cluster sit next to each other along x.
-        let grid = (
-            (m_blocks * tile.split) as u32,
-            params.heads_q as u32,
-            params.batch as u32,
-        );
+        let schedule = Schedule::new(&params, &tile, ctx.num_sms())?;
+        let grid = (schedule.ctas, 1, 1);
         Ok(Plan {
             params,
             kernel,
             stream: ctx.stream().clone(),
             tile,
             grid,
+            schedule,
             secret_len,
             cached: Mutex::new(None),
         })
@@ -179,8 +222,10 @@ impl Plan {
             group: (p.heads_q / p.heads_kv) as i32,
             scale_log2: scale * std::f32::consts::LOG2_E,
             scale,
-            num_m_blocks: (self.grid.0 as usize / self.tile.split) as i32,
-            pad: 0,
+            num_m_blocks: self.schedule.m_blocks,
+            units_per_head: self.schedule.units_per_head,
+            num_units: self.schedule.units,
+            pair_tiles: self.schedule.pair_tiles as i32,
         })
     }
 

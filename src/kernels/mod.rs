@@ -21,6 +21,11 @@ macro_rules! embed_headers {
 /// Headers by the name the sources `#include` them.
 pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_common.cuh",
+    "fc_config.cuh",
+    "fc_scheduler.cuh",
+    "fc_producer.cuh",
+    "fc_consumer.cuh",
+    "fc_epilogue.cuh",
     "fc_mbarrier.cuh",
     "fc_tma.cuh",
     "fc_wgmma.cuh",
@@ -60,7 +65,7 @@ impl Tile {
     pub fn smem_bytes(&self, head_dim: usize) -> usize {
         let q = self.block_m * head_dim * 2;
         let kv = 2 * self.stages * self.block_n * head_dim * 2;
-        let barriers = (1 + 4 * self.stages) * 8;
+        let barriers = (2 + 4 * self.stages) * 8;
         let anchor = 128 * self.consumers * 4;
         // Split mode parks an fp32 partial (O, max, sum) per query row for the cluster combine.
         let partial = if self.split > 1 {

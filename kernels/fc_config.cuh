@@ -1,0 +1,67 @@
+// The forward kernel's compile-time configuration, its parameter block and its shared memory.
+// Every header of the forward kernel includes this one; the values come from NVRTC -D options
+// (Variant::options in src/kernels/mod.rs), so host and device agree by construction.
+#pragma once
+#include "fc_common.cuh"
+
+#if !defined(FC_HEAD_DIM) || !defined(FC_BF16) || !defined(FC_CAUSAL) || !defined(FC_BLOCK_M) || \
+    !defined(FC_BLOCK_N) || !defined(FC_STAGES) || !defined(FC_CONSUMERS) || !defined(FC_SECRET_LEN) || !defined(FC_SPLIT) || \
+    !defined(FC_LEAKY_CONTROL)
+#error "the variant's defines are missing (see Variant::options in src/kernels/mod.rs)"
+#endif
+
+namespace cfg {
+constexpr int D = FC_HEAD_DIM;
+constexpr int BM = FC_BLOCK_M;              // query rows per tile
+constexpr int BN = FC_BLOCK_N;              // keys per pipeline stage
+constexpr int STAGES = FC_STAGES;           // K/V ring depth
+constexpr int CHUNKS = D / 64;              // 128-byte swizzle atoms across the head dim
+constexpr int CONSUMERS = FC_CONSUMERS;     // consumer warpgroups, 64 query rows each
+static_assert(BM == 64 * CONSUMERS, "each consumer warpgroup owns 64 query rows");
+static_assert(BN == 64 || BN == 128, "wgmma N for S = Q K^T");
+constexpr int SPLIT = FC_SPLIT;             // CTAs per cluster sharing one query tile's keys
+static_assert(SPLIT == 1 || (BM % SPLIT == 0 && (BM / SPLIT) * D % (4 * 128) == 0), "combine tiling");
+constexpr int THREADS = 128 * (1 + CONSUMERS);
+constexpr int ROW_BYTES = 128;              // one swizzled row of 64 two-byte elements
+// Register split after setmaxnreg: the producer gives registers back, consumers take them.
+constexpr int PRODUCER_REGS = CONSUMERS == 2 ? 56 : 32;
+constexpr int CONSUMER_REGS = CONSUMERS == 2 ? 224 : 160;
+static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
+constexpr uint32_t Q_BYTES = BM * D * 2;
+constexpr uint32_t KV_BYTES = BN * D * 2;
+}  // namespace cfg
+
+// Must match `KernelParams` in src/attention/launch.rs byte for byte.
+struct Params {
+    TensorMap q_map, k_map, v_map;  // 4-D maps over (dim, seq, head, batch)
+    uint64_t o_ptr;                  // output, same layout as Q (strides below, in elements)
+    uint64_t lse_ptr;                // fp32 [B, Hq, Sq] or 0 for none
+    uint64_t lens_ptr;               // secret-length mode: i32 [B] true lengths (secret); else 0
+    uint64_t o_ptr_q_for_control;    // Q's address, read only by the leaky control variant
+    int64_t o_stride_b, o_stride_s, o_stride_h;
+    int32_t seqlen_q, seqlen_k, heads_q, group;  // group = heads_q / heads_kv
+    float scale_log2;                            // softmax scale · log2(e)
+    float scale;                                 // softmax scale (for the LSE)
+    int32_t num_m_blocks;                        // query tiles per (batch, head)
+    int32_t units_per_head;                      // work units per (batch, head): see fc_scheduler.cuh
+    int32_t num_units;                           // units_per_head · heads · batch
+    int32_t pair_tiles;                          // 1: a causal unit pairs a heavy and a light tile
+};
+
+struct Shared {
+    uint16_t q[cfg::CHUNKS][cfg::BM][64];
+    uint16_t k[cfg::STAGES][cfg::CHUNKS][cfg::BN][64];
+    uint16_t v[cfg::STAGES][cfg::CHUNKS][cfg::BN][64];
+    uint64_t q_full, q_empty;
+    uint64_t k_full[cfg::STAGES], v_full[cfg::STAGES];
+    uint64_t k_empty[cfg::STAGES], v_empty[cfg::STAGES];
+    float anchor[128 * cfg::CONSUMERS];  // write-only scheduling anchor (see Consumer::iteration)
+#if FC_SPLIT > 1
+    // This CTA's partial result over its key range, read by the whole cluster when combining.
+    alignas(16) float part_o[cfg::BM][cfg::D];  // unnormalised output (read as float4)
+    float part_m[cfg::BM];          // running max of raw scores (−inf: no visible key)
+    float part_l[cfg::BM];          // sum of exp2 terms relative to part_m
+#endif
+};
+
+FC_DEVICE int ceil_div(int a, int b) { return (a + b - 1) / b; }

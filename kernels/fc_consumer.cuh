@@ -1,0 +1,181 @@
+// A consumer warpgroup: 64 query rows of the tile. S = Q Kᵀ and O += P V on wgmma, the online
+// softmax in fp32 registers between them, software-pipelined inside the warpgroup: while the
+// tensor cores compute O += P_{j−1} V_{j−1}, the warpgroup already runs the softmax of S_j
+// (FA3's intra-warpgroup overlap). Every wait and branch depends on block indices only.
+#pragma once
+#include "fc_scheduler.cuh"
+#include "fc_mbarrier.cuh"
+#include "fc_wgmma.cuh"
+#include "fc_softmax.cuh"
+
+// One consumer warpgroup's view of one tile.
+struct Consumer {
+    const Params& p;
+    Shared& s;
+    int wg, m_block, head, batch;
+    int lane, row0, col0;
+    uint32_t q_base;
+    int key_limit;  // keys at or past this are masked: Sk, or the (secret) true length
+    int kv_begin;   // first K/V block of this CTA's range (split mode), else 0
+    int g0;         // ring position of this tile's first K/V block
+
+    // S = Q Kᵀ over the head dim, 16 at a time (32 bytes inside a 128-byte swizzle row).
+    FC_DEVICE void issue_qk(float (&sacc)[cfg::BN / 2], int stage) const {
+        using namespace cfg;
+        const uint32_t k_base = smem_u32(&s.k[stage][0][0][0]);
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t kin = (kk % 4) * 32;
+            const uint64_t da = wgmma_desc_sw128(q_base + (kk / 4) * (BM * ROW_BYTES) + kin, 16, 1024);
+            const uint64_t db = wgmma_desc_sw128(k_base + (kk / 4) * (BN * ROW_BYTES) + kin, 16, 1024);
+            Mma<BN>::ss(sacc, da, db, kk > 0);
+        }
+    }
+
+    // O += P V; V is [keys][dim] in shared memory, i.e. B with the N (dim) index contiguous.
+    FC_DEVICE void issue_pv(float (&o)[cfg::D / 2], const uint32_t (&pf)[cfg::BN / 16][4], int stage) const {
+        using namespace cfg;
+        const uint32_t v_base = smem_u32(&s.v[stage][0][0][0]);
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; ++kk) {
+            const uint64_t db = wgmma_desc_sw128(v_base + kk * 16 * ROW_BYTES, BN * ROW_BYTES, 1024);
+            Mma<D>::rs_tb(o, pf[kk], db, 1);
+        }
+    }
+
+    // Out-of-range keys and (causal) keys right of the diagonal become −inf, by select.
+    FC_DEVICE void mask(float (&sacc)[cfg::BN / 2], int n_block) const {
+        using namespace cfg;
+        const int key_base = n_block * BN + col0;
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) {
+            const int key = key_base + 8 * (i / 4) + (i % 2);
+            bool visible = key < key_limit;
+#if FC_CAUSAL
+            const int row = row0 + 8 * ((i / 2) % 2);
+            visible = visible && (key <= row + p.seqlen_k - p.seqlen_q);
+#endif
+            sacc[i] = select_f(visible, sacc[i], neg_inf());
+        }
+    }
+
+    // P (fp32 accumulators) → 16-bit A fragments: k-slice kk is accumulator columns 16kk..16kk+15.
+    FC_DEVICE static void to_fragments(const float (&sacc)[cfg::BN / 2], uint32_t (&pf)[cfg::BN / 16][4]) {
+#pragma unroll
+        for (int kk = 0; kk < cfg::BN / 16; ++kk) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) pf[kk][r] = pack_elem2(sacc[8 * kk + 2 * r], sacc[8 * kk + 2 * r + 1]);
+        }
+    }
+
+    // Ping-pong between the consumer warpgroups: a warpgroup issues its GEMMs only on its turn and
+    // then hands the turn over, so its softmax runs while the other's GEMMs occupy the tensor
+    // cores. The turn count depends on the block count only. Turns go round-robin 0, 1, …,
+    // CONSUMERS−1 within each tile; barrier 1+w is warpgroup w's turn.
+    FC_DEVICE void wait_turn() const { named_bar_sync(1 + wg, 256); }
+    FC_DEVICE void pass_turn(bool last) const {
+        // The last warpgroup's final hand-over in a tile would have no taker.
+        if (!(wg == cfg::CONSUMERS - 1 && last)) named_bar_arrive(1 + (wg + 1) % cfg::CONSUMERS, 256);
+    }
+
+    FC_DEVICE void release(uint64_t* bar) const {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+    }
+
+    // One main-loop step for block `it`: issue S_it = Q K_itᵀ and O += P_{it-1} V_{it-1}; run the
+    // softmax of S_it while the PV GEMM is still on the tensor cores; then rescale O.
+    template <bool kMask>
+    FC_DEVICE void iteration(int it, int n_blocks, float (&sacc)[cfg::BN / 2], uint32_t (&pf)[cfg::BN / 16][4],
+                             float (&o)[cfg::D / 2], OnlineSoftmax<cfg::BN>& softmax) const {
+        using namespace cfg;
+        const int stage = ring_stage(g0 + it);
+        const uint32_t phase = ring_phase(g0 + it);
+        const int prev = ring_stage(g0 + it - 1);
+        const uint32_t prev_phase = ring_phase(g0 + it - 1);
+
+        mbar_wait(&s.k_full[stage], phase);
+        mbar_wait(&s.v_full[prev], prev_phase);
+        wait_turn();
+        wgmma_fence();
+        issue_qk(sacc, stage);
+        wgmma_commit();
+        issue_pv(o, pf, prev);
+        wgmma_commit();
+        pass_turn(it == n_blocks - 1);
+
+        wgmma_wait<1>();  // S_it is ready; P_{it-1} V_{it-1} may still run
+        fence_regs(sacc);
+        release(&s.k_empty[stage]);
+        if constexpr (kMask) mask(sacc, kv_begin + it);
+        float alpha[2];
+        softmax.step(sacc, p.scale_log2, alpha);
+        fence_regs(sacc);
+        // Anchor: a shared-memory store of the softmax's last result. The wait below is ordered
+        // after it, so ptxas cannot schedule the wait (and stall on the PV GEMM) before the
+        // softmax — which is what lets the softmax overlap the PV GEMM.
+        asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_u32(&s.anchor[threadIdx.x - 128])), "f"(softmax.row_sum[1])
+                     : "memory");
+
+        wgmma_wait<0>();
+        fence_regs(o);
+        fence_frags(pf);
+#pragma unroll
+        for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i / 2) % 2];
+        to_fragments(sacc, pf);
+        // Released only now: an mbarrier arrive right after the wait is a memory operation that
+        // ptxas schedules early, dragging the wait (and so the PV GEMM's completion) in front of
+        // the softmax above and serialising the two.
+        release(&s.v_empty[prev]);
+    }
+};
+
+// The tile's main loop: block 0 (S, softmax), then unmasked and masked blocks, then the last
+// P V. `q_load` counts the Q tiles this CTA loaded before this one (the q_full parity).
+FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax<cfg::BN>& softmax, KvRange kv,
+                        int q_load) {
+    using namespace cfg;
+    const int n_blocks = kv.count;
+    const int wg = c.wg;
+    Shared& s = c.s;
+    const Params& p = c.p;
+    mbar_wait(&s.q_full, q_load & 1);
+
+    float sacc[BN / 2];
+    uint32_t pf[BN / 16][4];
+    float alpha[2];  // block 0: O is still zero, nothing to rescale
+
+    // Block 0: S, softmax, fragments. The last warpgroup hands warpgroup 0 the first turn.
+    if (wg == CONSUMERS - 1) named_bar_arrive(1, 256);
+    const int stage0 = ring_stage(c.g0);
+    mbar_wait(&s.k_full[stage0], ring_phase(c.g0));
+    c.wait_turn();
+    wgmma_fence();
+    c.issue_qk(sacc, stage0);
+    wgmma_commit();
+    c.pass_turn(n_blocks == 1);
+    wgmma_wait<0>();
+    fence_regs(sacc);
+    c.release(&s.k_empty[stage0]);
+    if (kv.first_masked == 0) c.mask(sacc, kv.begin);
+    softmax.step(sacc, p.scale_log2, alpha);
+    Consumer::to_fragments(sacc, pf);
+
+    const int first_masked = kv.first_masked;
+    int it = 1;
+    for (; it < first_masked; ++it) c.iteration<false>(it, n_blocks, sacc, pf, o, softmax);
+    for (; it < n_blocks; ++it) c.iteration<true>(it, n_blocks, sacc, pf, o, softmax);
+
+    // Every Q Kᵀ of this tile is complete (the last iteration waited for all GEMMs): the producer
+    // may load the next tile's Q while this warpgroup finishes the last P V and the epilogue.
+    c.release(&s.q_empty);
+
+    const int last = ring_stage(c.g0 + n_blocks - 1);
+    mbar_wait(&s.v_full[last], ring_phase(c.g0 + n_blocks - 1));
+    wgmma_fence();
+    c.issue_pv(o, pf, last);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+    c.release(&s.v_empty[last]);
+}

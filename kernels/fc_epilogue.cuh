@@ -1,0 +1,116 @@
+// Writing a tile's result: normalise O by the softmax sum, store it (rows past Sq are not
+// stored) and the log-sum-exp. Split mode parks an unnormalised partial per CTA and combines the
+// cluster's partials through distributed shared memory in a fixed order (rank 0, 1, …): no
+// atomics, bitwise deterministic. Fully masked rows get O = 0 and LSE = −inf by select.
+#pragma once
+#include "fc_consumer.cuh"
+#include "fc_cluster.cuh"
+
+FC_DEVICE float lse_of(float m_raw, float total, float scale) {
+    const float m = select_f(m_raw == neg_inf(), 0.0f, m_raw);
+    return m * scale + fast_log2(total) * 0.69314718055994530942f;
+}
+
+FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const OnlineSoftmax<cfg::BN>& softmax) {
+    using namespace cfg;
+    const Params& p = c.p;
+    float total[2];
+    softmax.finish(total);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = c.row0 + 8 * h;
+        // `any` is false only for a fully masked row; in secret-length mode rows at or past
+        // the true length are zeroed too (a select on a secret, never a branch).
+        const bool any = total[h] > 0.0f && (!FC_SECRET_LEN || row < c.key_limit);
+        const float inv = select_f(any, fast_rcp(total[h]), 0.0f);
+        if (row < p.seqlen_q) {
+            uint16_t* out = reinterpret_cast<uint16_t*>(p.o_ptr) + c.batch * p.o_stride_b + (int64_t)row * p.o_stride_s +
+                            c.head * p.o_stride_h + c.col0;
+#pragma unroll
+            for (int j = 0; j < D / 8; ++j) {
+                const uint32_t packed = pack_elem2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+                *reinterpret_cast<uint32_t*>(out + 8 * j) = packed;
+            }
+            if (p.lse_ptr != 0 && (c.lane % 4) == 0) {
+                float* lse_out =
+                    reinterpret_cast<float*>(p.lse_ptr) + ((int64_t)c.batch * p.heads_q + c.head) * p.seqlen_q + row;
+                *lse_out = select_f(any, lse_of(softmax.row_max[h], total[h], p.scale), neg_inf());
+            }
+        }
+    }
+}
+
+// Split mode: park the unnormalised partial (O, max, sum) in shared memory for the combine.
+FC_DEVICE void write_partial(const Consumer& c, const float (&o)[cfg::D / 2], const OnlineSoftmax<cfg::BN>& softmax) {
+#if FC_SPLIT > 1
+    using namespace cfg;
+    Shared& s = c.s;
+    float total[2];
+    softmax.finish(total);
+    const int local0 = c.row0 - c.m_block * BM;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = local0 + 8 * h;
+#pragma unroll
+        for (int j = 0; j < D / 8; ++j) {
+            s.part_o[r][8 * j + c.col0] = o[4 * j + 2 * h];
+            s.part_o[r][8 * j + c.col0 + 1] = o[4 * j + 2 * h + 1];
+        }
+        if ((c.lane % 4) == 0) {
+            s.part_m[r] = softmax.row_max[h];
+            s.part_l[r] = total[h];
+        }
+    }
+#endif
+}
+
+// Split mode: after the cluster barrier, CTA `rank` combines rows [rank·BM/SPLIT, …) of the
+// query tile from every CTA's partial, in rank order, normalises, and writes O and the LSE.
+FC_DEVICE void combine_split(const Params& p, Shared& s, Tile t, int key_limit) {
+#if FC_SPLIT > 1
+    using namespace cfg;
+    constexpr int ROWS = BM / SPLIT;
+    constexpr int THREADS_C = 128 * CONSUMERS;
+    const int tid = threadIdx.x - 128;
+    const uint32_t rank = cluster_rank();
+#pragma unroll
+    for (int e = 4 * tid; e < ROWS * D; e += 4 * THREADS_C) {
+        const int r = rank * ROWS + e / D;
+        const int col = e % D;
+        float m_s[SPLIT];
+        float m_all = neg_inf();
+#pragma unroll
+        for (int q = 0; q < SPLIT; ++q) {
+            m_s[q] = cluster_load_f32(cluster_map(smem_u32(&s.part_m[r]), q));
+            m_all = fmaxf(m_all, m_s[q]);
+        }
+        const float m_use = select_f(m_all == neg_inf(), 0.0f, m_all);
+        float l = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+#pragma unroll
+        for (int q = 0; q < SPLIT; ++q) {  // fixed order: deterministic
+            const float w = fast_exp2((m_s[q] - m_use) * p.scale_log2);
+            l += cluster_load_f32(cluster_map(smem_u32(&s.part_l[r]), q)) * w;
+            const float4 v = cluster_load_f32x4(cluster_map(smem_u32(&s.part_o[r][col]), q));
+            o0 += v.x * w;
+            o1 += v.y * w;
+            o2 += v.z * w;
+            o3 += v.w * w;
+        }
+        const int row = t.m_block * BM + r;
+        const bool any = l > 0.0f && (!FC_SECRET_LEN || row < key_limit);
+        const float inv = select_f(any, fast_rcp(l), 0.0f);
+        if (row < p.seqlen_q) {
+            uint16_t* out = reinterpret_cast<uint16_t*>(p.o_ptr) + t.batch * p.o_stride_b + (int64_t)row * p.o_stride_s +
+                            t.head * p.o_stride_h + col;
+            uint2 packed;
+            packed.x = pack_elem2(o0 * inv, o1 * inv);
+            packed.y = pack_elem2(o2 * inv, o3 * inv);
+            *reinterpret_cast<uint2*>(out) = packed;
+            if (p.lse_ptr != 0 && col == 0) {
+                float* lse_out = reinterpret_cast<float*>(p.lse_ptr) + ((int64_t)t.batch * p.heads_q + t.head) * p.seqlen_q + row;
+                *lse_out = select_f(any, lse_of(m_use, l, p.scale), neg_inf());
+            }
+        }
+    }
+#endif
+}

@@ -1,0 +1,50 @@
+// The producer: one thread of warpgroup 0 streams every tile of this CTA through TMA — Q into
+// its buffer (once the consumers' last Q Kᵀ of the previous tile is done), K and V into the
+// STAGES-deep ring. The ring runs on across tiles, so the next tile's first K/V blocks load
+// while the consumers finish this one (the point of the persistent grid).
+#pragma once
+#include "fc_scheduler.cuh"
+#include "fc_mbarrier.cuh"
+#include "fc_tma.cuh"
+
+FC_DEVICE void producer(const Params& p, Shared& s) {
+    const Scheduler sched{p};
+    tma_prefetch_desc(&p.q_map);
+    tma_prefetch_desc(&p.k_map);
+    tma_prefetch_desc(&p.v_map);
+    int g = 0;       // K/V blocks streamed so far (ring position)
+    int q_load = 0;  // Q tiles loaded so far
+    for (int unit = sched.first_unit(); unit < p.num_units; unit += sched.unit_step()) {
+        const int tiles = sched.tiles_in_unit(unit);
+        for (int k = 0; k < tiles; ++k) {
+            const Tile t = sched.tile(unit, k);
+            const KvRange kv = tile_kv(p, t.m_block, key_limit_of(p, t.batch));
+            if (kv.count == 0) continue;  // fully masked tile: consumers write zeros without Q
+            const int kv_head = t.head / p.group;
+            mbar_wait(&s.q_empty, (q_load & 1) ^ 1);
+            mbar_arrive_expect_tx(&s.q_full, cfg::Q_BYTES);
+#pragma unroll
+            for (int c = 0; c < cfg::CHUNKS; ++c) {
+                tma_load_4d(&s.q[c][0][0], &p.q_map, &s.q_full, c * 64, t.m_block * cfg::BM, t.head, t.batch);
+            }
+            ++q_load;
+            for (int it = 0; it < kv.count; ++it, ++g) {
+                const int stage = ring_stage(g);
+                const uint32_t phase = ring_phase(g);
+                const int key_row = (kv.begin + it) * cfg::BN;
+                mbar_wait(&s.k_empty[stage], phase ^ 1);
+                mbar_arrive_expect_tx(&s.k_full[stage], cfg::KV_BYTES);
+#pragma unroll
+                for (int c = 0; c < cfg::CHUNKS; ++c) {
+                    tma_load_4d(&s.k[stage][c][0][0], &p.k_map, &s.k_full[stage], c * 64, key_row, kv_head, t.batch);
+                }
+                mbar_wait(&s.v_empty[stage], phase ^ 1);
+                mbar_arrive_expect_tx(&s.v_full[stage], cfg::KV_BYTES);
+#pragma unroll
+                for (int c = 0; c < cfg::CHUNKS; ++c) {
+                    tma_load_4d(&s.v[stage][c][0][0], &p.v_map, &s.v_full[stage], c * 64, key_row, kv_head, t.batch);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,116 @@
+// Which query tiles a CTA computes, and which K/V blocks each tile visits. Everything here is a
+// function of public shapes and block indices only (DESIGN.md §1): no atomics, no data.
+//
+// Persistent grid: CTA b takes work units b, b + gridDim.x, b + 2·gridDim.x, … A unit is one
+// query tile, or — causal, when there is more than one wave of tiles — the pair (heavy, light) =
+// (m_blocks−1−j, j) of one (batch, head), whose key ranges add up to about the same length for
+// every j, so a static round-robin keeps the SMs evenly loaded. Units are numbered head-major
+// within a batch, so the CTAs running at any moment share K/V in L2 (PERF_NOTES step 5).
+// The order never changes what a tile computes: output bits stay batch-invariant.
+#pragma once
+#include "fc_config.cuh"
+
+struct Tile {
+    int m_block, head, batch;
+};
+
+// The K/V blocks one CTA visits: [begin, begin + count), and the first of them (relative) that
+// needs element masks. Public: shapes, block indices and the cluster rank only.
+struct KvRange {
+    int begin, count, first_masked;
+};
+
+struct Scheduler {
+    const Params& p;
+
+    // Units of this CTA: first, step, end (split mode: one unit per cluster).
+    FC_DEVICE int first_unit() const { return cfg::SPLIT > 1 ? (int)blockIdx.x / cfg::SPLIT : (int)blockIdx.x; }
+    FC_DEVICE int unit_step() const { return cfg::SPLIT > 1 ? p.num_units : (int)gridDim.x; }
+
+    FC_DEVICE int tiles_in_unit(int unit) const {
+        if (!p.pair_tiles) return 1;
+        const int j = unit % p.units_per_head;
+        return (p.num_m_blocks - 1 - j) == j ? 1 : 2;  // odd tile count: the middle tile is alone
+    }
+
+    // Tile `k` (0 or 1) of `unit`. Causal tiles come heaviest first (the last query blocks see the
+    // most keys).
+    FC_DEVICE Tile tile(int unit, int k) const {
+        const int j = unit % p.units_per_head;
+        const int hb = unit / p.units_per_head;
+        Tile t;
+        t.head = hb % p.heads_q;
+        t.batch = hb / p.heads_q;
+        if (p.pair_tiles) {
+            t.m_block = k == 0 ? p.num_m_blocks - 1 - j : j;
+        } else {
+            t.m_block = FC_CAUSAL ? p.num_m_blocks - 1 - j : j;
+        }
+        return t;
+    }
+};
+
+// Number of K/V blocks query tile `m_block` must visit (public: shapes and block index only).
+FC_DEVICE int num_kv_blocks(const Params& p, int m_block) {
+    int n = ceil_div(p.seqlen_k, cfg::BN);
+#if FC_CAUSAL
+    // Bottom-right alignment: query row r sees keys j <= r + (Sk - Sq).
+    const int last_row = min((m_block + 1) * cfg::BM, p.seqlen_q) - 1;
+    const int visible = min(p.seqlen_k, last_row + p.seqlen_k - p.seqlen_q + 1);
+    n = visible <= 0 ? 0 : min(n, ceil_div(visible, cfg::BN));
+#endif
+    return n;
+}
+
+// First K/V block that may need element masks: the partial last block, or (causal) the first
+// block crossing the diagonal of the tile's first row. Every later block needs them too, so the
+// main loop runs unmasked blocks, then masked ones, each as straight-line code (a branch around
+// the mask inside one loop would make ptxas wait for the in-flight wgmma at the join).
+FC_DEVICE int first_masked_block(const Params& p, int m_block, int n_blocks) {
+    if (FC_SECRET_LEN) return 0;  // the true length is secret: every block is masked
+    int first = p.seqlen_k / cfg::BN;
+#if FC_CAUSAL
+    // Block n is clean iff its last key (n+1)·BN − 1 <= m_block·BM + Sk − Sq.
+    const int limit = m_block * cfg::BM + p.seqlen_k - p.seqlen_q + 1;
+    first = min(first, limit <= 0 ? 0 : limit / cfg::BN);
+#endif
+    return min(first, n_blocks);
+}
+
+// This CTA's share of a tile's K/V blocks (all of them unless split across a cluster).
+FC_DEVICE KvRange kv_range(const Params& p, int m_block) {
+    const int split_rank = cfg::SPLIT > 1 ? (int)blockIdx.x % cfg::SPLIT : 0;
+    const int n_total = num_kv_blocks(p, m_block);
+    const int per_split = ceil_div(n_total, cfg::SPLIT);
+    KvRange kv;
+    kv.begin = min(n_total, split_rank * per_split);
+    kv.count = min(n_total, kv.begin + per_split) - kv.begin;
+    kv.first_masked = max(0, min(kv.count, first_masked_block(p, m_block, n_total) - kv.begin));
+    return kv;
+}
+
+// Keys at or past this are masked: Sk, or in secret-length mode the batch entry's true length,
+// clamped with min/max (ALU selects) so any stored value is safe and nothing branches on it.
+FC_DEVICE int key_limit_of(const Params& p, int batch) {
+    int key_limit = p.seqlen_k;
+#if FC_SECRET_LEN
+    key_limit = max(0, min(p.seqlen_k, reinterpret_cast<const int32_t*>(p.lens_ptr)[batch]));
+#endif
+    return key_limit;
+}
+
+// The K/V range a tile's producer and consumers agree on. FC_LEAKY_CONTROL == 2 (never shipped;
+// the timing test's control) walks only the blocks below the secret true length: a loop bound
+// from a secret, exactly what the audit forbids.
+FC_DEVICE KvRange tile_kv(const Params& p, int m_block, int key_limit) {
+    KvRange kv = kv_range(p, m_block);
+#if FC_LEAKY_CONTROL == 2
+    kv.count = min(kv.count, ceil_div(key_limit, cfg::BN));
+    kv.first_masked = min(kv.first_masked, kv.count);
+#endif
+    return kv;
+}
+
+// Stage and parity of the `g`-th K/V block this CTA streams (counted across all its tiles).
+FC_DEVICE int ring_stage(int g) { return g % cfg::STAGES; }
+FC_DEVICE uint32_t ring_phase(int g) { return (g / cfg::STAGES) & 1; }
