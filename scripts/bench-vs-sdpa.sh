@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# flashcore vs PyTorch SDPA (flash, cuDNN, efficient), side by side, on the GPU machine.
+# flashcore vs PyTorch SDPA (flash, cuDNN, efficient) and FlashAttention-4 (when `flash_attn.cute`
+# imports; scripts/prepare-fa4.sh installs it on a GPU machine without internet), side by side.
 #
 #   bash scripts/bench-vs-sdpa.sh [FLASHCORE_BIN] [extra flags for both, e.g. --reps 100 --dtype f16]
 #
