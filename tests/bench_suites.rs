@@ -155,6 +155,12 @@ fn python_matches_rust() {
     // A Python record reads as a flashcore Record with the same numbers.
     let r: Record = serde_json::from_value(py["record"].clone()).unwrap();
     assert_eq!(r.implementation, "sdpa-flash");
+    // FlashAttention-4 records are named "fa4", the SDPA backends "sdpa-<backend>".
+    let names: Vec<String> = serde_json::from_value(py["impl_names"].clone()).unwrap();
+    assert_eq!(
+        names,
+        ["sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "fa4"].map(String::from)
+    );
     assert_eq!(
         (r.mode, r.status, r.dtype),
         (Mode::Graph, Status::Ok, DType::F16)
@@ -194,6 +200,13 @@ fn python_argument_errors_exit_2() {
         run(&["--backends", "bogus"]).unwrap().status.code(),
         Some(2)
     );
+    assert_eq!(
+        run(&["--backends", "fa4,bogus"]).unwrap().status.code(),
+        Some(2)
+    );
+    // fa4 is a known backend: the shapes print (no GPU or torch needed for that).
+    let o = run(&["--backends", "fa4", "--suite", "seed", "--print-shapes"]).unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let o = run(&["--suite", "fa3", "--dtype", "bf16", "--print-shapes"]).unwrap();
     assert!(o.status.success());
     let v: Vec<(DType, Shape)> = serde_json::from_slice(&o.stdout).unwrap();
