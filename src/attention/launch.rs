@@ -1,6 +1,7 @@
 //! Loading a kernel variant and launching it: the parameter block, grid, shared memory.
 
 use super::context::Context;
+use super::external::Strides;
 use super::params::AttentionParams;
 use super::tensor_map;
 use crate::error::{Error, Result};
@@ -113,6 +114,9 @@ impl Schedule {
     }
 }
 
+/// Buffers and element strides (q, k, v, o) a parameter block was built for.
+type LaunchKey = ([u64; 6], [Strides; 4]);
+
 /// Everything one shape needs to launch, prepared once: the loaded kernel, grid, and the
 /// parameter block of the last buffers seen (rebuilt only when the pointers change), so
 /// repeated launches on the same buffers do no host work but the launch itself.
@@ -124,7 +128,7 @@ pub struct Plan {
     grid: (u32, u32, u32),
     schedule: Schedule,
     secret_len: bool,
-    cached: Mutex<Option<([u64; 6], Box<KernelParams>)>>,
+    cached: Mutex<Option<(LaunchKey, Box<KernelParams>)>>,
 }
 
 impl Plan {
@@ -189,21 +193,22 @@ impl Plan {
         self.secret_len
     }
 
-    fn build(&self, ptrs: [u64; 6]) -> Result<KernelParams> {
+    fn build(&self, (ptrs, strides): LaunchKey) -> Result<KernelParams> {
         let p = &self.params;
         let [q, k, v, o, lse, lens] = ptrs;
+        let [q_st, k_st, v_st, o_st] = strides;
         let rows = self.tile.block_m as u32;
         let keys = self.tile.block_n as u32;
         let q_map = tensor_map::encode(
-            q, p.dtype, p.layout, p.batch, p.seqlen_q, p.heads_q, p.head_dim, rows,
+            q, p.dtype, q_st, p.batch, p.seqlen_q, p.heads_q, p.head_dim, rows,
         )?;
         let k_map = tensor_map::encode(
-            k, p.dtype, p.layout, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, keys,
+            k, p.dtype, k_st, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, keys,
         )?;
         let v_map = tensor_map::encode(
-            v, p.dtype, p.layout, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, keys,
+            v, p.dtype, v_st, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, keys,
         )?;
-        let [sb, ss, sh] = p.layout.strides(p.seqlen_q, p.heads_q, p.head_dim);
+        let [sb, ss, sh] = o_st.as_array();
         let scale = p.softmax_scale();
         Ok(KernelParams {
             q_map,
@@ -213,9 +218,9 @@ impl Plan {
             lse_ptr: lse,
             lens_ptr: lens,
             q_ptr_for_control: q,
-            o_stride_b: sb as i64,
-            o_stride_s: ss as i64,
-            o_stride_h: sh as i64,
+            o_stride_b: sb,
+            o_stride_s: ss,
+            o_stride_h: sh,
             seqlen_q: p.seqlen_q as i32,
             seqlen_k: p.seqlen_k as i32,
             heads_q: p.heads_q as i32,
@@ -269,14 +274,33 @@ impl Plan {
     }
 
     unsafe fn launch(&self, q: u64, k: u64, v: u64, o: u64, lse: u64, lens: u64) -> Result<()> {
-        let ptrs = [q, k, v, o, lse, lens];
+        let p = &self.params;
+        let q_st = Strides::contiguous(p.layout, p.seqlen_q, p.heads_q, p.head_dim);
+        let kv_st = Strides::contiguous(p.layout, p.seqlen_k, p.heads_kv, p.head_dim);
+        let strides = [q_st, kv_st, kv_st, q_st];
+        self.launch_on([q, k, v, o, lse, lens], strides, self.stream.cu_stream())
+    }
+
+    /// Enqueues the kernel on `stream` for tensors with explicit element strides (q, k, v, o).
+    ///
+    /// # Safety
+    /// As for [`Plan::launch_raw`], with each buffer covering what its strides reach, and
+    /// `stream` a live stream of this plan's context; strides checked by
+    /// [`super::external::validate`].
+    pub(crate) unsafe fn launch_on(
+        &self,
+        ptrs: [u64; 6],
+        strides: [Strides; 4],
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        let key = (ptrs, strides);
         let mut cached = self
             .cached
             .lock()
             .map_err(|_| Error::Other("plan lock poisoned".into()))?;
-        let stale = !matches!(cached.as_ref(), Some((p, _)) if *p == ptrs);
+        let stale = !matches!(cached.as_ref(), Some((k, _)) if *k == key);
         if stale {
-            *cached = Some((ptrs, Box::new(self.build(ptrs)?)));
+            *cached = Some((key, Box::new(self.build(key)?)));
         }
         let block = cached.as_mut().map(|(_, b)| b).expect("filled above");
         let mut args: [*mut std::ffi::c_void; 1] =
@@ -286,7 +310,7 @@ impl Plan {
             self.grid,
             (self.tile.threads() as u32, 1, 1),
             self.kernel.smem_bytes as u32,
-            self.stream.cu_stream(),
+            stream,
             &mut args,
         )?;
         Ok(())

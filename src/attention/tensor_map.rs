@@ -1,25 +1,27 @@
-//! TMA tensor maps (CUtensorMap) for Q, K, V: 4-D views (dim, seq, head, batch) of a `bshd` or
-//! `bhsd` tensor, tiled in 64-element (128-byte) rows with 128-byte swizzle — the shared-memory
+//! TMA tensor maps (CUtensorMap) for Q, K, V: 4-D views (dim, seq, head, batch) of a tensor
+//! with any 16-byte-aligned strides (contiguous `bshd`, `bhsd`, or a framework's strided view), tiled in 64-element (128-byte) rows with 128-byte swizzle — the shared-memory
 //! layout the kernel's wgmma descriptors expect. Out-of-range rows read as zeros.
 
-use super::params::{DType, Layout};
+use super::external::Strides;
+use super::params::DType;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 
 /// Elements per swizzled row: 128 bytes of 16-bit values.
 pub const SWIZZLE_ELEMS: u32 = 64;
 
+#[allow(clippy::too_many_arguments)]
 pub fn encode(
     ptr: u64,
     dtype: DType,
-    layout: Layout,
+    strides: Strides,
     batch: usize,
     seqlen: usize,
     heads: usize,
     head_dim: usize,
     box_rows: u32,
 ) -> Result<sys::CUtensorMap> {
-    let [sb, ss, sh] = layout.strides(seqlen, heads, head_dim);
+    let [sb, ss, sh] = strides.as_array();
     let esize = dtype.size() as u64;
     let dims: [u64; 4] = [head_dim as u64, seqlen as u64, heads as u64, batch as u64];
     // Byte strides of dims 1..3 (dim 0 is contiguous).

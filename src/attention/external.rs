@@ -1,0 +1,500 @@
+//! Attention on memory and streams the caller owns: the entry point for frameworks (PyTorch
+//! through the `flashcore` Python package, or any Rust framework) that hold their own tensors
+//! and streams.
+//!
+//! Everything runs in the device's *primary* context, the one the CUDA runtime — and so
+//! PyTorch — uses, so a framework's device pointers and streams are valid here as they are.
+//! Each of Q, K, V and O is described by a base pointer and element strides for its
+//! (batch, seq, head) dims; the head dim must be contiguous. Inputs are read in place through
+//! TMA, which needs 16-byte aligned bases and strides; [`validate`] checks every rule (no GPU
+//! needed), and [`ExternalContext::attention`] checks them again before it launches.
+//!
+//! ```no_run
+//! use flashcore::attention::external::{DeviceTensor, ExternalCall, ExternalContext, Strides};
+//! use flashcore::attention::{AttentionParams, Layout};
+//! # fn demo(q: u64, k: u64, v: u64, o: u64, stream: cudarc::driver::sys::CUstream) -> flashcore::Result<()> {
+//! let p = AttentionParams::new(2, 8, 1024, 64).causal(true);
+//! let s = Strides::contiguous(Layout::Bhsd, 1024, 8, 64); // a torch [B, H, S, D] tensor
+//! let t = |ptr| DeviceTensor { ptr, strides: s };
+//! let call = ExternalCall::new(p, t(q), t(k), t(v), t(o));
+//! let ctx = ExternalContext::new(0)?;
+//! // SAFETY: q, k, v, o are live device allocations of the extents the strides describe,
+//! // on device 0, and outlive the kernel; o aliases none of them.
+//! unsafe { ctx.attention(&call, stream)? };
+//! # Ok(()) }
+//! ```
+
+use super::context::Context;
+use super::launch::Plan;
+use super::params::{AttentionParams, Layout};
+use super::validate::{self, TENSOR_ALIGN};
+use crate::error::{Error, Result};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Element strides of a 4-D attention tensor's (batch, seq, head) dims; the head-dim stride is
+/// 1. A dim of extent 1 may carry any stride (it is never stepped over).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Strides {
+    pub batch: i64,
+    pub seq: i64,
+    pub head: i64,
+}
+
+impl Strides {
+    /// Strides of a contiguous tensor in `layout`.
+    pub fn contiguous(layout: Layout, seqlen: usize, heads: usize, head_dim: usize) -> Strides {
+        let [b, s, h] = layout.strides(seqlen, heads, head_dim);
+        Strides {
+            batch: b as i64,
+            seq: s as i64,
+            head: h as i64,
+        }
+    }
+
+    pub(crate) fn as_array(self) -> [i64; 3] {
+        [self.batch, self.seq, self.head]
+    }
+
+    /// Extent-1 dims get a stride TMA accepts (any value is right for them: only index 0 exists).
+    fn normalized(self, extents: [usize; 3], head_dim: usize) -> Strides {
+        let fix = |stride: i64, extent: usize| {
+            if extent == 1 {
+                head_dim as i64
+            } else {
+                stride
+            }
+        };
+        Strides {
+            batch: fix(self.batch, extents[0]),
+            seq: fix(self.seq, extents[1]),
+            head: fix(self.head, extents[2]),
+        }
+    }
+}
+
+/// A caller-owned device tensor: base address and element strides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceTensor {
+    pub ptr: u64,
+    pub strides: Strides,
+}
+
+/// One attention call on caller-owned memory. `params` gives the shape (Q and O are
+/// `[batch, seqlen_q, heads_q, head_dim]`, K and V `[batch, seqlen_k, heads_kv, head_dim]` in
+/// index order, wherever the strides put them), dtype, mask and scale; `params.layout` is not
+/// used — the strides say where every element is.
+#[derive(Debug, Clone)]
+pub struct ExternalCall {
+    pub params: AttentionParams,
+    pub q: DeviceTensor,
+    pub k: DeviceTensor,
+    pub v: DeviceTensor,
+    pub out: DeviceTensor,
+    /// fp32 `[batch, heads_q, seqlen_q]`, contiguous; 0 for none.
+    pub lse: u64,
+    /// Secret-length mode: i32 `[batch]` true lengths (needs seqlen_q == seqlen_k); 0 for none.
+    pub lengths: u64,
+}
+
+impl ExternalCall {
+    pub fn new(
+        params: AttentionParams,
+        q: DeviceTensor,
+        k: DeviceTensor,
+        v: DeviceTensor,
+        out: DeviceTensor,
+    ) -> ExternalCall {
+        ExternalCall {
+            params,
+            q,
+            k,
+            v,
+            out,
+            lse: 0,
+            lengths: 0,
+        }
+    }
+    pub fn lse(mut self, ptr: u64) -> Self {
+        self.lse = ptr;
+        self
+    }
+    pub fn lengths(mut self, ptr: u64) -> Self {
+        self.lengths = ptr;
+        self
+    }
+}
+
+/// TMA's limit on a byte stride.
+const TMA_MAX_STRIDE_BYTES: i64 = 1 << 40;
+
+/// Checks one tensor's base and strides (extents in (batch, seq, head) order).
+fn check_tensor(
+    arg: &'static str,
+    t: &DeviceTensor,
+    extents: [usize; 3],
+    esize: i64,
+) -> Result<()> {
+    if t.ptr == 0 {
+        return Err(Error::invalid(arg, "null device pointer"));
+    }
+    if t.ptr % TENSOR_ALIGN as u64 != 0 {
+        return Err(Error::invalid(
+            arg,
+            format!(
+                "device address {:#x} is not {TENSOR_ALIGN}-byte aligned (TMA needs it): pass a contiguous copy",
+                t.ptr
+            ),
+        ));
+    }
+    let unit = TENSOR_ALIGN as i64 / esize;
+    for ((name, stride), extent) in ["batch", "seq", "head"]
+        .into_iter()
+        .zip(t.strides.as_array())
+        .zip(extents)
+    {
+        if extent == 1 {
+            continue;
+        }
+        if stride <= 0 {
+            return Err(Error::invalid(
+                arg,
+                format!(
+                    "{name} stride is {stride}: strides must be positive (a broadcast view needs a contiguous copy)"
+                ),
+            ));
+        }
+        if stride % unit != 0 || stride * esize >= TMA_MAX_STRIDE_BYTES {
+            return Err(Error::invalid(
+                arg,
+                format!(
+                    "{name} stride {stride} elements is not a multiple of {unit} (16 bytes) below 2^40 bytes, as TMA needs: pass a contiguous copy"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The output must not overlap itself (two rows writing one element would race): sorted by
+/// stride, each dim must step past everything the dims below it span.
+fn check_no_self_overlap(t: &DeviceTensor, extents: [usize; 3], head_dim: usize) -> Result<()> {
+    let mut dims: Vec<(i64, usize)> = t
+        .strides
+        .as_array()
+        .into_iter()
+        .zip(extents)
+        .filter(|&(_, e)| e > 1)
+        .collect();
+    dims.push((1, head_dim));
+    dims.sort();
+    let mut span = 0i64; // elements spanned by the dims seen so far, minus one
+    for (stride, extent) in dims {
+        if stride <= span {
+            return Err(Error::invalid(
+                "out",
+                "strides make the output overlap itself: it must be a tensor whose elements are distinct",
+            ));
+        }
+        span += stride * (extent as i64 - 1);
+    }
+    Ok(())
+}
+
+/// Every rule an [`ExternalCall`] must meet, checked on the host with no GPU: the shape rules
+/// of [`Context::plan`], then each tensor's alignment and strides, and that the output's
+/// elements are distinct. Cannot check that the pointers are live or large enough.
+pub fn validate(call: &ExternalCall) -> Result<()> {
+    let p = &call.params;
+    validate::check_params(p)?;
+    if call.lengths != 0 {
+        validate::check_secret_len(p)?;
+        if call.lengths % 4 != 0 {
+            return Err(Error::invalid(
+                "lengths",
+                "device address is not 4-byte aligned",
+            ));
+        }
+    }
+    if call.lse % 4 != 0 {
+        return Err(Error::invalid(
+            "lse",
+            "device address is not 4-byte aligned",
+        ));
+    }
+    let esize = p.dtype.size() as i64;
+    let q_ext = [p.batch, p.seqlen_q, p.heads_q];
+    let kv_ext = [p.batch, p.seqlen_k, p.heads_kv];
+    check_tensor("q", &call.q, q_ext, esize)?;
+    check_tensor("k", &call.k, kv_ext, esize)?;
+    check_tensor("v", &call.v, kv_ext, esize)?;
+    check_tensor("out", &call.out, q_ext, esize)?;
+    check_no_self_overlap(&call.out, q_ext, p.head_dim)?;
+    Ok(())
+}
+
+/// What distinguishes one plan from another (the layout is not used here: strides are).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PlanKey {
+    shape: [usize; 6],
+    dtype: super::params::DType,
+    causal: bool,
+    scale_bits: Option<u32>,
+    secret_len: bool,
+}
+
+/// Plans kept per context; past this many shapes the cache starts over (a decode loop makes a
+/// new shape per token, and a plan is cheap to remake).
+const MAX_PLANS: usize = 256;
+
+/// A device's primary context with flashcore's kernels loaded on it, launching on streams the
+/// caller passes. Thread-safe; one per device is enough.
+pub struct ExternalContext {
+    ctx: Context,
+    plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
+}
+
+impl ExternalContext {
+    /// Retains device `ordinal`'s primary context. Errors (never panics) without a driver or a
+    /// device, or when the device is not sm_90.
+    pub fn new(ordinal: usize) -> Result<ExternalContext> {
+        Ok(ExternalContext {
+            ctx: Context::new(ordinal)?,
+            plans: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The underlying context (its own stream is not used by [`ExternalContext::attention`]).
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+
+    fn plan(&self, p: &AttentionParams, secret_len: bool) -> Result<Arc<Plan>> {
+        let key = PlanKey {
+            shape: [
+                p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim,
+            ],
+            dtype: p.dtype,
+            causal: p.causal,
+            scale_bits: p.scale.map(f32::to_bits),
+            secret_len,
+        };
+        let mut plans = self
+            .plans
+            .lock()
+            .map_err(|_| Error::Other("plan cache lock poisoned".into()))?;
+        if let Some(plan) = plans.get(&key) {
+            return Ok(plan.clone());
+        }
+        let params = AttentionParams {
+            layout: Layout::Bshd,
+            ..p.clone()
+        };
+        let plan = Arc::new(if secret_len {
+            self.ctx.plan_secret_len(&params)?
+        } else {
+            self.ctx.plan(&params)?
+        });
+        if plans.len() >= MAX_PLANS {
+            plans.clear();
+        }
+        plans.insert(key, plan.clone());
+        Ok(plan)
+    }
+
+    /// Loads (compiling through the disk cache on first use) the kernel `params` needs, without
+    /// launching: call once before capturing a CUDA graph, since loading a module is not
+    /// allowed inside a capture.
+    pub fn prepare(&self, params: &AttentionParams, secret_len: bool) -> Result<()> {
+        self.ctx.cuda().bind_to_thread()?;
+        self.plan(params, secret_len).map(|_| ())
+    }
+
+    /// Validates `call` ([`validate`]) and enqueues the kernel on `stream`, which may be
+    /// capturing a CUDA graph (after [`ExternalContext::prepare`] or an earlier call of the same
+    /// shape loaded the kernel).
+    ///
+    /// # Safety
+    /// - `stream` is a live stream of this device's primary context (or null, the legacy
+    ///   default stream).
+    /// - Each pointer is a live device allocation on this device that covers every element its
+    ///   strides reach for the call's shape (2-byte elements of `params.dtype`; `lse`:
+    ///   `batch·heads_q·seqlen_q` f32s; `lengths`: `batch` i32s), and stays alive until the
+    ///   kernel has finished on `stream`.
+    /// - `out` and `lse` overlap neither each other nor any input.
+    pub unsafe fn attention(&self, call: &ExternalCall, stream: sys::CUstream) -> Result<()> {
+        validate(call)?;
+        let p = &call.params;
+        let secret_len = call.lengths != 0;
+        self.ctx.cuda().bind_to_thread()?;
+        let plan = self.plan(p, secret_len)?;
+        let hd = p.head_dim;
+        let q_ext = [p.batch, p.seqlen_q, p.heads_q];
+        let kv_ext = [p.batch, p.seqlen_k, p.heads_kv];
+        let strides = [
+            call.q.strides.normalized(q_ext, hd),
+            call.k.strides.normalized(kv_ext, hd),
+            call.v.strides.normalized(kv_ext, hd),
+            call.out.strides.normalized(q_ext, hd),
+        ];
+        let ptrs = [
+            call.q.ptr,
+            call.k.ptr,
+            call.v.ptr,
+            call.out.ptr,
+            call.lse,
+            call.lengths,
+        ];
+        // SAFETY: the caller's contract above; shapes, alignment and strides validated.
+        unsafe { plan.launch_on(ptrs, strides, stream) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::params::DType;
+
+    fn bhsd(p: &AttentionParams, seqlen: usize, heads: usize, ptr: u64) -> DeviceTensor {
+        DeviceTensor {
+            ptr,
+            strides: Strides::contiguous(Layout::Bhsd, seqlen, heads, p.head_dim),
+        }
+    }
+
+    fn call(p: AttentionParams) -> ExternalCall {
+        let q = bhsd(&p, p.seqlen_q, p.heads_q, 0x10000);
+        let k = bhsd(&p, p.seqlen_k, p.heads_kv, 0x20000);
+        let v = bhsd(&p, p.seqlen_k, p.heads_kv, 0x30000);
+        let o = bhsd(&p, p.seqlen_q, p.heads_q, 0x40000);
+        ExternalCall::new(p, q, k, v, o)
+    }
+
+    fn rule(e: Error) -> (&'static str, String) {
+        match e {
+            Error::InvalidArgument { arg, rule } => (arg, rule),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn contiguous_calls_pass() {
+        validate(&call(AttentionParams::new(2, 4, 100, 64))).unwrap();
+        let gqa = AttentionParams {
+            heads_kv: 2,
+            ..AttentionParams::new(1, 8, 33, 128)
+                .seqlen_k(70)
+                .dtype(DType::Bf16)
+        };
+        validate(&call(gqa).lse(0x50000)).unwrap();
+    }
+
+    #[test]
+    fn transposed_view_passes() {
+        // A bshd tensor viewed as bhsd (torch's `.transpose(1, 2)`): strides (S·H·D, H·D, D).
+        let p = AttentionParams::new(2, 4, 100, 64);
+        let mut c = call(p.clone());
+        c.q.strides = Strides::contiguous(Layout::Bshd, 100, 4, 64);
+        validate(&c).unwrap();
+    }
+
+    #[test]
+    fn extent_one_dims_take_any_stride() {
+        let p = AttentionParams::new(1, 1, 1, 64);
+        let mut c = call(p);
+        c.q.strides = Strides {
+            batch: 0,
+            seq: 3,
+            head: -7,
+        };
+        validate(&c).unwrap();
+        assert_eq!(
+            c.q.strides.normalized([1, 1, 1], 64),
+            Strides {
+                batch: 64,
+                seq: 64,
+                head: 64
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_null_and_misaligned_pointers() {
+        let mut c = call(AttentionParams::new(1, 2, 8, 64));
+        c.k.ptr = 0;
+        let (arg, r) = rule(validate(&c).unwrap_err());
+        assert_eq!((arg, r.contains("null")), ("k", true));
+        c.k.ptr = 0x20008;
+        let (arg, r) = rule(validate(&c).unwrap_err());
+        assert_eq!(arg, "k");
+        assert!(r.contains("16-byte aligned"), "{r}");
+    }
+
+    #[test]
+    fn rejects_strides_tma_cannot_express() {
+        let p = AttentionParams::new(2, 2, 8, 64);
+        // A seq stride of 68 elements (136 bytes) is not a multiple of 16 bytes.
+        let mut c = call(p.clone());
+        c.v.strides.seq = 68;
+        let (arg, r) = rule(validate(&c).unwrap_err());
+        assert_eq!(arg, "v");
+        assert!(r.contains("seq stride 68"), "{r}");
+        // A broadcast (stride 0) over a dim of extent 2.
+        let mut c = call(p.clone());
+        c.k.strides.head = 0;
+        let (arg, r) = rule(validate(&c).unwrap_err());
+        assert_eq!(arg, "k");
+        assert!(r.contains("positive"), "{r}");
+        // Negative.
+        let mut c = call(p);
+        c.q.strides.batch = -1024;
+        assert_eq!(rule(validate(&c).unwrap_err()).0, "q");
+    }
+
+    #[test]
+    fn rejects_self_overlapping_output() {
+        // Heads and sequence positions on the same rows: valid to read, not to write.
+        let p = AttentionParams::new(1, 2, 8, 64);
+        let mut c = call(p);
+        c.out.strides = Strides {
+            batch: 1024,
+            seq: 64,
+            head: 64,
+        };
+        let (arg, r) = rule(validate(&c).unwrap_err());
+        assert_eq!(arg, "out");
+        assert!(r.contains("overlap itself"), "{r}");
+        // The same strides on an input are fine (reads only).
+        let mut c2 = call(AttentionParams::new(1, 2, 8, 64));
+        c2.k.strides = c.out.strides;
+        validate(&c2).unwrap();
+    }
+
+    #[test]
+    fn shape_rules_apply() {
+        let (arg, _) = rule(validate(&call(AttentionParams::new(1, 2, 8, 96))).unwrap_err());
+        assert_eq!(arg, "head_dim");
+        let p = AttentionParams {
+            heads_kv: 3,
+            ..AttentionParams::new(1, 4, 8, 64)
+        };
+        assert_eq!(rule(validate(&call(p)).unwrap_err()).0, "heads_kv");
+    }
+
+    #[test]
+    fn secret_lengths_need_equal_lengths_and_alignment() {
+        let p = AttentionParams::new(2, 2, 16, 64);
+        validate(&call(p.clone()).lengths(0x60000)).unwrap();
+        let (arg, _) = rule(validate(&call(p.clone()).lengths(0x60002)).unwrap_err());
+        assert_eq!(arg, "lengths");
+        let (arg, _) = rule(validate(&call(p.seqlen_k(17)).lengths(0x60000)).unwrap_err());
+        assert_eq!(arg, "seqlen_k");
+    }
+
+    #[test]
+    fn lse_alignment() {
+        let c = call(AttentionParams::new(1, 1, 8, 64)).lse(0x50002);
+        assert_eq!(rule(validate(&c).unwrap_err()).0, "lse");
+    }
+}
