@@ -1,0 +1,25 @@
+"""flashcore for PyTorch: data-oblivious fused attention for NVIDIA Hopper (sm_90a), with kernels
+compiled at run time by NVRTC (no nvcc). Inference only (no backward pass yet).
+
+    import flashcore
+    out = flashcore.attention(q, k, v, causal=True)            # [B, S, H, D], flash-attn layout
+    out = flashcore.flash_attn_func(q, k, v, causal=True)      # flash-attn's signature
+    out = flashcore.scaled_dot_product_attention(q, k, v)      # SDPA's signature, [B, H, S, D]
+
+Also: ``torch.nn.attention.activate_flash_attention_impl("flashcore")`` (torch ≥ 2.10) and
+``flashcore.hf.register()`` for transformers. Each call is the custom op
+``torch.ops.flashcore.attention`` (torch.compile and CUDA graphs see an opaque op).
+"""
+
+from . import _env
+
+_env.setup()
+
+from . import _native  # noqa: E402
+from . import ops, sdpa_backend  # noqa: E402
+from .api import attention, flash_attn_func, prepare, scaled_dot_product_attention  # noqa: E402
+
+sdpa_backend.register()  # known to torch's registry; activated only by the user
+
+__version__ = "0.1.0"
+__all__ = ["attention", "flash_attn_func", "scaled_dot_product_attention", "prepare", "ops", "sdpa_backend"]

@@ -1,0 +1,94 @@
+"""Argument checks shared by every entry point. They run before any launch (and at trace time
+under ``torch.compile``, on fake tensors), so each mistake is a Python exception that says what
+to change: ``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong value or shape,
+``RuntimeError`` for a request flashcore cannot serve (autograd)."""
+
+import math
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+SUPPORTED_HEAD_DIMS = (64, 128)
+LAYOUTS = ("bshd", "bhsd")
+
+
+def check_tensor(name, t):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"flashcore: `{name}` must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise ValueError(
+            f"flashcore: `{name}` is on {t.device}; flashcore runs on CUDA tensors (move it with .cuda())"
+        )
+    if t.dtype not in SUPPORTED_DTYPES:
+        raise TypeError(
+            f"flashcore: `{name}` has dtype {t.dtype}; supported are torch.float16 and torch.bfloat16 "
+            f"(convert with .half() or .bfloat16())"
+        )
+    if t.dim() != 4:
+        raise ValueError(f"flashcore: `{name}` must be 4-D, got shape {tuple(t.shape)}")
+
+
+def check_no_grad(*tensors):
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise RuntimeError(
+            "flashcore: an input requires grad, but flashcore has no backward pass yet (training is "
+            "not supported): call it under torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
+        )
+
+
+def split_shape(q, k, v, layout):
+    """(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim) after every shape rule."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"flashcore: layout must be 'bshd' or 'bhsd', got {layout!r}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"flashcore: q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"flashcore: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if layout == "bshd":
+        (b, sq, hq, d), (bk, sk, hkv, dk) = q.shape, k.shape
+    else:
+        (b, hq, sq, d), (bk, hkv, sk, dk) = q.shape, k.shape
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"flashcore: v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if bk != b:
+        raise ValueError(f"flashcore: q has batch {b} but k has {bk}")
+    if dk != d:
+        raise ValueError(f"flashcore: q has head dim {d} but k has {dk}")
+    if d not in SUPPORTED_HEAD_DIMS:
+        raise ValueError(f"flashcore: head dim {d} is not supported (supported: 64, 128)")
+    for name, n in (("batch", b), ("seqlen_q", sq), ("seqlen_k", sk), ("heads_q", hq), ("heads_kv", hkv)):
+        if n == 0:
+            raise ValueError(f"flashcore: {name} is 0; zero-sized dimensions are not supported")
+    if hq % hkv != 0:
+        raise ValueError(
+            f"flashcore: the number of query heads ({hq}) must be a multiple of the key/value heads ({hkv})"
+        )
+    return b, sq, sk, hq, hkv, d
+
+
+def check_scale(scale):
+    if scale is None:
+        return None
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0.0:
+        raise ValueError(f"flashcore: scale must be positive and finite, got {scale}")
+    return scale
+
+
+def check_lengths(lengths, q, batch, sq, sk):
+    if lengths is None:
+        return
+    if not isinstance(lengths, torch.Tensor):
+        raise TypeError("flashcore: secret_lengths must be a torch.Tensor of int32")
+    if lengths.dtype != torch.int32:
+        raise TypeError(f"flashcore: secret_lengths must be int32, got {lengths.dtype}")
+    if lengths.device != q.device:
+        raise ValueError(f"flashcore: secret_lengths is on {lengths.device}, q on {q.device}")
+    if tuple(lengths.shape) != (batch,):
+        raise ValueError(f"flashcore: secret_lengths must have shape ({batch},), got {tuple(lengths.shape)}")
+    if sq != sk:
+        raise ValueError(
+            f"flashcore: secret_lengths needs seqlen_q == seqlen_k (the padded length), got {sq} and {sk}"
+        )

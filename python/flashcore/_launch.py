@@ -1,0 +1,59 @@
+"""From torch tensors to a launch: device pointers, element strides and torch's current stream go
+to Rust (``flashcore._native``), which launches in the device's primary context — torch's."""
+
+import torch
+
+from . import _native
+
+_DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+
+
+def tma_ready(t):
+    """Whether TMA can read `t` (index order [B, S, H, D]) in place: contiguous last dim, a
+    16-byte-aligned base, and 16-byte multiples as the other strides (of dims longer than 1)."""
+    if t.stride(3) != 1 and t.shape[3] > 1:
+        return False
+    if t.data_ptr() % 16 != 0:
+        return False
+    for dim in range(3):
+        if t.shape[dim] > 1 and (t.stride(dim) <= 0 or t.stride(dim) % 8 != 0):
+            return False
+    return True
+
+
+def readable(t):
+    """`t` itself when TMA can read it in place, else a contiguous copy."""
+    return t if tma_ready(t) else t.contiguous()
+
+
+def _desc(t):
+    return (t.data_ptr(), (t.stride(0), t.stride(1), t.stride(2)))
+
+
+def launch(q, k, v, out, lse, lengths, causal, scale):
+    """O = attention(q, k, v) into `out`. All four tensors are views in [B, S, H, D] index order
+    (any strides; inputs that TMA cannot read in place are copied); `lse` is an fp32 contiguous
+    [B, Hq, Sq] tensor or None; `lengths` int32 [B] or None."""
+    q, k, v = readable(q), readable(k), readable(v)
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    dev = q.device
+    stream = torch.cuda.current_stream(dev).cuda_stream
+    _native.attention(
+        dev.index,
+        stream,
+        _DTYPES[q.dtype],
+        (b, sq, sk, hq, hkv, d),
+        bool(causal),
+        scale,
+        _desc(q),
+        _desc(k),
+        _desc(v),
+        _desc(out),
+        lse.data_ptr() if lse is not None else 0,
+        lengths.data_ptr() if lengths is not None else 0,
+    )
+
+
+def prepare(device, dtype, shape, causal, scale, secret_lengths=False):
+    _native.prepare(torch.device(device).index or 0, _DTYPES[dtype], shape, bool(causal), scale, secret_lengths)

@@ -1,0 +1,106 @@
+"""The public functions: flashcore's own, flash-attn's and PyTorch SDPA's conventions."""
+
+import torch
+
+from . import _checks
+from ._launch import prepare as _prepare
+from .ops import attention_op
+
+
+def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=False, secret_lengths=None):
+    """Fused attention ``softmax(scale · q kᵀ + mask) v``, fp16/bf16, head dim 64 or 128.
+
+    `layout` "bshd" (flash-attn: [B, S, H, D], the default) or "bhsd" (SDPA: [B, H, S, D]). K and
+    V may have fewer heads than Q (grouped-query attention: Hq a multiple of Hkv) and another
+    sequence length; causal masking is then bottom-right aligned (flash-attn's convention).
+    `scale` defaults to 1/sqrt(D). `secret_lengths` (int32 [B] on the device, needs Sq == Sk):
+    each sequence's true length, kept secret — the kernel runs over the padded length, rows past
+    the length come out 0. Strided inputs are read in place where TMA can address them, copied
+    otherwise. Returns `out` (contiguous, in `layout`), or `(out, lse)` with lse fp32 [B, Hq, Sq]
+    (natural log) when `return_lse`.
+    """
+    b, sq, sk, hq, hkv, d = _checks.split_shape(q, k, v, layout)
+    _checks.check_no_grad(q, k, v)
+    scale = _checks.check_scale(scale)
+    _checks.check_lengths(secret_lengths, q, b, sq, sk)
+    out, lse = attention_op(q, k, v, bool(causal), scale, layout == "bhsd", bool(return_lse), secret_lengths)
+    return (out, lse) if return_lse else out
+
+
+def flash_attn_func(
+    q,
+    k,
+    v,
+    dropout_p=0.0,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    alibi_slopes=None,
+    deterministic=False,
+    return_attn_probs=False,
+    *,
+    return_lse=False,
+):
+    """flash-attn's ``flash_attn_func`` on [B, S, H, D] tensors, as a drop-in for inference.
+
+    What flash-attn offers and flashcore does not (dropout, sliding windows, softcap, ALiBi,
+    attention probabilities) raises ``ValueError``; `deterministic` is accepted (flashcore is
+    always bitwise deterministic). Returns `out`, or `(out, lse)` when `return_lse`.
+    """
+    if dropout_p != 0.0:
+        raise ValueError(f"flashcore: dropout_p={dropout_p} is not supported (inference only: use 0.0)")
+    if tuple(window_size) != (-1, -1):
+        raise ValueError(f"flashcore: window_size={tuple(window_size)} (sliding window) is not supported")
+    if softcap != 0.0:
+        raise ValueError(f"flashcore: softcap={softcap} is not supported")
+    if alibi_slopes is not None:
+        raise ValueError("flashcore: alibi_slopes is not supported")
+    if return_attn_probs:
+        raise ValueError("flashcore: return_attn_probs is not supported (use return_lse=True for the log-sum-exp)")
+    return attention(q, k, v, causal=causal, scale=softmax_scale, layout="bshd", return_lse=return_lse)
+
+
+def scaled_dot_product_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """``torch.nn.functional.scaled_dot_product_attention`` on [B, H, S, D] tensors.
+
+    Same semantics as PyTorch's, including causal masking with Sq ≠ Sk (top-left aligned, as
+    SDPA's math and memory-efficient backends do). A mask, dropout, a head dim other than 64 or
+    128, or fp32 raise ``ValueError``/``TypeError``: it never falls back silently. Strided views
+    (e.g. ``x.transpose(1, 2)`` of a [B, S, H, D] tensor) are read in place where TMA can address
+    them, copied otherwise. Returns a contiguous [B, H, Sq, D] tensor.
+    """
+    if attn_mask is not None:
+        raise ValueError(
+            "flashcore: attn_mask is not supported (flashcore computes unmasked or causal attention): "
+            "use is_causal=True, or torch's own scaled_dot_product_attention for arbitrary masks"
+        )
+    if dropout_p != 0.0:
+        raise ValueError(f"flashcore: dropout_p={dropout_p} is not supported (inference only: use 0.0)")
+    b, sq, sk, hq, hkv, d = _checks.split_shape(query, key, value, "bhsd")
+    _checks.check_no_grad(query, key, value)
+    if hq != hkv and not enable_gqa:
+        raise ValueError(
+            f"flashcore: query has {hq} heads and key {hkv}: pass enable_gqa=True for grouped-query attention"
+        )
+    scale = _checks.check_scale(scale)
+    if not is_causal or sq == sk:
+        return attention_op(query, key, value, bool(is_causal), scale, True, False, None)[0]
+    # SDPA's causal mask is top-left aligned: query i sees keys 0..i. flashcore's is bottom-right.
+    if sq < sk:
+        # Keys past Sq are invisible to every query: the square causal problem on the first Sq keys.
+        k2, v2 = key[:, :, :sq], value[:, :, :sq]
+        return attention_op(query, k2, v2, True, scale, True, False, None)[0]
+    # Sq > Sk: queries 0..Sk-1 form the square causal problem; queries from Sk on see every key.
+    head = attention_op(query[:, :, :sk], key, value, True, scale, True, False, None)[0]
+    tail = attention_op(query[:, :, sk:], key, value, False, scale, True, False, None)[0]
+    return torch.cat([head, tail], dim=2)
+
+
+def prepare(q, k, *, causal=False, scale=None, layout="bshd", secret_lengths=False):
+    """Compiles and loads the kernel for these shapes without launching (the first call of a shape
+    compiles with NVRTC, ~1 s, then hits the disk cache). Do it before capturing a CUDA graph."""
+    b, sq, sk, hq, hkv, d = _checks.split_shape(q, k, k, layout)
+    _prepare(q.device, q.dtype, (b, sq, sk, hq, hkv, d), causal, _checks.check_scale(scale), secret_lengths)

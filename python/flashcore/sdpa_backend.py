@@ -1,0 +1,109 @@
+"""flashcore as an SDPA flash-attention implementation, through the registry PyTorch offers SDPA
+backend providers (``torch.nn.attention.register_flash_attention_impl``, torch ≥ 2.10; FA4 uses
+the same hook). Registered on import, never activated: after
+
+    torch.nn.attention.activate_flash_attention_impl("flashcore")
+
+every ``F.scaled_dot_product_attention`` call that PyTorch sends to its flash backend runs on
+flashcore (``restore_flash_attention_impl()`` undoes it). Calls flashcore cannot serve — a head
+dim other than 64/128, dropout, or a GPU that is not sm_90 — run on PyTorch's memory-efficient
+kernel instead (exact semantics kept; counted in ``stats``), and inputs that require grad raise
+(flashcore has no backward pass yet). Never a wrong result.
+"""
+
+import torch
+
+from . import _checks
+from ._launch import launch
+
+NAME = "flashcore"
+
+# How many calls each path took since activation (tests read it; cheap to keep).
+stats = {"flashcore": 0, "fallback": 0}
+
+
+class _Handle:
+    def __init__(self, library):
+        self.library = library
+
+    def remove(self):
+        # Dropping the Library object unregisters its kernels from the dispatcher.
+        self.library = None
+
+
+def _fallback_reason(query, key, value, dropout_p):
+    if dropout_p != 0.0:
+        return "dropout"
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        return "rank"
+    if query.dtype not in _checks.SUPPORTED_DTYPES or len({query.dtype, key.dtype, value.dtype}) != 1:
+        return "dtype"
+    d = query.shape[-1]
+    if d not in _checks.SUPPORTED_HEAD_DIMS or key.shape[-1] != d or value.shape[-1] != d:
+        return "head dim"
+    if query.shape[1] % key.shape[1] != 0 or key.shape != value.shape:
+        return "heads"
+    if min(query.shape) == 0 or min(key.shape) == 0:
+        return "empty"
+    if torch.cuda.get_device_capability(query.device) != (9, 0):
+        return "device"
+    return None
+
+
+def _fallback(query, key, value, dropout_p, is_causal, scale):
+    if is_causal and query.shape[2] != key.shape[2]:
+        # The efficient kernel aligns a non-square causal mask top-left, flash bottom-right.
+        raise RuntimeError(
+            "flashcore SDPA backend: this call needs a fallback, and causal attention with "
+            "seqlen_q != seqlen_k has no exact one here; restore_flash_attention_impl() to use PyTorch's"
+        )
+    if query.shape[1] != key.shape[1]:
+        rep = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(rep, dim=1), value.repeat_interleave(rep, dim=1)
+    out, lse, _, _ = torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, None, True, dropout_p, is_causal, scale=scale
+    )
+    return out, lse[:, :, : query.shape[2]].contiguous()
+
+
+def _flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
+    """aten::_scaled_dot_product_flash_attention on CUDA, served by flashcore."""
+    _checks.check_no_grad(query, key, value)
+    if return_debug_mask:
+        raise RuntimeError("flashcore SDPA backend: return_debug_mask is not supported")
+    b, hq, sq, d = query.shape
+    reason = _fallback_reason(query, key, value, dropout_p)
+    if reason is None:
+        stats["flashcore"] += 1
+        # The output has the query's memory layout, as PyTorch's own kernel (and its meta function) give.
+        out = torch.empty_like(query)
+        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=query.device)
+        q, k, v, o = (t.transpose(1, 2) for t in (query, key, value, out))
+        launch(q, k, v, o, lse, None, is_causal, _checks.check_scale(scale))
+    else:
+        stats["fallback"] += 1
+        out, lse = _fallback(query, key, value, dropout_p, is_causal, scale)
+        out = torch.empty_like(query).copy_(out)
+    rng_state = torch.zeros((2,), dtype=torch.uint64, device=query.device)
+    unused = torch.zeros((), dtype=torch.uint64, device=query.device)
+    debug = torch.empty(0, dtype=query.dtype, device=query.device)
+    return out, lse, None, None, sq, key.shape[2], rng_state, unused, debug
+
+
+def _register():
+    lib = torch.library.Library("aten", "IMPL", "CUDA")  # noqa: TOR901
+    lib.impl("_scaled_dot_product_flash_attention", _flash_forward, "CUDA")
+    return _Handle(lib)
+
+
+def available():
+    """Whether this torch has the SDPA flash-implementation registry."""
+    return hasattr(torch.nn.attention, "register_flash_attention_impl")
+
+
+def register():
+    """Makes "flashcore" known to torch's registry (does not activate it). Idempotent."""
+    if not available():
+        return False
+    torch.nn.attention.register_flash_attention_impl(NAME, register_fn=_register)
+    return True

@@ -1,0 +1,175 @@
+//! `flashcore._native`: the thin layer between the Python package and
+//! `flashcore::attention::external`. Python passes plain integers (device pointers, strides, the
+//! CUDA stream handle) and shapes; nothing here links libtorch. Every flashcore error becomes a
+//! Python exception: bad arguments a `ValueError`, everything else a `RuntimeError`.
+
+use flashcore::attention::external::{
+    self, DeviceTensor, ExternalCall, ExternalContext, Strides,
+};
+use flashcore::attention::{AttentionParams, DType, Layout};
+use flashcore::Error;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+fn to_py(e: Error) -> PyErr {
+    match e {
+        Error::InvalidArgument { .. } => PyValueError::new_err(format!("flashcore: {e}")),
+        other => PyRuntimeError::new_err(format!("flashcore: {other}")),
+    }
+}
+
+/// A tensor as Python passes it: (device pointer, (batch, seq, head) element strides).
+type PyTensor = (u64, (i64, i64, i64));
+
+fn tensor((ptr, (batch, seq, head)): PyTensor) -> DeviceTensor {
+    DeviceTensor {
+        ptr,
+        strides: Strides { batch, seq, head },
+    }
+}
+
+/// (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim).
+type Shape = (usize, usize, usize, usize, usize, usize);
+
+fn params(dtype: &str, shape: Shape, causal: bool, scale: Option<f64>) -> PyResult<AttentionParams> {
+    let dtype: DType = dtype.parse().map_err(PyValueError::new_err)?;
+    let (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim) = shape;
+    Ok(AttentionParams {
+        batch,
+        seqlen_q,
+        seqlen_k,
+        heads_q,
+        heads_kv,
+        head_dim,
+        dtype,
+        layout: Layout::Bshd,
+        causal,
+        scale: scale.map(|s| s as f32),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn call(
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+    scale: Option<f64>,
+    q: PyTensor,
+    k: PyTensor,
+    v: PyTensor,
+    out: PyTensor,
+    lse: u64,
+    lengths: u64,
+) -> PyResult<ExternalCall> {
+    let p = params(dtype, shape, causal, scale)?;
+    Ok(ExternalCall::new(p, tensor(q), tensor(k), tensor(v), tensor(out))
+        .lse(lse)
+        .lengths(lengths))
+}
+
+/// One context per device, kept for the life of the process (torch keeps the same primary
+/// context alive; dropping ours at interpreter exit would race torch's teardown).
+fn context(device: usize) -> PyResult<Arc<ExternalContext>> {
+    static CONTEXTS: OnceLock<Mutex<HashMap<usize, Arc<ExternalContext>>>> = OnceLock::new();
+    let mut map = CONTEXTS
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| PyRuntimeError::new_err("flashcore: context lock poisoned"))?;
+    if let Some(c) = map.get(&device) {
+        return Ok(c.clone());
+    }
+    let c = Arc::new(ExternalContext::new(device).map_err(to_py)?);
+    map.insert(device, c.clone());
+    Ok(c)
+}
+
+/// Checks a call's shapes, alignment and strides without touching a GPU.
+#[pyfunction]
+#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0))]
+#[allow(clippy::too_many_arguments)]
+fn validate(
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+    scale: Option<f64>,
+    q: PyTensor,
+    k: PyTensor,
+    v: PyTensor,
+    out: PyTensor,
+    lse: u64,
+    lengths: u64,
+) -> PyResult<()> {
+    let c = call(dtype, shape, causal, scale, q, k, v, out, lse, lengths)?;
+    external::validate(&c).map_err(to_py)
+}
+
+/// Validates, then enqueues the kernel on `stream` (a `cudaStream_t` as an integer, e.g.
+/// `torch.cuda.current_stream().cuda_stream`) of device `device`. The pointers must be live
+/// device memory covering what the strides reach; the Python package guarantees that by
+/// passing tensors it holds until the op returns (the stream orders their reuse).
+#[pyfunction]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0))]
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+    scale: Option<f64>,
+    q: PyTensor,
+    k: PyTensor,
+    v: PyTensor,
+    out: PyTensor,
+    lse: u64,
+    lengths: u64,
+) -> PyResult<()> {
+    let c = call(dtype, shape, causal, scale, q, k, v, out, lse, lengths)?;
+    let ctx = context(device)?;
+    // The first call of a shape may compile a kernel (NVRTC, seconds): let other threads run.
+    py.detach(move || {
+        // SAFETY: see the function's doc; the call is validated again inside.
+        unsafe { ctx.attention(&c, stream as cudarc::driver::sys::CUstream) }
+    })
+    .map_err(to_py)
+}
+
+/// Loads (compiling on first use) the kernel for a shape without launching: the warm-up to do
+/// before capturing a CUDA graph.
+#[pyfunction]
+#[pyo3(signature = (device, dtype, shape, causal, scale, secret_lengths=false))]
+fn prepare(
+    py: Python<'_>,
+    device: usize,
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+    scale: Option<f64>,
+    secret_lengths: bool,
+) -> PyResult<()> {
+    let p = params(dtype, shape, causal, scale)?;
+    let ctx = context(device)?;
+    py.detach(move || ctx.prepare(&p, secret_lengths))
+        .map_err(to_py)
+}
+
+/// Opens device `device` (typed errors without a driver, without a device, on a non-sm_90 GPU)
+/// and returns (name, number of SMs).
+#[pyfunction]
+fn device_info(device: usize) -> PyResult<(String, usize)> {
+    let ctx = context(device)?;
+    Ok((ctx.context().device_name(), ctx.context().num_sms()))
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(validate, m)?)?;
+    m.add_function(wrap_pyfunction!(attention, m)?)?;
+    m.add_function(wrap_pyfunction!(prepare, m)?)?;
+    m.add_function(wrap_pyfunction!(device_info, m)?)?;
+    m.add("SUPPORTED_HEAD_DIMS", flashcore::attention::validate::SUPPORTED_HEAD_DIMS.to_vec())?;
+    Ok(())
+}

@@ -1,0 +1,275 @@
+"""Tests that need no GPU: the package imports, the ops are registered, every validation error is
+raised with a message that says what to change, and fake tensors propagate shapes (CUDA tensors
+are made under FakeTensorMode, which needs no device)."""
+
+import copy
+import ctypes.util
+import os
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+import flashcore
+from flashcore import _launch, _native
+
+F16 = torch.float16
+
+
+@pytest.fixture
+def fake():
+    with FakeTensorMode() as mode:
+        yield mode
+
+
+def cuda(*shape, dtype=F16):
+    return torch.empty(*shape, dtype=dtype, device="cuda")
+
+
+# --- the package ---------------------------------------------------------------------------
+
+
+def test_op_is_registered_with_its_schema():
+    schema = str(torch.ops.flashcore.attention.default._schema)
+    assert schema.startswith("flashcore::attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale")
+    assert "-> (Tensor, Tensor)" in schema
+    assert _native.SUPPORTED_HEAD_DIMS == [64, 128]
+
+
+def test_nvrtc_from_the_torch_wheel_is_found():
+    # PyPI's CUDA torch wheels bring nvidia-cuda-nvrtc; flashcore points the Rust side at it.
+    root = flashcore._env.nvrtc_wheel_root()
+    if root is None:
+        pytest.skip("no nvidia-cuda-nvrtc wheel installed")
+    assert os.environ["FLASHCORE_CUDA_TOOLS"]
+    assert list((root / "lib").glob("libnvrtc.so.*"))
+
+
+@pytest.mark.skipif(ctypes.util.find_library("cuda") is not None, reason="a CUDA driver is present")
+def test_no_driver_is_a_runtime_error():
+    with pytest.raises(RuntimeError, match="no CUDA driver"):
+        _native.device_info(0)
+
+
+def test_sdpa_backend_registered_not_activated():
+    if not flashcore.sdpa_backend.available():
+        pytest.skip("this torch has no register_flash_attention_impl")
+    assert "flashcore" in torch.nn.attention.list_flash_attention_impls()
+    assert torch.nn.attention.current_flash_attention_impl() is None
+
+
+# --- validation in Python (fake CUDA tensors) ----------------------------------------------
+
+
+def test_cpu_tensors_are_rejected():
+    q = torch.zeros(1, 8, 2, 64, dtype=F16)
+    with pytest.raises(ValueError, match=r"`q` is on cpu.*\.cuda\(\)"):
+        flashcore.attention(q, q, q)
+    with pytest.raises(ValueError, match="is on cpu"):
+        flashcore.scaled_dot_product_attention(q, q, q)
+
+
+def test_not_a_tensor(fake):
+    q = cuda(1, 8, 2, 64)
+    with pytest.raises(TypeError, match="`k` must be a torch.Tensor"):
+        flashcore.attention(q, [1, 2], q)
+
+
+@pytest.mark.parametrize(
+    "make, exc, message",
+    [
+        (lambda: (cuda(1, 8, 2, 64, dtype=torch.float32),) * 3, TypeError, "float32.*half"),
+        (lambda: (cuda(1, 8, 2, 64), cuda(1, 8, 2, 64, dtype=torch.bfloat16), cuda(1, 8, 2, 64)), TypeError, "one dtype"),
+        (lambda: (cuda(8, 2, 64),) * 3, ValueError, "must be 4-D"),
+        (lambda: (cuda(1, 8, 2, 96),) * 3, ValueError, "head dim 96 is not supported"),
+        (lambda: (cuda(1, 8, 6, 64), cuda(1, 8, 4, 64), cuda(1, 8, 4, 64)), ValueError, "multiple of the key/value heads"),
+        (lambda: (cuda(1, 8, 2, 64), cuda(2, 8, 2, 64), cuda(2, 8, 2, 64)), ValueError, "batch"),
+        (lambda: (cuda(1, 8, 2, 64), cuda(1, 8, 2, 128), cuda(1, 8, 2, 128)), ValueError, "head dim"),
+        (lambda: (cuda(1, 8, 2, 64), cuda(1, 8, 2, 64), cuda(1, 9, 2, 64)), ValueError, "v must have k's shape"),
+        (lambda: (cuda(1, 0, 2, 64),) * 3, ValueError, "zero-sized"),
+    ],
+)
+def test_bad_inputs(fake, make, exc, message):
+    q, k, v = make()
+    with pytest.raises(exc, match=message):
+        flashcore.attention(q, k, v)
+
+
+def test_mixed_devices(fake):
+    q = cuda(1, 8, 2, 64)
+    k = torch.empty(1, 8, 2, 64, dtype=F16, device="cuda:1")
+    with pytest.raises(ValueError, match="one device"):
+        flashcore.attention(q, k, k)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
+def test_bad_scale(fake, scale):
+    q = cuda(1, 8, 2, 64)
+    with pytest.raises(ValueError, match="scale must be positive and finite"):
+        flashcore.attention(q, q, q, scale=scale)
+
+
+def test_bad_layout(fake):
+    q = cuda(1, 8, 2, 64)
+    with pytest.raises(ValueError, match="layout must be"):
+        flashcore.attention(q, q, q, layout="sbhd")
+
+
+def test_secret_lengths_rules(fake):
+    q = cuda(2, 8, 2, 64)
+    with pytest.raises(TypeError, match="int32"):
+        flashcore.attention(q, q, q, secret_lengths=torch.zeros(2, dtype=torch.int64, device="cuda"))
+    with pytest.raises(ValueError, match=r"shape \(2,\)"):
+        flashcore.attention(q, q, q, secret_lengths=torch.zeros(3, dtype=torch.int32, device="cuda"))
+    k = cuda(2, 9, 2, 64)
+    with pytest.raises(ValueError, match="seqlen_q == seqlen_k"):
+        flashcore.attention(q, k, k, secret_lengths=torch.zeros(2, dtype=torch.int32, device="cuda"))
+
+
+def test_requires_grad_names_the_missing_backward(fake):
+    q = cuda(1, 8, 2, 64).requires_grad_()
+    k = cuda(1, 8, 2, 64)
+    with pytest.raises(RuntimeError, match="no backward pass"):
+        flashcore.attention(q, k, k)
+    with torch.no_grad():
+        flashcore.attention(q, k, k)  # fine without autograd
+
+
+def test_flash_attn_func_rejects_what_it_does_not_do(fake):
+    q = cuda(1, 8, 2, 64)
+    for kwargs, message in [
+        (dict(dropout_p=0.1), "dropout"),
+        (dict(window_size=(16, 0)), "sliding window"),
+        (dict(softcap=30.0), "softcap"),
+        (dict(alibi_slopes=torch.zeros(2, device="cuda")), "alibi"),
+        (dict(return_attn_probs=True), "return_lse"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            flashcore.flash_attn_func(q, q, q, **kwargs)
+
+
+def test_sdpa_rejects_what_it_does_not_do(fake):
+    q = cuda(1, 2, 8, 64)
+    with pytest.raises(ValueError, match="attn_mask is not supported"):
+        flashcore.scaled_dot_product_attention(q, q, q, attn_mask=torch.ones(8, 8, dtype=torch.bool, device="cuda"))
+    with pytest.raises(ValueError, match="dropout"):
+        flashcore.scaled_dot_product_attention(q, q, q, dropout_p=0.5)
+    k = cuda(1, 1, 8, 64)
+    with pytest.raises(ValueError, match="enable_gqa=True"):
+        flashcore.scaled_dot_product_attention(q, k, k)
+
+
+# --- fake-tensor shape propagation ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fake_shapes_bshd_gqa(fake, dtype):
+    q, k = cuda(2, 100, 8, 128, dtype=dtype), cuda(2, 130, 2, 128, dtype=dtype)
+    out, lse = flashcore.attention(q, k, k, causal=True, return_lse=True)
+    assert out.shape == q.shape and out.dtype == dtype and out.is_contiguous()
+    assert lse.shape == (2, 8, 100) and lse.dtype == torch.float32
+    out = flashcore.flash_attn_func(q, k, k, causal=True)
+    assert out.shape == q.shape
+
+
+def test_fake_shapes_sdpa_non_square_causal(fake):
+    # Top-left causal is built from slices and a concatenation: shapes must still come out right.
+    for sq, sk in [(100, 130), (130, 100), (64, 64)]:
+        q, k = cuda(1, 4, sq, 64), cuda(1, 4, sk, 64)
+        out = flashcore.scaled_dot_product_attention(q, k, k, is_causal=True)
+        assert out.shape == (1, 4, sq, 64)
+
+
+def test_fake_shapes_strided_views(fake):
+    x = cuda(2, 50, 4, 64)  # bshd memory, viewed as bhsd
+    out = flashcore.scaled_dot_product_attention(x.transpose(1, 2), x.transpose(1, 2), x.transpose(1, 2))
+    assert out.shape == (2, 4, 50, 64) and out.is_contiguous()
+
+
+def test_op_traces_as_one_opaque_node(fake):
+    q = cuda(1, 64, 4, 64)
+    graph = make_fx(lambda a: flashcore.attention(a, a, a, causal=True))(q)
+    calls = [n for n in graph.graph.nodes if n.op == "call_function" and "flashcore" in str(n.target)]
+    assert len(calls) == 1 and str(calls[0].target) == "flashcore.attention.default"
+
+
+# --- the Rust-side checks (no GPU: validate() only) -----------------------------------------
+
+SHAPE = (1, 8, 8, 2, 2, 64)  # batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim
+BSHD = (8 * 2 * 64, 2 * 64, 64)
+
+
+def _t(ptr, strides=BSHD):
+    return (ptr, strides)
+
+
+def test_rust_validate_accepts_a_good_call():
+    _native.validate("f16", SHAPE, False, None, _t(0x1000), _t(0x2000), _t(0x3000), _t(0x4000))
+
+
+@pytest.mark.parametrize(
+    "q, out, message",
+    [
+        (_t(0x1008), _t(0x4000), "not 16-byte aligned"),
+        (_t(0x1000, (1024, 132, 64)), _t(0x4000), "seq stride 132"),
+        (_t(0x1000, (1024, 0, 64)), _t(0x4000), "positive"),
+        (_t(0x1000), _t(0x4000, (1024, 64, 64)), "overlap itself"),
+        (_t(0), _t(0x4000), "null"),
+    ],
+)
+def test_rust_validate_rejects(q, out, message):
+    with pytest.raises(ValueError, match=message):
+        _native.validate("f16", SHAPE, False, None, q, _t(0x2000), _t(0x3000), out)
+
+
+def test_rust_validate_rejects_bad_dtype_and_shape():
+    with pytest.raises(ValueError, match="unknown dtype"):
+        _native.validate("f32", SHAPE, False, None, _t(0x1000), _t(0x2000), _t(0x3000), _t(0x4000))
+    with pytest.raises(ValueError, match="head_dim"):
+        _native.validate("f16", (1, 8, 8, 2, 2, 80), False, None, _t(0x1000), _t(0x2000), _t(0x3000), _t(0x4000))
+
+
+# --- which views are read in place (CPU tensors: only strides and addresses matter) ---------
+
+
+def test_tma_ready_views():
+    x = torch.zeros(2, 16, 4, 64, dtype=F16)
+    assert _launch.tma_ready(x)
+    assert _launch.tma_ready(x.transpose(1, 2).transpose(1, 2))
+    assert _launch.tma_ready(x[:, 3:])  # offset of 3 rows: still 16-byte aligned
+    assert _launch.tma_ready(x[:, :, :1].expand(2, 16, 4, 64)) is False  # broadcast: stride 0
+    odd = torch.zeros(2, 16, 4, 72, dtype=F16)[..., 4:68]  # base 8 bytes off alignment
+    assert not _launch.tma_ready(odd)
+    y = _launch.readable(odd)
+    assert _launch.tma_ready(y) and torch.equal(y, odd)
+    assert _launch.readable(x) is x
+
+
+# --- transformers registration (runs on CPU through the SDPA fallback) ----------------------
+
+
+def test_hf_register_and_cpu_fallback_matches_sdpa():
+    transformers = pytest.importorskip("transformers")
+    import flashcore.hf
+
+    name = flashcore.hf.register()
+    assert name == "fcore" and name in transformers.AttentionInterface._global_mapping
+    with pytest.raises(ValueError, match="containing 'flash'"):
+        flashcore.hf.register("flashcore")
+    cfg = transformers.LlamaConfig(
+        vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+    )
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    # A copy of the config: from_config records the implementation in the config it is given.
+    model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=name).eval()
+    assert ref.config._attn_implementation == "sdpa"
+    model.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, 128, (2, 16))
+    before = flashcore.hf.stats["fallback"]
+    with torch.no_grad():
+        want, got = ref(ids).logits, model(ids).logits
+    assert flashcore.hf.stats["fallback"] == before + 2  # one per layer: CPU is not flashcore's
+    assert torch.equal(want, got)
