@@ -325,9 +325,32 @@ impl ExternalContext {
     /// - `out` and `lse` overlap neither each other nor any input.
     pub unsafe fn attention(&self, call: &ExternalCall, stream: sys::CUstream) -> Result<()> {
         validate(call)?;
-        let p = &call.params;
         let secret_len = call.lengths != 0;
+        // Make this device's primary context current for the launch, and give the thread back
+        // the context it had: the CUDA runtime (torch) reads its current device from it.
+        let previous = cudarc::driver::result::ctx::get_current()?;
         self.ctx.cuda().bind_to_thread()?;
+        let result = self.launch_current(call, secret_len, stream);
+        if let Some(prev) = previous {
+            if prev != self.ctx.cuda().cu_ctx() {
+                // SAFETY: `prev` was current on this thread a moment ago, so it is a live context.
+                unsafe { cudarc::driver::result::ctx::set_current(prev) }?;
+            }
+        }
+        result
+    }
+
+    /// The launch itself, with this device's context current.
+    ///
+    /// # Safety
+    /// As for [`ExternalContext::attention`]; `call` validated.
+    unsafe fn launch_current(
+        &self,
+        call: &ExternalCall,
+        secret_len: bool,
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        let p = &call.params;
         let plan = self.plan(p, secret_len)?;
         let hd = p.head_dim;
         let q_ext = [p.batch, p.seqlen_q, p.heads_q];
