@@ -31,7 +31,7 @@ import sys
 
 SCHEMA = "flashcore-bench"
 VERSION = 1
-BACKENDS = ("flash", "cudnn", "efficient", "fa4")
+BACKENDS = ("flash", "cudnn", "efficient", "fa4", "flashcore-torch")
 # FlashAttention-4 is not part of PyTorch: it is timed only when asked for or when it imports.
 SDPA_BACKENDS = ("flash", "cudnn", "efficient")
 DTYPES = ("f16", "bf16")
@@ -260,8 +260,9 @@ def build_parser():
     p.add_argument("--device", type=nonnegative, default=0)
     p.add_argument("--seed", type=nonnegative, default=DEFAULT_SEED)
     p.add_argument("--backends", type=parse_backends, default=None,
-                   help="comma-separated subset of flash,cudnn,efficient,fa4 (default: the SDPA three, "
-                        "plus fa4 when flash_attn.cute imports)")
+                   help="comma-separated subset of flash,cudnn,efficient,fa4,flashcore-torch (default: the "
+                        "SDPA three, plus fa4 when flash_attn.cute imports; flashcore-torch times the "
+                        "flashcore Python package's op, the path PyTorch users take)")
     p.add_argument("--self-test", action="store_true", help="print the pure computations as JSON and exit")
     p.add_argument("--print-shapes", action="store_true", help="print the selected shapes as JSON and exit")
     return p
@@ -344,7 +345,7 @@ def make_record(impl, suite, dtype, shape, mode, samples, reason, method, env):
 
 def impl_name(backend):
     """The `implementation` field of a backend's records."""
-    return "fa4" if backend == "fa4" else "sdpa-" + backend
+    return backend if backend in ("fa4", "flashcore-torch") else "sdpa-" + backend
 
 
 def fa4_available():
@@ -421,6 +422,12 @@ class Runner:
                 self.env0["software"]["flash_attn_4"] = version("flash-attn-4")
             except Exception:  # noqa: BLE001
                 pass
+        if "flashcore-torch" in args.backends:
+            try:
+                import flashcore
+                self.env0["software"]["flashcore"] = flashcore.__version__
+            except Exception:  # noqa: BLE001 (not installed: its records are skipped with the reason)
+                pass
 
     def make_sets(self, dtype, shape, nsets):
         """Random inputs in [-1, 1) generated on the host and uploaded once, as SDPA views."""
@@ -459,6 +466,15 @@ class Runner:
         causal = shape["causal"]
         views = [tuple(t.transpose(1, 2) for t in s) for s in sets]
         return lambda i: flash_attn_func(*views[i], causal=causal)
+
+    def flashcore_fn(self, shape, sets):
+        """The `flashcore` package's op (`flashcore.attention`) on the same buffers, in the shape's
+        layout (the SDPA views of bshd tensors are transposed back to the contiguous tensors).
+        Causal is bottom-right aligned when Sq != Sk, as in `flashcore bench`."""
+        import flashcore
+        causal, layout = shape["causal"], shape["layout"]
+        views = [tuple(t.transpose(1, 2) for t in s) for s in sets] if layout == "bshd" else sets
+        return lambda i: flashcore.attention(*views[i], causal=causal, layout=layout)
 
     def time_per_call(self, fn, nsets):
         torch, a = self.torch, self.args
@@ -540,10 +556,10 @@ class Runner:
         env["clocks_start"] = smi[0] if smi else None
         sdpa_fn = self.call_fn(shape, sets)
         for b in a.backends:
-            if b == "fa4":
+            if b in ("fa4", "flashcore-torch"):
                 ctx = contextlib.nullcontext()
                 try:
-                    fn0 = self.fa4_fn(shape, sets)
+                    fn0 = (self.fa4_fn if b == "fa4" else self.flashcore_fn)(shape, sets)
                 except Exception as e:  # noqa: BLE001 (not installed)
                     fn0 = None
                     import_error = short_reason(e)

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The project's test command (README): installs the pinned CUDA compile/disassembly tools into
-# .cuda-tools/ if needed, then runs the whole test suite. GPU tests skip with a visible message on
-# a machine without a GPU; FLASHCORE_REQUIRE_GPU=1 turns those skips into failures.
+# .cuda-tools/ if needed, then runs the whole test suite: the Rust crate's, then the Python
+# package's (scripts/python-tests.sh: torch from PyPI in .venv-py/). GPU tests skip with a visible
+# message on a machine without a GPU; FLASHCORE_REQUIRE_GPU=1 turns those skips into failures.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-cuda-tools.sh
 cargo test --release "$@"
+bash scripts/python-tests.sh

@@ -3,9 +3,7 @@
 //! CUDA stream handle) and shapes; nothing here links libtorch. Every flashcore error becomes a
 //! Python exception: bad arguments a `ValueError`, everything else a `RuntimeError`.
 
-use flashcore::attention::external::{
-    self, DeviceTensor, ExternalCall, ExternalContext, Strides,
-};
+use flashcore::attention::external::{self, DeviceTensor, ExternalCall, ExternalContext, Strides};
 use flashcore::attention::{AttentionParams, DType, Layout};
 use flashcore::Error;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -33,7 +31,12 @@ fn tensor((ptr, (batch, seq, head)): PyTensor) -> DeviceTensor {
 /// (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim).
 type Shape = (usize, usize, usize, usize, usize, usize);
 
-fn params(dtype: &str, shape: Shape, causal: bool, scale: Option<f64>) -> PyResult<AttentionParams> {
+fn params(
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+    scale: Option<f64>,
+) -> PyResult<AttentionParams> {
     let dtype: DType = dtype.parse().map_err(PyValueError::new_err)?;
     let (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim) = shape;
     Ok(AttentionParams {
@@ -64,9 +67,11 @@ fn call(
     lengths: u64,
 ) -> PyResult<ExternalCall> {
     let p = params(dtype, shape, causal, scale)?;
-    Ok(ExternalCall::new(p, tensor(q), tensor(k), tensor(v), tensor(out))
-        .lse(lse)
-        .lengths(lengths))
+    Ok(
+        ExternalCall::new(p, tensor(q), tensor(k), tensor(v), tensor(out))
+            .lse(lse)
+            .lengths(lengths),
+    )
 }
 
 /// One context per device, kept for the life of the process (torch keeps the same primary
@@ -170,6 +175,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention, m)?)?;
     m.add_function(wrap_pyfunction!(prepare, m)?)?;
     m.add_function(wrap_pyfunction!(device_info, m)?)?;
-    m.add("SUPPORTED_HEAD_DIMS", flashcore::attention::validate::SUPPORTED_HEAD_DIMS.to_vec())?;
+    m.add(
+        "SUPPORTED_HEAD_DIMS",
+        flashcore::attention::validate::SUPPORTED_HEAD_DIMS.to_vec(),
+    )?;
     Ok(())
 }

@@ -1,0 +1,343 @@
+"""GPU tests (an sm_90 device): correctness against a float64 reference, torch.compile and CUDA
+graphs, streams, memory, the SDPA backend and the transformers backend. Without a usable GPU each
+test skips visibly; FLASHCORE_REQUIRE_GPU=1 turns the skips into failures."""
+
+import copy
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import flashcore
+
+
+def _gpu_reason():
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    if torch.cuda.get_device_capability(0) != (9, 0):
+        return "device 0 is %s, not sm_90" % torch.cuda.get_device_name(0)
+    return None
+
+
+_REASON = _gpu_reason()
+if _REASON and os.environ.get("FLASHCORE_REQUIRE_GPU") == "1":
+    raise RuntimeError("FLASHCORE_REQUIRE_GPU=1 but no usable GPU: " + _REASON)
+pytestmark = pytest.mark.skipif(_REASON is not None, reason="SKIPPED: no usable GPU (%s)" % _REASON)
+
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def rel_l2(got, want):
+    got, want = got.double(), want.double()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def reference(q, k, v, causal, scale=None, lengths=None):
+    """float64 attention on [B, S, H, D] tensors; causal bottom-right aligned; returns (out, lse)."""
+    q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))  # [B, H, S, D]
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq != hkv:
+        k, v = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+    sq, sk = q.shape[2], k.shape[2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if causal:
+        i = torch.arange(sq, device=q.device)[:, None]
+        j = torch.arange(sk, device=q.device)[None, :]
+        visible = j <= i + (sk - sq)
+    visible = visible.expand(q.shape[0], 1, sq, sk).clone()
+    if lengths is not None:
+        for b, n in enumerate(lengths.tolist()):
+            visible[b, :, :, n:] = False
+    s = s.masked_fill(~visible, float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    out = (p @ v).transpose(1, 2)
+    if lengths is not None:
+        for b, n in enumerate(lengths.tolist()):
+            out[b, n:] = 0
+    return out, lse
+
+
+def randn(*shape, dtype=torch.float16, device="cuda"):
+    return torch.randn(*shape, device=device).to(dtype)
+
+
+CASES = [
+    # batch, sq, sk, hq, hkv, d, causal
+    (2, 128, 128, 4, 4, 64, False),
+    (2, 128, 128, 4, 4, 64, True),
+    (1, 300, 300, 8, 2, 128, True),
+    (2, 100, 257, 4, 1, 64, True),  # Sq < Sk, MQA
+    (2, 257, 100, 4, 2, 128, True),  # Sq > Sk: the first rows see no key
+    (3, 1, 77, 6, 3, 64, False),  # a decode step
+    (1, 1024, 1024, 16, 16, 128, False),
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", CASES)
+def test_attention_matches_float64(dtype, case):
+    b, sq, sk, hq, hkv, d, causal = case
+    torch.manual_seed(hash(case) % 1000)
+    q, k, v = randn(b, sq, hq, d, dtype=dtype), randn(b, sk, hkv, d, dtype=dtype), randn(b, sk, hkv, d, dtype=dtype)
+    out, lse = flashcore.attention(q, k, v, causal=causal, return_lse=True)
+    want, want_lse = reference(q, k, v, causal)
+    assert out.shape == q.shape and out.dtype == dtype
+    assert torch.isfinite(out).all()
+    assert rel_l2(out, want) < TOL[dtype]
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)  # fully masked rows: -inf
+    assert rel_l2(lse[finite], want_lse[finite]) < 1e-3
+    # The same through the other entry points and layouts: identical bits.
+    assert torch.equal(flashcore.flash_attn_func(q, k, v, causal=causal), out)
+    bhsd = flashcore.attention(*(t.transpose(1, 2).contiguous() for t in (q, k, v)), causal=causal, layout="bhsd")
+    assert torch.equal(bhsd.transpose(1, 2), out)
+
+
+def test_custom_scale():
+    q, k, v = randn(1, 64, 2, 64), randn(1, 64, 2, 64), randn(1, 64, 2, 64)
+    out = flashcore.attention(q, k, v, scale=0.3)
+    assert rel_l2(out, reference(q, k, v, False, scale=0.3)[0]) < 2e-3
+
+
+@pytest.mark.parametrize("sq, sk", [(128, 128), (100, 257), (257, 100)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_matches_torch_sdpa_float64(sq, sk, causal):
+    # SDPA semantics, causal top-left aligned when Sq != Sk, on strided views of bshd tensors.
+    torch.manual_seed(sq + sk)
+    qs, ks, vs = randn(2, sq, 8, 64), randn(2, sk, 2, 64), randn(2, sk, 2, 64)
+    q, k, v = (t.transpose(1, 2) for t in (qs, ks, vs))  # [B, H, S, D] views, not contiguous
+    out = flashcore.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal, enable_gqa=True)
+    want = want.nan_to_num(0.0)  # (SDPA's math backend gives NaN for rows with no key; none here)
+    assert out.shape == (2, 8, sq, 64)
+    assert rel_l2(out, want) < 2e-3
+
+
+def test_views_tma_cannot_read_are_copied():
+    base = randn(2, 64, 4, 72)
+    q = base[..., 4:68]  # 8-byte-offset base, seq stride 288: copied before the launch
+    assert not flashcore._launch.tma_ready(q)
+    k = randn(2, 64, 1, 64).expand(2, 64, 4, 64)  # a broadcast (stride 0) over heads
+    v = randn(2, 64, 4, 64)
+    out = flashcore.attention(q, k, v)
+    want = flashcore.attention(q.contiguous(), k.contiguous(), v)
+    assert torch.equal(out, want)
+    assert rel_l2(out, reference(q, k, v, False)[0]) < 2e-3
+
+
+def test_strided_views_are_read_in_place_with_identical_bits():
+    big = randn(2, 96, 4, 128)
+    q = big[:, :, :, :64]  # seq stride 512, head stride 128: TMA reads it in place
+    assert flashcore._launch.tma_ready(q)
+    out = flashcore.attention(q, q, q, causal=True)
+    assert torch.equal(out, flashcore.attention(q.contiguous(), q.contiguous(), q.contiguous(), causal=True))
+
+
+def test_secret_lengths():
+    b, s, h, d = 3, 200, 4, 64
+    q, k, v = randn(b, s, h, d), randn(b, s, h, d), randn(b, s, h, d)
+    lengths = torch.tensor([200, 77, 0], dtype=torch.int32, device="cuda")
+    out = flashcore.attention(q, k, v, causal=True, secret_lengths=lengths)
+    want, _ = reference(q, k, v, True, lengths=lengths)
+    assert rel_l2(out, want) < 2e-3
+    assert (out[1, 77:] == 0).all() and (out[2] == 0).all()
+
+
+def test_bits_are_deterministic_and_batch_invariant():
+    q, k, v = randn(4, 333, 4, 128), randn(4, 333, 4, 128), randn(4, 333, 4, 128)
+    a = flashcore.attention(q, k, v, causal=True)
+    for _ in range(20):
+        assert torch.equal(flashcore.attention(q, k, v, causal=True), a)
+    one = flashcore.attention(q[2:3], k[2:3], v[2:3], causal=True)
+    assert torch.equal(one, a[2:3])
+
+
+def test_torch_compile_fullgraph_same_bits():
+    q, k, v = randn(2, 256, 8, 64), randn(2, 256, 2, 64), randn(2, 256, 2, 64)
+
+    def f(q, k, v):
+        return flashcore.attention(q * 2, k, v, causal=True) + 1
+
+    eager = f(q, k, v)
+    compiled = torch.compile(f, fullgraph=True)(q, k, v)
+    assert torch.equal(compiled, eager)
+    sdpa = torch.compile(lambda a, b, c: flashcore.scaled_dot_product_attention(a, b, c, enable_gqa=True), fullgraph=True)
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    assert torch.equal(sdpa(qt, kt, vt), flashcore.scaled_dot_product_attention(qt, kt, vt, enable_gqa=True))
+
+
+def test_cuda_graph_replay_same_bits():
+    q, k, v = randn(2, 512, 8, 128), randn(2, 512, 8, 128), randn(2, 512, 8, 128)
+    eager = flashcore.attention(q, k, v, causal=True)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        flashcore.attention(q, k, v, causal=True)  # warm-up (loads the kernel) before capture
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = flashcore.attention(q, k, v, causal=True)
+    for _ in range(3):
+        out.zero_()
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, eager)
+    # New inputs copied into the captured buffers give the new result.
+    q.copy_(randn(2, 512, 8, 128))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, flashcore.attention(q, k, v, causal=True))
+
+
+def test_non_default_stream():
+    q, k, v = randn(2, 256, 4, 64), randn(2, 256, 4, 64), randn(2, 256, 4, 64)
+    want = flashcore.attention(q, k, v)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(5):
+            out = flashcore.attention(q, k, v)
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="SKIPPED: needs a second GPU")
+def test_non_zero_device_index():
+    torch.cuda.set_device(0)
+    q, k, v = randn(1, 128, 4, 64, device="cuda:1"), randn(1, 128, 4, 64, device="cuda:1"), randn(1, 128, 4, 64, device="cuda:1")
+    out = flashcore.attention(q, k, v, causal=True)
+    assert out.device == q.device and torch.cuda.current_device() == 0
+    assert rel_l2(out, reference(q, k, v, True)[0]) < 2e-3
+
+
+def test_inference_mode_and_grad_error():
+    q = randn(1, 64, 2, 64)
+    with torch.inference_mode():
+        out = flashcore.attention(q, q, q)
+    assert out.is_inference()
+    w = q.clone().requires_grad_()
+    with pytest.raises(RuntimeError, match="no backward pass"):
+        flashcore.attention(w, q, q)
+
+
+def test_current_device_unchanged():
+    torch.cuda.set_device(0)
+    q = randn(1, 64, 2, 64)
+    flashcore.attention(q, q, q)
+    assert torch.cuda.current_device() == 0
+
+
+def test_opcheck():
+    q, k, v = randn(2, 100, 4, 64), randn(2, 130, 2, 64), randn(2, 130, 2, 64)
+    torch.library.opcheck(torch.ops.flashcore.attention.default, (q, k, v, True, None, False, True, None))
+    qt = q.transpose(1, 2).contiguous()
+    kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+    torch.library.opcheck(torch.ops.flashcore.attention.default, (qt, kt, vt, False, 0.2, True, False, None))
+
+
+def test_ten_thousand_calls_leak_no_memory():
+    q, k, v = randn(1, 128, 4, 64), randn(1, 128, 4, 64), randn(1, 128, 4, 64)
+    for _ in range(10):
+        flashcore.attention(q, k, v)
+    torch.cuda.synchronize()
+    alloc0 = torch.cuda.memory_allocated()
+    free0 = torch.cuda.mem_get_info()[0]
+    for i in range(10_000):
+        out = flashcore.attention(q, k, v, causal=bool(i & 1), return_lse=bool(i & 2))
+    del out
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == alloc0
+    assert torch.cuda.mem_get_info()[0] >= free0 - (4 << 20)
+
+
+def test_unsupported_head_dim_raises():
+    q = randn(1, 64, 2, 96)
+    with pytest.raises(ValueError, match="head dim 96"):
+        flashcore.attention(q, q, q)
+
+
+# --- the SDPA backend ----------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not flashcore.sdpa_backend.available(), reason="SKIPPED: torch has no register_flash_attention_impl")
+def test_sdpa_backend_activate_and_restore():
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    stats = flashcore.sdpa_backend.stats
+    q, k, v = (t.transpose(1, 2) for t in (randn(2, 256, 8, 128), randn(2, 256, 2, 128), randn(2, 256, 2, 128)))
+    want = flashcore.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    native = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    torch.nn.attention.activate_flash_attention_impl("flashcore")
+    try:
+        assert torch.nn.attention.current_flash_attention_impl() == "flashcore"
+        before = dict(stats)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            got = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+            assert stats["flashcore"] == before["flashcore"] + 1
+            assert torch.equal(got, want)
+            assert got.stride() == native.stride()  # the query's memory layout, as torch's kernel gives
+            # A head dim flashcore lacks takes the fallback and stays right.
+            q96, k96 = randn(1, 4, 200, 96), randn(1, 4, 200, 96)
+            out96 = F.scaled_dot_product_attention(q96, k96, k96, is_causal=True)
+            assert stats["fallback"] == before["fallback"] + 1
+        # (float64 has no flash kernel: the reference runs outside the flash-only context.)
+        ref96 = F.scaled_dot_product_attention(q96.double(), k96.double(), k96.double(), is_causal=True)
+        assert rel_l2(out96, ref96) < 2e-3
+        compiled = torch.compile(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=True), fullgraph=True)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            assert torch.equal(compiled(q, k, v), want)
+        w = q.detach().clone().requires_grad_()
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION), pytest.raises(RuntimeError, match="no backward pass"):
+            F.scaled_dot_product_attention(w, k, v, is_causal=True, enable_gqa=True)
+    finally:
+        torch.nn.attention.restore_flash_attention_impl()
+    n = stats["flashcore"]
+    F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    assert stats["flashcore"] == n and torch.nn.attention.current_flash_attention_impl() is None
+
+
+# --- transformers --------------------------------------------------------------------------
+
+
+def _tiny(kind):
+    transformers = pytest.importorskip("transformers")
+    common = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidden_layers=2,
+                  num_attention_heads=8, max_position_embeddings=512)
+    if kind == "llama":
+        return transformers.LlamaConfig(num_key_value_heads=8, **common)  # head dim 64
+    return transformers.Qwen2Config(num_key_value_heads=2, **common)  # GQA 8/2, head dim 64
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_hf_models_match_sdpa(kind, dtype):
+    transformers = pytest.importorskip("transformers")
+    import flashcore.hf
+
+    name = flashcore.hf.register()
+    cfg = _tiny(kind)
+    torch.manual_seed(0)
+    ref = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation="sdpa")
+    ref = ref.to("cuda", dtype).eval()
+    model = transformers.AutoModelForCausalLM.from_config(copy.deepcopy(cfg), attn_implementation=name)
+    model = model.to("cuda", dtype).eval()
+    model.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, 512, (2, 200), device="cuda")
+    before = dict(flashcore.hf.stats)
+    with torch.inference_mode():
+        want = ref(ids).logits.float()
+        got = model(ids).logits.float()
+        # Generation with a KV cache: decode steps are single-query calls.
+        gen_ref = ref.generate(ids[:, :32], max_new_tokens=8, do_sample=False)
+        gen = model.generate(ids[:, :32], max_new_tokens=8, do_sample=False)
+    assert flashcore.hf.stats["flashcore"] > before["flashcore"]
+    assert flashcore.hf.stats["fallback"] == before["fallback"]
+    err = rel_l2(got, want)
+    assert err < {torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype], err
+    assert gen.shape == gen_ref.shape
