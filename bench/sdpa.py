@@ -9,7 +9,8 @@ efficient; torch.nn.attention.sdpa_kernel) and, when `flash_attn.cute` imports (
 per-call device events, CUDA-graph replay of N calls divided by N) and the same statistics, and
 writes the same JSON schema as flashcore (docs/bench-json.md), with `implementation` set to
 "sdpa-flash", "sdpa-cudnn", "sdpa-efficient" or "fa4". A backend that fails on a shape is recorded as
-skipped with the reason.
+skipped with the reason. `--backends flashcore-torch` also times the `flashcore` Python package's op
+(`flashcore.attention`, records named "flashcore-torch"): the kernels on the path PyTorch users take.
 
     python3 bench/sdpa.py --suite seed --json sdpa.json
     python3 bench/sdpa.py --heads 16 --seqlen 4096 --headdim 128 --causal --dtype bf16

@@ -155,11 +155,19 @@ fn python_matches_rust() {
     // A Python record reads as a flashcore Record with the same numbers.
     let r: Record = serde_json::from_value(py["record"].clone()).unwrap();
     assert_eq!(r.implementation, "sdpa-flash");
-    // FlashAttention-4 records are named "fa4", the SDPA backends "sdpa-<backend>".
+    // FlashAttention-4 records are named "fa4", the flashcore Python package's op
+    // "flashcore-torch", the SDPA backends "sdpa-<backend>".
     let names: Vec<String> = serde_json::from_value(py["impl_names"].clone()).unwrap();
     assert_eq!(
         names,
-        ["sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "fa4"].map(String::from)
+        [
+            "sdpa-flash",
+            "sdpa-cudnn",
+            "sdpa-efficient",
+            "fa4",
+            "flashcore-torch"
+        ]
+        .map(String::from)
     );
     assert_eq!(
         (r.mode, r.status, r.dtype),
