@@ -45,6 +45,20 @@ pub fn unconditional(insn: &super::sass::Insn) -> bool {
             .any(|o| o.as_reg().map(|r| r.reg.is_pred()).unwrap_or(false))
 }
 
+/// The callee of a direct `CALL` (a label and no register target). `CALL.REL.NOINC R8 `(k)`
+/// calls through R8 (the label is only the base of the relative address): indirect.
+pub fn direct_callee(insn: &super::sass::Insn) -> Option<&str> {
+    let through_reg = insn
+        .operands
+        .iter()
+        .any(|o| o.as_reg().is_some_and(|r| r.reg.is_gpr()));
+    if through_reg {
+        None
+    } else {
+        insn.label_target()
+    }
+}
+
 pub fn build(sec: &Section) -> Cfg {
     let n = sec.insns.len();
     let target = |name: &str| sec.labels.get(name).copied().filter(|&t| t < n);
@@ -95,7 +109,7 @@ pub fn build(sec: &Section) -> Cfg {
     let mut indirect = Vec::new();
     for (i, insn) in sec.insns.iter().enumerate() {
         if insn.op() == "CALL" && i + 1 < n {
-            match insn.label_target().and_then(func_index) {
+            match direct_callee(insn).and_then(func_index) {
                 Some(f) => return_sites[f].push(i + 1),
                 None => {
                     for rs in return_sites.iter_mut() {
@@ -141,7 +155,7 @@ pub fn build(sec: &Section) -> Cfg {
                 }
             }
             "CALL" => {
-                match insn.label_target().and_then(func_index) {
+                match direct_callee(insn).and_then(func_index) {
                     Some(fi) => succs.push(block_of[sec.functions[fi].1]),
                     None => {
                         indirect.push(last);

@@ -4,11 +4,14 @@
 //! [`taint`] fixed point → [`rules`] findings, plus a per-kernel [`Resources`] report read from
 //! the instructions and the ELF ([`cubin`]).
 
+pub mod bits;
 pub mod cfg;
 pub mod cubin;
+pub mod effects;
 pub mod report;
 pub mod rules;
 pub mod sass;
+pub mod table;
 pub mod taint;
 
 pub use rules::{Finding, Rule, Step};
@@ -129,7 +132,13 @@ pub fn audit_section(
         }
     }
     let g = cfg::build(sec);
-    let an = taint::analyze(sec, &g, &secrets);
+    let an = taint::analyze(sec, &g, &secrets).map_err(|r| {
+        let insn = &sec.insns[r.index];
+        Error::Other(format!(
+            "kernel `{}` /*{:04x}*/ {}: {}; the audit cannot judge it",
+            sec.kernel, insn.offset, insn.text, r.why
+        ))
+    })?;
     let findings = rules::findings(sec, &g, &an);
     let resources = resources(sec, &g, &an, info, &findings);
     Ok(KernelAudit {

@@ -22,6 +22,7 @@
 
 use super::cfg::Cfg;
 use super::sass::{Insn, Operand, Section};
+use super::table::Class;
 use super::taint::{self, Analysis, Cause, State, NONE};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, PartialOrd, Ord)]
@@ -181,9 +182,9 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
         .flat_map(reg_locs)
         .collect();
 
-    match op {
-        "BRA" | "BRX" | "JMP" | "JMX" | "EXIT" | "RET" | "KILL" | "BREAK" | "BSSY" | "BSYNC"
-        | "CALL" | "WARPSYNC" => {
+    let class = e.class.unwrap_or(Class::Sync);
+    match class {
+        Class::Control => {
             let mut hit: Option<(String, u32)> = None;
             if let Some((l, v)) = guard {
                 hit = Some((guard_desc(l), v));
@@ -192,7 +193,10 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
                     format!("branch predicate {} is secret", taint::loc_name(l)),
                     v,
                 ));
-            } else if matches!(op, "BRX" | "JMX" | "JMP" | "RET" | "CALL" | "WARPSYNC") {
+            } else if matches!(
+                op,
+                "BRX" | "BRXU" | "JMX" | "JMXU" | "JMP" | "RET" | "CALL" | "WARPSYNC"
+            ) {
                 if let Some((l, v)) = tainted(s, &gpr_ops) {
                     let what = if op == "WARPSYNC" {
                         "warp-sync mask"
@@ -219,7 +223,11 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
                     }
                     ("CALL", Rule::VariableLatency) => "slow-path call under a secret guard",
                     ("EXIT" | "KILL", _) => "exit depends on a secret",
-                    ("BRX" | "JMX" | "JMP", _) => "indirect jump depends on a secret",
+                    ("BRX" | "BRXU" | "JMX" | "JMXU" | "JMP", _) => {
+                        "indirect jump depends on a secret"
+                    }
+                    ("RET", _) => "return address depends on a secret",
+                    ("CALL", _) => "call target depends on a secret",
                     ("WARPSYNC", _) => "warp-sync mask depends on a secret",
                     _ => "branch depends on a secret",
                 };
@@ -253,7 +261,7 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
                 }
             }
         }
-        "BAR" => {
+        Class::Barrier => {
             if let Some((l, v)) = guard {
                 out.push((
                     Rule::ControlFlow,
@@ -268,7 +276,7 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
                 ));
             }
         }
-        "VOTE" | "VOTEU" | "SHFL" | "MATCH" | "REDUX" | "ELECT" | "WARPGROUP" => {
+        Class::Collective | Class::Shuffle => {
             if let Some((l, v)) = guard {
                 out.push((
                     Rule::ControlFlow,
@@ -280,7 +288,18 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
                 ));
             }
         }
-        "FCHK" => {
+        Class::Sync if op != "NOP" => {
+            // Synchronisation, register reallocation, warpgroup arrive/wait, fences: whether
+            // they run (and so how long the thread waits) must not depend on a secret.
+            if let Some((l, v)) = guard {
+                out.push((
+                    Rule::ControlFlow,
+                    format!("{op} under a secret guard: {}", guard_desc(l)),
+                    Some(v),
+                ));
+            }
+        }
+        _ if op == "FCHK" => {
             if let Some((l, v)) = tainted(s, &e.srcs) {
                 out.push((
                     Rule::VariableLatency,
@@ -292,7 +311,7 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
                 ));
             }
         }
-        "MUFU" => {
+        _ if op == "MUFU" => {
             let f = insn.mods().next().unwrap_or("");
             if matches!(f, "RSQ" | "SQRT" | "RCP" | "RSQ64H" | "RCP64H") {
                 if let Some((l, v)) = tainted(s, &e.srcs) {
@@ -322,7 +341,7 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
                 }
             }
         }
-        "NANOSLEEP" => {
+        Class::Sleep => {
             if let Some((l, v)) = tainted(s, &gpr_ops).or(guard) {
                 out.push((
                     Rule::VariableLatency,
@@ -424,7 +443,7 @@ pub fn findings(sec: &Section, cfg: &Cfg, an: &Analysis) -> Vec<Finding> {
             {
                 touches[sec.function_of(i)] = true;
             }
-            taint::transfer(i, e, &mut s);
+            taint::transfer(i, e, &mut s, &an.globals);
         }
     }
     let cx = Ctx {

@@ -263,7 +263,8 @@ pub fn parse_reg_op(tok: &str) -> Option<RegOp> {
             break;
         }
     }
-    let t = t.trim_end_matches('|');
+    // `|R0|.reuse`: the closing bar of an absolute value sits before the suffixes.
+    let t = t.replace('|', "");
     let mut parts = t.split('.');
     let base = parts.next()?;
     let reg = parse_reg(base)?;
@@ -426,7 +427,15 @@ pub fn parse_line(line: &str) -> Option<Insn> {
         Some(sp) => (&body[..sp], body[sp..].trim()),
         None => (body, ""),
     };
-    let operands = split_top(ops).into_iter().map(parse_operand).collect();
+    // A register target and its label are separated by a space only: `RET.REL.NODEC R4 `(k)`.
+    let operands = split_top(ops)
+        .into_iter()
+        .flat_map(|t| match t.find(" `") {
+            Some(p) => vec![t[..p].trim(), t[p..].trim()],
+            None => vec![t],
+        })
+        .map(parse_operand)
+        .collect();
     Some(Insn {
         offset,
         guard,
@@ -616,6 +625,8 @@ mod tests {
         let f = parse_line("/*0270*/ FSETP.GTU.FTZ.AND P0, PT, |R0|, +INF , PT ;").unwrap();
         assert_eq!(f.operands[2].as_reg().unwrap().reg, Reg::R(0));
         assert!(matches!(f.operands[3], Operand::Imm(_)));
+        let h = parse_line("/*02d0*/ FSETP.NEU.FTZ.AND P2, PT, |R0|.reuse, +INF , PT ;").unwrap();
+        assert_eq!(h.operands[2].as_reg().unwrap().reg, Reg::R(0));
         let g = parse_line("/*0950*/ FADD R24, R24, -R2.reuse ;").unwrap();
         assert_eq!(g.operands[2].as_reg().unwrap().reg, Reg::R(2));
     }
@@ -626,6 +637,10 @@ mod tests {
         assert_eq!(i.operands.len(), 2);
         assert_eq!(i.operands[0].as_reg().unwrap().reg, Reg::P(2));
         assert_eq!(i.label_target(), Some(".L_x_16"));
+        let r = parse_line("/*0160*/ RET.REL.NODEC R20 `(leak_indirect_call) ;").unwrap();
+        assert_eq!(r.operands.len(), 2);
+        assert_eq!(r.operands[0].as_reg().unwrap().reg, Reg::R(20));
+        assert_eq!(r.label_target(), Some("leak_indirect_call"));
         let c =
             parse_line("/*00c0*/ CALL.REL.NOINC `($__internal_0_$__cuda_sm20_div_s64) ;").unwrap();
         assert_eq!(c.label_target(), Some("$__internal_0_$__cuda_sm20_div_s64"));

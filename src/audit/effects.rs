@@ -1,0 +1,333 @@
+//! What one instruction reads and writes, from the rule table's operand roles: destination and
+//! source locations (with register-pair/quad/accumulator widths), memory cells, guards.
+
+use super::bits::{bit_op, BitOp};
+use super::sass::{Insn, Operand, Reg};
+use super::table::{self, Class, Role, Space};
+use super::taint::{locs, loc};
+
+/// Memory instructions (their address operands and guards are rule-2 sinks), by the rule
+/// table's class.
+pub fn is_memory(op: &str) -> bool {
+    table::lookup(op).is_some_and(|r| is_memory_class(r.class))
+}
+
+pub fn is_memory_class(c: Class) -> bool {
+    matches!(
+        c,
+        Class::Load(_)
+            | Class::Store(_)
+            | Class::Atomic(_)
+            | Class::AsyncToShared
+            | Class::AsyncFromShared
+            | Class::Prefetch
+            | Class::Mbarrier
+            | Class::Gmma
+            | Class::Texture
+    )
+}
+
+fn hgmma_shape_n(insn: &Insn) -> Option<usize> {
+    insn.mods().find_map(|m| {
+        let parts: Vec<&str> = m.split('x').collect();
+        (parts.len() == 3 && parts.iter().all(|p| p.parse::<usize>().is_ok()))
+            .then(|| parts[1].parse::<usize>().ok())
+            .flatten()
+    })
+}
+
+/// Registers per thread of the accumulator of a wgmma (HGMMA m64nNk16): N/2 (f32) or N/4 (f16).
+pub fn gmma_acc_width(insn: &Insn) -> usize {
+    let n = hgmma_shape_n(insn).unwrap_or(256);
+    if insn.has_mod("F16") && !insn.has_mod("F32") {
+        (n / 4).max(1)
+    } else {
+        (n / 2).max(1)
+    }
+}
+
+
+/// Size in registers of the data moved by a memory instruction (`.64` → 2, `.128` → 4,
+/// LDSM/STSM `.2`/`.4`).
+pub fn mem_width(insn: &Insn) -> usize {
+    let mut w = 1;
+    for m in insn.mods() {
+        match m {
+            "64" => w = 2,
+            "128" => w = 4,
+            "2" | "4" if matches!(insn.op(), "LDSM" | "STSM") => w = m.parse().unwrap_or(1),
+            _ => {}
+        }
+    }
+    w
+}
+
+/// Registers covered by memory operand `k` of an instruction, expanded by width (address and
+/// descriptor registers together).
+pub fn mem_operand_locs(insn: &Insn, operand: &Operand) -> Vec<usize> {
+    let mut v = Vec::new();
+    if let Operand::Mem {
+        prefix, desc, addr, ..
+    } = operand
+    {
+        let op = insn.op();
+        let tma_dims = insn
+            .mods()
+            .find_map(|m| m.strip_suffix('D').and_then(|d| d.parse::<usize>().ok()))
+            .unwrap_or(5);
+        for (j, r) in desc.iter().enumerate() {
+            let w = if prefix == "gdesc" {
+                // SS form (A and B descriptors, 4 UR) unless A comes from registers.
+                let rs = insn.operands.get(1).and_then(|o| o.as_reg()).is_some();
+                if rs {
+                    2
+                } else {
+                    4
+                }
+            } else {
+                2
+            };
+            let _ = j;
+            locs(r.reg, r.width.max(w), &mut v);
+        }
+        for r in addr {
+            let w = match op {
+                // [URx]: shared address, mbarrier, then one coordinate per dimension.
+                "UTMALDG" | "UTMASTG" | "UTMAPF" | "UTMAREDG" if r.reg.is_gpr() => 2 + tma_dims,
+                "UBLKCP" | "UBLKRED" | "UBLKPF" => 2,
+                _ => r.width,
+            };
+            locs(r.reg, w, &mut v);
+        }
+    }
+    v
+}
+
+/// What one instruction reads and writes, independent of the taint state.
+#[derive(Debug, Clone, Default)]
+pub struct Effects {
+    pub guard: Option<usize>,
+    /// The guard is negated (`@!P0`).
+    pub guard_neg: bool,
+    pub dests: Vec<usize>,
+    pub weak_dests: Vec<usize>,
+    pub srcs: Vec<usize>,
+    /// The value written is secret whatever the inputs (global load, wgmma accumulator,
+    /// secret parameter).
+    pub intrinsic: bool,
+    pub reads_smem: bool,
+    pub reads_lmem: bool,
+    pub writes_smem: bool,
+    pub writes_lmem: bool,
+    /// The bytes written to shared memory are secret whatever the inputs (TMA, LDGSTS).
+    pub smem_intrinsic: bool,
+    /// Results are public whatever the inputs (mbarrier `SYNCS`).
+    pub public_result: bool,
+    /// A bit-precise transfer for this instruction (replaces `dests`/`srcs` for the taint of
+    /// its results; `srcs` still lists what it reads).
+    pub bitop: Option<BitOp>,
+    /// The rule-table class of the instruction.
+    pub class: Option<Class>,
+    /// Cross-lane read: sources are read from the plain state (not the guard's conditional
+    /// view: the other lanes need not satisfy this lane's guard facts).
+    pub cross_lane: bool,
+    /// `SHFL` data sources, also read flow-insensitively (a source lane that is not at this
+    /// instruction supplies whatever its register holds).
+    pub shuffle_data: Vec<usize>,
+    /// `BAR.RED`: deposits its sources into the barrier-result cell; `B2R` reads it.
+    pub writes_barrier_result: bool,
+    pub reads_barrier_result: bool,
+}
+
+/// Parameter facts needed to decide whether a constant-bank read is secret.
+#[derive(Debug, Clone, Default)]
+pub struct Secrets {
+    /// Constant-bank-0 byte ranges `[start, end)` of secret parameters.
+    pub ranges: Vec<(u32, u32)>,
+}
+
+impl Secrets {
+    pub fn cbank_secret(&self, bank: Option<u32>, offset: i64, bytes: u32, indexed: bool) -> bool {
+        if self.ranges.is_empty() || !matches!(bank, Some(0) | None) {
+            return false;
+        }
+        if indexed || bank.is_none() {
+            return true;
+        }
+        let (s, e) = (offset as i128, offset as i128 + bytes as i128);
+        self.ranges
+            .iter()
+            .any(|&(a, b)| s < b as i128 && (a as i128) < e)
+    }
+}
+
+fn is_conversion(op: &str) -> bool {
+    matches!(
+        op,
+        "F2I" | "I2F" | "F2F" | "I2I" | "F2IP" | "I2FP" | "FRND" | "UF2I" | "UI2F"
+    )
+}
+
+/// Computes the static read/write sets of `insn`, whose operands have `roles` under the rule
+/// table's `class`.
+pub fn effects(insn: &Insn, class: Class, roles: &[Role], secrets: &Secrets) -> Effects {
+    let op = insn.op();
+    let mut e = Effects {
+        guard: insn.real_guard().and_then(|g| loc(g.reg)),
+        guard_neg: insn.real_guard().map(|g| g.negated).unwrap_or(false),
+        class: Some(class),
+        ..Default::default()
+    };
+    let ops = &insn.operands;
+    let is_dest = |k: usize| match roles.get(k) {
+        Some(Role::DestReg | Role::DestPred) => true,
+        Some(Role::AllPreds) => matches!(op, "R2P" | "UR2UP"),
+        _ => false,
+    };
+    let memory = is_memory_class(class);
+    let wide_all = insn.has_mod("64") && !memory && !is_conversion(op)
+        || matches!(op, "DADD" | "DMUL" | "DFMA" | "DMNMX" | "DSETP" | "DSET");
+    let conv64 = is_conversion(op)
+        && insn
+            .mods()
+            .any(|m| matches!(m, "F64" | "U64" | "S64" | "64"));
+    let memw = mem_width(insn);
+    let gmma = class == Class::Gmma;
+    let mma = class == Class::Mma;
+    let accw = if gmma { gmma_acc_width(insn) } else { 0 };
+    let wide_mul = matches!(op, "IMAD" | "UIMAD") && insn.has_mod("WIDE");
+    let first_dest_reg = (0..ops.len()).find(|&k| roles.get(k) == Some(&Role::DestReg));
+
+    // Destinations.
+    for (k, o) in ops.iter().enumerate() {
+        if !is_dest(k) {
+            continue;
+        }
+        if let Operand::Reg(r) = o {
+            let mut w = r.width;
+            if Some(k) == first_dest_reg {
+                if gmma {
+                    w = accw;
+                } else if wide_mul || wide_all || op == "CS2R" && !insn.has_mod("32") {
+                    w = 2;
+                } else if memory || matches!(class, Class::Load(_)) {
+                    w = w.max(memw);
+                } else if mma {
+                    locs(r.reg, 1, &mut e.dests);
+                    locs(r.reg.offset(1).unwrap_or(Reg::Zero), 3, &mut e.weak_dests);
+                    continue;
+                } else if conv64 {
+                    locs(r.reg, 1, &mut e.dests);
+                    locs(r.reg.offset(1).unwrap_or(Reg::Zero), 1, &mut e.weak_dests);
+                    continue;
+                }
+            }
+            if r.reg == Reg::PR || r.reg == Reg::UPR {
+                locs(r.reg, 1, &mut e.weak_dests);
+            } else {
+                locs(r.reg, w, &mut e.dests);
+            }
+        }
+    }
+    // Sources.
+    let mut nsrc = 0;
+    for (k, o) in ops.iter().enumerate() {
+        if is_dest(k) {
+            continue;
+        }
+        match o {
+            Operand::Reg(r) => {
+                let mut w = r.width;
+                if gmma {
+                    let dest = first_dest_reg.and_then(|d| ops[d].as_reg()).map(|d| d.reg);
+                    w = if Some(r.reg) == dest { accw } else { 4 };
+                } else if wide_all || conv64 || (wide_mul && nsrc == 2) {
+                    w = 2;
+                } else if mma {
+                    w = 4;
+                } else if memory && !r.reg.is_pred() {
+                    w = w.max(memw);
+                }
+                let before = e.srcs.len();
+                locs(r.reg, w, &mut e.srcs);
+                // The value a SHFL passes (its first source) is the cross-lane one.
+                if class == Class::Shuffle && nsrc == 0 {
+                    e.shuffle_data.extend_from_slice(&e.srcs[before..]);
+                }
+                nsrc += 1;
+            }
+            Operand::Mem { .. } => {
+                e.srcs.extend(mem_operand_locs(insn, o));
+                nsrc += 1;
+            }
+            Operand::CBank {
+                bank,
+                offset,
+                index,
+            } => {
+                let bytes = if matches!(op, "LDC" | "ULDC") {
+                    4 * memw as u32
+                } else if wide_all {
+                    8
+                } else {
+                    4
+                };
+                if secrets.cbank_secret(*bank, *offset, bytes, !index.is_empty()) {
+                    e.intrinsic = true;
+                }
+                for r in index {
+                    locs(r.reg, r.width, &mut e.srcs);
+                }
+                nsrc += 1;
+            }
+            _ => nsrc += 1,
+        }
+    }
+    // Memory cells, by class.
+    match class {
+        Class::Load(sp) | Class::Atomic(sp) => {
+            match sp {
+                Space::Global => e.intrinsic = true,
+                Space::Generic => {
+                    e.intrinsic = true;
+                    e.reads_smem = true;
+                    e.reads_lmem = true;
+                }
+                Space::Shared => e.reads_smem = true,
+                Space::Local => e.reads_lmem = true,
+                Space::Constant => {}
+            }
+            if let Class::Atomic(sp) = class {
+                store_cells(&mut e, sp);
+            }
+        }
+        Class::Store(sp) => store_cells(&mut e, sp),
+        Class::AsyncToShared => {
+            e.writes_smem = true;
+            e.smem_intrinsic = true;
+        }
+        Class::Gmma | Class::Texture => e.intrinsic = true,
+        Class::Special => e.public_result = true,
+        Class::Collective | Class::Shuffle => e.cross_lane = true,
+        Class::Barrier if insn.has_mod("RED") => {
+            e.writes_barrier_result = true;
+            e.cross_lane = true;
+        }
+        Class::BarrierResult => e.reads_barrier_result = true,
+        _ => {}
+    }
+    e.bitop = bit_op(insn, secrets);
+    e
+}
+
+fn store_cells(e: &mut Effects, sp: Space) {
+    match sp {
+        Space::Shared => e.writes_smem = true,
+        Space::Local => e.writes_lmem = true,
+        Space::Generic => {
+            e.writes_smem = true;
+            e.writes_lmem = true;
+        }
+        Space::Global | Space::Constant => {}
+    }
+}
