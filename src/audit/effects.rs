@@ -121,8 +121,6 @@ pub struct Effects {
     pub writes_lmem: bool,
     /// The bytes written to shared memory are secret whatever the inputs (TMA, LDGSTS).
     pub smem_intrinsic: bool,
-    /// Results are public whatever the inputs (mbarrier `SYNCS`).
-    pub public_result: bool,
     /// A bit-precise transfer for this instruction (replaces `dests`/`srcs` for the taint of
     /// its results; `srcs` still lists what it reads).
     pub bitop: Option<BitOp>,
@@ -307,7 +305,6 @@ pub fn effects(insn: &Insn, class: Class, roles: &[Role], secrets: &Secrets) -> 
             e.smem_intrinsic = true;
         }
         Class::Gmma | Class::Texture => e.intrinsic = true,
-        Class::Special => e.public_result = true,
         Class::Collective | Class::Shuffle => e.cross_lane = true,
         Class::Barrier if insn.has_mod("RED") => {
             e.writes_barrier_result = true;

@@ -57,6 +57,8 @@ pub struct KernelAudit {
     pub params: Vec<cubin::Param>,
     pub findings: Vec<Finding>,
     pub resources: Resources,
+    /// Version of the rule table the audit ran with ([`table::VERSION`]).
+    pub rule_table: &'static str,
 }
 
 impl KernelAudit {
@@ -148,6 +150,7 @@ pub fn audit_section(
         params: info.map(|i| i.params.clone()).unwrap_or_default(),
         findings,
         resources,
+        rule_table: table::VERSION,
     })
 }
 
@@ -237,6 +240,18 @@ pub fn audit_cubin(cubin: &[u8], secret_params: &[usize]) -> Result<Vec<KernelAu
             continue;
         }
         out.push(audit_section(sec, info, secret_params)?);
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Audits every kernel section of an `nvdisasm -c` listing (SASS printed elsewhere, e.g. by
+/// `cuobjdump -sass` of a fat binary). Without the cubin there is no parameter layout, so no
+/// parameter can be declared secret; global memory is secret as always.
+pub fn audit_listing(listing: &str) -> Result<Vec<KernelAudit>> {
+    let mut out = Vec::new();
+    for sec in &sass::parse_listing(listing) {
+        out.push(audit_section(sec, None, &[])?);
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)

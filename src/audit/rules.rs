@@ -352,11 +352,16 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
         }
         _ => {}
     }
-    if op == "SYNCS" && insn.has_mod("ARRIVE") {
+    if class == Class::Mbarrier {
+        // Arrive counts, transaction byte counts, init counts, phase parities: each decides
+        // when a waiting thread goes on.
         if let Some((l, v)) = tainted(s, &gpr_ops) {
             out.push((
                 Rule::ControlFlow,
-                format!("mbarrier arrive count {} is secret", taint::loc_name(l)),
+                format!(
+                    "mbarrier count/phase operand {} is secret",
+                    taint::loc_name(l)
+                ),
                 Some(v),
             ));
         }

@@ -393,6 +393,31 @@ pub fn parse_operand(tok: &str) -> Operand {
     Operand::Other(t.to_string())
 }
 
+/// Splits an operand token at whitespace outside brackets and labels (`R4 -0xc0` → `R4`,
+/// `-0xc0`); a trailing space (`+INF `) splits nothing.
+fn split_spaces(t: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start, mut tick) = (0i32, 0usize, false);
+    for (i, c) in t.char_indices() {
+        match c {
+            '`' => tick = !tick,
+            '[' | '(' | '{' if !tick => depth += 1,
+            ']' | ')' | '}' if !tick => depth -= 1,
+            c if c.is_whitespace() && depth == 0 && !tick => {
+                if !t[start..i].trim().is_empty() {
+                    out.push(t[start..i].trim());
+                }
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    if !t[start..].trim().is_empty() {
+        out.push(t[start..].trim());
+    }
+    out
+}
+
 /// Parses one instruction line such as `/*0070*/  @!P0 BRA `(.L_x_3) ;`. Returns `None` for
 /// lines that are not instructions.
 pub fn parse_line(line: &str) -> Option<Insn> {
@@ -404,6 +429,10 @@ pub fn parse_line(line: &str) -> Option<Insn> {
     // Strip a trailing `;` and anything after it (encodings in `-hex` mode, comments).
     if let Some(semi) = body.find(';') {
         body = body[..semi].trim();
+    }
+    // Strip an annotation such as `(*"BRANCH_TARGETS .L_x_23,.L_x_24"*)` (after BRX).
+    if let Some(c) = body.find("(*") {
+        body = body[..c].trim();
     }
     if body.is_empty() {
         return None;
@@ -428,12 +457,11 @@ pub fn parse_line(line: &str) -> Option<Insn> {
         None => (body, ""),
     };
     // A register target and its label are separated by a space only: `RET.REL.NODEC R4 `(k)`.
+    // Operands separated by a space only: a register target and its label (`RET.REL.NODEC R4
+    // `(k)`), a register and its offset (`BRX R4 -0xc0`).
     let operands = split_top(ops)
         .into_iter()
-        .flat_map(|t| match t.find(" `") {
-            Some(p) => vec![t[..p].trim(), t[p..].trim()],
-            None => vec![t],
-        })
+        .flat_map(split_spaces)
         .map(parse_operand)
         .collect();
     Some(Insn {
@@ -637,6 +665,13 @@ mod tests {
         assert_eq!(i.operands.len(), 2);
         assert_eq!(i.operands[0].as_reg().unwrap().reg, Reg::P(2));
         assert_eq!(i.label_target(), Some(".L_x_16"));
+        let b = parse_line(
+            "/*00b0*/ BRX R4 -0xc0    (*\"BRANCH_TARGETS .L_x_23,.L_x_24\"*);",
+        )
+        .unwrap();
+        assert_eq!(b.operands.len(), 2);
+        assert_eq!(b.operands[0].as_reg().unwrap().reg, Reg::R(4));
+        assert_eq!(b.operands[1], Operand::Imm("-0xc0".into()));
         let r = parse_line("/*0160*/ RET.REL.NODEC R20 `(leak_indirect_call) ;").unwrap();
         assert_eq!(r.operands.len(), 2);
         assert_eq!(r.operands[0].as_reg().unwrap().reg, Reg::R(20));

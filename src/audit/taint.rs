@@ -188,28 +188,26 @@ pub fn transfer(i: usize, e: &Effects, st: &mut State, gl: &Globals) -> Option<C
         });
     let mut weak_val = NONE;
     let outs: Vec<Out> = match &e.bitop {
-        Some(b) if !e.public_result => {
+        Some(b) => {
             let (o, c) = bit_outputs(i, b, &|l| st.get(l, gv));
             cause = c;
             o
         }
         _ => {
-            if e.intrinsic && !e.public_result {
+            if e.intrinsic {
                 cause = Some(Cause::Source);
             }
-            if !e.public_result {
-                if e.reads_smem && st.t[SMEM] != NONE {
-                    cause = Some(Cause::From(st.t[SMEM]));
-                }
-                if e.reads_lmem && st.t[LMEM] != NONE {
-                    cause = cause.or(Some(Cause::From(st.t[LMEM])));
-                }
-                if e.reads_barrier_result && st.t[BARRES] != NONE {
-                    cause = cause.or(Some(Cause::From(st.t[BARRES])));
-                }
-                if cause.is_none() {
-                    cause = src_taint.map(Cause::From);
-                }
+            if e.reads_smem && st.t[SMEM] != NONE {
+                cause = Some(Cause::From(st.t[SMEM]));
+            }
+            if e.reads_lmem && st.t[LMEM] != NONE {
+                cause = cause.or(Some(Cause::From(st.t[LMEM])));
+            }
+            if e.reads_barrier_result && st.t[BARRES] != NONE {
+                cause = cause.or(Some(Cause::From(st.t[BARRES])));
+            }
+            if cause.is_none() {
+                cause = src_taint.map(Cause::From);
             }
             if cause.is_some() || g.is_some() {
                 weak_val = i as u32;
@@ -299,7 +297,7 @@ pub fn transfer(i: usize, e: &Effects, st: &mut State, gl: &Globals) -> Option<C
     let redefined = outs
         .iter()
         .map(|o| o.loc)
-        .chain(if e.bitop.is_none() || e.public_result {
+        .chain(if e.bitop.is_none() {
             e.weak_dests.clone()
         } else {
             Vec::new()

@@ -14,8 +14,12 @@ pub struct AuditArgs {
     #[arg(long, value_name = "FILE.cu", conflicts_with = "cubin")]
     pub source: Option<std::path::PathBuf>,
     /// Audit every kernel of an existing cubin.
-    #[arg(long, value_name = "FILE.cubin")]
+    #[arg(long, value_name = "FILE.cubin", conflicts_with = "sass")]
     pub cubin: Option<std::path::PathBuf>,
+    /// Audit an `nvdisasm -c` listing (global memory secret; no parameter can be declared
+    /// secret without the cubin's parameter layout).
+    #[arg(long, value_name = "FILE.sass", conflicts_with_all = ["source", "secret_params"])]
+    pub sass: Option<std::path::PathBuf>,
     /// Treat kernel parameter N (0-based ordinal) as secret; repeatable. Only with --source or
     /// --cubin (the shipped variants declare their own secret parameters).
     #[arg(long = "secret-param", value_name = "N")]
@@ -26,7 +30,7 @@ pub struct AuditArgs {
 }
 
 pub fn run(args: AuditArgs) -> i32 {
-    let shipped = args.source.is_none() && args.cubin.is_none();
+    let shipped = args.source.is_none() && args.cubin.is_none() && args.sass.is_none();
     if shipped && !args.secret_params.is_empty() {
         return super::fail(
             2,
@@ -35,6 +39,13 @@ pub fn run(args: AuditArgs) -> i32 {
     }
     let result: crate::Result<Vec<KernelAudit>> = if let Some(src) = &args.source {
         audit::audit_source_file(src, &args.secret_params)
+    } else if let Some(path) = &args.sass {
+        std::fs::read_to_string(path)
+            .map_err(|e| Error::Io {
+                path: path.clone(),
+                source: e,
+            })
+            .and_then(|text| audit::audit_listing(&text))
     } else if let Some(path) = &args.cubin {
         std::fs::read(path)
             .map_err(|e| Error::Io {

@@ -98,11 +98,14 @@ extern "C" __global__ void leak_nanosleep(float* o, const unsigned* a) {
     o[i] = 1.f;
 }
 
-// __syncwarp with a secret member mask.
-extern "C" __global__ void leak_warpsync_mask(float* o, const unsigned* a) {
+// A shuffle whose member mask is secret: ptxas emits `WARPSYNC Rmask` before it (a plain
+// `__syncwarp(mask)` in converged code is dropped as a no-op).
+extern "C" __global__ void leak_warpsync_mask(float* o, const unsigned* a, const float* b) {
     int i = threadIdx.x;
-    __syncwarp(a[0] | 1u);
-    o[i] = 1.f;
+    unsigned m = a[0] | 1u;
+    float v = b[i];
+    if (i & 1) v = __shfl_sync(m, v, 0);
+    o[i] = v;
 }
 
 // 64-bit integer modulo of a secret (compiler slow-path routine).
@@ -208,20 +211,18 @@ extern "C" __global__ void leak_indirect_call(float* o, const int* a, const floa
     o[i] = fp(b[i]);
 }
 
-// A dense switch on a secret compiles to a jump table (BRX).
-extern "C" __global__ void leak_switch_brx(float* o, const int* a, const float* b) {
+// An indirect branch through a jump table indexed by a secret (BRX). NVRTC lowers C switches
+// to compare-and-branch trees, so the jump table is written in PTX (`brx.idx`).
+extern "C" __global__ void leak_switch_brx(float* o, const int* a) {
     int i = threadIdx.x;
-    float x = b[i], r;
-    switch (a[i] & 7) {
-        case 0: r = x * 3.f; break;
-        case 1: r = __sinf(x); break;
-        case 2: r = __cosf(x) + 1.f; break;
-        case 3: r = x * x * x; break;
-        case 4: r = __expf(x); break;
-        case 5: r = __logf(x); break;
-        case 6: r = x - 7.f; break;
-        default: r = __fdividef(1.f, x); break;
-    }
+    int k = a[i] & 1;
+    float r;
+    asm volatile("{\n\t.reg .u32 idx;\n\tmov.u32 idx, %1;\n"
+                 "\tts: .branchtargets L0, L1;\n"
+                 "\tbrx.idx idx, ts;\n"
+                 "L0:\n\tmov.f32 %0, 0f3F800000;\n\tbra.uni Ld;\n"
+                 "L1:\n\tmov.f32 %0, 0f40000000;\n\tbra.uni Ld;\n"
+                 "Ld:\n}" : "=f"(r) : "r"(k));
     o[i] = r;
 }
 
