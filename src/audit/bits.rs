@@ -734,7 +734,7 @@ pub(crate) fn bit_outputs(
         }
         BitOp::Sel { rd, a, b, p } => {
             let (ba, bb) = (rd_of(a).0, rd_of(b).0);
-            let pt = p.map(|l| get(l)).filter(|&(_, m)| m != 0);
+            let pt = p.map(get).filter(|&(_, m)| m != 0);
             let mut mask = ba.taint | bb.taint;
             if pt.is_some() {
                 // A secret selector taints the bits where the two sides may differ.
@@ -798,4 +798,3 @@ pub(crate) fn bit_outputs(
     }
     (outs, cause)
 }
-

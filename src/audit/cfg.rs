@@ -1,9 +1,10 @@
 //! Control-flow graph over basic blocks of one kernel section, interprocedural: `CALL` edges go to
 //! the callee's entry and the callee's `RET`s go back to every instruction after a call to it.
 //!
-//! Edges: `BRA` (taken target, plus fall-through when guarded or predicated), `BRX`/`JMX`/`JMP`
-//! with a register target (indirect: every block of the function, conservatively), `CALL.REL`
-//! (callee entry; `CALL.ABS` through a register: every function), `RET` (return sites), `EXIT`
+//! Edges: `BRA` (taken target, plus fall-through when guarded or predicated), `BRX`/`BRXU`/
+//! `JMX`/`JMXU`/`JMP` with a register target (indirect: every block of the function,
+//! conservatively), `CALL.REL` (callee entry; a call through a register, `CALL.REL.NOINC R8`
+//! or `CALL.ABS`: every function), `RET` (return sites), `EXIT`
 //! and `KILL` (none, or fall-through when guarded), `BSSY` (fall-through: it only records the
 //! reconvergence point, which its `BSYNC` falls through to), `BSYNC`/`BREAK`/`WARPSYNC`
 //! (fall-through).
@@ -32,7 +33,7 @@ pub struct Cfg {
 pub fn is_terminator(op: &str) -> bool {
     matches!(
         op,
-        "BRA" | "BRX" | "JMP" | "JMX" | "CALL" | "RET" | "EXIT" | "KILL" | "BSSY"
+        "BRA" | "BRX" | "BRXU" | "JMP" | "JMX" | "JMXU" | "CALL" | "RET" | "EXIT" | "KILL" | "BSSY"
     )
 }
 
@@ -86,8 +87,8 @@ pub fn build(sec: &Section) -> Cfg {
     let mut blocks = Vec::new();
     let mut block_of = vec![0; n];
     let mut start = 0;
-    for i in 1..=n {
-        if leader[i] || i == n {
+    for (i, &lead) in leader.iter().enumerate().skip(1) {
+        if lead || i == n {
             if start < i {
                 for b in block_of.iter_mut().take(i).skip(start) {
                     *b = blocks.len();
@@ -120,8 +121,8 @@ pub fn build(sec: &Section) -> Cfg {
         }
     }
     let nb = blocks.len();
-    for b in 0..nb {
-        let last = blocks[b].end - 1;
+    for blk in blocks.iter_mut() {
+        let last = blk.end - 1;
         let insn = &sec.insns[last];
         let fallthrough = (last + 1 < n).then(|| block_of[last + 1]);
         let f = sec.function_of(last);
@@ -142,7 +143,7 @@ pub fn build(sec: &Section) -> Cfg {
                     succs.extend(fallthrough);
                 }
             }
-            "BRX" | "JMX" | "JMP" => {
+            "BRX" | "BRXU" | "JMX" | "JMXU" | "JMP" => {
                 match insn.label_target().and_then(target) {
                     Some(t) if insn.op() == "JMP" => succs.push(block_of[t]),
                     _ => {
@@ -189,7 +190,7 @@ pub fn build(sec: &Section) -> Cfg {
         }
         succs.sort_unstable();
         succs.dedup();
-        blocks[b].succs = succs;
+        blk.succs = succs;
     }
     for b in 0..nb {
         for s in blocks[b].succs.clone() {

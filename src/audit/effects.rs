@@ -4,7 +4,7 @@
 use super::bits::{bit_op, BitOp};
 use super::sass::{Insn, Operand, Reg};
 use super::table::{self, Class, Role, Space};
-use super::taint::{locs, loc};
+use super::taint::{loc, locs};
 
 /// Memory instructions (their address operands and guards are rule-2 sinks), by the rule
 /// table's class.
@@ -45,7 +45,6 @@ pub fn gmma_acc_width(insn: &Insn) -> usize {
         (n / 2).max(1)
     }
 }
-
 
 /// Size in registers of the data moved by a memory instruction (`.64` → 2, `.128` → 4,
 /// LDSM/STSM `.2`/`.4`).

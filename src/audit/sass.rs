@@ -255,13 +255,9 @@ pub fn split_top(s: &str) -> Vec<&str> {
 pub fn parse_reg_op(tok: &str) -> Option<RegOp> {
     let mut t = tok.trim();
     let mut negated = false;
-    loop {
-        if let Some(r) = t.strip_prefix(['-', '!', '~', '|', '+']) {
-            negated = true;
-            t = r;
-        } else {
-            break;
-        }
+    while let Some(r) = t.strip_prefix(['-', '!', '~', '|', '+']) {
+        negated = true;
+        t = r;
     }
     // `|R0|.reuse`: the closing bar of an absolute value sits before the suffixes.
     let t = t.replace('|', "");
@@ -665,10 +661,8 @@ mod tests {
         assert_eq!(i.operands.len(), 2);
         assert_eq!(i.operands[0].as_reg().unwrap().reg, Reg::P(2));
         assert_eq!(i.label_target(), Some(".L_x_16"));
-        let b = parse_line(
-            "/*00b0*/ BRX R4 -0xc0    (*\"BRANCH_TARGETS .L_x_23,.L_x_24\"*);",
-        )
-        .unwrap();
+        let b =
+            parse_line("/*00b0*/ BRX R4 -0xc0    (*\"BRANCH_TARGETS .L_x_23,.L_x_24\"*);").unwrap();
         assert_eq!(b.operands.len(), 2);
         assert_eq!(b.operands[0].as_reg().unwrap().reg, Reg::R(4));
         assert_eq!(b.operands[1], Operand::Imm("-0xc0".into()));
