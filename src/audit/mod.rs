@@ -175,7 +175,18 @@ fn resources(
                     .split_whitespace()
                     .find(|t| !t.starts_with('@'))
                     .map(|t| t.split('.').next().unwrap_or("")),
-                Some("BRA" | "BRX" | "JMX" | "JMP" | "EXIT" | "RET" | "KILL" | "CALL")
+                Some(
+                    "BRA"
+                        | "BRX"
+                        | "BRXU"
+                        | "JMX"
+                        | "JMXU"
+                        | "JMP"
+                        | "EXIT"
+                        | "RET"
+                        | "KILL"
+                        | "CALL"
+                )
             )
         })
         .map(|f| f.offset)
@@ -210,7 +221,7 @@ fn resources(
         }
         if matches!(
             insn.op(),
-            "BRA" | "BRX" | "JMX" | "JMP" | "EXIT" | "RET" | "KILL" | "CALL"
+            "BRA" | "BRX" | "BRXU" | "JMX" | "JMXU" | "JMP" | "EXIT" | "RET" | "KILL" | "CALL"
         ) && !cfg::unconditional(insn)
         {
             if secret_offsets.contains(&insn.offset) {
