@@ -391,6 +391,34 @@ const LEAKS: &[(&str, Rule, &str, Witness, &str)] = &[
         },
         "LDC c[bank][Rindex]",
     ),
+    (
+        "leak_printf_secret",
+        Rule::VariableLatency,
+        "CALL",
+        |s| any(s, |i| op_is(i, "CALL.ABS") && reg_operand(i, 0)),
+        "CALL.ABS to vprintf",
+    ),
+    (
+        "leak_malloc_size",
+        Rule::VariableLatency,
+        "CALL",
+        |s| any(s, |i| op_is(i, "CALL.ABS") && reg_operand(i, 0)),
+        "CALL.ABS to malloc",
+    ),
+    (
+        "leak_trap",
+        Rule::ControlFlow,
+        "BRA",
+        |s| has(s, "BPT.TRAP"),
+        "BPT.TRAP",
+    ),
+    (
+        "leak_tex_coord",
+        Rule::MemoryAddress,
+        "TLD",
+        |s| has(s, "TLD") || has(s, "TEX"),
+        "TLD/TEX",
+    ),
 ];
 
 /// (kernel, SASS witness of what makes it look like a leak, what the witness is)

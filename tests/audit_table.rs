@@ -273,24 +273,14 @@ fn every_opcode_every_form_has_the_sinks_of_its_class() {
                     let f = sink_findings(&s, st);
                     let is_pred = (P_BASE..SMEM).contains(&src);
                     let expect = match class {
-                        Class::Control => {
-                            is_pred
-                                || matches!(
-                                    rule.op,
-                                    "BRX"
-                                        | "BRXU"
-                                        | "JMX"
-                                        | "JMXU"
-                                        | "JMP"
-                                        | "RET"
-                                        | "CALL"
-                                        | "WARPSYNC"
-                                )
-                        }
+                        // Predicate operands, targets, return addresses, masks.
+                        Class::Control => true,
                         Class::Barrier => !is_pred,
+                        // ELECT's register operand is its member mask.
+                        Class::Collective => rule.op == "ELECT" && !is_pred,
                         Class::Sleep => true,
                         Class::AluLatency => rule.op == "FCHK",
-                        Class::Mbarrier => addr.contains(&src) || !is_pred,
+                        Class::Mbarrier | Class::Texture => addr.contains(&src) || !is_pred,
                         c if taint::is_memory(rule.op) => {
                             let _ = c;
                             addr.contains(&src)

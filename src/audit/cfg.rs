@@ -39,11 +39,15 @@ pub fn is_terminator(op: &str) -> bool {
 
 /// True when `BRA` is unconditional (no real guard and no predicate operand).
 pub fn unconditional(insn: &super::sass::Insn) -> bool {
-    insn.real_guard().is_none()
-        && !insn
-            .operands
-            .iter()
-            .any(|o| o.as_reg().map(|r| r.reg.is_pred()).unwrap_or(false))
+    let reg = |gpr: bool| {
+        insn.operands.iter().any(|o| {
+            o.as_reg()
+                .is_some_and(|r| if gpr { r.reg.is_gpr() } else { r.reg.is_pred() })
+        })
+    };
+    // `BRA.DIV UR4, ..` and other qualified branches may fall through.
+    let qualified_bra = insn.op() == "BRA" && (reg(true) || insn.mods().any(|m| m != "U"));
+    insn.real_guard().is_none() && !reg(false) && !qualified_bra
 }
 
 /// The callee of a direct `CALL` (a label and no register target). `CALL.REL.NOINC R8 `(k)`
@@ -136,8 +140,13 @@ pub fn build(sec: &Section) -> Cfg {
         let conditional = !unconditional(insn);
         match insn.op() {
             "BRA" => {
-                if let Some(t) = insn.label_target().and_then(target) {
-                    succs.push(block_of[t]);
+                match insn.label_target().and_then(target) {
+                    Some(t) => succs.push(block_of[t]),
+                    // A target the listing does not label: anywhere in the function.
+                    None => {
+                        indirect.push(last);
+                        succs.extend(func_blocks());
+                    }
                 }
                 if conditional {
                     succs.extend(fallthrough);
@@ -157,30 +166,36 @@ pub fn build(sec: &Section) -> Cfg {
             }
             "CALL" => {
                 match direct_callee(insn).and_then(func_index) {
-                    Some(fi) => succs.push(block_of[sec.functions[fi].1]),
+                    Some(fi) => {
+                        succs.push(block_of[sec.functions[fi].1]);
+                        if conditional {
+                            succs.extend(fallthrough);
+                        }
+                    }
                     None => {
+                        // Through a register: any device function here (a kernel entry cannot
+                        // be called); or code outside this section (`vprintf`, `malloc`), which
+                        // returns to the next instruction.
                         indirect.push(last);
-                        for (_, s) in &sec.functions {
+                        for (_, s) in sec.functions.iter().skip(1) {
                             if *s < n {
                                 succs.push(block_of[*s]);
                             }
                         }
+                        succs.extend(fallthrough);
                     }
-                }
-                if insn.real_guard().is_some() {
-                    succs.extend(fallthrough);
                 }
             }
             "RET" => {
                 for &rs in &return_sites[f] {
                     succs.push(block_of[rs]);
                 }
-                if insn.real_guard().is_some() {
+                if conditional {
                     succs.extend(fallthrough);
                 }
             }
             "EXIT" | "KILL" => {
-                if insn.real_guard().is_some() {
+                if conditional {
                     succs.extend(fallthrough);
                 }
             }

@@ -2,7 +2,7 @@
 //! source locations (with register-pair/quad/accumulator widths), memory cells, guards.
 
 use super::bits::{bit_op, BitOp};
-use super::sass::{Insn, Operand, Reg};
+use super::sass::{Insn, Operand, Reg, RegOp};
 use super::table::{self, Class, Role, Space};
 use super::taint::{loc, locs};
 
@@ -134,6 +134,29 @@ pub struct Effects {
     /// `BAR.RED`: deposits its sources into the barrier-result cell; `B2R` reads it.
     pub writes_barrier_result: bool,
     pub reads_barrier_result: bool,
+    /// A call to code outside the section (`vprintf`, `malloc`, a function pointer): see
+    /// [`external_call`].
+    pub external_call: bool,
+}
+
+/// What a call to code the audit cannot see does, conservatively: it reads the argument
+/// registers (R4..R15) and local memory (arguments passed on the stack), may read global memory
+/// and write shared and local memory, and leaves every caller-saved register (R0, R2..R15)
+/// secret.
+pub fn external_call(e: &mut Effects) {
+    e.external_call = true;
+    for r in (4..16).map(Reg::R) {
+        locs(r, 1, &mut e.srcs);
+    }
+    for r in std::iter::once(0).chain(2..16).map(Reg::R) {
+        locs(r, 1, &mut e.dests);
+    }
+    e.intrinsic = true;
+    e.reads_lmem = true;
+    e.reads_smem = true;
+    e.writes_smem = true;
+    e.smem_intrinsic = true;
+    e.writes_lmem = true;
 }
 
 /// Parameter facts needed to decide whether a constant-bank read is secret.
@@ -278,6 +301,18 @@ pub fn effects(insn: &Insn, class: Class, roles: &[Role], secrets: &Secrets) -> 
                 nsrc += 1;
             }
             _ => nsrc += 1,
+        }
+    }
+    if class == Class::Texture {
+        for o in ops {
+            // Vector registers only: uniform operands are texture/sampler handles.
+            if let Operand::Reg(RegOp { reg: Reg::R(_), .. }) = o {
+                locs(
+                    o.as_reg().map(|r| r.reg).unwrap_or(Reg::Zero),
+                    4,
+                    &mut e.dests,
+                );
+            }
         }
     }
     // Memory cells, by class.

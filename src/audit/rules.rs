@@ -193,15 +193,13 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
                     format!("branch predicate {} is secret", taint::loc_name(l)),
                     v,
                 ));
-            } else if matches!(
-                op,
-                "BRX" | "BRXU" | "JMX" | "JMXU" | "JMP" | "RET" | "CALL" | "WARPSYNC"
-            ) {
+            } else {
+                // Jump/call targets, return addresses, warp-sync masks, divergence masks.
                 if let Some((l, v)) = tainted(s, &gpr_ops) {
-                    let what = if op == "WARPSYNC" {
-                        "warp-sync mask"
-                    } else {
-                        "jump target"
+                    let what = match op {
+                        "WARPSYNC" => "warp-sync mask",
+                        "BRA" => "branch operand",
+                        _ => "jump target",
                     };
                     hit = Some((
                         format!("{what} register {} is secret", taint::loc_name(l)),
@@ -232,6 +230,25 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
                     _ => "branch depends on a secret",
                 };
                 out.push((rule, format!("{what}: {why}"), Some(v)));
+            }
+            if e.external_call && out.is_empty() {
+                let callee = insn.label_target().unwrap_or("a register target");
+                let args = tainted(s, &e.srcs)
+                    .map(|(l, v)| (taint::loc_name(l), v))
+                    .or_else(|| {
+                        (s[taint::LMEM] != NONE)
+                            .then(|| ("local memory".to_string(), s[taint::LMEM]))
+                    });
+                if let Some((what, v)) = args {
+                    out.push((
+                        Rule::VariableLatency,
+                        format!(
+                            "call to code outside this kernel ({callee}) with secret {what}: its \
+                             running time is not audited"
+                        ),
+                        Some(v),
+                    ));
+                }
             }
             if op == "CALL" && slow_call(cx.sec, i) && out.is_empty() {
                 let callee = insn
@@ -277,6 +294,15 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
             }
         }
         Class::Collective | Class::Shuffle => {
+            if op == "ELECT" {
+                if let Some((l, v)) = tainted(s, &gpr_ops) {
+                    out.push((
+                        Rule::ControlFlow,
+                        format!("ELECT member mask {} is secret", taint::loc_name(l)),
+                        Some(v),
+                    ));
+                }
+            }
             if let Some((l, v)) = guard {
                 out.push((
                     Rule::ControlFlow,
@@ -368,6 +394,17 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
     }
     // Rule 2: memory instructions.
     let mut mem_hit: Option<(String, u32)> = None;
+    if class == Class::Texture {
+        if let Some((l, v)) = tainted(s, &gpr_ops) {
+            mem_hit = Some((
+                format!(
+                    "texture/surface coordinate {} is secret",
+                    taint::loc_name(l)
+                ),
+                v,
+            ));
+        }
+    }
     if taint::is_memory(op) {
         if let Some((l, v)) = guard {
             mem_hit = Some((

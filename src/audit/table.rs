@@ -91,7 +91,8 @@ pub enum Class {
     Gmma,
     /// Warp MMA (`HMMA`, ...): every source flows to the accumulator.
     Mma,
-    /// Texture / surface access: loads from global memory; coordinates are sinks.
+    /// Texture / surface access: every register operand is taken as a coordinate (a sink) and
+    /// as a destination (secret: loaded from global memory, four registers from each).
     Texture,
     /// `BAR`: id, thread count and guard are control-flow sinks; the `.RED` forms deposit their
     /// predicate into the CTA's barrier-result cell (read by `B2R`), flow-insensitively since
@@ -145,6 +146,10 @@ const SETP: &[&str] = &["q q s s b*", "q q s b*"];
 /// Predicate logic: two destinations, three predicate sources, LUT immediates.
 const PLOP: &[&str] = &["q q b b b s s", "q q b b b s", "q b b b s", "q q b b b"];
 const NONE: &[&str] = &[""];
+/// Texture and surface operations: which registers are destinations and which coordinates is
+/// not spelled out by the listing (`TLD.LZ RZ, R7, R2, UR4, 0x0, 1D, 0x1`), so every register
+/// is taken as both (see [`Class::Texture`]).
+const TEX: &[&str] = &["q? s* m? s* x* s* x* s*"];
 
 /// The table, grouped as NVIDIA's list groups it.
 pub static TABLE: &[OpRule] = &[
@@ -278,7 +283,7 @@ pub static TABLE: &[OpRule] = &[
     r(
         "STAS",
         "async store to distributed shared",
-        AsyncFromShared,
+        Store(Shared),
         &["m s", "m m s"],
     ),
     r(
@@ -311,7 +316,7 @@ pub static TABLE: &[OpRule] = &[
     r(
         "REDAS",
         "async reduction on distributed shared",
-        AsyncFromShared,
+        Atomic(Shared),
         &["m s*", "m m s*"],
     ),
     r("REDG", "reduction on global", Atomic(Global), &["m s*"]),
@@ -341,7 +346,7 @@ pub static TABLE: &[OpRule] = &[
     r("UISETP", "uniform compare and set predicate", Alu, SETP),
     r("ULDC", "uniform load constant", Load(Constant), &["d s"]),
     r("ULEA", "uniform effective address", Alu, ALU),
-    r("ULEPC", "uniform load PC", Special, &["d"]),
+    r("ULEPC", "uniform load PC", Special, &["d", "d l"]),
     r("ULOP", "uniform logic", Alu, ALU),
     r(
         "ULOP3",
@@ -432,21 +437,16 @@ pub static TABLE: &[OpRule] = &[
         &["m m", "m m s*"],
     ),
     // Texture and surface.
-    r("TEX", "texture fetch", Texture, &["q? d* s* x*"]),
-    r("TLD", "texture load", Texture, &["q? d* s* x*"]),
-    r("TLD4", "texture load 4", Texture, &["q? d* s* x*"]),
-    r("TMML", "texture mip level", Texture, &["q? d* s* x*"]),
-    r(
-        "TXD",
-        "texture fetch with derivatives",
-        Texture,
-        &["q? d* s* x*"],
-    ),
-    r("TXQ", "texture query", Texture, &["q? d* s* x*"]),
-    r("SUATOM", "surface atomic", Texture, &["q? d* m s* x*"]),
-    r("SULD", "surface load", Texture, &["q? d* m s* x*"]),
-    r("SURED", "surface reduction", Texture, &["m s* x*"]),
-    r("SUST", "surface store", Texture, &["m s* x*"]),
+    r("TEX", "texture fetch", Texture, TEX),
+    r("TLD", "texture load", Texture, TEX),
+    r("TLD4", "texture load 4", Texture, TEX),
+    r("TMML", "texture mip level", Texture, TEX),
+    r("TXD", "texture fetch with derivatives", Texture, TEX),
+    r("TXQ", "texture query", Texture, TEX),
+    r("SUATOM", "surface atomic", Texture, TEX),
+    r("SULD", "surface load", Texture, TEX),
+    r("SURED", "surface reduction", Texture, TEX),
+    r("SUST", "surface store", Texture, TEX),
     // Control.
     r("ACQBULK", "wait for bulk release", Sync, NONE),
     r(
@@ -455,7 +455,7 @@ pub static TABLE: &[OpRule] = &[
         Alu,
         &["d x", "x s", "d x s"],
     ),
-    r("BPT", "breakpoint / trap", Control, &["x s?", "x", ""]),
+    r("BPT", "breakpoint / trap", Control, &["s", "x s?", "x", ""]),
     r("BRA", "relative branch", Control, &["b? l", "b? s l"]),
     r(
         "BREAK",
@@ -488,7 +488,7 @@ pub static TABLE: &[OpRule] = &[
         "ELECT",
         "elect a leader lane",
         Collective,
-        &["q d b", "q b", "d b"],
+        &["q d b", "q d s", "q b", "d b"],
     ),
     r("ENDCOLLECTIVE", "reset the collective mask", Sync, NONE),
     r("EXIT", "exit", Control, &["b?"]),
@@ -543,7 +543,7 @@ pub static TABLE: &[OpRule] = &[
         &["x s", "x s s", "s", "x"],
     ),
     r("GETLMEMBASE", "local memory base", Special, &["d"]),
-    r("LEPC", "load PC", Special, &["d"]),
+    r("LEPC", "load PC", Special, &["d", "d l"]),
     r("NOP", "no operation", Sync, NONE),
     r("PMTRIG", "performance monitor trigger", Sync, &["s"]),
     r("S2R", "special register to register", Special, &["d x"]),

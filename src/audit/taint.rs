@@ -311,6 +311,15 @@ pub fn transfer(i: usize, e: &Effects, st: &mut State, gl: &Globals) -> Option<C
         st.t[SMEM] = i as u32;
         st.m[SMEM] = ALL;
     }
+    if e.external_call {
+        // Unknown code may leave secrets in local and shared memory.
+        for c in [LMEM, SMEM] {
+            if st.t[c] == NONE {
+                st.t[c] = i as u32;
+                st.m[c] = ALL;
+            }
+        }
+    }
     if e.writes_lmem && st.t[LMEM] == NONE && (src_taint.is_some() || g.is_some()) {
         st.t[LMEM] = i as u32;
         st.m[LMEM] = ALL;
@@ -419,7 +428,13 @@ pub fn section_effects(sec: &Section, secrets: &Secrets) -> Result<Vec<Effects>,
         .enumerate()
         .map(|(i, insn)| {
             let (rule, roles) = table::classify(insn).map_err(|why| Refused { index: i, why })?;
-            Ok(effects(insn, rule.class, &roles, secrets))
+            let mut e = effects(insn, rule.class, &roles, secrets);
+            let in_section = super::cfg::direct_callee(insn)
+                .is_some_and(|t| sec.functions.iter().any(|(n, _)| n == t));
+            if insn.op() == "CALL" && !in_section {
+                super::effects::external_call(&mut e);
+            }
+            Ok(e)
         })
         .collect()
 }
@@ -1041,5 +1056,61 @@ mod tests {
         let f = findings(&body("P4"));
         assert_eq!(f.len(), 1, "{f:#?}");
         assert_eq!(f[0].offset, 0x120);
+    }
+
+    #[test]
+    fn code_after_an_external_call_is_analysed_and_sees_its_results_secret() {
+        // `malloc`/`vprintf` are called through a register to code outside the section; the
+        // code after the call must still be reached, and what the callee leaves is secret.
+        let f = findings(
+            "/*0000*/ S2R R2, SR_TID.X ;\n\
+             /*0010*/ LDC.64 R6, c[0x4][R0] ;\n\
+             /*0020*/ LEPC R20, `(.L_x_1) ;\n\
+             /*0030*/ CALL.ABS.NOINC R6 ;\n\
+.L_x_1:\n\
+             /*0040*/ LDS R8, [R2] ;\n\
+             /*0050*/ EXIT ;\n",
+        );
+        let offs: Vec<u32> = f.iter().map(|x| x.offset).collect();
+        assert_eq!(offs, vec![0x40], "{f:#?}");
+        // With a secret argument the call itself is a finding (its running time is unseen).
+        let f = findings(
+            "/*0000*/ LDG.E R4, desc[UR4][R2.64] ;\n\
+             /*0010*/ LDC.64 R6, c[0x4][R0] ;\n\
+             /*0020*/ CALL.ABS.NOINC R6 ;\n\
+             /*0030*/ EXIT ;\n",
+        );
+        assert_eq!(f.len(), 1, "{f:#?}");
+        assert_eq!((f[0].offset, f[0].rule_number), (0x20, 3));
+    }
+
+    #[test]
+    fn unlabelled_targets_and_qualified_branches_keep_the_code_after_them_reachable() {
+        let leak_after = |branch: &str| {
+            findings(&format!(
+                "/*0000*/ LDG.E R4, desc[UR4][R2.64] ;\n\
+                 /*0010*/ {branch} ;\n\
+                 /*0020*/ LDS R8, [R4] ;\n\
+                 /*0030*/ EXIT ;\n\
+.L_x_1:\n\
+                 /*0040*/ EXIT ;\n"
+            ))
+        };
+        // A target the listing does not label: it may be anywhere in the function.
+        let f = leak_after("BRA `(.L_x_nowhere)");
+        assert_eq!(
+            f.iter().map(|x| x.offset).collect::<Vec<_>>(),
+            vec![0x20],
+            "{f:#?}"
+        );
+        // BRA.DIV branches only when the warp is diverged: it may fall through.
+        let f = leak_after("BRA.DIV UR4, `(.L_x_1)");
+        assert_eq!(
+            f.iter().map(|x| x.offset).collect::<Vec<_>>(),
+            vec![0x20],
+            "{f:#?}"
+        );
+        // A plain unconditional branch really skips it.
+        assert!(leak_after("BRA `(.L_x_1)").is_empty());
     }
 }

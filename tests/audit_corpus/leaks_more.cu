@@ -271,3 +271,27 @@ extern "C" __global__ void leak_const_index(float* o, const int* a) {
     int i = threadIdx.x;
     o[i] = ctable[a[i] & 255];
 }
+
+// printf of a secret: vprintf is code outside the kernel whose running time depends on what it
+// formats (the number of digits).
+extern "C" __global__ void leak_printf_secret(const float* a) {
+    printf("%f\n", a[threadIdx.x]);
+}
+
+// malloc of a secret size: the allocator's work depends on the size.
+extern "C" __global__ void leak_malloc_size(float* o, const int* a) {
+    float* p = (float*)malloc(a[threadIdx.x] & 255);
+    o[threadIdx.x] = p ? 1.f : 0.f;
+    free(p);
+}
+
+// A trap taken on a secret (the kernel aborts or not).
+extern "C" __global__ void leak_trap(float* o, const float* a) {
+    if (a[threadIdx.x] < 0.f) __trap();
+    o[threadIdx.x] = 1.f;
+}
+
+// A texture fetch at a secret coordinate.
+extern "C" __global__ void leak_tex_coord(float* o, unsigned long long tex, const int* a) {
+    o[threadIdx.x] = tex1Dfetch<float>(tex, a[threadIdx.x]);
+}
