@@ -419,6 +419,13 @@ const LEAKS: &[(&str, Rule, &str, Witness, &str)] = &[
         |s| has(s, "TLD") || has(s, "TEX"),
         "TLD/TEX",
     ),
+    (
+        "leak_bulk_copy_size",
+        Rule::MemoryAddress,
+        "UBLKCP",
+        |s| any(s, |i| i.op() == "UBLKCP" && reg_operand(i, 2)),
+        "UBLKCP with a size register",
+    ),
 ];
 
 /// (kernel, SASS witness of what makes it look like a leak, what the witness is)

@@ -280,7 +280,11 @@ fn every_opcode_every_form_has_the_sinks_of_its_class() {
                         Class::Collective => rule.op == "ELECT" && !is_pred,
                         Class::Sleep => true,
                         Class::AluLatency => rule.op == "FCHK",
-                        Class::Mbarrier | Class::Texture => addr.contains(&src) || !is_pred,
+                        Class::Mbarrier
+                        | Class::Texture
+                        | Class::AsyncToShared
+                        | Class::AsyncFromShared
+                        | Class::Prefetch => addr.contains(&src) || !is_pred,
                         c if taint::is_memory(rule.op) => {
                             let _ = c;
                             addr.contains(&src)

@@ -424,6 +424,24 @@ fn check(cx: &Ctx, i: usize, st: &State) -> Vec<(Rule, String, Option<u32>)> {
                 }
             }
         }
+        // Bulk and tensor copies, prefetches: their register operands outside the brackets are
+        // sizes, coordinates and multicast masks, each shaping the traffic.
+        if mem_hit.is_none()
+            && matches!(
+                class,
+                Class::AsyncToShared | Class::AsyncFromShared | Class::Prefetch
+            )
+        {
+            if let Some((l, v)) = tainted(s, &gpr_ops) {
+                mem_hit = Some((
+                    format!(
+                        "copy size/coordinate register {} is secret",
+                        taint::loc_name(l)
+                    ),
+                    v,
+                ));
+            }
+        }
     }
     if mem_hit.is_none() {
         for o in &insn.operands {

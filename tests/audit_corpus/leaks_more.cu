@@ -295,3 +295,26 @@ extern "C" __global__ void leak_trap(float* o, const float* a) {
 extern "C" __global__ void leak_tex_coord(float* o, unsigned long long tex, const int* a) {
     o[threadIdx.x] = tex1Dfetch<float>(tex, a[threadIdx.x]);
 }
+
+// A bulk copy (cp.async.bulk, UBLKCP) of a secret number of bytes: the traffic is secret (and
+// so is the mbarrier's expected transaction count).
+extern "C" __global__ void leak_bulk_copy_size(float* o, const float* a, const int* n) {
+    __shared__ __align__(128) float tile[1024];
+    __shared__ __align__(8) unsigned long long bar;
+    int i = threadIdx.x;
+    unsigned sbar = (unsigned)__cvta_generic_to_shared(&bar);
+    if (i == 0) asm volatile("mbarrier.init.shared.b64 [%0], 1;" :: "r"(sbar));
+    __syncthreads();
+    unsigned bytes = ((unsigned)n[0] & 15u) * 16u + 16u;
+    if (i == 0) {
+        unsigned dst = (unsigned)__cvta_generic_to_shared(tile);
+        asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;" :: "r"(sbar), "r"(bytes));
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+            :: "r"(dst), "l"(a), "r"(bytes), "r"(sbar) : "memory");
+    }
+    asm volatile(
+        "{ .reg .pred p; W: mbarrier.try_wait.parity.shared.b64 p, [%0], 0; @!p bra W; }"
+        :: "r"(sbar));
+    o[i] = tile[i];
+}
