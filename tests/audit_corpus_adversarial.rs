@@ -426,6 +426,20 @@ const LEAKS: &[(&str, Rule, &str, Witness, &str)] = &[
         |s| any(s, |i| i.op() == "UBLKCP" && reg_operand(i, 2)),
         "UBLKCP with a size register",
     ),
+    (
+        "leak_dsmem_rank",
+        Rule::MemoryAddress,
+        "LD",
+        |s| has(s, "UCGABAR_WAIT") && any(s, |i| i.op() == "LD"),
+        "a generic load after a cluster barrier (the mapa'd address)",
+    ),
+    (
+        "leak_smem_flag_spin",
+        Rule::ControlFlow,
+        "BRA",
+        |s| has_loop(s) && has(s, "LDS"),
+        "a loop around a shared load",
+    ),
 ];
 
 /// (kernel, SASS witness of what makes it look like a leak, what the witness is)

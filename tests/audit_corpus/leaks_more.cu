@@ -318,3 +318,34 @@ extern "C" __global__ void leak_bulk_copy_size(float* o, const float* a, const i
         :: "r"(sbar));
     o[i] = tile[i];
 }
+
+// Distributed shared memory: a load from the shared memory of the cluster CTA whose rank is
+// secret (mapa with a secret rank).
+extern "C" __global__ void __cluster_dims__(2, 1, 1) leak_dsmem_rank(float* o, const int* a) {
+    __shared__ float s[32];
+    int i = threadIdx.x;
+    s[i & 31] = (float)i;
+    asm volatile("barrier.cluster.arrive; barrier.cluster.wait;");
+    unsigned local = (unsigned)__cvta_generic_to_shared(&s[i & 31]);
+    unsigned remote;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(a[0] & 1));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote));
+    o[i] = v;
+    asm volatile("barrier.cluster.arrive; barrier.cluster.wait;");
+}
+
+// One thread spins on a shared flag that another warp sets only when a secret holds: the spin's
+// length (and whether it ends) follows the secret.
+extern "C" __global__ void leak_smem_flag_spin(float* o, const float* a) {
+    __shared__ volatile int flag;
+    int i = threadIdx.x;
+    if (i == 0) flag = 0;
+    __syncthreads();
+    if (i == 32 && a[0] > 0.f) flag = 1;
+    if (i == 0) {
+        while (flag == 0) {
+        }
+    }
+    o[i] = 1.f;
+}
