@@ -11,12 +11,13 @@ _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 def tma_ready(t):
     """Whether TMA can read `t` (index order [B, S, H, D]) in place: contiguous last dim, a
     16-byte-aligned base, and 16-byte multiples as the other strides (of dims longer than 1)."""
-    if t.stride(3) != 1 and t.shape[3] > 1:
+    shape, stride = t.shape, t.stride()
+    if stride[3] != 1 and shape[3] > 1:
         return False
     if t.data_ptr() % 16 != 0:
         return False
     for dim in range(3):
-        if t.shape[dim] > 1 and (t.stride(dim) <= 0 or t.stride(dim) % 8 != 0):
+        if shape[dim] > 1 and (stride[dim] <= 0 or stride[dim] % 8 != 0):
             return False
     return True
 
@@ -26,8 +27,19 @@ def readable(t):
     return t if tma_ready(t) else t.contiguous()
 
 
+def current_stream(index):
+    """torch's current CUDA stream on device `index`, as the integer handle."""
+    if _raw_stream is not None:
+        return _raw_stream(index)  # what torch.compile's generated code calls: no Stream object
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _desc(t):
-    return (t.data_ptr(), (t.stride(0), t.stride(1), t.stride(2)))
+    st = t.stride()
+    return (t.data_ptr(), (st[0], st[1], st[2]))
 
 
 def launch(q, k, v, out, lse, lengths, causal, scale):
@@ -38,7 +50,7 @@ def launch(q, k, v, out, lse, lengths, causal, scale):
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     dev = q.device
-    stream = torch.cuda.current_stream(dev).cuda_stream
+    stream = current_stream(dev.index)
     _native.attention(
         dev.index,
         stream,

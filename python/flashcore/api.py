@@ -4,7 +4,16 @@ import torch
 
 from . import _checks
 from ._launch import prepare as _prepare
-from .ops import attention_op
+from . import ops
+
+
+def _call(q, k, v, causal, scale, bhsd, return_lse, lengths):
+    """The op on checked arguments: straight to its body in plain eager mode, through the
+    dispatcher (torch.ops.flashcore.attention) whenever torch is tracing or faking tensors."""
+    if ops.eager(q, k, v, lengths):
+        b, h, s = (q.shape[0], q.shape[1], q.shape[2]) if bhsd else (q.shape[0], q.shape[2], q.shape[1])
+        return ops.run(q, k, v, causal, scale, bhsd, return_lse, lengths, (b, h, s))
+    return ops.attention_op(q, k, v, causal, scale, bhsd, return_lse, lengths)
 
 
 def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=False, secret_lengths=None):
@@ -23,7 +32,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=Fa
     _checks.check_no_grad(q, k, v)
     scale = _checks.check_scale(scale)
     _checks.check_lengths(secret_lengths, q, b, sq, sk)
-    out, lse = attention_op(q, k, v, bool(causal), scale, layout == "bhsd", bool(return_lse), secret_lengths)
+    out, lse = _call(q, k, v, bool(causal), scale, layout == "bhsd", bool(return_lse), secret_lengths)
     return (out, lse) if return_lse else out
 
 
@@ -86,17 +95,23 @@ def scaled_dot_product_attention(
             f"flashcore: query has {hq} heads and key {hkv}: pass enable_gqa=True for grouped-query attention"
         )
     scale = _checks.check_scale(scale)
-    if not is_causal or sq == sk:
-        return attention_op(query, key, value, bool(is_causal), scale, True, False, None)[0]
-    # SDPA's causal mask is top-left aligned: query i sees keys 0..i. flashcore's is bottom-right.
+    return top_left(query, key, value, bool(is_causal), scale, bhsd=True)
+
+
+def top_left(q, k, v, causal, scale, bhsd):
+    """Attention with SDPA's causal convention on checked arguments: the mask is top-left
+    aligned (query i sees keys 0..i), where flashcore's own is bottom-right."""
+    seq = 2 if bhsd else 1
+    sq, sk = q.shape[seq], k.shape[seq]
+    if not causal or sq == sk:
+        return _call(q, k, v, causal, scale, bhsd, False, None)[0]
     if sq < sk:
         # Keys past Sq are invisible to every query: the square causal problem on the first Sq keys.
-        k2, v2 = key[:, :, :sq], value[:, :, :sq]
-        return attention_op(query, k2, v2, True, scale, True, False, None)[0]
+        return _call(q, k.narrow(seq, 0, sq), v.narrow(seq, 0, sq), True, scale, bhsd, False, None)[0]
     # Sq > Sk: queries 0..Sk-1 form the square causal problem; queries from Sk on see every key.
-    head = attention_op(query[:, :, :sk], key, value, True, scale, True, False, None)[0]
-    tail = attention_op(query[:, :, sk:], key, value, False, scale, True, False, None)[0]
-    return torch.cat([head, tail], dim=2)
+    head = _call(q.narrow(seq, 0, sk), k, v, True, scale, bhsd, False, None)[0]
+    tail = _call(q.narrow(seq, sk, sq - sk), k, v, False, scale, bhsd, False, None)[0]
+    return torch.cat([head, tail], dim=seq)
 
 
 def prepare(q, k, *, causal=False, scale=None, layout="bshd", secret_lengths=False):

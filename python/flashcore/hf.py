@@ -17,7 +17,7 @@ transformers' own SDPA path, so results stay right; ``stats`` counts both.
 import torch
 
 from . import _checks
-from .api import scaled_dot_product_attention
+from .api import top_left
 
 NAME = "fcore"
 
@@ -56,8 +56,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # As transformers' SDPA path: a single query token attends to every key.
     causal = bool(is_causal) and query.shape[2] > 1
-    out = scaled_dot_product_attention(query, key, value, is_causal=causal, scale=scaling, enable_gqa=True)
-    return out.transpose(1, 2).contiguous(), None
+    # transformers hands [B, H, S, D] views and wants [B, S, H, D] back: run in flashcore's bshd
+    # layout on the transposed views (read in place), so the output needs no transposing copy.
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    _checks.split_shape(q, k, v, "bshd")
+    _checks.check_no_grad(q, k, v)
+    return top_left(q, k, v, causal, _checks.check_scale(scaling), bhsd=False), None
 
 
 def register(name=NAME):

@@ -15,9 +15,12 @@ def _layout(bhsd):
 
 def _outputs(q, return_lse, hq, sq, b):
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous in q's layout
-    lse_shape = (b, hq, sq) if return_lse else (0,)
-    lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if return_lse else None
     return out, lse
+
+
+def _no_lse(q):
+    return torch.empty((0,), dtype=torch.float32, device=q.device)
 
 
 @torch.library.custom_op("flashcore::attention", mutates_args=())
@@ -36,12 +39,20 @@ def attention_op(
     b, sq, sk, hq, hkv, d = _checks.split_shape(q, k, v, _layout(bhsd))
     scale = _checks.check_scale(scale)
     _checks.check_lengths(lengths, q, b, sq, sk)
+    out, lse = run(q, k, v, causal, scale, bhsd, return_lse, lengths, (b, hq, sq))
+    return out, lse if return_lse else _no_lse(q)
+
+
+def run(q, k, v, causal, scale, bhsd, return_lse, lengths, bhs):
+    """The op's body, on arguments already checked; `bhs` = (batch, heads_q, seqlen_q). Returns
+    (out, lse), lse None unless `return_lse`."""
+    b, hq, sq = bhs
     out, lse = _outputs(q, return_lse, hq, sq, b)
     if bhsd:
         qv, kv, vv, ov = (t.transpose(1, 2) for t in (q, k, v, out))
     else:
         qv, kv, vv, ov = q, k, v, out
-    launch(qv, kv, vv, ov, lse if return_lse else None, lengths, causal, scale)
+    launch(qv, kv, vv, ov, lse, lengths, causal, scale)
     return out, lse
 
 
@@ -50,4 +61,16 @@ def _attention_fake(q, k, v, causal, scale, bhsd, return_lse, lengths):
     b, sq, sk, hq, hkv, d = _checks.split_shape(q, k, v, _layout(bhsd))
     _checks.check_scale(scale)
     _checks.check_lengths(lengths, q, b, sq, sk)
-    return _outputs(q, return_lse, hq, sq, b)
+    out, lse = _outputs(q, return_lse, hq, sq, b)
+    return out, lse if return_lse else _no_lse(q)
+
+
+def eager(*tensors):
+    """Whether a call may run `run` directly, skipping the dispatcher (~20 µs of host time): plain
+    tensors, not under torch.compile, no dispatch mode (fake tensors, make_fx, functionalisation)
+    active. Anything else goes through the op, which such machinery needs to see."""
+    if torch.compiler.is_compiling():
+        return False
+    if any(type(t) is not torch.Tensor for t in tensors if t is not None):
+        return False
+    return torch.utils._python_dispatch._get_current_dispatch_mode() is None

@@ -273,3 +273,81 @@ def test_hf_register_and_cpu_fallback_matches_sdpa():
         want, got = ref(ids).logits, model(ids).logits
     assert flashcore.hf.stats["fallback"] == before + 2  # one per layer: CPU is not flashcore's
     assert torch.equal(want, got)
+
+
+# --- the eager fast path launches exactly what the op launches -------------------------------
+
+
+@pytest.fixture
+def mock_launch(monkeypatch):
+    """CPU tensors accepted as if on a GPU, and every launch recorded instead of run."""
+    calls = []
+    real_check = flashcore._checks.check_tensor
+
+    def check_tensor(name, t):
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            t = torch.empty(t.shape, dtype=t.dtype, device="meta")
+            if t.dim() != 4 or t.dtype not in flashcore._checks.SUPPORTED_DTYPES:
+                real_check(name, t)
+            return
+        real_check(name, t)
+
+    monkeypatch.setattr(flashcore._checks, "check_tensor", check_tensor)
+    monkeypatch.setattr(flashcore._launch, "current_stream", lambda index: 1234)
+    monkeypatch.setattr(flashcore._launch._native, "attention", lambda *a: calls.append(a))
+    return calls
+
+
+def _same_launch(a, b):
+    # Everything but the fresh output and LSE buffers' addresses must agree.
+    assert a[:9] == b[:9]
+    assert a[9][1] == b[9][1] and (a[10] == 0) == (b[10] == 0) and a[11] == b[11]
+
+
+def test_eager_fast_path_matches_the_op(mock_launch, monkeypatch):
+    q = torch.zeros(2, 64, 4, 64, dtype=F16)
+    kv = torch.zeros(2, 96, 2, 64, dtype=F16)
+    assert flashcore.ops.eager(q, kv, kv, None)  # plain tensors, no mode: the fast path
+    out, lse = flashcore.attention(q, kv, kv, causal=True, return_lse=True)
+    torch.ops.flashcore.attention(q, kv, kv, True, None, False, True, None)
+    assert len(mock_launch) == 2
+    _same_launch(*mock_launch)
+    assert out.shape == q.shape and lse.shape == (2, 4, 64)
+    # SDPA layout, strided views, top-left causal with Sq > Sk (two launches each way).
+    qt, kt = q.transpose(1, 2), kv[:, :48].transpose(1, 2)
+    mock_launch.clear()
+    flashcore.scaled_dot_product_attention(qt, kt, kt, is_causal=True, enable_gqa=True)
+    fast = list(mock_launch)
+    mock_launch.clear()
+    monkeypatch.setattr(flashcore.ops, "eager", lambda *t: False)  # force the dispatcher
+    flashcore.scaled_dot_product_attention(qt, kt, kt, is_causal=True, enable_gqa=True)
+    assert len(fast) == len(mock_launch) == 2
+    for a, b in zip(fast, mock_launch):
+        _same_launch(a, b)
+
+
+def test_eager_path_not_taken_when_tracing(fake, monkeypatch):
+    def boom(*a):
+        raise AssertionError("the fast path ran under a dispatch mode")
+
+    monkeypatch.setattr(flashcore.ops, "run", boom)
+    q = cuda(1, 64, 4, 64)
+    out = flashcore.attention(q, q, q)  # FakeTensorMode: through the op and its fake impl
+    assert out.shape == q.shape
+    assert not flashcore.ops.eager(q)
+    assert flashcore.ops.eager(torch.zeros(1)) is False  # a mode is active here
+
+
+@pytest.mark.parametrize("sq, sk", [(64, 64), (40, 96), (96, 40)])
+def test_top_left_launches_the_same_in_both_layouts(mock_launch, sq, sk):
+    # transformers' path runs bshd on transposed views; SDPA's runs bhsd: same inputs, same kernels.
+    q = torch.zeros(2, sq, 4, 64, dtype=F16)
+    kv = torch.zeros(2, sk, 2, 64, dtype=F16)
+    out = flashcore.api.top_left(q, kv, kv, True, None, bhsd=False)
+    bshd = list(mock_launch)
+    mock_launch.clear()
+    flashcore.api.top_left(q.transpose(1, 2), kv.transpose(1, 2), kv.transpose(1, 2), True, None, bhsd=True)
+    assert len(bshd) == len(mock_launch) == (2 if sq > sk else 1)
+    for a, b in zip(bshd, mock_launch):
+        assert a[:9] == b[:9]  # device, stream, dtype, shape, causal, scale, q, k, v
+    assert out.shape == q.shape and out.is_contiguous()
