@@ -46,14 +46,19 @@ struct Consumer {
     // Out-of-range keys and (causal) keys right of the diagonal become −inf, by select.
     FC_DEVICE void mask(float (&sacc)[cfg::BN / 2], int n_block) const {
         using namespace cfg;
+        // Relative to this thread's first key: keys [0, limit) are in range, and (causal) row
+        // half h sees keys up to diag + 8h.
         const int key_base = n_block * BN + col0;
+        const int limit = key_limit - key_base;
+#if FC_CAUSAL
+        const int diag = row0 + p.seqlen_k - p.seqlen_q - key_base;
+#endif
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) {
-            const int key = key_base + 8 * (i / 4) + (i % 2);
-            bool visible = key < key_limit;
+            const int key = 8 * (i / 4) + (i % 2);
+            bool visible = key < limit;
 #if FC_CAUSAL
-            const int row = row0 + 8 * ((i / 2) % 2);
-            visible = visible && (key <= row + p.seqlen_k - p.seqlen_q);
+            visible = visible && (key <= diag + 8 * ((i / 2) % 2));
 #endif
             sacc[i] = select_f(visible, sacc[i], neg_inf());
         }

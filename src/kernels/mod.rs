@@ -141,9 +141,10 @@ impl Variant {
     /// The variant for a call's shape. Every choice depends on the shape of one sequence only —
     /// never on the batch size — so a sequence's output bits are the same in any batch.
     /// - Short key sequences (Sk ≤ 1024) split their keys across a cluster ([`split_for`]).
-    /// - At d64 without causal mask or split, long queries (Sq ≥ 1024) use 192-row tiles with three
-    ///   consumer warpgroups: fewer K/V bytes from L2 per FLOP, more softmax work in flight
-    ///   (measured +13%; no gain with the causal mask).
+    /// - At d64 without split, long queries (Sq ≥ 1024) use 192-row tiles with three consumer
+    ///   warpgroups: fewer K/V bytes from L2 per FLOP, more softmax work in flight (measured +13%
+    ///   non-causal; causal too since the persistent scheduler balances its tiles, PERF_NOTES
+    ///   step 12).
     pub fn for_shape(
         dtype: DType,
         head_dim: usize,
@@ -153,7 +154,7 @@ impl Variant {
         seqlen_k: usize,
     ) -> Variant {
         let split = split_for(seqlen_k);
-        let block_m = if head_dim == 64 && !causal && !secret_len && split == 1 && seqlen_q >= 1024
+        let block_m = if head_dim == 64 && !secret_len && split == 1 && seqlen_q >= 1024
         {
             192
         } else {
@@ -247,7 +248,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                         });
                     }
                 }
-                if head_dim == 64 && !causal {
+                if head_dim == 64 {
                     v.push(Variant {
                         dtype,
                         head_dim,
