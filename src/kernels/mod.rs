@@ -154,8 +154,7 @@ impl Variant {
         seqlen_k: usize,
     ) -> Variant {
         let split = split_for(seqlen_k);
-        let block_m = if head_dim == 64 && !secret_len && split == 1 && seqlen_q >= 1024
-        {
+        let block_m = if head_dim == 64 && !secret_len && split == 1 && seqlen_q >= 1024 {
             192
         } else {
             128
