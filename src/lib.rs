@@ -8,6 +8,7 @@ pub mod error;
 pub mod jit;
 pub mod kernels;
 pub mod leakage;
+pub mod output;
 pub mod reference;
 pub mod tensor_io;
 

@@ -288,7 +288,7 @@ pub fn write_file(
         .collect::<Result<Vec<_>>>()?;
     let bytes = safetensors::serialize(views, metadata)
         .map_err(|e| bad(path, format!("cannot serialize ({e})")))?;
-    std::fs::write(path, bytes).map_err(|e| Error::io(path, e))
+    crate::output::write_atomic(path, &bytes)
 }
 
 /// Writes the result of one call: `out` in the shape of `q` (layout `p.layout`) and, when

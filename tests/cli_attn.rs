@@ -366,3 +366,46 @@ fn gpu_path_fails_cleanly_without_a_gpu_and_matches_reference_with_one() {
             .unwrap_or_else(|e| panic!("{p:?}: {e}"));
     }
 }
+
+#[test]
+fn output_that_is_the_input_is_refused_and_the_input_survives() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = AttentionParams::new(1, 2, 17, 64);
+    let input = input_file(dir.path(), "qkv.safetensors", &p, 11);
+    let before = std::fs::read(&input).unwrap();
+    // The same path, a symbolic link to it, and a hard link to it.
+    let sym = dir.path().join("sym.safetensors");
+    let hard = dir.path().join("hard.safetensors");
+    std::os::unix::fs::symlink(&input, &sym).unwrap();
+    std::fs::hard_link(&input, &hard).unwrap();
+    for out in [&input, &sym, &hard] {
+        let r = flashcore(&["--cpu", "--input", s(&input), "--output", s(out)]);
+        assert_eq!(r.code, 1, "output {out:?}: {}", r.stderr);
+        assert!(
+            r.stderr.contains("is the input file"),
+            "output {out:?}: {}",
+            r.stderr
+        );
+        assert_eq!(std::fs::read(&input).unwrap(), before, "input changed");
+    }
+}
+
+#[test]
+fn output_replaces_an_existing_file_whole_and_leaves_no_temporary() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = AttentionParams::new(1, 2, 17, 64);
+    let input = input_file(dir.path(), "qkv.safetensors", &p, 12);
+    let out = dir.path().join("out.safetensors");
+    std::fs::write(&out, b"an older result").unwrap();
+    let r = flashcore(&["--cpu", "--input", s(&input), "--output", s(&out)]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(read_file(&out).unwrap().contains_key("out"));
+    let names: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.starts_with(".flashcore-tmp-")),
+        "temporary left behind: {names:?}"
+    );
+}

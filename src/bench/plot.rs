@@ -87,8 +87,13 @@ fn plot_err(e: impl std::fmt::Display) -> Error {
     Error::Other(format!("plot: {e}"))
 }
 
-/// Draws the plot of `records` in `mode` (default: [`default_mode`]) to the PNG `path`.
+/// Draws the plot of `records` in `mode` (default: [`default_mode`]) to the PNG `path`
+/// (through a temporary file beside it: an existing plot is replaced only by a complete one).
 pub fn render(records: &[Record], path: &Path, mode: Option<Mode>) -> Result<()> {
+    crate::output::write_atomic_with(path, |tmp| render_to(records, tmp, mode))
+}
+
+fn render_to(records: &[Record], path: &Path, mode: Option<Mode>) -> Result<()> {
     register_fonts()?;
     let mode = mode.unwrap_or_else(|| default_mode(records));
     let panels = panels(records, mode);

@@ -225,7 +225,7 @@ impl BenchFile {
     }
 
     pub fn write(&self, path: &Path) -> Result<()> {
-        std::fs::write(path, self.to_json()? + "\n").map_err(|e| Error::io(path, e))
+        crate::output::write_atomic(path, (self.to_json()? + "\n").as_bytes())
     }
 
     pub fn read(path: &Path) -> Result<BenchFile> {

@@ -59,6 +59,7 @@ pub fn run(args: AttnArgs) -> i32 {
 }
 
 fn attn(args: &AttnArgs) -> Result<()> {
+    crate::output::check_not_an_input(&args.output, &[&args.input])?;
     let input = tensor_io::read_attn_input(&args.input, args.layout)?;
     let p = AttentionParams {
         causal: args.causal,

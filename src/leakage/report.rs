@@ -64,10 +64,7 @@ impl LeakageFile {
     pub fn write(&self, path: &Path) -> crate::Result<()> {
         let text = serde_json::to_string_pretty(self)
             .map_err(|e| crate::Error::Other(format!("cannot encode JSON: {e}")))?;
-        std::fs::write(path, text + "\n").map_err(|e| crate::Error::Io {
-            path: path.to_path_buf(),
-            source: e,
-        })
+        crate::output::write_atomic(path, (text + "\n").as_bytes())
     }
 }
 
