@@ -9,13 +9,13 @@ pub enum Error {
     #[error("invalid argument `{arg}`: {rule}")]
     InvalidArgument { arg: &'static str, rule: String },
 
-    #[error("no CUDA driver: {0} (a GPU machine with the NVIDIA driver is needed for this; compilation and audit work without one)")]
+    #[error("no CUDA driver: {0} (a GPU machine with the NVIDIA driver is needed for this; compilation and audit work without one; `flashcore attn --cpu` runs the float64 reference instead)")]
     NoDriver(String),
 
-    #[error("no CUDA device found")]
+    #[error("no CUDA device found (`flashcore attn --cpu` runs the float64 reference instead)")]
     NoDevice,
 
-    #[error("unsupported device `{name}` (compute capability {major}.{minor}): flashcore's kernels need sm_90 (H100/H200)")]
+    #[error("unsupported device `{name}` (compute capability {major}.{minor}): flashcore's kernels need sm_90 (H100/H200); `flashcore attn --cpu` runs the float64 reference instead")]
     UnsupportedDevice {
         name: String,
         major: i32,

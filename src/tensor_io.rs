@@ -18,6 +18,15 @@ pub enum TensorData {
 }
 
 impl TensorData {
+    /// Elements that are NaN or ±Inf (outside flashcore's numerical contract; README "Numerics").
+    pub fn count_non_finite(&self) -> usize {
+        match self {
+            TensorData::F16(v) => v.iter().filter(|x| !x.is_finite()).count(),
+            TensorData::Bf16(v) => v.iter().filter(|x| !x.is_finite()).count(),
+            TensorData::F32(v) => v.iter().filter(|x| !x.is_finite()).count(),
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             TensorData::F16(x) => x.len(),

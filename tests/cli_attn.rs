@@ -327,6 +327,8 @@ fn gpu_path_fails_cleanly_without_a_gpu_and_matches_reference_with_one() {
             "{}",
             run.stderr
         );
+        // The message says what to do instead, once.
+        assert_eq!(run.stderr.matches("--cpu").count(), 1, "{}", run.stderr);
         assert!(!out.exists());
         if std::env::var("FLASHCORE_REQUIRE_GPU").as_deref() == Ok("1") {
             panic!("FLASHCORE_REQUIRE_GPU=1 but no usable GPU: {e}");
@@ -408,4 +410,42 @@ fn output_replaces_an_existing_file_whole_and_leaves_no_temporary() {
         names.iter().all(|n| !n.starts_with(".flashcore-tmp-")),
         "temporary left behind: {names:?}"
     );
+}
+
+#[test]
+fn non_finite_inputs_are_warned_about_with_their_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = AttentionParams::new(1, 2, 9, 64);
+    let clean = input_file(dir.path(), "clean.safetensors", &p, 13);
+    let mut t = read_file(&clean).unwrap();
+    if let TensorData::F16(v) = &mut t.get_mut("k").unwrap().data {
+        v[3] = f16::NAN;
+        v[7] = f16::INFINITY;
+        v[8] = f16::NEG_INFINITY;
+    } else {
+        panic!("input_file writes f16 for an f16 shape");
+    }
+    let dirty = dir.path().join("dirty.safetensors");
+    write_file(
+        &dirty,
+        &[("q", &t["q"]), ("k", &t["k"]), ("v", &t["v"])],
+        None,
+    )
+    .unwrap();
+    let out = dir.path().join("out.safetensors");
+    let r = flashcore(&["--cpu", "--input", s(&dirty), "--output", s(&out)]);
+    assert_eq!(r.code, 0, "a warning, not an error: {}", r.stderr);
+    assert!(
+        r.stderr.contains("warning: `k`") && r.stderr.contains("holds 3 NaN/Inf"),
+        "{}",
+        r.stderr
+    );
+    assert!(
+        !r.stderr.contains("`q`") && !r.stderr.contains("`v`"),
+        "{}",
+        r.stderr
+    );
+    let r = flashcore(&["--cpu", "--input", s(&clean), "--output", s(&out)]);
+    assert_eq!(r.code, 0);
+    assert!(!r.stderr.contains("warning"), "{}", r.stderr);
 }

@@ -61,6 +61,18 @@ pub fn run(args: AttnArgs) -> i32 {
 fn attn(args: &AttnArgs) -> Result<()> {
     crate::output::check_not_an_input(&args.output, &[&args.input])?;
     let input = tensor_io::read_attn_input(&args.input, args.layout)?;
+    // NaN/Inf inputs are outside the contract (they propagate into the rows they reach): say so,
+    // and go on.
+    for (name, t) in [("q", &input.q), ("k", &input.k), ("v", &input.v)] {
+        let bad = t.count_non_finite();
+        if bad > 0 {
+            eprintln!(
+                "flashcore: warning: `{name}` in {} holds {bad} NaN/Inf value(s) of {}; outputs in the rows they reach will be NaN (README, Numerics)",
+                args.input.display(),
+                t.len()
+            );
+        }
+    }
     let p = AttentionParams {
         causal: args.causal,
         scale: args.scale,

@@ -11,11 +11,20 @@ use std::sync::OnceLock;
 
 static NVRTC: OnceLock<Result<(i32, i32), String>> = OnceLock::new();
 
+/// The reason inside a lookup error, without its fix: the `NoNvrtc` error made from it adds the
+/// fix, so the user reads each once.
+fn reason_of(e: Error) -> String {
+    match e {
+        Error::NoNvrtc(reason) => reason,
+        other => other.to_string(),
+    }
+}
+
 /// Loads NVRTC once; returns its (major, minor) version.
 pub fn ensure_loaded() -> Result<(i32, i32)> {
     NVRTC
         .get_or_init(|| {
-            let path = super::toolkit::nvrtc_library().map_err(|e| e.to_string())?;
+            let path = super::toolkit::nvrtc_library().map_err(reason_of)?;
             // NVRTC dlopens its builtins library by soname at compile time; when it lives outside the
             // loader path (the PyPI wheel), load it first from beside libnvrtc so that lookup succeeds.
             if let Some(dir) = path.parent() {
@@ -171,5 +180,19 @@ fn program_log(prog: sys::nvrtcProgram) -> String {
             return String::new();
         }
         CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_nvrtc_says_its_cause_and_fix_once() {
+        let lookup = Error::NoNvrtc("searched /nowhere".into());
+        let msg = Error::NoNvrtc(reason_of(lookup)).to_string();
+        assert_eq!(msg.matches("NVRTC not found").count(), 1, "{msg}");
+        assert_eq!(msg.matches("install-cuda-tools.sh").count(), 1, "{msg}");
+        assert!(msg.contains("searched /nowhere"), "{msg}");
     }
 }
