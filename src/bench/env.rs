@@ -53,27 +53,39 @@ pub fn query_smi(ordinal: usize) -> Option<SmiReading> {
     text.lines().find_map(parse_smi_line)
 }
 
-/// The git commit: `$FLASHCORE_GIT_COMMIT`, else `git rev-parse HEAD` in the current directory,
-/// else the value of `FLASHCORE_GIT_COMMIT` when the binary was built; `None` if none is known.
-pub fn git_commit() -> Option<String> {
-    if let Ok(c) = std::env::var("FLASHCORE_GIT_COMMIT") {
-        if is_commit(c.trim()) {
-            return Some(c.trim().to_string());
-        }
+/// The commit this binary was built from (build.rs: `git rev-parse HEAD` at build time), if the
+/// source was a git checkout.
+pub fn build_commit() -> Option<&'static str> {
+    Some(env!("FLASHCORE_BUILD_COMMIT")).filter(|c| is_commit(c))
+}
+
+/// The commit a record names, and a warning when the environment disagrees. The build's own
+/// commit is the truth; `$FLASHCORE_GIT_COMMIT` only fills in for a build that does not know its
+/// commit (e.g. built from a tarball) and never silently overrides it. The current directory's
+/// repository is never consulted: a run from another checkout would name the wrong build.
+pub fn resolve_commit(build: Option<&str>, env: Option<&str>) -> (Option<String>, Option<String>) {
+    let env = env.map(str::trim).filter(|c| is_commit(c));
+    match (build, env) {
+        (Some(b), Some(e)) if !b.starts_with(e) && !e.starts_with(b) => (
+            Some(b.to_string()),
+            Some(format!(
+                "FLASHCORE_GIT_COMMIT={e} differs from this binary's build commit {b}; records name the build commit"
+            )),
+        ),
+        (Some(b), _) => (Some(b.to_string()), None),
+        (None, e) => (e.map(str::to_string), None),
     }
-    let from_git = Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .stderr(std::process::Stdio::null())
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .filter(|s| is_commit(s));
-    from_git.or_else(|| {
-        option_env!("FLASHCORE_GIT_COMMIT")
-            .filter(|c| is_commit(c))
-            .map(str::to_string)
-    })
+}
+
+/// The commit for records ([`resolve_commit`] of the build and `$FLASHCORE_GIT_COMMIT`), printing
+/// its warning, if any, to stderr.
+pub fn git_commit() -> Option<String> {
+    let env = std::env::var("FLASHCORE_GIT_COMMIT").ok();
+    let (commit, warning) = resolve_commit(build_commit(), env.as_deref());
+    if let Some(w) = warning {
+        eprintln!("flashcore: warning: {w}");
+    }
+    commit
 }
 
 /// A commit id: 7 to 64 hex digits (`git rev-parse HEAD` prints `HEAD` when it cannot resolve it).
