@@ -141,10 +141,9 @@ impl Variant {
     /// The variant for a call's shape. Every choice depends on the shape of one sequence only —
     /// never on the batch size — so a sequence's output bits are the same in any batch.
     /// - Short key sequences (Sk ≤ 1024) split their keys across a cluster ([`split_for`]).
-    /// - At d64 without split, long queries (Sq ≥ 1024) use 192-row tiles with three consumer
-    ///   warpgroups: fewer K/V bytes from L2 per FLOP, more softmax work in flight (measured +13%
-    ///   non-causal; causal too since the persistent scheduler balances its tiles, PERF_NOTES
-    ///   step 12).
+    /// - At d64 without split, long queries (Sq ≥ 1024; causal: Sq ≥ 4096) use 192-row tiles with
+    ///   three consumer warpgroups: fewer K/V bytes from L2 per FLOP, more softmax work in flight
+    ///   (measured +13% non-causal; causal −9% at 8k–16k but slower at 1k–2k, PERF_NOTES step 12).
     pub fn for_shape(
         dtype: DType,
         head_dim: usize,
@@ -154,7 +153,10 @@ impl Variant {
         seqlen_k: usize,
     ) -> Variant {
         let split = split_for(seqlen_k);
-        let block_m = if head_dim == 64 && !secret_len && split == 1 && seqlen_q >= 1024 {
+        // Causal gains from 192 rows only at long queries (PERF_NOTES step 12: −9% at 8k and 16k,
+        // +3% at 2k, +10% at 1k).
+        let long = if causal { 4096 } else { 1024 };
+        let block_m = if head_dim == 64 && !secret_len && split == 1 && seqlen_q >= long {
             192
         } else {
             128
