@@ -23,9 +23,11 @@ fn sweep<T: Element>(ctx: &Context, dtype: DType, seed: u64) -> Vec<String> {
                     (1, 2, 300, 77),
                     (2, 2, 129, 1),
                     (1, 1, 1000, 1023),
-                    // Long queries (192-row tiles at d64, causal included), partial last tiles.
+                    // Long queries (192-row tiles at d64 from Sq 1024, causal from 4096), partial
+                    // last tiles.
                     (2, 3, 1100, 1500),
                     (1, 2, 1500, 1100),
+                    (1, 1, 4100, 4300),
                 ]);
                 for (b, h, sq, sk) in shapes {
                     let p = AttentionParams::new(b, h, sq, head_dim)
