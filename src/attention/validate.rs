@@ -60,8 +60,12 @@ pub fn check_params(p: &AttentionParams) -> Result<()> {
         }
     }
     // Total elements must fit the kernels' 64-bit offsets and TMA's 2^40-byte stride limit.
-    let biggest = p.q_len().max(p.kv_len()) * p.dtype.size();
-    if biggest >= (1usize << 40) {
+    // Computed in u128: the product of four dimensions below 2^31 can overflow usize.
+    let bytes = |s: usize, h: usize| {
+        p.batch as u128 * s as u128 * h as u128 * p.head_dim as u128 * p.dtype.size() as u128
+    };
+    let biggest = bytes(p.seqlen_q, p.heads_q).max(bytes(p.seqlen_k, p.heads_kv));
+    if biggest >= (1u128 << 40) {
         return Err(Error::invalid(
             "batch",
             "tensor larger than 2^40 bytes cannot be addressed by TMA",
