@@ -24,7 +24,7 @@ fn valid(p: &AttentionParams) -> bool {
     let dims = [
         p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim,
     ];
-    let in_range = dims.iter().all(|&d| d >= 1 && d < (1 << 31));
+    let in_range = dims.iter().all(|d| (1..(1 << 31)).contains(d));
     let bytes =
         |s: usize, h: usize| p.batch as u128 * s as u128 * h as u128 * p.head_dim as u128 * 2;
     in_range
