@@ -34,6 +34,13 @@ pub enum Error {
     #[error("NVRTC could not compile `{kernel}`:\n{log}")]
     Compile { kernel: String, log: String },
 
+    #[error("out of device memory: {bytes} bytes needed, {free} free of {total} on this device; use a smaller batch or sequence length")]
+    DeviceMemory {
+        bytes: u128,
+        free: u128,
+        total: u128,
+    },
+
     #[error("CUDA driver error: {0}")]
     Driver(#[from] cudarc::driver::DriverError),
 

@@ -258,9 +258,38 @@ impl Context {
         self.launch_checked(&plan, params, q, k, v, out, lse, lens_ptr)
     }
 
+    /// Free and total device memory, in bytes.
+    pub fn memory_info(&self) -> Result<(u128, u128)> {
+        self.cuda.bind_to_thread()?;
+        let (free, total) = cudarc::driver::result::mem_get_info()?;
+        Ok((free as u128, total as u128))
+    }
+
+    /// A typed error, before trying, for an allocation larger than the free device memory.
+    fn check_fits(&self, bytes: u128) -> Result<()> {
+        let (free, total) = self.memory_info()?;
+        if bytes > free {
+            return Err(Error::DeviceMemory { bytes, free, total });
+        }
+        Ok(())
+    }
+
+    /// An out-of-memory driver error as [`Error::DeviceMemory`]; other errors as they are.
+    fn memory_error(&self, e: cudarc::driver::DriverError, bytes: u128) -> Error {
+        if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            let (free, total) = self.memory_info().unwrap_or((0, 0));
+            Error::DeviceMemory { bytes, free, total }
+        } else {
+            Error::Driver(e)
+        }
+    }
+
     /// Copies a host slice to a new device buffer.
     pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
-        Ok(self.stream.clone_htod(host)?)
+        self.check_fits(std::mem::size_of_val(host) as u128)?;
+        self.stream
+            .clone_htod(host)
+            .map_err(|e| self.memory_error(e, std::mem::size_of_val(host) as u128))
     }
     pub fn upload_f16(&self, host: &[half::f16]) -> Result<CudaSlice<half::f16>> {
         self.upload(host)
@@ -270,7 +299,11 @@ impl Context {
     }
     /// A zero-filled device buffer of `len` elements.
     pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
-        Ok(self.stream.alloc_zeros::<T>(len)?)
+        let bytes = len as u128 * std::mem::size_of::<T>() as u128;
+        self.check_fits(bytes)?;
+        self.stream
+            .alloc_zeros::<T>(len)
+            .map_err(|e| self.memory_error(e, bytes))
     }
     /// Copies a device buffer back (waits for the stream).
     pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>) -> Result<Vec<T>> {
