@@ -32,6 +32,7 @@
 #include "fc_producer.cuh"
 #include "fc_consumer.cuh"
 #include "fc_epilogue.cuh"
+#include "fc_instrument.cuh"
 
 // Every tile of this CTA, for one consumer warpgroup.
 FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
@@ -88,6 +89,7 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
     // 128-byte swizzled TMA/wgmma tiles need 1024-byte alignment; the host adds the slack.
     const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
     Shared& s = *reinterpret_cast<Shared*>(smem_raw + pad);
+    FC_TIMER_START();  // cycle-timer builds only (fc_instrument.cuh)
 
 #if FC_LEAKY_CONTROL == 1
     {  // LEAK (control only): read Q[batch, m_block·BM, head, 0] of this CTA's first tile and
@@ -126,5 +128,6 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(cfg::CONSUMER_REGS));
         consumer(p, s, warp / 4 - 1);
+        FC_TIMER_STOP();
     }
 }

@@ -4,7 +4,7 @@ use super::launch::{LoadedKernel, Plan};
 use super::params::{AttentionParams, DType};
 use super::validate;
 use crate::error::{Error, Result};
-use crate::kernels::Variant;
+use crate::kernels::{TestBuild, Variant};
 use cudarc::driver::{
     CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits,
 };
@@ -136,7 +136,7 @@ impl Context {
     /// Validates `params` and prepares everything a launch needs except the buffers.
     pub fn plan(&self, params: &AttentionParams) -> Result<Plan> {
         validate::check_params(params)?;
-        Plan::new(self, params.clone(), false, None)
+        Plan::new(self, params.clone(), false, TestBuild::default())
     }
 
     /// A plan in secret-length mode: the kernel walks the padded length `seqlen_q` = `seqlen_k`
@@ -144,7 +144,7 @@ impl Context {
     pub fn plan_secret_len(&self, params: &AttentionParams) -> Result<Plan> {
         validate::check_params(params)?;
         validate::check_secret_len(params)?;
-        Plan::new(self, params.clone(), true, None)
+        Plan::new(self, params.clone(), true, TestBuild::default())
     }
 
     /// A plan for one of the deliberately leaky control kernels (never used for real work): the
@@ -161,7 +161,35 @@ impl Context {
         if secret_len {
             validate::check_secret_len(params)?;
         }
-        Plan::new(self, params.clone(), secret_len, Some(control))
+        let build = TestBuild {
+            leaky_control: Some(control),
+            ..TestBuild::default()
+        };
+        Plan::new(self, params.clone(), secret_len, build)
+    }
+
+    /// A plan for a measurement build of the timing test (never used for real work): the
+    /// hardware floor (`floor`: the softmax sees a public pattern, loads and GEMMs are the
+    /// shipped ones) and/or the cycle timer (`cycle_timer`: each CTA writes its clock readings
+    /// to a buffer, see `crate::leakage::cycles`), in value or secret-length mode.
+    #[doc(hidden)]
+    pub fn plan_probe(
+        &self,
+        params: &AttentionParams,
+        secret_len: bool,
+        floor: bool,
+        cycle_timer: bool,
+    ) -> Result<Plan> {
+        validate::check_params(params)?;
+        if secret_len {
+            validate::check_secret_len(params)?;
+        }
+        let build = TestBuild {
+            floor_control: floor,
+            cycle_timer,
+            ..TestBuild::default()
+        };
+        Plan::new(self, params.clone(), secret_len, build)
     }
 
     /// O = softmax(scale · Q Kᵀ + mask) V on this context's stream; `lse` (fp32 [B, Hq, Sq],

@@ -5,7 +5,7 @@ use super::external::Strides;
 use super::params::AttentionParams;
 use super::tensor_map;
 use crate::error::{Error, Result};
-use crate::kernels::{LeakyControl, Tile, Variant, FORWARD_SYMBOL};
+use crate::kernels::{TestBuild, Tile, Variant, FORWARD_SYMBOL};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
 use std::sync::{Arc, Mutex};
 
@@ -136,7 +136,7 @@ impl Plan {
         ctx: &Context,
         params: AttentionParams,
         secret_len: bool,
-        control: Option<LeakyControl>,
+        build: TestBuild,
     ) -> Result<Plan> {
         let variant = Variant::for_shape(
             params.dtype,
@@ -159,15 +159,9 @@ impl Plan {
             },
             _ => variant,
         };
-        // The leakage test's power control: the same launch, a deliberately leaky build.
-        let variant = match control {
-            Some(c) => Variant {
-                leaky_control: Some(c),
-                split: 1,
-                ..variant
-            },
-            None => variant,
-        };
+        // The leakage test's builds (power controls, hardware floor, cycle timer): the same
+        // launch, a build that is never shipped.
+        let variant = build.apply(variant);
         let kernel = ctx.kernel(variant)?;
         let tile = variant.tile();
         let schedule = Schedule::new(&params, &tile, ctx.num_sms())?;
@@ -186,6 +180,26 @@ impl Plan {
 
     pub fn params(&self) -> &AttentionParams {
         &self.params
+    }
+
+    /// CTAs per launch (the persistent grid's size).
+    pub fn ctas(&self) -> u32 {
+        self.grid.0
+    }
+
+    /// The variant this plan launches.
+    pub fn variant(&self) -> Variant {
+        self.kernel.variant
+    }
+
+    /// Device address and size in bytes of a global (`__constant__` or `__device__`) of the
+    /// plan's module: how the leakage test's cycle timer is told where to write.
+    pub(crate) fn module_global(&self, name: &str) -> Result<(u64, usize)> {
+        use cudarc::driver::DevicePtr;
+        let view = self.kernel._module.get_global(name, &self.stream)?;
+        let len = view.len();
+        let ptr = view.device_ptr(&self.stream).0;
+        Ok((ptr, len))
     }
 
     /// Whether this plan runs in secret-length mode (see [`Plan::launch_raw_with_lengths`]).

@@ -11,6 +11,16 @@ pub const FORWARD_SYMBOL: &str = "flashcore_attention_fwd";
 
 const FORWARD_SOURCE: &str = include_str!("../../kernels/attention_fwd.cu");
 
+/// Symbol of the queued-timing wait kernel (`kernels/fc_spin.cu`), used by `flashcore leakage`.
+pub const SPIN_SYMBOL: &str = "flashcore_spin";
+const SPIN_SOURCE: &str = include_str!("../../kernels/fc_spin.cu");
+
+/// The cubin of the queued-timing wait kernel (one thread spinning on the global timer for its
+/// `u64` argument's nanoseconds; reads no data), through the on-disk cache.
+pub fn spin_cubin() -> Result<Vec<u8>> {
+    jit::compile_cached("spin", SPIN_SOURCE, &[], &jit::base_options())
+}
+
 /// Embeds each kernel header under the name the sources `#include` it by.
 macro_rules! embed_headers {
     ($($name:literal),* $(,)?) => {
@@ -32,6 +42,7 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_wgmma_ops.cuh",
     "fc_softmax.cuh",
     "fc_cluster.cuh",
+    "fc_instrument.cuh",
 );
 
 fn headers() -> Vec<Header<'static>> {
@@ -92,6 +103,14 @@ pub struct Variant {
     pub split: usize,
     /// A deliberately leaky build for the timing test's power control; never shipped.
     pub leaky_control: Option<LeakyControl>,
+    /// The timing test's hardware floor (`FC_FLOOR_CONTROL`, kernels/fc_instrument.cuh): the
+    /// softmax sees a public pattern instead of the scores; loads and GEMMs are the shipped
+    /// ones. Never shipped.
+    pub floor_control: bool,
+    /// The cycle timer (`FC_CYCLE_TIMER`, kernels/fc_instrument.cuh): each CTA writes its SM
+    /// clock and global-timer readings to a buffer the host names. Public-only, audited; never
+    /// shipped.
+    pub cycle_timer: bool,
 }
 
 /// The deliberately leaky kernels that prove `flashcore leakage` can fail (and that the audit
@@ -102,6 +121,35 @@ pub enum LeakyControl {
     EarlyExitOnZeroQ = 1,
     /// Secret-length mode that skips the key blocks past the true length.
     SkipPastSecretLength = 2,
+}
+
+/// A build that is not shipped, asked for by the timing test: a leaky control, the hardware
+/// floor, the cycle timer (the last two may be combined). The default is the shipped build.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct TestBuild {
+    pub leaky_control: Option<LeakyControl>,
+    pub floor_control: bool,
+    pub cycle_timer: bool,
+}
+
+impl TestBuild {
+    pub fn is_shipped(&self) -> bool {
+        *self == TestBuild::default()
+    }
+    /// The variant a launch of `shipped` becomes in this build. Test builds never split keys
+    /// across a cluster (the controls and the timer know one CTA per tile).
+    pub fn apply(&self, shipped: Variant) -> Variant {
+        if self.is_shipped() {
+            return shipped;
+        }
+        Variant {
+            leaky_control: self.leaky_control,
+            floor_control: self.floor_control,
+            cycle_timer: self.cycle_timer,
+            split: 1,
+            ..shipped
+        }
+    }
 }
 
 impl Variant {
@@ -115,8 +163,13 @@ impl Variant {
         let control = self
             .leaky_control
             .map_or(String::new(), |c| format!("_LEAKY_CONTROL{}", c as u8));
+        let probes = format!(
+            "{}{}",
+            if self.floor_control { "_FLOOR" } else { "" },
+            if self.cycle_timer { "_CYCLES" } else { "" }
+        );
         format!(
-            "fwd_{}_d{}_{}_m{}{}{split}{control}",
+            "fwd_{}_d{}_{}_m{}{}{split}{control}{probes}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
@@ -135,6 +188,8 @@ impl Variant {
             secret_len: false,
             split: 1,
             leaky_control: None,
+            floor_control: false,
+            cycle_timer: false,
         }
     }
 
@@ -169,6 +224,8 @@ impl Variant {
             secret_len,
             split,
             leaky_control: None,
+            floor_control: false,
+            cycle_timer: false,
         }
     }
 
@@ -199,6 +256,13 @@ impl Variant {
             "-DFC_LEAKY_CONTROL={}",
             self.leaky_control.map_or(0, |c| c as u8)
         ));
+        // Measurement builds only: shipped variants pass neither define (both default to 0).
+        if self.floor_control {
+            o.push("-DFC_FLOOR_CONTROL=1".into());
+        }
+        if self.cycle_timer {
+            o.push("-DFC_CYCLE_TIMER=1".into());
+        }
         o
     }
 
@@ -246,6 +310,8 @@ pub fn shipped_variants() -> Vec<Variant> {
                             secret_len,
                             split,
                             leaky_control: None,
+                            floor_control: false,
+                            cycle_timer: false,
                         });
                     }
                 }
@@ -258,6 +324,8 @@ pub fn shipped_variants() -> Vec<Variant> {
                         secret_len: false,
                         split: 1,
                         leaky_control: None,
+                        floor_control: false,
+                        cycle_timer: false,
                     });
                 }
             }

@@ -1,0 +1,140 @@
+//! The timing test's measurement builds (issue 13), compiled and audited on the CPU (needs NVRTC
+//! and nvdisasm: `bash scripts/install-cuda-tools.sh`; fails, never skips, without them):
+//! - the cycle-timer build of the shipped source audits clean (its instrumentation is
+//!   public-only) and really reads the SM clock and the global timer;
+//! - the hardware-floor build audits clean too (no secret reaches a branch or an address: it is
+//!   the shipped kernel with less data flow), keeps the shipped TMA loads and GEMMs, and its
+//!   softmax sees no secret: it runs no `MUFU.EX2` of a tainted value (checked by the audit's
+//!   own taint on a build where the exponentials are the sink);
+//! - neither is ever shipped, and the queued-timing wait kernel audits clean and reads no data.
+
+use flashcore::audit::{audit_cubin, disassemble, KernelAudit};
+use flashcore::kernels::{shipped_variants, TestBuild, Variant};
+use flashcore::DType;
+
+fn shipped_d64() -> Variant {
+    Variant::for_shape(DType::F16, 64, false, false, 512, 512)
+}
+
+fn build(v: Variant) -> (Vec<u8>, String, KernelAudit) {
+    let cubin = v.cubin().unwrap_or_else(|e| panic!("{}: {e}", v.name()));
+    let listing = disassemble(&cubin).unwrap_or_else(|e| panic!("{e}"));
+    if let Ok(dir) = std::env::var("FC_DUMP_SASS") {
+        std::fs::write(format!("{dir}/{}.sass", v.name()), &listing).unwrap();
+    }
+    let mut audits = audit_cubin(&cubin, &v.secret_params()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(audits.len(), 1, "{}: one kernel", v.name());
+    (cubin, listing, audits.remove(0))
+}
+
+fn assert_gate(v: &Variant, a: &KernelAudit) {
+    let fails = a.gate_failures();
+    assert!(
+        fails.is_empty(),
+        "{}: {fails:?}\n{}",
+        v.name(),
+        a.findings
+            .iter()
+            .map(|f| f.text.clone())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+fn count(listing: &str, needle: &str) -> usize {
+    listing.matches(needle).count()
+}
+
+#[test]
+fn cycle_timer_build_audits_clean_and_reads_the_clocks() {
+    for secret_len in [false, true] {
+        let shipped = Variant::for_shape(DType::F16, 64, false, secret_len, 512, 512);
+        let timed = TestBuild {
+            cycle_timer: true,
+            ..TestBuild::default()
+        }
+        .apply(shipped);
+        assert!(timed.cycle_timer && timed.name().ends_with("_CYCLES"));
+        let (_, listing, audit) = build(timed);
+        assert_gate(&timed, &audit);
+        assert!(
+            listing.contains("SR_CLOCKLO") && listing.contains("SR_GLOBALTIMERLO"),
+            "{}: no clock reads in the SASS",
+            timed.name()
+        );
+        // Same GEMMs and TMA loads as the shipped build.
+        let (_, shipped_listing, shipped_audit) = build(shipped);
+        assert_eq!(audit.resources.hgmma, shipped_audit.resources.hgmma);
+        assert_eq!(audit.resources.tma, shipped_audit.resources.tma);
+        assert!(!shipped_listing.contains("SR_GLOBALTIMERLO"));
+    }
+}
+
+#[test]
+fn floor_build_audits_clean_with_the_shipped_loads_and_gemms() {
+    let shipped = shipped_d64();
+    for cycle_timer in [false, true] {
+        let floor = TestBuild {
+            floor_control: true,
+            cycle_timer,
+            ..TestBuild::default()
+        }
+        .apply(shipped);
+        let (_, listing, audit) = build(floor);
+        assert_gate(&floor, &audit);
+        let (_, shipped_listing, shipped_audit) = build(shipped);
+        assert_eq!(
+            audit.resources.hgmma, shipped_audit.resources.hgmma,
+            "same GEMMs"
+        );
+        assert_eq!(
+            audit.resources.tma, shipped_audit.resources.tma,
+            "same TMA loads"
+        );
+        assert_ne!(
+            listing, shipped_listing,
+            "the floor build is a different kernel"
+        );
+        // The softmax still runs: as many exponentials per block as the shipped kernel.
+        assert_eq!(
+            count(&listing, "MUFU.EX2"),
+            count(&shipped_listing, "MUFU.EX2"),
+            "the floor's softmax does the shipped amount of exp2 work"
+        );
+    }
+}
+
+#[test]
+fn measurement_builds_are_never_shipped() {
+    assert!(shipped_variants()
+        .iter()
+        .all(|v| !v.floor_control && !v.cycle_timer && v.leaky_control.is_none()));
+    let v = shipped_d64();
+    assert_eq!(TestBuild::default().apply(v), v);
+    assert!(TestBuild::default().is_shipped());
+    let f = TestBuild {
+        floor_control: true,
+        ..TestBuild::default()
+    };
+    assert!(!f.is_shipped());
+    assert_eq!(f.apply(v).split, 1);
+    assert!(f
+        .apply(v)
+        .options()
+        .contains(&"-DFC_FLOOR_CONTROL=1".to_string()));
+    assert!(!v
+        .options()
+        .iter()
+        .any(|o| o.contains("FC_FLOOR_CONTROL") || o.contains("FC_CYCLE_TIMER")));
+}
+
+#[test]
+fn spin_kernel_audits_clean() {
+    let cubin = flashcore::kernels::spin_cubin().unwrap_or_else(|e| panic!("{e}"));
+    let audits = audit_cubin(&cubin, &[]).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(audits.len(), 1);
+    assert!(audits[0].is_clean(), "{:?}", audits[0].findings);
+    let listing = disassemble(&cubin).unwrap();
+    assert!(listing.contains("SR_GLOBALTIMERLO"));
+    assert!(!listing.contains("LDG"), "the wait reads no data");
+}
