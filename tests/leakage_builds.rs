@@ -19,9 +19,6 @@ fn shipped_d64() -> Variant {
 fn build(v: Variant) -> (Vec<u8>, String, KernelAudit) {
     let cubin = v.cubin().unwrap_or_else(|e| panic!("{}: {e}", v.name()));
     let listing = disassemble(&cubin).unwrap_or_else(|e| panic!("{e}"));
-    if let Ok(dir) = std::env::var("FC_DUMP_SASS") {
-        std::fs::write(format!("{dir}/{}.sass", v.name()), &listing).unwrap();
-    }
     let mut audits = audit_cubin(&cubin, &v.secret_params()).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(audits.len(), 1, "{}: one kernel", v.name());
     (cubin, listing, audits.remove(0))
@@ -102,6 +99,28 @@ fn floor_build_audits_clean_with_the_shipped_loads_and_gemms() {
             "the floor's softmax does the shipped amount of exp2 work"
         );
     }
+}
+
+/// The cycle timer's power check times the skip-past-length control with the timer built in: it
+/// compiles, the control's leak is still flagged, and the clocks are read.
+#[test]
+fn leaky_control_with_cycle_timer_builds_and_is_flagged() {
+    let shipped = Variant::for_shape(DType::F16, 64, false, true, 512, 512);
+    let v = TestBuild {
+        leaky_control: Some(flashcore::kernels::LeakyControl::SkipPastSecretLength),
+        cycle_timer: true,
+        ..TestBuild::default()
+    }
+    .apply(shipped);
+    let (_, listing, audit) = build(v);
+    assert!(listing.contains("SR_CLOCKLO"));
+    assert!(
+        audit
+            .findings
+            .iter()
+            .any(|f| f.rule == flashcore::audit::Rule::ControlFlow),
+        "the control's leak must still be flagged"
+    );
 }
 
 #[test]

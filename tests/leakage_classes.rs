@@ -167,6 +167,9 @@ fn table_and_json() {
         budget_s: None,
         pool: 16,
         seed: 1,
+        queue_us: 20.0,
+        cycles: false,
+        floor: false,
     };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("leak.json");
@@ -177,6 +180,14 @@ fn table_and_json() {
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("valid JSON");
     assert_eq!(v["schema"], "flashcore-leakage");
     assert_eq!(v["leak_threshold"], 4.5);
+    assert_eq!(v["version"], 2);
+    assert_eq!(v["run"]["queue_us"], 20.0);
+    assert_eq!(v["results"][0]["attribution"], "no_leak");
+    assert_eq!(v["results"][1]["attribution"], "unattributed");
+    assert!(
+        v["results"][0].get("cycles").is_none(),
+        "absent when not measured"
+    );
     assert_eq!(v["results"][0]["verdict"], "no_leak");
     assert_eq!(v["results"][1]["verdict"], "certain_leak");
     assert_eq!(v["results"][1]["stopped_by_budget"], true);

@@ -34,6 +34,13 @@ fn usage_errors_exit_2() {
     usage_error(&["--dtype", "f32"], "f32");
     usage_error(&["--layout", "sbhd"], "sbhd");
     usage_error(&["--no-such-flag"], "no-such-flag");
+    usage_error(&["--queue-us=-1"], "--queue-us");
+    usage_error(&["--queue-us", "nan"], "--queue-us");
+    usage_error(&["--queue-us", "5000"], "--queue-us must be at most 1000");
+    usage_error(
+        &["--control", "floor", "--secret-len", "--class", "zeros"],
+        "drop --secret-len",
+    );
 }
 
 #[test]
@@ -46,6 +53,8 @@ fn no_gpu_exits_2_with_a_message() {
         &[][..],
         &["--class", "zeros", "--measurements", "1000"][..],
         &["--secret-len", "--control", "skip-past-length"][..],
+        &["--control", "floor", "--queue-us", "0"][..],
+        &["--control", "early-exit", "--no-floor"][..],
     ] {
         let o = flashcore(args);
         let err = String::from_utf8_lossy(&o.stderr);
@@ -75,6 +84,10 @@ fn help_lists_the_options() {
         "--secret-len",
         "--control",
         "--json",
+        "--no-cycles",
+        "--no-floor",
+        "--queue-us",
+        "floor",
     ] {
         assert!(out.contains(flag), "{flag} missing from --help");
     }

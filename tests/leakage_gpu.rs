@@ -4,6 +4,10 @@
 //!
 //! The bound here is |t| < 10 for the shipped kernel (robust at 20 000 measurements); the CLI's
 //! verdict threshold stays 4.5.
+//!
+//! Issue 13's instruments too: the cycle timer reads plausible clocks and catches the
+//! skip-past-length control in cycles (its power check), the floor control runs with its own
+//! cycle count, and queued timing keeps the one-random self-check quiet.
 
 mod common;
 use common::gpu;
@@ -11,7 +15,8 @@ use flashcore::attention::{AttentionParams, Context};
 use flashcore::kernels::LeakyControl;
 use flashcore::leakage::report::format_table;
 use flashcore::leakage::{
-    ClassResult, FixedClass, Harness, LeakageConfig, LengthClass, ValueClass,
+    Attribution, ClassResult, CycleResult, FixedClass, Harness, LeakageConfig, LengthClass,
+    ValueClass,
 };
 use std::sync::Mutex;
 
@@ -27,9 +32,24 @@ fn measure(
     control: Option<LeakyControl>,
     class: FixedClass,
 ) -> ClassResult {
+    measure_with(ctx, secret_len, control, class, |_| {})
+}
+
+fn measure_with(
+    ctx: &Context,
+    secret_len: bool,
+    control: Option<LeakyControl>,
+    class: FixedClass,
+    adjust: impl FnOnce(&mut LeakageConfig),
+) -> ClassResult {
     let mut cfg = LeakageConfig::new(AttentionParams::new(1, 8, 512, 64));
     cfg.secret_len = secret_len;
     cfg.control = control;
+    // The floor comparison is for the shipped kernel; the early-exit control's CTAs leave
+    // before their cycle record.
+    cfg.floor = control.is_none();
+    cfg.cycles = control != Some(LeakyControl::EarlyExitOnZeroQ);
+    adjust(&mut cfg);
     cfg.measurements = MEASUREMENTS;
     cfg.warmup = 500;
     let mut h = Harness::new(ctx, cfg).expect("harness");
@@ -54,6 +74,19 @@ fn max_t(r: &ClassResult) -> f64 {
     r.analysis.max_abs_t().expect("tests were made")
 }
 
+/// The cycle timer's numbers are those of a real H100/H200 run: every launch read back, clocks
+/// between 0.5 and 2.5 GHz, a device-side span no longer than the event interval.
+fn check_cycles(c: &CycleResult) {
+    assert_eq!(c.measurements, MEASUREMENTS);
+    let (f, r) = (c.fixed_cycles.unwrap(), c.random_cycles.unwrap());
+    assert!(f.min > 0.0 && r.min > 0.0, "{f:?} {r:?}");
+    for m in [c.fixed_mhz.unwrap(), c.random_mhz.unwrap()] {
+        assert!((500.0..2500.0).contains(&m.median), "SM clock {m:?}");
+    }
+    let span = c.fixed_span_us.unwrap();
+    assert!(span.median > 0.0 && span.median < 1000.0, "{span:?}");
+}
+
 #[test]
 fn shipped_kernel_zeros_vs_random_shows_no_leak() {
     let _g = GPU.lock().unwrap_or_else(|e| e.into_inner());
@@ -67,6 +100,54 @@ fn shipped_kernel_zeros_vs_random_shows_no_leak() {
         max_t(&r),
         r.analysis
     );
+    // Issue 13: the cycle timer and the floor ran on the same class.
+    let c = r.cycles.as_ref().expect("cycle timer measured");
+    check_cycles(c);
+    let cycles_t = c.cycles.max_abs_t().unwrap();
+    assert!(cycles_t < 10.0, "shipped kernel cycles: max |t| {cycles_t}");
+    let floor = r.floor.as_ref().expect("floor measured");
+    assert_eq!(floor.measurements, MEASUREMENTS);
+    eprintln!("evidence {:?} -> {}", r.evidence(), r.attribution.name());
+    assert_ne!(r.attribution, Attribution::CycleLeak);
+}
+
+#[test]
+fn one_random_self_check_is_quiet_with_queued_timing() {
+    let _g = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(ctx) = gpu("one_random_self_check_is_quiet_with_queued_timing") else {
+        return;
+    };
+    let r = measure_with(
+        &ctx,
+        false,
+        None,
+        FixedClass::Values(ValueClass::OneRandom),
+        |c| {
+            c.cycles = false;
+            c.floor = false;
+        },
+    );
+    assert!(max_t(&r) < 10.0, "one-random: max |t| {}", max_t(&r));
+}
+
+#[test]
+fn floor_control_runs_with_its_cycle_timer() {
+    let _g = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(ctx) = gpu("floor_control_runs_with_its_cycle_timer") else {
+        return;
+    };
+    let r = measure_with(
+        &ctx,
+        false,
+        None,
+        FixedClass::Values(ValueClass::Zeros),
+        |c| {
+            c.floor_kernel = true;
+            c.floor = false;
+        },
+    );
+    check_cycles(r.cycles.as_ref().expect("cycle timer measured"));
+    assert!(r.floor.is_none());
 }
 
 #[test]
@@ -110,4 +191,11 @@ fn secret_length_shipped_passes_and_control_is_caught() {
         "control not caught: max |t| {}",
         max_t(&control)
     );
+    // The cycle timer's power check: skipping key blocks is a difference in cycles.
+    let c = control.cycles.as_ref().expect("cycle timer measured");
+    check_cycles(c);
+    let cycles_t = c.cycles.max_abs_t().unwrap();
+    assert!(cycles_t > 10.0, "control not caught in cycles: {cycles_t}");
+    assert!(c.fixed_cycles.unwrap().median < c.random_cycles.unwrap().median);
+    assert_eq!(control.attribution, Attribution::CycleLeak);
 }

@@ -168,27 +168,21 @@ impl Context {
         Plan::new(self, params.clone(), secret_len, build)
     }
 
-    /// A plan for a measurement build of the timing test (never used for real work): the
-    /// hardware floor (`floor`: the softmax sees a public pattern, loads and GEMMs are the
-    /// shipped ones) and/or the cycle timer (`cycle_timer`: each CTA writes its clock readings
-    /// to a buffer, see `crate::leakage::cycles`), in value or secret-length mode.
+    /// A plan for any build of the timing test (never used for real work): a leaky control, the
+    /// hardware floor (the softmax sees a public pattern; loads and GEMMs are the shipped ones),
+    /// the cycle timer (each CTA writes its clock readings to a buffer, see
+    /// `crate::leakage::cycles`), in value or secret-length mode.
     #[doc(hidden)]
-    pub fn plan_probe(
+    pub fn plan_build(
         &self,
         params: &AttentionParams,
         secret_len: bool,
-        floor: bool,
-        cycle_timer: bool,
+        build: TestBuild,
     ) -> Result<Plan> {
         validate::check_params(params)?;
         if secret_len {
             validate::check_secret_len(params)?;
         }
-        let build = TestBuild {
-            floor_control: floor,
-            cycle_timer,
-            ..TestBuild::default()
-        };
         Plan::new(self, params.clone(), secret_len, build)
     }
 

@@ -15,10 +15,14 @@
 //! * [`report`]: the table and the JSON file.
 
 pub mod classes;
+pub mod cycles;
+pub mod device;
 pub mod report;
 pub mod run;
 pub mod stats;
+pub mod verdict;
 
 pub use classes::{FixedClass, LengthClass, ValueClass};
-pub use run::{ClassResult, Harness, LeakageConfig};
+pub use run::{ClassResult, CycleResult, Harness, LeakageConfig};
 pub use stats::{Analysis, Class, Measurement, Verdict, Welch, Welford, CERTAIN_T, LEAK_T};
+pub use verdict::{attribute, Attribution, Evidence};

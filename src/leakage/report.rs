@@ -1,8 +1,10 @@
-//! The result table and the JSON file of `flashcore leakage` (schema `flashcore-leakage`,
-//! version 1). GPU-free.
+//! The result tables and the JSON file of `flashcore leakage` (schema `flashcore-leakage`,
+//! version 2: version 1 plus each class's `cycles`, `floor` and `attribution`, and the run's
+//! queued-timing wait). GPU-free.
 
 use super::run::ClassResult;
-use super::stats::{TestResult, CERTAIN_T, LEAK_T};
+use super::stats::{Analysis, TestResult, CERTAIN_T, LEAK_T};
+use super::verdict::FLOOR_SLACK;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -23,6 +25,14 @@ pub struct RunInfo {
     pub budget_s: Option<f64>,
     pub pool: usize,
     pub seed: u64,
+    /// Queued-timing wait before each timed launch, microseconds (0: none).
+    #[serde(default)]
+    pub queue_us: f64,
+    /// Whether the cycle-timer build and the floor were measured.
+    #[serde(default)]
+    pub cycles: bool,
+    #[serde(default)]
+    pub floor: bool,
 }
 
 /// Where and when.
@@ -43,6 +53,9 @@ pub struct LeakageFile {
     pub version: u32,
     pub leak_threshold: f64,
     pub certain_threshold: f64,
+    /// [`FLOOR_SLACK`]: how far above the floor's max |t| a time |t| still counts as the floor.
+    #[serde(default)]
+    pub floor_slack: f64,
     pub run: RunInfo,
     pub env: EnvInfo,
     pub results: Vec<ClassResult>,
@@ -52,9 +65,10 @@ impl LeakageFile {
     pub fn new(run: RunInfo, env: EnvInfo, results: Vec<ClassResult>) -> Self {
         LeakageFile {
             schema: "flashcore-leakage".into(),
-            version: 1,
+            version: 2,
             leak_threshold: LEAK_T,
             certain_threshold: CERTAIN_T,
+            floor_slack: FLOOR_SLACK,
             run,
             env,
             results,
@@ -83,48 +97,10 @@ fn crop_cell(r: Option<TestResult>) -> String {
     }
 }
 
-/// One row per class: n, median time per class, max |t| raw / cropped / second order, overall
-/// max |t| and the verdict.
-pub fn format_table(results: &[ClassResult]) -> String {
-    let header = [
-        "class",
-        "n",
-        "fixed µs",
-        "random µs",
-        "raw |t|",
-        "cropped |t|",
-        "2nd-order |t|",
-        "max |t|",
-        "verdict",
-    ];
+/// Renders rows under a header, first and last columns left-aligned, the rest right-aligned.
+fn render(header: &[&str], body: Vec<Vec<String>>) -> String {
     let mut rows: Vec<Vec<String>> = vec![header.iter().map(|s| s.to_string()).collect()];
-    for r in results {
-        let a = &r.analysis;
-        let med = |s: &Option<crate::bench::stats::Stats>| {
-            s.map_or("-".into(), |s| format!("{:.3}", s.median))
-        };
-        let max = match a.max_abs_t() {
-            None => "-".into(),
-            Some(t) if t.is_infinite() => "inf".into(),
-            Some(t) => format!("{t:.2}"),
-        };
-        let n = if r.stopped_by_budget {
-            format!("{} (budget)", r.measurements)
-        } else {
-            r.measurements.to_string()
-        };
-        rows.push(vec![
-            r.class.clone(),
-            n,
-            med(&r.fixed_us),
-            med(&r.random_us),
-            t_cell(a.raw),
-            crop_cell(a.cropped),
-            crop_cell(a.second_order),
-            max,
-            r.verdict.name().into(),
-        ]);
-    }
+    rows.extend(body);
     let widths: Vec<usize> = (0..header.len())
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
         .collect();
@@ -152,4 +128,135 @@ pub fn format_table(results: &[ClassResult]) -> String {
         }
     }
     out
+}
+
+fn max_cell(a: &Analysis) -> String {
+    match a.max_abs_t() {
+        None => "-".into(),
+        Some(t) if t.is_infinite() => "inf".into(),
+        Some(t) => format!("{t:.2}"),
+    }
+}
+
+/// The cycle timer, one row per class that has it: median SM cycles per CTA of each class and
+/// max |t| over every test on them (the verdict's number); the mean SM clock of each class and
+/// its |t|; |t| of the device-side span and of the instrumented build's event time.
+pub fn format_cycles_table(results: &[ClassResult]) -> String {
+    let header = [
+        "class",
+        "n",
+        "fixed cycles",
+        "random cycles",
+        "cycles |t|",
+        "fixed MHz",
+        "random MHz",
+        "MHz |t|",
+        "span |t|",
+        "time |t|",
+        "cycles verdict",
+    ];
+    let med = |s: &Option<crate::bench::stats::Stats>| {
+        s.map_or("-".into(), |s| format!("{:.0}", s.median))
+    };
+    let mean =
+        |s: &Option<crate::bench::stats::Stats>| s.map_or("-".into(), |s| format!("{:.1}", s.mean));
+    let body = results
+        .iter()
+        .filter_map(|r| r.cycles.as_ref().map(|c| (r, c)))
+        .map(|(r, c)| {
+            let n = if c.stopped_by_budget {
+                format!("{} (budget)", c.measurements)
+            } else {
+                c.measurements.to_string()
+            };
+            vec![
+                r.class.clone(),
+                n,
+                med(&c.fixed_cycles),
+                med(&c.random_cycles),
+                max_cell(&c.cycles),
+                mean(&c.fixed_mhz),
+                mean(&c.random_mhz),
+                max_cell(&c.mhz),
+                max_cell(&c.span),
+                max_cell(&c.time),
+                c.verdict.name().into(),
+            ]
+        })
+        .collect();
+    render(&header, body)
+}
+
+/// The floor control's timing table (as [`format_table`]), for the classes that have one.
+pub fn format_floor_table(results: &[ClassResult]) -> String {
+    let floors: Vec<ClassResult> = results
+        .iter()
+        .filter_map(|r| r.floor.as_deref().cloned())
+        .collect();
+    format_table(&floors)
+}
+
+/// The verdict per class: max |t| of the kernel's time, the floor's time and the cycles, and
+/// where the difference comes from ([`super::verdict`]).
+pub fn format_verdict_table(results: &[ClassResult]) -> String {
+    let header = ["class", "time |t|", "floor |t|", "cycles |t|", "verdict"];
+    let cell = |t: Option<f64>| match t {
+        None => "-".to_string(),
+        Some(t) if t.is_infinite() => "inf".into(),
+        Some(t) => format!("{t:.2}"),
+    };
+    let body = results
+        .iter()
+        .map(|r| {
+            let e = r.evidence();
+            vec![
+                r.class.clone(),
+                cell(e.time_t),
+                cell(e.floor_t),
+                cell(e.cycles_t),
+                r.attribution.name().into(),
+            ]
+        })
+        .collect();
+    render(&header, body)
+}
+
+/// One row per class: n, median time per class, max |t| raw / cropped / second order, overall
+/// max |t| and the verdict.
+pub fn format_table(results: &[ClassResult]) -> String {
+    let header = [
+        "class",
+        "n",
+        "fixed µs",
+        "random µs",
+        "raw |t|",
+        "cropped |t|",
+        "2nd-order |t|",
+        "max |t|",
+        "verdict",
+    ];
+    let mut body = Vec::new();
+    for r in results {
+        let a = &r.analysis;
+        let med = |s: &Option<crate::bench::stats::Stats>| {
+            s.map_or("-".into(), |s| format!("{:.3}", s.median))
+        };
+        let n = if r.stopped_by_budget {
+            format!("{} (budget)", r.measurements)
+        } else {
+            r.measurements.to_string()
+        };
+        body.push(vec![
+            r.class.clone(),
+            n,
+            med(&r.fixed_us),
+            med(&r.random_us),
+            t_cell(a.raw),
+            crop_cell(a.cropped),
+            crop_cell(a.second_order),
+            max_cell(a),
+            r.verdict.name().into(),
+        ]);
+    }
+    render(&header, body)
 }

@@ -16,14 +16,23 @@
 //! * Secret-length mode: both classes launch on the same `pool` random input sets; they differ
 //!   only in the lengths buffer. The random class's lengths are drawn afresh, uniform in [0, S]
 //!   per batch entry, after every synchronisation (outside the timed region).
+//!
+//! Each class is measured on up to three builds of the kernel, one after the other, over the same
+//! buffers, with the same interleaving and statistics (issue 13): the kernel itself (shipped, or
+//! a control), its cycle-timer build ([`super::cycles`]), and the hardware floor. By default each
+//! timed launch is queued behind a short device-side wait ([`super::device::Spin`]), so the event
+//! interval holds the kernel alone.
 
 use super::classes::{FixedClass, ValueClass};
+use super::cycles::LaunchCycles;
+use super::device::{CycleTimer, Spin};
 use super::stats::{analyze, Analysis, Class, Measurement, Verdict, CROPS};
+use super::verdict::{attribute, Attribution, Evidence};
 use crate::attention::{AttentionParams, Context, Plan};
 use crate::bench::device::{free_bytes, random_bits, set_bytes};
 use crate::bench::stats::Stats;
 use crate::error::{Error, Result};
-use crate::kernels::LeakyControl;
+use crate::kernels::{LeakyControl, TestBuild};
 use cudarc::driver::{sys, CudaEvent, CudaSlice, DevicePtr};
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
@@ -38,6 +47,15 @@ pub struct LeakageConfig {
     /// Time this deliberately leaky control kernel instead of the shipped one.
     /// `SkipPastSecretLength` needs `secret_len`, `EarlyExitOnZeroQ` needs it off.
     pub control: Option<LeakyControl>,
+    /// Time the hardware-floor build as the kernel itself (`--control floor`).
+    pub floor_kernel: bool,
+    /// Also measure the cycle-timer build of the kernel (SM cycles per CTA).
+    pub cycles: bool,
+    /// Also time the hardware-floor build for comparison (not with a control).
+    pub floor: bool,
+    /// Queue each timed launch behind a device-side wait of this many nanoseconds (0: launch
+    /// straight after the start event, the interval then includes launch latency).
+    pub queue_ns: u64,
     /// Timed launches per class test (both classes together).
     pub measurements: usize,
     /// Wall-clock seconds per class test after which it stops early.
@@ -56,6 +74,11 @@ pub struct LeakageConfig {
     pub seed: u64,
 }
 
+/// Default queued-timing wait: longer than the host needs to enqueue a launch and its events.
+pub const DEFAULT_QUEUE_NS: u64 = 20_000;
+/// Longest queued-timing wait accepted (per launch).
+pub const MAX_QUEUE_NS: u64 = 1_000_000;
+
 /// Smallest pool of buffer sets per class.
 pub const MIN_POOL: usize = 16;
 /// Fewest measurements a run may ask for.
@@ -68,6 +91,10 @@ impl LeakageConfig {
             params,
             secret_len: false,
             control: None,
+            floor_kernel: false,
+            cycles: true,
+            floor: true,
+            queue_ns: DEFAULT_QUEUE_NS,
             measurements: 100_000,
             budget_s: None,
             pool: MIN_POOL,
@@ -103,6 +130,26 @@ impl LeakageConfig {
         if self.batch == 0 || self.crops == 0 || self.swap_every == 0 {
             return Err("batch, crops and swap_every must be positive".into());
         }
+        if self.queue_ns > MAX_QUEUE_NS {
+            return Err(format!(
+                "--queue-us must be at most {} (got {})",
+                MAX_QUEUE_NS / 1000,
+                self.queue_ns as f64 / 1000.0
+            ));
+        }
+        if self.floor && (self.control.is_some() || self.floor_kernel) {
+            return Err("the floor comparison is for the shipped kernel, not a control".into());
+        }
+        if self.floor_kernel && self.control.is_some() {
+            return Err("one control at a time".into());
+        }
+        if self.cycles && self.control == Some(LeakyControl::EarlyExitOnZeroQ) {
+            return Err(
+                "the early-exit control's CTAs leave before their cycle-timer record: use \
+                 --no-cycles"
+                    .into(),
+            );
+        }
         match (self.control, self.secret_len) {
             (Some(LeakyControl::SkipPastSecretLength), false) => {
                 return Err("the skip-past-length control runs in secret-length mode".into())
@@ -137,13 +184,116 @@ pub struct ClassResult {
     /// Largest |t| over every test (null when none could be made or t is infinite).
     pub max_abs_t: Option<f64>,
     pub verdict: Verdict,
+    /// The cycle-timer build of the same kernel on the same class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cycles: Option<CycleResult>,
+    /// The hardware-floor build, timed the same way on the same class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<Box<ClassResult>>,
+    /// Where the difference comes from ([`super::verdict`]).
+    pub attribution: Attribution,
+}
+
+impl ClassResult {
+    /// The evidence for [`attribute`]: this result's time, its cycles and its floor.
+    pub fn evidence(&self) -> Evidence {
+        Evidence {
+            time_t: self.analysis.max_abs_t(),
+            cycles_t: self.cycles.as_ref().and_then(|c| c.cycles.max_abs_t()),
+            floor_t: self.floor.as_ref().and_then(|f| f.analysis.max_abs_t()),
+        }
+    }
+}
+
+/// The cycle-timer build's measurements of one class: per launch, the mean SM cycles per CTA
+/// (the verdict's number), the SM clock, the device-side span, and the build's event time.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct CycleResult {
+    pub measurements: usize,
+    pub stopped_by_budget: bool,
+    pub fixed_cycles: Option<Stats>,
+    pub random_cycles: Option<Stats>,
+    pub cycles: Analysis,
+    pub fixed_mhz: Option<Stats>,
+    pub random_mhz: Option<Stats>,
+    pub mhz: Analysis,
+    pub fixed_span_us: Option<Stats>,
+    pub random_span_us: Option<Stats>,
+    pub span: Analysis,
+    /// Event timings of the instrumented build.
+    pub time: Analysis,
+    pub verdict: Verdict,
+}
+
+/// The cycle result from per-launch records and event times (GPU-free).
+pub fn summarize_cycles(
+    m: &[(Measurement, LaunchCycles)],
+    stopped_by_budget: bool,
+    crops: usize,
+) -> CycleResult {
+    let series = |f: &dyn Fn(&(Measurement, LaunchCycles)) -> Option<f64>| -> Vec<Measurement> {
+        m.iter()
+            .filter_map(|x| {
+                f(x).map(|v| Measurement {
+                    class: x.0.class,
+                    time_us: v,
+                })
+            })
+            .collect()
+    };
+    let cycles = series(&|x| Some(x.1.cycles));
+    let mhz = series(&|x| x.1.mhz);
+    let span = series(&|x| Some(x.1.span_ns as f64 / 1000.0));
+    let time = series(&|x| Some(x.0.time_us));
+    let of = |v: &[Measurement], c: Class| -> Option<Stats> {
+        let xs: Vec<f64> = v
+            .iter()
+            .filter(|x| x.class == c)
+            .map(|x| x.time_us)
+            .collect();
+        Stats::from_samples(&xs)
+    };
+    let cycles_a = analyze(&cycles, crops);
+    CycleResult {
+        measurements: m.len(),
+        stopped_by_budget,
+        fixed_cycles: of(&cycles, Class::Fixed),
+        random_cycles: of(&cycles, Class::Random),
+        verdict: cycles_a.verdict(),
+        cycles: cycles_a,
+        fixed_mhz: of(&mhz, Class::Fixed),
+        random_mhz: of(&mhz, Class::Random),
+        mhz: analyze(&mhz, crops),
+        fixed_span_us: of(&span, Class::Fixed),
+        random_span_us: of(&span, Class::Random),
+        span: analyze(&span, crops),
+        time: analyze(&time, crops),
+    }
+}
+
+/// Which build a set of plans launches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Build {
+    /// The kernel under test (shipped, a leaky control, or the floor as `--control floor`).
+    Kernel,
+    /// Its cycle-timer build.
+    Cycles,
+    /// The hardware floor, for comparison.
+    Floor,
+}
+
+/// One build's plans (one per slot, in the slot order of [`Harness::slots_for`]) and, for a
+/// cycle-timer build, its record buffer.
+struct PlanSet {
+    build: Build,
+    plans: Vec<Plan>,
+    timer: Option<CycleTimer>,
 }
 
 /// One launch's buffers: raw device pointers and the plan that caches their parameter block.
 struct Slot {
     ptrs: [u64; 4],
     lens: u64,
-    plan: Plan,
 }
 
 struct Tensors {
@@ -170,6 +320,10 @@ pub struct Harness<'a> {
     fixed_pool: usize,
     /// `2 · pool` slots: pool 0's, then pool 1's. Secret-length mode: fixed slots, then random.
     slots: Vec<Slot>,
+    /// The builds measured per class, the kernel's first.
+    sets: Vec<PlanSet>,
+    /// The queued-timing wait (when `queue_ns` > 0).
+    spin: Option<Spin>,
     /// Secret-length mode: `2 · pool · batch` i32 lengths, fixed slots first.
     lens: Option<(CudaSlice<i32>, Vec<i32>)>,
     events: Vec<CudaEvent>,
@@ -201,10 +355,28 @@ impl<'a> Harness<'a> {
                 free as f64 / (1 << 20) as f64
             )));
         }
-        let make_plan = || match cfg.control {
-            Some(c) => ctx.plan_leaky_control(p, c),
-            None if cfg.secret_len => ctx.plan_secret_len(p),
-            None => ctx.plan(p),
+        let kernel_build = TestBuild {
+            leaky_control: cfg.control,
+            floor_control: cfg.floor_kernel,
+            cycle_timer: false,
+        };
+        let make_plan = |build: Build| -> Result<Plan> {
+            let b = match build {
+                Build::Kernel => kernel_build,
+                Build::Cycles => TestBuild {
+                    cycle_timer: true,
+                    ..kernel_build
+                },
+                Build::Floor => TestBuild {
+                    floor_control: true,
+                    ..TestBuild::default()
+                },
+            };
+            match b {
+                b if b.is_shipped() && cfg.secret_len => ctx.plan_secret_len(p),
+                b if b.is_shipped() => ctx.plan(p),
+                b => ctx.plan_build(p, cfg.secret_len, b),
+            }
         };
         let mut tensors = Vec::with_capacity(sets);
         let mut random_host = Vec::with_capacity(cfg.pool);
@@ -243,7 +415,6 @@ impl<'a> Harness<'a> {
                     slots.push(Slot {
                         ptrs: t.ptrs,
                         lens: base + offset,
-                        plan: make_plan()?,
                     });
                 }
             }
@@ -253,10 +424,36 @@ impl<'a> Harness<'a> {
                 slots.push(Slot {
                     ptrs: t.ptrs,
                     lens: 0,
-                    plan: make_plan()?,
                 });
             }
         }
+        let mut builds = vec![Build::Kernel];
+        if cfg.cycles {
+            builds.push(Build::Cycles);
+        }
+        if cfg.floor {
+            builds.push(Build::Floor);
+        }
+        let mut sets = Vec::with_capacity(builds.len());
+        for build in builds {
+            let plans = (0..slots.len())
+                .map(|_| make_plan(build))
+                .collect::<Result<Vec<_>>>()?;
+            let timer = match build {
+                Build::Cycles => Some(CycleTimer::new(ctx, &plans[0], cfg.batch)?),
+                _ => None,
+            };
+            sets.push(PlanSet {
+                build,
+                plans,
+                timer,
+            });
+        }
+        let spin = if cfg.queue_ns > 0 {
+            Some(Spin::load(ctx)?)
+        } else {
+            None
+        };
         let mut events = Vec::with_capacity(2 * cfg.batch);
         for _ in 0..2 * cfg.batch {
             events.push(
@@ -274,6 +471,8 @@ impl<'a> Harness<'a> {
             fixed_host: None,
             fixed_pool: 0,
             slots,
+            sets,
+            spin,
             lens,
             events,
             rng,
@@ -346,7 +545,16 @@ impl<'a> Harness<'a> {
             } else {
                 (Class::Random, s % self.cfg.pool)
             };
-            self.launch(class, j)?;
+            for set in 0..self.sets.len() {
+                if self.sets[set].timer.is_some() {
+                    self.sets[set]
+                        .timer
+                        .as_ref()
+                        .expect("checked")
+                        .select(self.ctx, 0)?;
+                }
+                self.launch(set, class, j)?;
+            }
         }
         self.ctx.synchronize()
     }
@@ -366,7 +574,7 @@ impl<'a> Harness<'a> {
         Ok(())
     }
 
-    fn launch(&self, class: Class, slot: usize) -> Result<()> {
+    fn launch(&self, set: usize, class: Class, slot: usize) -> Result<()> {
         let pool = if self.cfg.secret_len {
             class.index()
         } else if class == Class::Fixed {
@@ -374,7 +582,9 @@ impl<'a> Harness<'a> {
         } else {
             1 - self.fixed_pool
         };
-        let s = &self.slots[pool * self.cfg.pool + slot];
+        let index = pool * self.cfg.pool + slot;
+        let s = &self.slots[index];
+        let plan = &self.sets[set].plans[index];
         let [q, k, v, o] = s.ptrs;
         // SAFETY: every slot's buffers were allocated for exactly this plan's shape and dtype
         // (q_len / kv_len 16-bit elements, batch i32 lengths at a 4-byte-aligned offset of one
@@ -382,20 +592,22 @@ impl<'a> Harness<'a> {
         // every use is on the context's one stream.
         unsafe {
             if s.lens != 0 {
-                s.plan.launch_raw_with_lengths(q, k, v, o, 0, s.lens)
+                plan.launch_raw_with_lengths(q, k, v, o, 0, s.lens)
             } else {
-                s.plan.launch_raw(q, k, v, o, 0)
+                plan.launch_raw(q, k, v, o, 0)
             }
         }
     }
 
-    /// Runs `trials` launches in batches with a random class each; `record` gets each timed
-    /// one. Returns whether the budget stopped it early.
+    /// Runs `trials` launches of plan set `set` in batches with a random class each; `record`
+    /// gets each timed one (with its cycle record for a cycle-timer build). Returns whether the
+    /// budget stopped it early.
     fn trials(
         &mut self,
+        set: usize,
         trials: usize,
         deadline: Option<Instant>,
-        mut record: impl FnMut(Measurement),
+        mut record: impl FnMut(Measurement, Option<LaunchCycles>),
     ) -> Result<bool> {
         let mut next = [0usize; 2];
         let mut classes = Vec::with_capacity(self.cfg.batch);
@@ -419,20 +631,38 @@ impl<'a> Harness<'a> {
                 });
             }
             let stream = self.ctx.stream();
+            if let Some(timer) = &self.sets[set].timer {
+                timer.clear(self.ctx, b)?;
+            }
             for (t, &c) in classes.iter().enumerate() {
                 let slot = next[c.index()] % self.cfg.pool;
                 next[c.index()] += 1;
+                // Outside the interval: where the cycle timer writes, then the queued wait
+                // (the kernel is enqueued while it spins, so the interval holds the kernel).
+                if let Some(timer) = &self.sets[set].timer {
+                    timer.select(self.ctx, t)?;
+                }
+                if let Some(spin) = &self.spin {
+                    spin.enqueue(self.ctx, self.cfg.queue_ns)?;
+                }
                 self.events[2 * t].record(stream)?;
-                self.launch(c, slot)?;
+                self.launch(set, c, slot)?;
                 self.events[2 * t + 1].record(stream)?;
             }
             stream.synchronize()?;
+            let cycles = match &mut self.sets[set].timer {
+                Some(timer) => Some(timer.read(self.ctx, b)?),
+                None => None,
+            };
             for (t, &c) in classes.iter().enumerate() {
                 let ms = self.events[2 * t].elapsed_ms(&self.events[2 * t + 1])?;
-                record(Measurement {
-                    class: c,
-                    time_us: ms as f64 * 1000.0,
-                });
+                record(
+                    Measurement {
+                        class: c,
+                        time_us: ms as f64 * 1000.0,
+                    },
+                    cycles.as_ref().map(|v| v[t]),
+                );
             }
             done += b;
             since_swap += b;
@@ -443,26 +673,57 @@ impl<'a> Harness<'a> {
         Ok(false)
     }
 
-    /// One fixed-vs-random test: warm-up, `measurements` timed launches (or fewer when the
-    /// budget runs out), every statistic.
+    /// One fixed-vs-random test per build (the kernel, then its cycle-timer build, then the
+    /// floor): warm-up, `measurements` timed launches each (or fewer when the budget runs out),
+    /// every statistic, and the attribution.
     pub fn run_class(&mut self, class: FixedClass) -> Result<ClassResult> {
         self.prepare(class)?;
-        self.trials(self.cfg.warmup, None, |_| {})?;
-        let start = Instant::now();
-        let deadline = self
-            .cfg
-            .budget_s
-            .map(|b| start + std::time::Duration::from_secs_f64(b));
-        let mut m = Vec::with_capacity(self.cfg.measurements);
-        let stopped = self.trials(self.cfg.measurements, deadline, |x| m.push(x))?;
-        let elapsed_s = start.elapsed().as_secs_f64();
-        Ok(summarize(
-            class.name(),
-            &m,
-            stopped,
-            elapsed_s,
-            self.cfg.crops,
-        ))
+        let mut kernel = None;
+        let mut cycles = None;
+        let mut floor = None;
+        for set in 0..self.sets.len() {
+            self.trials(set, self.cfg.warmup, None, |_, _| {})?;
+            let start = Instant::now();
+            let deadline = self
+                .cfg
+                .budget_s
+                .map(|b| start + std::time::Duration::from_secs_f64(b));
+            let mut m = Vec::with_capacity(self.cfg.measurements);
+            let mut mc = Vec::new();
+            let stopped = self.trials(set, self.cfg.measurements, deadline, |x, c| {
+                m.push(x);
+                if let Some(c) = c {
+                    mc.push((x, c));
+                }
+            })?;
+            let elapsed_s = start.elapsed().as_secs_f64();
+            match self.sets[set].build {
+                Build::Kernel => {
+                    kernel = Some(summarize(
+                        class.name(),
+                        &m,
+                        stopped,
+                        elapsed_s,
+                        self.cfg.crops,
+                    ))
+                }
+                Build::Cycles => cycles = Some(summarize_cycles(&mc, stopped, self.cfg.crops)),
+                Build::Floor => {
+                    floor = Some(Box::new(summarize(
+                        class.name(),
+                        &m,
+                        stopped,
+                        elapsed_s,
+                        self.cfg.crops,
+                    )))
+                }
+            }
+        }
+        let mut r = kernel.ok_or_else(|| Error::Other("no kernel measured".into()))?;
+        r.cycles = cycles;
+        r.floor = floor;
+        r.attribution = attribute(r.evidence());
+        Ok(r)
     }
 }
 
@@ -482,6 +743,10 @@ pub fn summarize(
     };
     let analysis = analyze(m, crops);
     let verdict = analysis.verdict();
+    let attribution = attribute(Evidence {
+        time_t: analysis.max_abs_t(),
+        ..Evidence::default()
+    });
     ClassResult {
         class: class.to_string(),
         measurements: m.len(),
@@ -492,5 +757,8 @@ pub fn summarize(
         max_abs_t: analysis.max_abs_t().filter(|t| t.is_finite()),
         analysis,
         verdict,
+        cycles: None,
+        floor: None,
+        attribution,
     }
 }
