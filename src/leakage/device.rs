@@ -88,8 +88,16 @@ impl CycleTimer {
         let records = ctx.alloc::<u64>(batch * ctas * WORDS)?;
         let idx: Vec<u32> = (0..batch as u32).collect();
         let indices = ctx.upload(&idx)?;
-        let (buf_addr, buf_len) = plan.module_global("fc_timer_buf")?;
-        let (slot_addr, slot_len) = plan.module_global("fc_timer_slot")?;
+        let global = |name: &str| {
+            plan.module_global(name).map_err(|e| {
+                Error::Other(format!(
+                    "cycle timer: cannot find `{name}` in {} ({e}); --no-cycles measures without it",
+                    variant.name()
+                ))
+            })
+        };
+        let (buf_addr, buf_len) = global("fc_timer_buf")?;
+        let (slot_addr, slot_len) = global("fc_timer_slot")?;
         if buf_len != 8 || slot_len != 4 {
             return Err(Error::Other(format!(
                 "cycle timer globals have {buf_len} and {slot_len} bytes, expected 8 and 4"
