@@ -112,7 +112,7 @@ struct Consumer {
 
         wgmma_wait<1>();  // S_it is ready; P_{it-1} V_{it-1} may still run
         fence_regs(sacc);
-        FC_FLOOR_SCORES(sacc);  // floor control only (fc_instrument.cuh)
+        FC_FLOOR_SCORES(sacc, g0 + it);  // floor control only (fc_instrument.cuh)
         release(&s.k_empty[stage]);
         if constexpr (kMask) mask(sacc, kv_begin + it);
         float alpha[2];
@@ -163,7 +163,7 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     c.pass_turn(n_blocks == 1);
     wgmma_wait<0>();
     fence_regs(sacc);
-    FC_FLOOR_SCORES(sacc);  // floor control only (fc_instrument.cuh)
+    FC_FLOOR_SCORES(sacc, c.g0);  // floor control only (fc_instrument.cuh)
     c.release(&s.k_empty[stage0]);
     if (kv.first_masked == 0) c.mask(sacc, kv.begin);
     softmax.step(sacc, p.scale_log2, alpha);

@@ -10,11 +10,13 @@
 // stored value, so the instrumented build audits clean like the shipped one.
 //
 // FC_FLOOR_CONTROL=1 — the hardware floor. The mask and the softmax see a public pattern
-// instead of the scores (written over them as soon as the Q Kᵀ GEMM has delivered them): the TMA loads, both GEMMs (S = Q Kᵀ over the real Q, K; O += P V over the real V), the
-// rescale, the epilogue and every address and wait are the shipped kernel's, but no secret flows
-// into the softmax (no max, exponential or sum of a secret; P is public). What is left of a
-// fixed-vs-random difference in its timing comes from the data moving through memory and the
-// tensor cores — the hardware's floor under any kernel that reads these inputs.
+// instead of the scores (written over them as soon as the Q Kᵀ GEMM has delivered them): the
+// TMA loads, both GEMMs (S = Q Kᵀ over the real Q, K; O += P V over the real V), the rescale,
+// the epilogue and every address and wait are the shipped kernel's, but no secret flows into
+// the softmax (no max, exponential or sum of a secret; P is public). The audit still sees a
+// structural flow (it cannot know that `fc_floor_zero` is 0), which reaches no sink. What is
+// left of a fixed-vs-random difference in its timing comes from the data moving through memory
+// and the tensor cores — the hardware's floor under any kernel that reads these inputs.
 #pragma once
 #include "fc_common.cuh"
 
@@ -85,26 +87,33 @@ FC_DEVICE void fc_timer_stop() {
 #endif
 
 #if FC_FLOOR_CONTROL
-// Overwrites one thread's M scores with a public pattern (a function of the thread and element
-// index only), so the mask and the softmax do the shipped amount of select/max/exp2/sum work on
-// values that carry no secret. Every element gets a distinct value, so ptxas cannot merge the
-// exponentials of equal ones; the asm keeps the writes from being folded into constants.
-// The scores themselves are XOR-folded into one word stored to a dead-end shared cell at a
-// public address: without a use, ptxas would drop the Q Kᵀ GEMM, and the floor must run it.
-__shared__ uint32_t fc_floor_sink;
+// Overwrites one thread's M scores with a public pattern (a function of the thread, the element
+// and the ring position `g` of the K/V block only), so the mask and the softmax do the shipped
+// amount of select/max/exp2/sum work on values that carry no secret. Every element gets a
+// distinct value, so ptxas cannot merge the exponentials of equal ones, and the pattern moves
+// with `g`, so it cannot be hoisted out of the main loop.
+// Each score is ANDed with `fc_floor_zero` (a constant-bank word that is 0, which ptxas cannot
+// know) and added: the result is exactly the pattern, yet the Q Kᵀ GEMM's output has a use, so
+// ptxas keeps the GEMM — and each register is rewritten in place, with no longer live ranges
+// than the shipped kernel's (no spills).
+__constant__ uint32_t fc_floor_zero = 0;
 template <int M>
-FC_DEVICE void fc_floor_scores(float (&s)[M]) {
-    uint32_t fold = 0;
-#pragma unroll
-    for (int i = 0; i < M; ++i) fold ^= __float_as_uint(s[i]);
-    asm volatile("st.shared.u32 [%0], %1;" ::"r"(smem_u32(&fc_floor_sink)), "r"(fold) : "memory");
-    const float base = (float)(threadIdx.x & 7) * 0.125f;
+FC_DEVICE void fc_floor_scores(float (&s)[M], int g) {
+    const float base = (float)(threadIdx.x & 7) * 0.125f + (float)(g & 15) * 0.0078125f;
 #pragma unroll
     for (int i = 0; i < M; ++i) {
-        asm volatile("add.f32 %0, %1, %2;" : "=f"(s[i]) : "f"(base), "f"((float)i * 0.0625f));
+        asm volatile(
+            "{\n.reg .b32 t;\n.reg .f32 z;\n"
+            "mov.b32 t, %0;\n"
+            "and.b32 t, t, %1;\n"
+            "mov.b32 z, t;\n"
+            "add.rn.f32 %0, %2, %3;\n"
+            "add.f32 %0, %0, z;\n}\n"
+            : "+f"(s[i])
+            : "r"(fc_floor_zero), "f"(base), "f"((float)i * 0.0625f));
     }
 }
-#define FC_FLOOR_SCORES(s) fc_floor_scores(s)
+#define FC_FLOOR_SCORES(s, g) fc_floor_scores(s, g)
 #else
-#define FC_FLOOR_SCORES(s) ((void)0)
+#define FC_FLOOR_SCORES(s, g) ((void)0)
 #endif

@@ -3,9 +3,10 @@
 //! - the cycle-timer build of the shipped source audits clean (its instrumentation is
 //!   public-only) and really reads the SM clock and the global timer;
 //! - the hardware-floor build audits clean too (no secret reaches a branch or an address: it is
-//!   the shipped kernel with less data flow), keeps the shipped TMA loads and GEMMs, and its
-//!   softmax sees no secret: it runs no `MUFU.EX2` of a tainted value (checked by the audit's
-//!   own taint on a build where the exponentials are the sink);
+//!   the shipped kernel with its scores replaced by a public pattern) and keeps the shipped TMA
+//!   loads, GEMMs and exponentials (same `UTMALDG`, `HGMMA` and `MUFU.EX2` counts: ptxas dropped
+//!   the Q Kᵀ GEMM of an earlier version whose result had no use);
+//! - both stay clean and spill-free on the other tile shapes;
 //! - neither is ever shipped, and the queued-timing wait kernel audits clean and reads no data.
 
 use flashcore::audit::{audit_cubin, disassemble, KernelAudit};
@@ -121,6 +122,33 @@ fn leaky_control_with_cycle_timer_builds_and_is_flagged() {
             .any(|f| f.rule == flashcore::audit::Rule::ControlFlow),
         "the control's leak must still be flagged"
     );
+}
+
+/// Beyond the default shape: both measurement builds stay clean and spill-free on the other tile
+/// shapes (d128, bf16, causal, secret length, and 192-row tiles at 128 registers per thread,
+/// where a careless hook spills).
+#[test]
+fn measurement_builds_are_clean_and_spill_free_across_tile_shapes() {
+    let shapes = [
+        (DType::F16, 128, false, false, 512),
+        (DType::Bf16, 64, true, false, 512),
+        (DType::F16, 64, false, false, 2048),
+        (DType::F16, 64, true, false, 8192),
+        (DType::F16, 128, true, true, 1024),
+    ];
+    for (dtype, d, causal, secret_len, s) in shapes {
+        let shipped = Variant::for_shape(dtype, d, causal, secret_len, s, s);
+        for (floor_control, cycle_timer) in [(true, false), (false, true)] {
+            let v = TestBuild {
+                floor_control,
+                cycle_timer,
+                ..TestBuild::default()
+            }
+            .apply(shipped);
+            let (_, _, audit) = build(v);
+            assert_gate(&v, &audit);
+        }
+    }
 }
 
 #[test]
