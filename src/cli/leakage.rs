@@ -104,7 +104,7 @@ pub struct LeakageArgs {
     /// event interval holds the kernel alone (0: no wait, launch latency inside the interval).
     #[arg(long, default_value_t = DEFAULT_QUEUE_NS as f64 / 1000.0, value_name = "US")]
     pub queue_us: f64,
-    /// Write the results to this JSON file (schema flashcore-leakage, version 1).
+    /// Write the results to this JSON file (schema flashcore-leakage, version 2).
     #[arg(long, value_name = "FILE.json")]
     pub json: Option<PathBuf>,
     /// Buffer sets per class (at least 16).
