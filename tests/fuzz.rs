@@ -186,3 +186,36 @@ fn a_size_that_wraps_around_64_bits_is_still_too_large() {
         other => panic!("expected the size error, got {other:?}"),
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 16, ..ProptestConfig::default() })]
+    /// Through the CLI: a mutated cubin or SASS file is answered (0 clean, 1 findings) or refused
+    /// with exit 2 and one `flashcore: error:` line — never a panic.
+    #[test]
+    fn the_audit_cli_answers_or_refuses_mutated_files(
+        flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+        sass in any::<bool>(),
+    ) {
+        let Some((cubin, listing)) = sample() else { return Ok(()) };
+        let mut bytes = if sass { listing.as_bytes().to_vec() } else { cubin.clone() };
+        for (i, x) in &flips {
+            let at = i.index(bytes.len());
+            bytes[at] ^= x;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(if sass { "k.sass" } else { "k.cubin" });
+        std::fs::write(&path, &bytes).unwrap();
+        let flag = if sass { "--sass" } else { "--cubin" };
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_flashcore"))
+            .args(["audit", flag, path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        prop_assert!(!err.contains("panicked"), "{}", err);
+        let code = o.status.code();
+        prop_assert!(matches!(code, Some(0..=2)), "exit {:?}: {}", code, err);
+        if code == Some(2) {
+            prop_assert!(err.starts_with("flashcore: error:"), "{}", err);
+        }
+    }
+}
