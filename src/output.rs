@@ -43,6 +43,16 @@ pub fn write_atomic_with(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -
         .open(tmp.path())
         .and_then(|mut f| f.flush().and_then(|_| f.sync_all()))
         .map_err(|e| Error::io(path, e))?;
+    // A temporary file is created owner-only (0600); the result gets the permissions of the file
+    // it replaces, or the usual 0644 for a new one.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let perms = std::fs::metadata(path)
+            .map(|m| m.permissions())
+            .unwrap_or_else(|_| std::fs::Permissions::from_mode(0o644));
+        std::fs::set_permissions(tmp.path(), perms).map_err(|e| Error::io(path, e))?;
+    }
     tmp.persist(path).map_err(|e| Error::io(path, e.error))?;
     Ok(())
 }

@@ -78,3 +78,18 @@ fn same_file_sees_paths_links_and_hard_links() {
         other => panic!("expected a refusal, got {other:?}"),
     }
 }
+
+#[test]
+fn a_new_file_is_0644_and_a_replaced_one_keeps_its_mode() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let new = dir.path().join("new.json");
+    write_atomic(&new, b"1").unwrap();
+    assert_eq!(mode(&new), 0o644);
+    let old = dir.path().join("old.json");
+    std::fs::write(&old, b"0").unwrap();
+    std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o664)).unwrap();
+    write_atomic(&old, b"1").unwrap();
+    assert_eq!(mode(&old), 0o664);
+}
