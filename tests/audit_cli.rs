@@ -1,19 +1,9 @@
 //! `flashcore audit` exit codes and output formats. Needs NVRTC and nvdisasm
 //! (`bash scripts/install-cuda-tools.sh`).
 
+mod common;
+use common::flashcore;
 use std::process::Command;
-
-fn flashcore(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_flashcore"))
-        .args(args)
-        .output()
-        .expect("run flashcore");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn corpus(f: &str) -> String {
     format!("{}/tests/audit_corpus/{f}", env!("CARGO_MANIFEST_DIR"))

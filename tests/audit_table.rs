@@ -9,6 +9,8 @@
 //! Then the refusals: an opcode or an operand form the table does not know makes `flashcore
 //! audit` exit 2 naming it, and `--json` carries the table's version. No CUDA tools needed.
 
+mod common;
+use common::flashcore;
 use flashcore::audit::table::{self, Class, Space, TABLE};
 use flashcore::audit::taint::{
     self, Analysis, Effects, Globals, State, BARRES, LMEM, NONE, P_BASE, SMEM,
@@ -349,18 +351,6 @@ fn table_covers_the_opcodes_of_nvidias_hopper_list() {
 }
 
 // ---- Refusals through the CLI ----
-
-fn flashcore(args: &[&str]) -> (i32, String, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flashcore"))
-        .args(args)
-        .output()
-        .expect("run flashcore");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn listing(body: &str) -> String {
     format!("\t.section\t.text.k,\"ax\",@progbits\n        .type k,@function\nk:\n{body}")

@@ -1,5 +1,6 @@
-//! Shared by the GPU test files: device acquisition that skips visibly (or fails under
-//! FLASHCORE_REQUIRE_GPU=1), random inputs, poisoned outputs, checks against the f64 reference.
+//! Shared by the test files: device acquisition that skips visibly (or fails under
+//! FLASHCORE_REQUIRE_GPU=1), random inputs, poisoned outputs, checks against the f64 reference,
+//! and running the `flashcore` binary.
 #![allow(dead_code)]
 
 use flashcore::attention::{AttentionParams, Context, DType, Element};
@@ -170,4 +171,17 @@ pub fn run_inputs<T: Element>(
 
 pub fn rng_from(seed: u64) -> rand::rngs::StdRng {
     rand::rngs::StdRng::seed_from_u64(seed)
+}
+
+/// Runs the `flashcore` binary with `args`: (exit code, stdout, stderr).
+pub fn flashcore(args: &[&str]) -> (i32, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_flashcore"))
+        .args(args)
+        .output()
+        .expect("run flashcore");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
