@@ -62,6 +62,7 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
             // LSE = −inf, and the producer loaded nothing for this tile.
             if (kv.count > 0) {
                 mainloop(c, o, softmax, kv, q_load);
+                FC_PHASE_MARK(FC_PHASE_LOOP, 128);
                 g += kv.count;
                 ++q_load;
             }
@@ -115,6 +116,7 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
         fence_barrier_init();
     }
     __syncthreads();
+    FC_PHASE_MARK(FC_PHASE_INIT, 0);
 
     // Each role stays inside its own branch to the end: code after a join would be compiled for
     // the producer's reduced register budget.

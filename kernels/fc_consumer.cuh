@@ -78,10 +78,15 @@ struct Consumer {
     // then hands the turn over, so its softmax runs while the other's GEMMs occupy the tensor
     // cores. The turn count depends on the block count only. Turns go round-robin 0, 1, …,
     // CONSUMERS−1 within each tile; barrier 1+w is warpgroup w's turn.
-    FC_DEVICE void wait_turn() const { named_bar_sync(1 + wg, 256); }
+    // A single consumer warpgroup (light short-sequence tiles) has no one to take turns with.
+    FC_DEVICE void wait_turn() const {
+        if constexpr (cfg::CONSUMERS > 1) named_bar_sync(1 + wg, 256);
+    }
     FC_DEVICE void pass_turn(bool last) const {
         // The last warpgroup's final hand-over in a tile would have no taker.
-        if (!(wg == cfg::CONSUMERS - 1 && last)) named_bar_arrive(1 + (wg + 1) % cfg::CONSUMERS, 256);
+        if constexpr (cfg::CONSUMERS > 1) {
+            if (!(wg == cfg::CONSUMERS - 1 && last)) named_bar_arrive(1 + (wg + 1) % cfg::CONSUMERS, 256);
+        }
     }
 
     FC_DEVICE void release(uint64_t* bar) const {
@@ -147,13 +152,14 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     Shared& s = c.s;
     const Params& p = c.p;
     mbar_wait(&s.q_full, q_load & 1);
+    FC_PHASE_MARK(FC_PHASE_Q, 128);
 
     float sacc[BN / 2];
     uint32_t pf[BN / 16][4];
     float alpha[2];  // block 0: O is still zero, nothing to rescale
 
     // Block 0: S, softmax, fragments. The last warpgroup hands warpgroup 0 the first turn.
-    if (wg == CONSUMERS - 1) named_bar_arrive(1, 256);
+    if (CONSUMERS > 1 && wg == CONSUMERS - 1) named_bar_arrive(1, 256);
     const int stage0 = ring_stage(c.g0);
     mbar_wait(&s.k_full[stage0], ring_phase(c.g0));
     c.wait_turn();
@@ -163,6 +169,7 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     c.pass_turn(n_blocks == 1);
     wgmma_wait<0>();
     fence_regs(sacc);
+    FC_PHASE_MARK(FC_PHASE_S0, 128);
     FC_FLOOR_SCORES(sacc, c.g0);  // floor control only (fc_instrument.cuh)
     c.release(&s.k_empty[stage0]);
     if (kv.first_masked == 0) c.mask(sacc, kv.begin);

@@ -79,11 +79,23 @@ FC_DEVICE void fc_timer_stop() {
         r[FC_TIMER_STOP_NS + w] = ns;
     }
 }
+// Phase marks (issue 14's breakdown, read by `flashcore bench --phases`): the SM clock when the
+// block's barriers are initialised (thread 0), and when the first consumer thread has its Q tile,
+// its first scores, and its last P V of the tile (a CTA's last tile wins). Public values only.
+#define FC_PHASE_INIT 3
+#define FC_PHASE_Q 28
+#define FC_PHASE_S0 29
+#define FC_PHASE_LOOP 30
+FC_DEVICE void fc_phase(int word, int thread) {
+    if ((int)threadIdx.x == thread) fc_timer_record()[word] = fc_clock64();
+}
 #define FC_TIMER_START() fc_timer_start()
 #define FC_TIMER_STOP() fc_timer_stop()
+#define FC_PHASE_MARK(word, thread) fc_phase(word, thread)
 #else
 #define FC_TIMER_START() ((void)0)
 #define FC_TIMER_STOP() ((void)0)
+#define FC_PHASE_MARK(word, thread) ((void)0)
 #endif
 
 #if FC_FLOOR_CONTROL

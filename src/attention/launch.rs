@@ -114,6 +114,36 @@ impl Schedule {
     }
 }
 
+/// Tuning knobs for measurements: `FLASHCORE_SPLIT=1|2|4` (d64), `FLASHCORE_BLOCK_M=64|128|192`
+/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|128` override the shape rule. Each is public and
+/// deterministic: it changes which kernel runs, never what it computes. Values outside these
+/// sets are ignored.
+fn tuning_overrides(mut variant: Variant) -> Variant {
+    let knob = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    let d64 = variant.head_dim == 64;
+    if let Some(n @ (1 | 2 | 4)) = knob("FLASHCORE_SPLIT") {
+        if d64 {
+            variant.split = n;
+            if n > 1 && variant.block_m == 192 {
+                variant.block_m = 128;
+            }
+        }
+    }
+    match knob("FLASHCORE_BLOCK_M") {
+        Some(m @ (64 | 128)) => variant.block_m = m,
+        Some(192) if d64 && variant.split == 1 && !variant.secret_len => variant.block_m = 192,
+        _ => {}
+    }
+    if let Some(n @ (64 | 128)) = knob("FLASHCORE_BLOCK_N") {
+        variant.block_n = n;
+    }
+    variant
+}
+
 /// Buffers and element strides (q, k, v, o) a parameter block was built for.
 type LaunchKey = ([u64; 6], [Strides; 4]);
 
@@ -146,19 +176,7 @@ impl Plan {
             params.seqlen_q,
             params.seqlen_k,
         );
-        // Tuning knob for measurements: FLASHCORE_SPLIT=1|2|4 overrides the split rule (public,
-        // deterministic; it changes which kernel runs, never what it computes).
-        let variant = match std::env::var("FLASHCORE_SPLIT")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-        {
-            Some(n @ (1 | 2 | 4)) if variant.head_dim == 64 => Variant {
-                split: n,
-                block_m: if n > 1 { 128 } else { variant.block_m },
-                ..variant
-            },
-            _ => variant,
-        };
+        let variant = tuning_overrides(variant);
         // The leakage test's builds (power controls, hardware floor, cycle timer): the same
         // launch, a build that is never shipped.
         let variant = build.apply(variant);

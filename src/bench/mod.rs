@@ -10,6 +10,7 @@
 
 pub mod device;
 pub mod env;
+pub mod phases;
 pub mod plot;
 pub mod record;
 pub mod report;

@@ -101,6 +101,10 @@ pub struct BenchArgs {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0x5EED, value_name = "N")]
     pub seed: u64,
+    /// Instead of timing: where each shape's launch spends its SM cycles (the cycle-timer build
+    /// of the same kernel, per-CTA phase marks, on rotating random inputs; N launches).
+    #[arg(long, value_name = "N")]
+    pub phases: Option<usize>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -147,6 +151,32 @@ pub fn shapes(args: &BenchArgs) -> Result<Vec<AttentionParams>, String> {
     }
 }
 
+/// `--phases N`: the phase breakdown of each shape's kernel (src/bench/phases.rs).
+fn run_phases(shapes: &[AttentionParams], device: usize, launches: usize) -> i32 {
+    if launches == 0 {
+        return super::fail(2, "--phases needs at least one launch");
+    }
+    let ctx = match crate::attention::Context::new(device) {
+        Ok(c) => c,
+        Err(e) => return super::fail(1, e),
+    };
+    for p in shapes {
+        // Enough input sets that each launch reads from memory, not from L2 (as the bench).
+        let set = (p.q_len() * 2 + p.kv_len() * 2) as u64 * 2;
+        let sets = (2 * 50_000_000u64).div_ceil(set.max(1)).clamp(2, 64) as usize;
+        match crate::bench::phases::measure(&ctx, p, launches, sets) {
+            Ok(r) => println!(
+                "{} {}\n{}",
+                p.dtype.name(),
+                label(p),
+                crate::bench::phases::render(&r)
+            ),
+            Err(e) => return super::fail(1, e),
+        }
+    }
+    0
+}
+
 pub fn run(args: BenchArgs) -> i32 {
     let timing = TimingConfig {
         warmup: args.warmup,
@@ -180,6 +210,9 @@ pub fn run(args: BenchArgs) -> i32 {
         };
         if shapes.is_empty() {
             return super::fail(2, "the suite has no shapes of that dtype");
+        }
+        if let Some(n) = args.phases {
+            return run_phases(&shapes, args.device, n);
         }
         let opts = RunOptions {
             device: args.device,

@@ -95,8 +95,10 @@ pub struct Variant {
     pub dtype: DType,
     pub head_dim: usize,
     pub causal: bool,
-    /// Query rows per CTA: 64 per consumer warpgroup (128 or 192).
+    /// Query rows per CTA: 64 per consumer warpgroup (64, 128 or 192).
     pub block_m: usize,
+    /// Keys per K/V pipeline stage (64 or 128).
+    pub block_n: usize,
     /// Secret-length mode: per-batch true lengths from device memory mask keys and zero rows.
     pub secret_len: bool,
     /// Key-range split across a cluster of this many CTAs (1: none); see [`split_for`].
@@ -168,8 +170,13 @@ impl Variant {
             if self.floor_control { "_FLOOR" } else { "" },
             if self.cycle_timer { "_CYCLES" } else { "" }
         );
+        let block_n = if self.block_n == 128 {
+            String::new()
+        } else {
+            format!("_n{}", self.block_n)
+        };
         format!(
-            "fwd_{}_d{}_{}_m{}{}{split}{control}{probes}",
+            "fwd_{}_d{}_{}_m{}{block_n}{}{split}{control}{probes}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
@@ -185,6 +192,7 @@ impl Variant {
             head_dim,
             causal,
             block_m,
+            block_n: 128,
             secret_len: false,
             split: 1,
             leaky_control: None,
@@ -221,6 +229,7 @@ impl Variant {
             head_dim,
             causal,
             block_m,
+            block_n: 128,
             secret_len,
             split,
             leaky_control: None,
@@ -233,7 +242,7 @@ impl Variant {
         let stages = if self.head_dim == 64 { 4 } else { 2 };
         Tile {
             block_m: self.block_m,
-            block_n: 128,
+            block_n: self.block_n,
             stages,
             consumers: self.block_m / 64,
             split: self.split,
@@ -307,6 +316,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                             head_dim,
                             causal,
                             block_m: 128,
+                            block_n: 128,
                             secret_len,
                             split,
                             leaky_control: None,
@@ -321,6 +331,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                         head_dim,
                         causal,
                         block_m: 192,
+                        block_n: 128,
                         secret_len: false,
                         split: 1,
                         leaky_control: None,

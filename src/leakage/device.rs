@@ -117,6 +117,17 @@ impl CycleTimer {
         })
     }
 
+    /// The raw record words read by the last [`CycleTimer::read`] (`ctas` records of
+    /// [`super::cycles::WORDS`] per launch), for the phase breakdown of `flashcore bench --phases`.
+    pub fn words(&self) -> &[u64] {
+        &self.host
+    }
+
+    /// CTAs per launch (records per launch).
+    pub fn ctas(&self) -> usize {
+        self.ctas
+    }
+
     /// Zeroes the records of the next `b` launches (stream-ordered, before the batch).
     pub fn clear(&self, ctx: &Context, b: usize) -> Result<()> {
         let base = self.records.device_ptr(ctx.stream()).0;
