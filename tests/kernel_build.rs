@@ -28,8 +28,8 @@ fn every_variant_compiles_to_hgmma_without_spills() {
     let variants = shipped_variants();
     assert_eq!(
         variants.len(),
-        36,
-        "f16/bf16 × causal/full × (plain, secret-length) × (d64 split 1/2/4, d128), plus d64 at 192 rows"
+        44,
+        "f16/bf16 × causal/full × (plain, secret-length) × (d64 split 1/2/4, d128), plus d64 at 192 rows and d64/d128 at 64 rows"
     );
     for v in variants {
         let cubin = v.cubin().unwrap_or_else(|e| panic!("{}: {e}", v.name()));
@@ -60,7 +60,7 @@ fn variant_names_are_distinct() {
     let mut names: Vec<String> = shipped_variants().iter().map(|v| v.name()).collect();
     names.sort();
     names.dedup();
-    assert_eq!(names.len(), 36);
+    assert_eq!(names.len(), 44);
 }
 
 #[test]
@@ -84,5 +84,38 @@ fn every_variant_fits_in_shared_memory() {
             "{}: {bytes} bytes of shared memory",
             v.name()
         );
+    }
+}
+
+/// The light-tile rule (issue 14): 64-row tiles exactly when their work units fit in one wave;
+/// secret-length and split builds keep their tiles; every variant it picks is shipped.
+#[test]
+fn light_tiles_only_when_one_wave_of_64_row_units_fits() {
+    use flashcore::kernels::Variant;
+    use flashcore::DType;
+    let sms = 132;
+    let v = |causal, sq| Variant::for_shape(DType::F16, 64, causal, false, sq, sq);
+    // 1,8,512: 8 heads × 8 tiles = 64 units.
+    assert_eq!(v(false, 512).with_light_tiles(1, 8, 512, sms).block_m, 64);
+    // Batch 3 of the same: 192 units > 132 SMs.
+    assert_eq!(v(false, 512).with_light_tiles(3, 8, 512, sms).block_m, 128);
+    // Causal pairs two tiles per unit: 1,16,1024 has 16 × 16 tiles in 128 units.
+    assert_eq!(v(true, 1024).with_light_tiles(1, 16, 1024, sms).block_m, 64);
+    assert_eq!(v(false, 1024).with_light_tiles(1, 16, 1024, sms).block_m, 192);
+    // Exactly one wave, and one unit more.
+    assert_eq!(v(false, 64).with_light_tiles(1, 132, 64, sms).block_m, 64);
+    assert_eq!(v(false, 64).with_light_tiles(1, 133, 64, sms).block_m, 128);
+    // Secret-length builds keep their tiles.
+    let slen = Variant::for_shape(DType::F16, 64, false, true, 512, 512);
+    assert_eq!(slen.with_light_tiles(1, 8, 512, sms).block_m, 128);
+    let shipped = shipped_variants();
+    for d in [64, 128] {
+        for causal in [false, true] {
+            for dtype in [DType::F16, DType::Bf16] {
+                let light = Variant::for_shape(dtype, d, causal, false, 100, 100).with_light_tiles(1, 1, 100, sms);
+                assert_eq!(light.block_m, 64);
+                assert!(shipped.contains(&light), "{} is not shipped", light.name());
+            }
+        }
     }
 }

@@ -238,6 +238,37 @@ impl Variant {
         }
     }
 
+    /// Light tiles for launches that cannot fill the GPU (issue 14): when the 64-row tiles'
+    /// work units fit in one wave (`units ≤ num_sms`; causal units pair two tiles), the kernel
+    /// runs 64-row tiles with a single consumer warpgroup — twice the CTAs of 128-row tiles, each
+    /// with half the rows, so each SM's chain of key blocks is half as long (PERF_NOTES step 13:
+    /// 1,8,512,64 9.6 → 7.2 µs). Secret-length and split builds keep their tiles.
+    ///
+    /// Unlike [`Variant::for_shape`] this looks at the batch: a row's output bits do not depend on
+    /// the tile height (each consumer warpgroup computes its 64 rows with the same instructions
+    /// whatever the tile; `tests/gpu_tile_invariance.rs` checks the bits), so batch invariance
+    /// holds across the rule's boundary.
+    pub fn with_light_tiles(self, batch: usize, heads_q: usize, seqlen_q: usize, num_sms: usize) -> Variant {
+        if self.split != 1 || self.secret_len {
+            return self;
+        }
+        let tiles_per_head = seqlen_q.div_ceil(64) as u128;
+        let units_per_head = if self.causal {
+            tiles_per_head.div_ceil(2)
+        } else {
+            tiles_per_head
+        };
+        let units = units_per_head * heads_q as u128 * batch as u128;
+        if units <= num_sms as u128 {
+            Variant {
+                block_m: 64,
+                ..self
+            }
+        } else {
+            self
+        }
+    }
+
     pub fn tile(&self) -> Tile {
         let stages = if self.head_dim == 64 { 4 } else { 2 };
         Tile {
@@ -325,6 +356,8 @@ pub fn shipped_variants() -> Vec<Variant> {
                         });
                     }
                 }
+                // Light tiles for launches that cannot fill the GPU (Variant::with_light_tiles).
+                v.push(Variant::basic(dtype, head_dim, causal, 64));
                 if head_dim == 64 {
                     v.push(Variant {
                         dtype,
