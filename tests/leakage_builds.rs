@@ -6,7 +6,9 @@
 //!   the shipped kernel with its scores replaced by a public pattern) and keeps the shipped TMA
 //!   loads, GEMMs and exponentials (same `UTMALDG`, `HGMMA` and `MUFU.EX2` counts: ptxas dropped
 //!   the Q Kᵀ GEMM of an earlier version whose result had no use);
-//! - both stay clean and spill-free on the other tile shapes;
+//! - the floor with the cycle timer (measured beside the shipped kernel's cycle-timer build)
+//!   audits clean, reads the clocks and keeps the floor's loads, GEMMs and exponentials;
+//! - all three stay clean and spill-free on the other tile shapes;
 //! - neither is ever shipped, and the queued-timing wait kernel audits clean and reads no data.
 
 use flashcore::audit::{audit_cubin, disassemble, KernelAudit};
@@ -99,6 +101,27 @@ fn floor_build_audits_clean_with_the_shipped_loads_and_gemms() {
             count(&shipped_listing, "MUFU.EX2"),
             "the floor's softmax does the shipped amount of exp2 work"
         );
+        // The floor's cycle-timer build (measured beside the shipped kernel's) reads the clocks
+        // like the shipped cycle-timer build and keeps the floor's hook.
+        if cycle_timer {
+            assert!(floor.floor_control && floor.name().ends_with("_FLOOR_CYCLES"));
+            assert!(
+                listing.contains("SR_CLOCKLO") && listing.contains("SR_GLOBALTIMERLO"),
+                "{}: no clock reads in the SASS",
+                floor.name()
+            );
+            let plain_floor = TestBuild {
+                floor_control: true,
+                ..TestBuild::default()
+            }
+            .apply(shipped);
+            let (_, plain_listing, _) = build(plain_floor);
+            assert_eq!(
+                count(&listing, "MUFU.EX2"),
+                count(&plain_listing, "MUFU.EX2")
+            );
+            assert!(!plain_listing.contains("SR_GLOBALTIMERLO"));
+        }
     }
 }
 
@@ -124,8 +147,9 @@ fn leaky_control_with_cycle_timer_builds_and_is_flagged() {
     );
 }
 
-/// Beyond the default shape: both measurement builds stay clean and spill-free on the other tile
-/// shapes (d128, bf16, causal, secret length, and 192-row tiles at 128 registers per thread,
+/// Beyond the default shape: the measurement builds (the floor, the cycle timer, and the floor
+/// with the cycle timer, as `flashcore leakage` measures it beside the shipped kernel) stay clean
+/// and spill-free on the other tile shapes (d128, bf16, causal, secret length, and 192-row tiles at 128 registers per thread,
 /// where a careless hook spills).
 #[test]
 fn measurement_builds_are_clean_and_spill_free_across_tile_shapes() {
@@ -138,7 +162,7 @@ fn measurement_builds_are_clean_and_spill_free_across_tile_shapes() {
     ];
     for (dtype, d, causal, secret_len, s) in shapes {
         let shipped = Variant::for_shape(dtype, d, causal, secret_len, s, s);
-        for (floor_control, cycle_timer) in [(true, false), (false, true)] {
+        for (floor_control, cycle_timer) in [(true, false), (false, true), (true, true)] {
             let v = TestBuild {
                 floor_control,
                 cycle_timer,

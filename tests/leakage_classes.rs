@@ -170,6 +170,7 @@ fn table_and_json() {
         queue_us: 20.0,
         cycles: false,
         floor: false,
+        floor_cycles: false,
     };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("leak.json");
@@ -180,7 +181,7 @@ fn table_and_json() {
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("valid JSON");
     assert_eq!(v["schema"], "flashcore-leakage");
     assert_eq!(v["leak_threshold"], 4.5);
-    assert_eq!(v["version"], 2);
+    assert_eq!(v["version"], 3);
     assert_eq!(v["run"]["queue_us"], 20.0);
     assert_eq!(v["results"][0]["attribution"], "no_leak");
     assert_eq!(v["results"][1]["attribution"], "unattributed");

@@ -53,6 +53,7 @@ fn no_gpu_exits_2_with_a_message() {
         &[][..],
         &["--class", "zeros", "--measurements", "1000"][..],
         &["--secret-len", "--control", "skip-past-length"][..],
+        &["--secret-len"][..],
         &["--control", "floor", "--queue-us", "0"][..],
         &["--control", "early-exit", "--no-floor"][..],
     ] {
@@ -91,4 +92,11 @@ fn help_lists_the_options() {
     ] {
         assert!(out.contains(flag), "{flag} missing from --help");
     }
+    assert!(
+        out.contains(&format!(
+            "version {}",
+            flashcore::leakage::report::SCHEMA_VERSION
+        )),
+        "--help names the JSON schema version"
+    );
 }

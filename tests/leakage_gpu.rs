@@ -13,7 +13,7 @@ mod common;
 use common::gpu;
 use flashcore::attention::{AttentionParams, Context};
 use flashcore::kernels::LeakyControl;
-use flashcore::leakage::report::format_table;
+use flashcore::leakage::report::{format_table, format_verdict_table};
 use flashcore::leakage::{
     Attribution, ClassResult, CycleResult, FixedClass, Harness, LeakageConfig, LengthClass,
     ValueClass,
@@ -45,9 +45,9 @@ fn measure_with(
     let mut cfg = LeakageConfig::new(AttentionParams::new(1, 8, 512, 64));
     cfg.secret_len = secret_len;
     cfg.control = control;
-    // The floor comparison is for the shipped kernel; the early-exit control's CTAs leave
-    // before their cycle record.
-    cfg.floor = control.is_none();
+    // The floor comparison is for the shipped kernel in value mode; the early-exit control's
+    // CTAs leave before their cycle record.
+    cfg.floor = control.is_none() && !secret_len;
     cfg.cycles = control != Some(LeakyControl::EarlyExitOnZeroQ);
     adjust(&mut cfg);
     cfg.measurements = MEASUREMENTS;
@@ -107,8 +107,52 @@ fn shipped_kernel_zeros_vs_random_shows_no_leak() {
     assert!(cycles_t < 10.0, "shipped kernel cycles: max |t| {cycles_t}");
     let floor = r.floor.as_ref().expect("floor measured");
     assert_eq!(floor.measurements, MEASUREMENTS);
-    eprintln!("evidence {:?} -> {}", r.evidence(), r.attribution.name());
+    // The floor's cycle-timer build ran on the same class and wrote every record.
+    let fc = floor.cycles.as_ref().expect("floor cycles measured");
+    check_cycles(fc);
+    let e = r.evidence();
+    assert!(
+        e.floor_cycles_t.is_some() && e.cycles_raw_t.is_some(),
+        "{e:?}"
+    );
+    eprintln!(
+        "{}\nevidence {e:?} -> {}",
+        format_verdict_table(std::slice::from_ref(&r)),
+        r.attribution.name()
+    );
     assert_ne!(r.attribution, Attribution::CycleLeak);
+}
+
+/// The floor with the cycle timer (issue 13): launches, writes a record for every CTA of every
+/// launch, with the shipped kernel's CTA count and cycles of the same order (same loads, same
+/// GEMMs); here it is the kernel under test (`--control floor`) beside the shipped kernel's
+/// cycle-timer build.
+#[test]
+fn floor_with_cycle_timer_produces_cycle_records() {
+    let _g = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(ctx) = gpu("floor_with_cycle_timer_produces_cycle_records") else {
+        return;
+    };
+    let class = FixedClass::Values(ValueClass::Denormal);
+    let r = measure(&ctx, false, None, class);
+    let shipped = r.cycles.as_ref().expect("shipped cycles");
+    let floor = r
+        .floor
+        .as_ref()
+        .and_then(|f| f.cycles.as_ref())
+        .expect("floor cycles");
+    check_cycles(floor);
+    let (s, f) = (
+        shipped.fixed_cycles.unwrap().median,
+        floor.fixed_cycles.unwrap().median,
+    );
+    assert!(
+        f > 0.5 * s && f < 2.0 * s,
+        "floor {f} vs shipped {s} cycles per CTA"
+    );
+    // The floor's own verdict is judged without a floor under it.
+    let fe = r.floor.as_ref().unwrap().evidence();
+    assert!(fe.floor_t.is_none() && fe.floor_cycles_t.is_none());
 }
 
 #[test]
@@ -185,6 +229,7 @@ fn secret_length_shipped_passes_and_control_is_caught() {
         max_t(&shipped),
         shipped.analysis
     );
+    assert!(shipped.floor.is_none(), "no floor in secret-length mode");
     let control = measure(&ctx, true, Some(LeakyControl::SkipPastSecretLength), class);
     assert!(
         max_t(&control) > 10.0,
@@ -197,5 +242,8 @@ fn secret_length_shipped_passes_and_control_is_caught() {
     let cycles_t = c.cycles.max_abs_t().unwrap();
     assert!(cycles_t > 10.0, "control not caught in cycles: {cycles_t}");
     assert!(c.fixed_cycles.unwrap().median < c.random_cycles.unwrap().median);
+    // No floor under a control: nothing can clear it.
+    assert!(control.floor.is_none() && control.evidence().floor_cycles_t.is_none());
     assert_eq!(control.attribution, Attribution::CycleLeak);
+    assert!(!control.attribution.passes());
 }

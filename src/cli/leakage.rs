@@ -1,9 +1,10 @@
 //! `flashcore leakage`: dudect-style fixed-vs-random timing test of a kernel (DESIGN.md §5).
 //!
-//! Each class is measured three ways (issue 13): the kernel's time (queued behind a device-side
-//! wait), the SM cycles of its cycle-timer build, and the time of the hardware-floor build. The
-//! verdict per class ([`crate::leakage::verdict`]): leak in cycles (fail), time only within the
-//! floor (pass), above the floor (fail), no leak (pass).
+//! Each class is measured four ways (issue 13): the kernel's time (queued behind a device-side
+//! wait), the SM cycles of its cycle-timer build, and the time and the SM cycles of the
+//! hardware-floor build (value mode, shipped kernel only). The verdict per class
+//! ([`crate::leakage::verdict`]): leak in cycles (fail), cycles within the floor's (pass), time
+//! only within the floor (pass), above the floor (fail), unattributed (fail), no leak (pass).
 //!
 //! Exit codes: 0 every class passes; 1 some class fails; 2 usage errors, device errors (no GPU
 //! included), or too few measurements for any test.
@@ -12,8 +13,8 @@ use crate::attention::{AttentionParams, Context, DType, Layout};
 use crate::bench::{device, env};
 use crate::kernels::LeakyControl;
 use crate::leakage::report::{
-    format_cycles_table, format_floor_table, format_table, format_verdict_table, EnvInfo,
-    LeakageFile, RunInfo,
+    format_cycles_table, format_floor_cycles_table, format_floor_table, format_table,
+    format_verdict_table, summary_line, EnvInfo, LeakageFile, RunInfo,
 };
 use crate::leakage::run::{DEFAULT_QUEUE_NS, MIN_POOL};
 use crate::leakage::verdict::Attribution;
@@ -97,14 +98,17 @@ pub struct LeakageArgs {
     /// difference).
     #[arg(long)]
     pub no_cycles: bool,
-    /// Skip the hardware-floor comparison (the verdict then cannot clear a time difference).
+    /// Skip the hardware-floor comparison, its timing and its cycles (the verdict then cannot
+    /// clear a difference). There is no floor for a control or with --secret-len: there the
+    /// floor build masks by the secret length like the shipped kernel, so it carries the secret.
     #[arg(long)]
     pub no_floor: bool,
     /// Queue each timed launch behind a device-side wait of this many microseconds, so the
     /// event interval holds the kernel alone (0: no wait, launch latency inside the interval).
     #[arg(long, default_value_t = DEFAULT_QUEUE_NS as f64 / 1000.0, value_name = "US")]
     pub queue_us: f64,
-    /// Write the results to this JSON file (schema flashcore-leakage, version 2).
+    /// Write the results to this JSON file (schema flashcore-leakage, version 3: version 2 plus
+    /// the floor's cycle-timer build, `floor.cycles`, and the verdict `cycles_within_floor`).
     #[arg(long, value_name = "FILE.json")]
     pub json: Option<PathBuf>,
     /// Buffer sets per class (at least 16).
@@ -139,9 +143,10 @@ pub fn config(args: &LeakageArgs) -> Result<(LeakageConfig, Vec<FixedClass>), St
     cfg.secret_len = secret_len;
     cfg.control = control;
     cfg.floor_kernel = args.control == Some(ControlArg::Floor);
-    // The floor comparison is for the shipped kernel; the early-exit control's CTAs leave
-    // before their cycle record.
-    cfg.floor = !args.no_floor && args.control.is_none();
+    // The floor comparison is for the shipped kernel in value mode (in secret-length mode the
+    // floor build masks by the secret length too); the early-exit control's CTAs leave before
+    // their cycle record.
+    cfg.floor = !args.no_floor && args.control.is_none() && !secret_len;
     cfg.cycles = !args.no_cycles && args.control != Some(ControlArg::EarlyExit);
     cfg.queue_ns = (args.queue_us * 1000.0).round() as u64;
     cfg.measurements = args.measurements;
@@ -204,6 +209,7 @@ pub fn run(args: LeakageArgs) -> i32 {
         queue_us: cfg.queue_ns as f64 / 1000.0,
         cycles: cfg.cycles,
         floor: cfg.floor,
+        floor_cycles: cfg.floor && cfg.cycles,
     };
     let mut harness = match Harness::new(&ctx, cfg) {
         Ok(h) => h,
@@ -266,6 +272,16 @@ pub fn run(args: LeakageArgs) -> i32 {
         println!("\nfloor: the hardware-floor build (shipped loads and GEMMs, no secret in the softmax), timed the same way");
         print!("{}", format_floor_table(&results));
     }
+    if results
+        .iter()
+        .any(|r| r.floor.as_ref().is_some_and(|f| f.cycles.is_some()))
+    {
+        println!("\nfloor cycles: the floor's cycle-timer build (SM cycles per CTA), the same way");
+        print!("{}", format_floor_cycles_table(&results));
+    }
+    if run_info.secret_len && args.control.is_none() && !args.no_floor {
+        println!("\nfloor: none in secret-length mode (the floor build masks by the secret length like the shipped kernel, so it carries the secret and cannot clear a difference)");
+    }
     println!("\nverdict");
     print!("{}", format_verdict_table(&results));
     if let Some(path) = &args.json {
@@ -277,15 +293,11 @@ pub fn run(args: LeakageArgs) -> i32 {
         Attribution::CycleLeak,
         Attribution::AboveFloor,
         Attribution::Unattributed,
+        Attribution::CyclesWithinFloor,
         Attribution::WithinFloor,
     ] {
-        let classes: Vec<&str> = results
-            .iter()
-            .filter(|r| r.attribution == a)
-            .map(|r| r.class.as_str())
-            .collect();
-        if !classes.is_empty() {
-            println!("{}: {} — {}", a.name(), classes.join(", "), a.explain());
+        if let Some(line) = summary_line(&results, a) {
+            println!("{line}");
         }
     }
     if results

@@ -1,10 +1,14 @@
-//! The result tables and the JSON file of `flashcore leakage` (schema `flashcore-leakage`,
-//! version 2: version 1 plus each class's `cycles`, `floor` and `attribution`, and the run's
-//! queued-timing wait). GPU-free.
+//! The result tables and the JSON file of `flashcore leakage` (schema `flashcore-leakage`).
+//! GPU-free.
+//!
+//! Versions: 2 added each class's `cycles`, `floor` and `attribution`, and the run's
+//! queued-timing wait; 3 adds the floor's cycle-timer build (`floor.cycles`, the same fields as
+//! `cycles`), the attribution `cycles_within_floor`, and `run.floor_cycles`; secret-length runs
+//! have no floor.
 
 use super::run::ClassResult;
 use super::stats::{Analysis, TestResult, CERTAIN_T, LEAK_T};
-use super::verdict::FLOOR_SLACK;
+use super::verdict::{Attribution, FLOOR_SLACK};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -28,11 +32,13 @@ pub struct RunInfo {
     /// Queued-timing wait before each timed launch, microseconds (0: none).
     #[serde(default)]
     pub queue_us: f64,
-    /// Whether the cycle-timer build and the floor were measured.
+    /// Whether the cycle-timer build, the floor, and the floor's cycle-timer build were measured.
     #[serde(default)]
     pub cycles: bool,
     #[serde(default)]
     pub floor: bool,
+    #[serde(default)]
+    pub floor_cycles: bool,
 }
 
 /// Where and when.
@@ -47,13 +53,17 @@ pub struct EnvInfo {
     pub mem_mhz: Option<f64>,
 }
 
+/// The JSON schema version [`LeakageFile::new`] writes.
+pub const SCHEMA_VERSION: u32 = 3;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LeakageFile {
     pub schema: String,
     pub version: u32,
     pub leak_threshold: f64,
     pub certain_threshold: f64,
-    /// [`FLOOR_SLACK`]: how far above the floor's max |t| a time |t| still counts as the floor.
+    /// [`FLOOR_SLACK`]: how far above the floor's max |t| a time or cycles |t| still counts as
+    /// the floor.
     #[serde(default)]
     pub floor_slack: f64,
     pub run: RunInfo,
@@ -65,7 +75,7 @@ impl LeakageFile {
     pub fn new(run: RunInfo, env: EnvInfo, results: Vec<ClassResult>) -> Self {
         LeakageFile {
             schema: "flashcore-leakage".into(),
-            version: 2,
+            version: SCHEMA_VERSION,
             leak_threshold: LEAK_T,
             certain_threshold: CERTAIN_T,
             floor_slack: FLOOR_SLACK,
@@ -187,6 +197,15 @@ pub fn format_cycles_table(results: &[ClassResult]) -> String {
     render(&header, body)
 }
 
+/// The floor's cycle-timer build (as [`format_cycles_table`]), for the classes that have one.
+pub fn format_floor_cycles_table(results: &[ClassResult]) -> String {
+    let floors: Vec<ClassResult> = results
+        .iter()
+        .filter_map(|r| r.floor.as_deref().filter(|f| f.cycles.is_some()).cloned())
+        .collect();
+    format_cycles_table(&floors)
+}
+
 /// The floor control's timing table (as [`format_table`]), for the classes that have one.
 pub fn format_floor_table(results: &[ClassResult]) -> String {
     let floors: Vec<ClassResult> = results
@@ -196,10 +215,20 @@ pub fn format_floor_table(results: &[ClassResult]) -> String {
     format_table(&floors)
 }
 
-/// The verdict per class: max |t| of the kernel's time, the floor's time and the cycles, and
-/// where the difference comes from ([`super::verdict`]).
+/// The verdict per class: max |t| of the kernel's time, the floor's time, the kernel's cycles,
+/// the floor's cycles, and of the SM clock (MHz) of both cycle-timer builds; and where the
+/// difference comes from ([`super::verdict`]).
 pub fn format_verdict_table(results: &[ClassResult]) -> String {
-    let header = ["class", "time |t|", "floor |t|", "cycles |t|", "verdict"];
+    let header = [
+        "class",
+        "time |t|",
+        "floor |t|",
+        "cycles |t|",
+        "floor cycles |t|",
+        "MHz |t|",
+        "floor MHz |t|",
+        "verdict",
+    ];
     let cell = |t: Option<f64>| match t {
         None => "-".to_string(),
         Some(t) if t.is_infinite() => "inf".into(),
@@ -214,6 +243,9 @@ pub fn format_verdict_table(results: &[ClassResult]) -> String {
                 cell(e.time_t),
                 cell(e.floor_t),
                 cell(e.cycles_t),
+                cell(e.floor_cycles_t),
+                cell(r.mhz_t()),
+                cell(r.floor.as_ref().and_then(|f| f.mhz_t())),
                 r.attribution.name().into(),
             ]
         })
@@ -259,4 +291,46 @@ pub fn format_table(results: &[ClassResult]) -> String {
         ]);
     }
     render(&header, body)
+}
+
+fn num(t: Option<f64>) -> String {
+    match t {
+        None => "-".into(),
+        Some(t) if t.is_infinite() => "inf".into(),
+        Some(t) => format!("{t:.2}"),
+    }
+}
+
+/// The summary line of one attribution: the classes that got it, each with the numbers the
+/// verdict compared, and what it means; `None` when no class got it.
+pub fn summary_line(results: &[ClassResult], a: Attribution) -> Option<String> {
+    let classes: Vec<String> = results
+        .iter()
+        .filter(|r| r.attribution == a)
+        .map(|r| {
+            let e = r.evidence();
+            let cycles = match e.floor_cycles_t {
+                Some(_) => format!(
+                    "cycles |t| {} vs floor {}",
+                    num(e.cycles_t),
+                    num(e.floor_cycles_t)
+                ),
+                None => format!("cycles |t| {}, no floor cycles", num(e.cycles_t)),
+            };
+            let time = match e.floor_t {
+                Some(_) => format!("time |t| {} vs floor {}", num(e.time_t), num(e.floor_t)),
+                None => format!("time |t| {}, no floor", num(e.time_t)),
+            };
+            let detail = match a {
+                Attribution::CycleLeak => cycles,
+                Attribution::CyclesWithinFloor => format!("{cycles}; {time}"),
+                Attribution::WithinFloor | Attribution::AboveFloor | Attribution::Unattributed => {
+                    time
+                }
+                Attribution::NoLeak | Attribution::Inconclusive => return r.class.clone(),
+            };
+            format!("{} ({detail})", r.class)
+        })
+        .collect();
+    (!classes.is_empty()).then(|| format!("{}: {} — {}", a.name(), classes.join(", "), a.explain()))
 }

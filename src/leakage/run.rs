@@ -17,11 +17,11 @@
 //!   only in the lengths buffer. The random class's lengths are drawn afresh, uniform in [0, S]
 //!   per batch entry, after every synchronisation (outside the timed region).
 //!
-//! Each class is measured on up to three builds of the kernel, one after the other, over the same
+//! Each class is measured on up to four builds of the kernel, one after the other, over the same
 //! buffers, with the same interleaving and statistics (issue 13): the kernel itself (shipped, or
-//! a control), its cycle-timer build ([`super::cycles`]), and the hardware floor. By default each
-//! timed launch is queued behind a short device-side wait ([`super::device::Spin`]), so the event
-//! interval holds the kernel alone.
+//! a control), its cycle-timer build ([`super::cycles`]), the hardware floor, and the floor's
+//! cycle-timer build. By default each timed launch is queued behind a short device-side wait
+//! ([`super::device::Spin`]), so the event interval holds the kernel alone.
 
 use super::classes::{FixedClass, ValueClass};
 use super::cycles::LaunchCycles;
@@ -51,7 +51,10 @@ pub struct LeakageConfig {
     pub floor_kernel: bool,
     /// Also measure the cycle-timer build of the kernel (SM cycles per CTA).
     pub cycles: bool,
-    /// Also time the hardware-floor build for comparison (not with a control).
+    /// Also time the hardware-floor build for comparison (and, with `cycles`, measure its
+    /// cycle-timer build too). Only for the shipped kernel in value mode: not with a control,
+    /// and not in secret-length mode, where the floor build masks by the secret length as the
+    /// shipped kernel does and so carries the secret ([`super::verdict`]).
     pub floor: bool,
     /// Queue each timed launch behind a device-side wait of this many nanoseconds (0: launch
     /// straight after the start event, the interval then includes launch latency).
@@ -140,6 +143,12 @@ impl LeakageConfig {
         if self.floor && (self.control.is_some() || self.floor_kernel) {
             return Err("the floor comparison is for the shipped kernel, not a control".into());
         }
+        if self.floor && self.secret_len {
+            return Err(
+                "no floor in secret-length mode: the floor build masks by the secret length as                  the shipped kernel does, so it carries the secret and cannot clear a difference                  (use --no-floor)"
+                    .into(),
+            );
+        }
         if self.floor_kernel && self.control.is_some() {
             return Err("one control at a time".into());
         }
@@ -187,7 +196,8 @@ pub struct ClassResult {
     /// The cycle-timer build of the same kernel on the same class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cycles: Option<CycleResult>,
-    /// The hardware-floor build, timed the same way on the same class.
+    /// The hardware-floor build, timed the same way on the same class; its `cycles` are the
+    /// floor's cycle-timer build (schema version 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub floor: Option<Box<ClassResult>>,
     /// Where the difference comes from ([`super::verdict`]).
@@ -195,13 +205,22 @@ pub struct ClassResult {
 }
 
 impl ClassResult {
-    /// The evidence for [`attribute`]: this result's time, its cycles and its floor.
+    /// The evidence for [`attribute`]: this result's time and cycles, and its floor's.
     pub fn evidence(&self) -> Evidence {
+        let floor_cycles = self.floor.as_ref().and_then(|f| f.cycles.as_ref());
         Evidence {
             time_t: self.analysis.max_abs_t(),
             cycles_t: self.cycles.as_ref().and_then(|c| c.cycles.max_abs_t()),
             floor_t: self.floor.as_ref().and_then(|f| f.analysis.max_abs_t()),
+            floor_cycles_t: floor_cycles.and_then(|c| c.cycles.max_abs_t()),
+            cycles_raw_t: self.cycles.as_ref().and_then(|c| c.cycles.raw.map(|r| r.t)),
+            floor_cycles_raw_t: floor_cycles.and_then(|c| c.cycles.raw.map(|r| r.t)),
         }
+    }
+
+    /// Max |t| of the SM clock (MHz) of its cycle-timer build, where measured.
+    pub fn mhz_t(&self) -> Option<f64> {
+        self.cycles.as_ref().and_then(|c| c.mhz.max_abs_t())
     }
 }
 
@@ -280,6 +299,8 @@ enum Build {
     Cycles,
     /// The hardware floor, for comparison.
     Floor,
+    /// The floor's cycle-timer build.
+    FloorCycles,
 }
 
 /// One build's plans (one per slot, in the slot order of [`Harness::slots_for`]) and, for a
@@ -371,6 +392,11 @@ impl<'a> Harness<'a> {
                     floor_control: true,
                     ..TestBuild::default()
                 },
+                Build::FloorCycles => TestBuild {
+                    floor_control: true,
+                    cycle_timer: true,
+                    ..TestBuild::default()
+                },
             };
             match b {
                 b if b.is_shipped() && cfg.secret_len => ctx.plan_secret_len(p),
@@ -433,6 +459,9 @@ impl<'a> Harness<'a> {
         }
         if cfg.floor {
             builds.push(Build::Floor);
+            if cfg.cycles {
+                builds.push(Build::FloorCycles);
+            }
         }
         let mut sets = Vec::with_capacity(builds.len());
         for build in builds {
@@ -440,7 +469,9 @@ impl<'a> Harness<'a> {
                 .map(|_| make_plan(build))
                 .collect::<Result<Vec<_>>>()?;
             let timer = match build {
-                Build::Cycles => Some(CycleTimer::new(ctx, &plans[0], cfg.batch)?),
+                Build::Cycles | Build::FloorCycles => {
+                    Some(CycleTimer::new(ctx, &plans[0], cfg.batch)?)
+                }
                 _ => None,
             };
             sets.push(PlanSet {
@@ -673,14 +704,15 @@ impl<'a> Harness<'a> {
         Ok(false)
     }
 
-    /// One fixed-vs-random test per build (the kernel, then its cycle-timer build, then the
-    /// floor): warm-up, `measurements` timed launches each (or fewer when the budget runs out),
+    /// One fixed-vs-random test per build (the kernel, its cycle-timer build, the floor, the
+    /// floor's cycle-timer build): warm-up, `measurements` timed launches each (or fewer when the budget runs out),
     /// every statistic, and the attribution.
     pub fn run_class(&mut self, class: FixedClass) -> Result<ClassResult> {
         self.prepare(class)?;
         let mut kernel = None;
         let mut cycles = None;
         let mut floor = None;
+        let mut floor_cycles = None;
         for set in 0..self.sets.len() {
             self.trials(set, self.cfg.warmup, None, |_, _| {})?;
             let start = Instant::now();
@@ -708,6 +740,9 @@ impl<'a> Harness<'a> {
                     ))
                 }
                 Build::Cycles => cycles = Some(summarize_cycles(&mc, stopped, self.cfg.crops)),
+                Build::FloorCycles => {
+                    floor_cycles = Some(summarize_cycles(&mc, stopped, self.cfg.crops))
+                }
                 Build::Floor => {
                     floor = Some(Box::new(summarize(
                         class.name(),
@@ -721,6 +756,11 @@ impl<'a> Harness<'a> {
         }
         let mut r = kernel.ok_or_else(|| Error::Other("no kernel measured".into()))?;
         r.cycles = cycles;
+        if let Some(f) = floor.as_mut() {
+            // The floor's own verdict, as `--control floor` would give it (no floor under it).
+            f.cycles = floor_cycles;
+            f.attribution = attribute(f.evidence());
+        }
         r.floor = floor;
         r.attribution = attribute(r.evidence());
         Ok(r)
