@@ -202,9 +202,16 @@ pub struct Section {
     pub labels: HashMap<String, usize>,
     /// (function name, index of its first instruction), in order; the first is the kernel.
     pub functions: Vec<(String, usize)>,
+    /// Per instruction, the source line nvdisasm printed before it (`-g`/`-gi` on a cubin built
+    /// with `-lineinfo`); empty when the cubin has no line info.
+    pub lines: Vec<Option<super::srcloc::SrcLoc>>,
 }
 
 impl Section {
+    /// The source line of instruction `i`, where the listing has line info.
+    pub fn source_of(&self, i: usize) -> Option<&super::srcloc::SrcLoc> {
+        self.lines.get(i).and_then(|l| l.as_ref())
+    }
     /// Index of the function that owns instruction `i`.
     pub fn function_of(&self, i: usize) -> usize {
         let mut f = 0;
@@ -475,8 +482,13 @@ pub fn parse_listing(listing: &str) -> Vec<Section> {
     let mut cur: Option<Section> = None;
     let mut functions_declared: std::collections::HashSet<String> = Default::default();
     let mut pending_labels: Vec<String> = Vec::new();
+    let mut loc: Option<super::srcloc::SrcLoc> = None;
     for line in listing.lines() {
         let t = line.trim();
+        if let Some(l) = super::srcloc::parse(t) {
+            loc = Some(l);
+            continue;
+        }
         if let Some(rest) = t.strip_prefix(".section") {
             let name = rest.trim().split(',').next().unwrap_or("").trim();
             if let Some(k) = name.strip_prefix(".text.") {
@@ -488,6 +500,7 @@ pub fn parse_listing(listing: &str) -> Vec<Section> {
                     ..Default::default()
                 });
                 pending_labels.clear();
+                loc = None;
             } else if let Some(s) = cur.take() {
                 sections.push(s);
             }
@@ -514,6 +527,10 @@ pub fn parse_listing(listing: &str) -> Vec<Section> {
                     sec.labels.insert(l, idx);
                 }
                 sec.insns.push(insn);
+                if loc.is_some() || !sec.lines.is_empty() {
+                    sec.lines.resize(idx, None);
+                    sec.lines.push(loc.clone());
+                }
             }
             continue;
         }
@@ -528,6 +545,9 @@ pub fn parse_listing(listing: &str) -> Vec<Section> {
     }
     for s in &mut sections {
         let n = s.insns.len();
+        if !s.lines.is_empty() {
+            s.lines.resize(n, None);
+        }
         for l in pending_labels.drain(..) {
             s.labels.entry(l).or_insert(n);
         }
