@@ -130,6 +130,13 @@ pub fn audit_section(
     info: Option<&cubin::KernelInfo>,
     secret_params: &[usize],
 ) -> Result<KernelAudit> {
+    if sec.insns.is_empty() {
+        // A kernel with no instruction read would pass vacuously: refuse instead.
+        return Err(Error::Other(format!(
+            "kernel `{}`: no instruction could be read from its listing; the audit cannot judge it",
+            sec.kernel
+        )));
+    }
     let mut secrets = taint::Secrets::default();
     for &p in secret_params {
         match info.and_then(|i| i.param_range(p)) {

@@ -489,7 +489,12 @@ pub fn parse_listing(listing: &str) -> Vec<Section> {
             loc = Some(l);
             continue;
         }
-        if let Some(rest) = t.strip_prefix(".section") {
+        // `.section NAME, ...` — not `.sectioninfo` (sm_80 listings print one after each
+        // `.section`), which would otherwise end the section before its instructions.
+        if let Some(rest) = t
+            .strip_prefix(".section")
+            .filter(|r| r.starts_with(char::is_whitespace))
+        {
             let name = rest.trim().split(',').next().unwrap_or("").trim();
             if let Some(k) = name.strip_prefix(".text.") {
                 if let Some(s) = cur.take() {
@@ -569,6 +574,17 @@ mod tests {
             width,
             negated: false,
         }
+    }
+
+    #[test]
+    fn sectioninfo_does_not_end_a_section() {
+        let listing =
+            "\t.section\t.text.k,\"ax\",@progbits\n\t.sectioninfo\t@\"SHI_REGISTERS=8\"\n\
+                       k:\n        /*0000*/ S2R R0, SR_TID.X ;\n        /*0010*/ EXIT ;\n";
+        let secs = parse_listing(listing);
+        assert_eq!(secs.len(), 1);
+        assert_eq!(secs[0].kernel, "k");
+        assert_eq!(secs[0].insns.len(), 2);
     }
 
     #[test]
