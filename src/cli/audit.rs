@@ -42,13 +42,12 @@ pub struct AuditArgs {
     )]
     pub include_dirs: Vec<std::path::PathBuf>,
     /// Define a macro, NAME or NAME=VALUE; repeatable. With --source.
-    #[arg(short = 'D', long = "define", value_name = "NAME[=VAL]", requires = "source",
-          value_parser = parse_define)]
+    #[arg(short = 'D', long = "define", value_name = "NAME[=VAL]", value_parser = parse_define)]
     pub defines: Vec<String>,
-    /// C++ standard for --source.
-    #[arg(long, value_name = "STD", default_value = "c++17", requires = "source",
+    /// C++ standard for --source [default: c++17].
+    #[arg(long, value_name = "STD",
           value_parser = clap::builder::PossibleValuesParser::new(audit::source::STANDARDS))]
-    pub std: String,
+    pub std: Option<String>,
     /// SASS architecture: the target of --source (default sm_90a); with --cubin, audit only
     /// the cubin built for it when the file holds several.
     #[arg(long, value_name = "sm_XX", value_parser = parse_arch, conflicts_with = "sass")]
@@ -61,7 +60,7 @@ pub struct AuditArgs {
     #[arg(long = "secret-param", value_name = "N|NAME")]
     pub secret_params: Vec<audit::ParamSpec>,
     /// With --cubin: read parameter names for --secret-param from this source file.
-    #[arg(long, value_name = "FILE.cu", requires = "cubin")]
+    #[arg(long, value_name = "FILE.cu")]
     pub signatures: Option<std::path::PathBuf>,
     /// Print JSON instead of the table.
     #[arg(long)]
@@ -97,7 +96,7 @@ fn audit_user(args: &AuditArgs) -> crate::Result<Vec<KernelAudit>> {
         let opts = audit::source::SourceOptions {
             include_dirs: args.include_dirs.clone(),
             defines: args.defines.clone(),
-            std: args.std.clone(),
+            std: args.std.clone().unwrap_or_else(|| "c++17".into()),
             arch: args
                 .arch
                 .clone()
@@ -115,7 +114,28 @@ fn audit_user(args: &AuditArgs) -> crate::Result<Vec<KernelAudit>> {
     }
 }
 
+/// Flags that only mean something beside another: the first one given without it.
+fn misplaced(args: &AuditArgs) -> Option<String> {
+    let source_only = [
+        (!args.include_dirs.is_empty(), "-I/--include-dir"),
+        (!args.defines.is_empty(), "-D/--define"),
+        (args.std.is_some(), "--std"),
+    ];
+    if args.source.is_none() {
+        if let Some((_, flag)) = source_only.iter().find(|(given, _)| *given) {
+            return Some(format!("{flag} needs --source (it is a compile option)"));
+        }
+    }
+    if args.signatures.is_some() && args.cubin.is_none() {
+        return Some("--signatures needs --cubin (--source reads its own names)".into());
+    }
+    None
+}
+
 pub fn run(args: AuditArgs) -> i32 {
+    if let Some(why) = misplaced(&args) {
+        return super::fail(2, why);
+    }
     let shipped = args.source.is_none() && args.cubin.is_none() && args.sass.is_none();
     if shipped {
         for (given, flag) in [
