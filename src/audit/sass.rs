@@ -483,10 +483,20 @@ pub fn parse_listing(listing: &str) -> Vec<Section> {
     let mut functions_declared: std::collections::HashSet<String> = Default::default();
     let mut pending_labels: Vec<String> = Vec::new();
     let mut loc: Option<super::srcloc::SrcLoc> = None;
+    let mut loc_fresh = false;
     for line in listing.lines() {
         let t = line.trim();
         if let Some(l) = super::srcloc::parse(t) {
-            loc = Some(l);
+            // nvdisasm -gi prints an inlined line and then its outermost call site for the
+            // same instructions: keep the most detailed of comments in a row.
+            let keep_previous = loc_fresh
+                && loc
+                    .as_ref()
+                    .is_some_and(|p| p.inlined_at.len() > l.inlined_at.len());
+            if !keep_previous {
+                loc = Some(l);
+            }
+            loc_fresh = true;
             continue;
         }
         // `.section NAME, ...` — not `.sectioninfo` (sm_80 listings print one after each
@@ -532,6 +542,7 @@ pub fn parse_listing(listing: &str) -> Vec<Section> {
                     sec.labels.insert(l, idx);
                 }
                 sec.insns.push(insn);
+                loc_fresh = false;
                 if loc.is_some() || !sec.lines.is_empty() {
                     sec.lines.resize(idx, None);
                     sec.lines.push(loc.clone());
@@ -574,6 +585,29 @@ mod tests {
             width,
             negated: false,
         }
+    }
+
+    #[test]
+    fn line_info_keeps_the_inlined_line_over_its_call_site() {
+        let listing = "\t.section\t.text.k,\"ax\",@progbits\nk:\n\
+            //## File \"/k.cu\", line 3\n        /*0000*/ S2R R0, SR_TID.X ;\n\
+            //## File \"/k.cu\", line 60 inlined at \"/k.cu\", line 129\n\
+            //## File \"/k.cu\", line 129\n        /*0010*/ S2R R1, SR_TID.Y ;\n\
+                    /*0020*/ S2R R2, SR_TID.Z ;\n\
+            //## File \"/k.cu\", line 129\n        /*0030*/ EXIT ;\n";
+        let secs = parse_listing(listing);
+        let shown: Vec<String> = (0..4)
+            .map(|i| secs[0].source_of(i).map(|l| l.to_string()).unwrap_or_default())
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "/k.cu:3",
+                "/k.cu:60 (inlined at /k.cu:129)",
+                "/k.cu:60 (inlined at /k.cu:129)",
+                "/k.cu:129"
+            ]
+        );
     }
 
     #[test]
