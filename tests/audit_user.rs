@@ -456,3 +456,33 @@ fn a_file_without_a_cubin_inside_is_refused() {
         &["no cubin for sm_75", "sm_90a"],
     );
 }
+
+#[test]
+fn line_info_does_not_change_the_code() {
+    // SECURITY.md says so: the verdict of a -lineinfo build is the verdict of the plain build.
+    use flashcore::audit::{disassemble, source};
+    let path = corpus(HEADERS);
+    let src = std::fs::read_to_string(&path).unwrap();
+    let build = |lineinfo: bool| {
+        let opts = source::SourceOptions {
+            lineinfo,
+            defines: vec!["PLANT_LEAK".into()],
+            ..Default::default()
+        };
+        let cubin = source::compile(std::path::Path::new(&path), &src, &opts)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let listing = disassemble(&cubin).unwrap_or_else(|e| panic!("{e}"));
+        let insns: Vec<String> = listing
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("/*"))
+            .map(String::from)
+            .collect();
+        (insns, listing.contains("//## File"))
+    };
+    let (with, has_lines) = build(true);
+    let (without, no_lines) = build(false);
+    assert!(has_lines && !no_lines);
+    assert!(with.len() > 50, "{}", with.len());
+    assert_eq!(with, without);
+}
