@@ -486,3 +486,19 @@ fn line_info_does_not_change_the_code() {
     assert!(with.len() > 50, "{}", with.len());
     assert_eq!(with, without);
 }
+
+#[test]
+fn help_states_the_default_secrets_and_the_nvcc_line() {
+    let (code, out, err) = flashcore(&["audit", "--help"]);
+    assert_eq!(code, 0, "{err}");
+    for needle in [
+        "everything a kernel reads from global memory",
+        "parameter values",
+        "--secret-param <N|NAME>",
+        "nvcc -cubin -gencode=arch=compute_90a,code=sm_90a -lineinfo",
+        "-I, --include-dir",
+        "-D, --define",
+    ] {
+        assert!(out.contains(needle), "--help lacks {needle:?}:\n{out}");
+    }
+}

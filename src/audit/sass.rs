@@ -597,7 +597,12 @@ mod tests {
             //## File \"/k.cu\", line 129\n        /*0030*/ EXIT ;\n";
         let secs = parse_listing(listing);
         let shown: Vec<String> = (0..4)
-            .map(|i| secs[0].source_of(i).map(|l| l.to_string()).unwrap_or_default())
+            .map(|i| {
+                secs[0]
+                    .source_of(i)
+                    .map(|l| l.to_string())
+                    .unwrap_or_default()
+            })
             .collect();
         assert_eq!(
             shown,

@@ -14,11 +14,20 @@ use crate::error::Error;
 /// declared secret with --secret-param. This is also the default for --source and --cubin
 /// without --secret-param.
 #[derive(clap::Args, Debug)]
-#[command(after_help = "Examples:
+#[command(
+    after_help = "Secret, by default and always: everything a kernel reads from global memory (whatever any \
+pointer parameter points to) and shared memory once secret data reached it. Public unless named \
+with --secret-param: parameter values (sizes, strides, pointers), thread/block indices, \
+__constant__ data.
+
+Exit codes: 0 clean, 1 a finding, 2 a usage or tool error.
+
+Examples:
   flashcore audit --source my_kernel.cu
   flashcore audit --source my_kernel.cu -I include -D USE_FP16 --kernel attn --secret-param len
   nvcc -cubin -gencode=arch=compute_90a,code=sm_90a -lineinfo -o k.cubin k.cu
-  flashcore audit --cubin k.cubin --secret-param 3      (also a fat binary, object or executable)")]
+  flashcore audit --cubin k.cubin --secret-param 3      (also a fat binary, object or executable)"
+)]
 pub struct AuditArgs {
     /// Compile this CUDA file with NVRTC (toolkit headers found like nvcc: $CUDA_HOME/include,
     /// /usr/local/cuda/include or the pinned PyPI wheels' include/; with line info) and audit
