@@ -241,7 +241,7 @@ proptest! {
         };
         for s in [&text, &spliced] {
             for sig in signature::parse_signatures(s) {
-                let _ = signature::param_ordinal(&[sig.clone()], &sig.name, sig.params.len(), "q");
+                let _ = signature::param_ordinal(std::slice::from_ref(&sig), &sig.name, sig.params.len(), "q");
             }
             let _ = signature::base_name(s);
             let _ = signature::base_name(&format!("_Z{s}"));
