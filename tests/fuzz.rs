@@ -219,3 +219,36 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+    /// The readers of users' text — `__global__` signatures, mangled kernel names, nvdisasm's
+    /// line comments, `--secret-param` values — never panic on any input.
+    #[test]
+    fn the_user_text_readers_never_panic(
+        text in "[ -~\n\u{e9}\u{4e2d}]{0,200}",
+        cut in any::<prop::sample::Index>(),
+    ) {
+        use flashcore::audit::{signature, srcloc, ParamSpec};
+        let sample = "extern \"C\" __global__ void __launch_bounds__(128) k(const float* __restrict__ q, int n = 3, float (*f)(int), T x[4]) {}\n";
+        let spliced = {
+            let chars: Vec<char> = sample.chars().collect();
+            let at = cut.index(chars.len() + 1);
+            let mut s: String = chars[..at].iter().collect();
+            s.push_str(&text);
+            s.extend(&chars[at..]);
+            s
+        };
+        for s in [&text, &spliced] {
+            for sig in signature::parse_signatures(s) {
+                let _ = signature::param_ordinal(std::slice::from_ref(&sig), &sig.name, sig.params.len(), "q");
+            }
+            let _ = signature::base_name(s);
+            let _ = signature::base_name(&format!("_Z{s}"));
+            let _ = signature::base_name(&format!("_ZN{s}"));
+            let _ = srcloc::parse(&format!("//## File {s}"));
+            let _ = srcloc::parse(&format!("//## File \"a\", line 1 inlined at {s}"));
+            let _ = s.parse::<ParamSpec>();
+        }
+    }
+}

@@ -6,13 +6,20 @@
 
 pub mod bits;
 pub mod cfg;
+pub mod container;
 pub mod cubin;
 pub mod effects;
 pub mod report;
 pub mod rules;
 pub mod sass;
+pub mod select;
+pub mod signature;
+pub mod source;
+pub mod srcloc;
 pub mod table;
 pub mod taint;
+
+pub use select::{ParamSpec, Selection};
 
 pub use rules::{Finding, Rule, Step};
 
@@ -94,8 +101,11 @@ pub fn disassemble(cubin: &[u8]) -> Result<String> {
         COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     std::fs::write(&path, cubin).map_err(|e| Error::io(&path, e))?;
+    // `-gi`: line info with inlining (a comment before each source line's instructions) where
+    // the cubin was built with `-lineinfo`; nothing changes for a cubin without it.
     let out = std::process::Command::new(&tool)
         .arg("-c")
+        .arg("-gi")
         .arg(&path)
         .output();
     let _ = std::fs::remove_file(&path);
@@ -120,6 +130,13 @@ pub fn audit_section(
     info: Option<&cubin::KernelInfo>,
     secret_params: &[usize],
 ) -> Result<KernelAudit> {
+    if sec.insns.is_empty() {
+        // A kernel with no instruction read would pass vacuously: refuse instead.
+        return Err(Error::Other(format!(
+            "kernel `{}`: no instruction could be read from its listing; the audit cannot judge it",
+            sec.kernel
+        )));
+    }
     let mut secrets = taint::Secrets::default();
     for &p in secret_params {
         match info.and_then(|i| i.param_range(p)) {
@@ -235,48 +252,124 @@ fn resources(
     r
 }
 
-/// Audits every kernel in a cubin; `secret_params` are 0-based parameter ordinals that are
-/// secret in every kernel.
-pub fn audit_cubin(cubin: &[u8], secret_params: &[usize]) -> Result<Vec<KernelAudit>> {
-    let infos = cubin::kernel_infos(cubin)?;
+/// The kernel sections of a cubin with their ELF facts.
+type Kernels = Vec<(sass::Section, Option<cubin::KernelInfo>)>;
+
+fn kernel_sections(cubin: &[u8]) -> Result<Kernels> {
+    let mut infos = cubin::kernel_infos(cubin)?;
     let listing = disassemble(cubin)?;
-    let sections = sass::parse_listing(&listing);
+    let any_info = !infos.is_empty();
     let mut out = Vec::new();
-    for sec in &sections {
+    for sec in sass::parse_listing(&listing) {
         // Only kernels (entry points have a .nv.info.<name> section); device functions that
         // got their own section are reached through CALL edges from a kernel's section only if
         // inlined there, so they are audited as part of the caller when present.
-        let info = infos.get(&sec.kernel);
-        if info.is_none() && !infos.is_empty() {
+        let info = infos.remove(&sec.kernel);
+        if info.is_none() && any_info {
             continue;
         }
-        out.push(audit_section(sec, info, secret_params)?);
+        out.push((sec, info));
+    }
+    Ok(out)
+}
+
+/// Audits every kernel in a cubin; `secret_params` are 0-based parameter ordinals that are
+/// secret in every kernel.
+pub fn audit_cubin(cubin: &[u8], secret_params: &[usize]) -> Result<Vec<KernelAudit>> {
+    let mut out = Vec::new();
+    for (sec, info) in kernel_sections(cubin)? {
+        out.push(audit_section(&sec, info.as_ref(), secret_params)?);
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
+}
+
+/// Audits the kernels of a cubin that `sel` picks, with the secret parameters it names.
+pub fn audit_cubin_selected(cubin: &[u8], sel: &Selection) -> Result<Vec<KernelAudit>> {
+    let kernels = kernel_sections(cubin)?;
+    let picked = sel.pick(&kernels)?;
+    let mut out = Vec::new();
+    for (k, secret) in picked {
+        let (sec, info) = &kernels[k];
+        out.push(audit_section(sec, info.as_ref(), &secret)?);
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Audits a cubin, fat binary, object or executable (see [`container`]): every cubin in it, or
+/// those for `arch`; with more than one, each audit names its architecture.
+pub fn audit_binary(
+    path: &Path,
+    bytes: &[u8],
+    arch: Option<&str>,
+    sel: &Selection,
+) -> Result<Vec<KernelAudit>> {
+    let all = container::cubins(path, bytes)?;
+    let cubins: Vec<&container::Cubin> = match arch {
+        None => all.iter().collect(),
+        Some(want) => all
+            .iter()
+            .filter(|c| select::arch_matches(want, &c.arch))
+            .collect(),
+    };
+    if cubins.is_empty() {
+        let have: Vec<&str> = all.iter().map(|c| c.arch.as_str()).collect();
+        return Err(Error::Other(format!(
+            "{} holds no cubin for {} (it has {})",
+            path.display(),
+            arch.unwrap_or("?"),
+            have.join(", ")
+        )));
+    }
+    let mut out = Vec::new();
+    for c in &cubins {
+        for mut k in audit_cubin_selected(&c.bytes, sel)? {
+            if cubins.len() > 1 {
+                k.variant = Some(c.arch.clone());
+            }
+            out.push(k);
+        }
+    }
+    Ok(out)
+}
+
+/// Compiles a user's CUDA file with NVRTC ([`source::compile`]: toolkit headers, `-I`, `-D`,
+/// `--std`, `--arch`, line info) and audits the kernels `sel` picks; parameter names for
+/// `--secret-param` come from the file's `__global__` signatures.
+pub fn audit_source(
+    path: &Path,
+    opts: &source::SourceOptions,
+    sel: &Selection,
+) -> Result<Vec<KernelAudit>> {
+    let src = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let cubin = source::compile(path, &src, opts)?;
+    let mut sel = sel.clone();
+    if sel.signatures.is_none() {
+        sel.signatures = Some(signature::parse_signatures(&src));
+    }
+    audit_cubin_selected(&cubin, &sel)
 }
 
 /// Audits every kernel section of an `nvdisasm -c` listing (SASS printed elsewhere, e.g. by
 /// `cuobjdump -sass` of a fat binary). Without the cubin there is no parameter layout, so no
 /// parameter can be declared secret; global memory is secret as always.
 pub fn audit_listing(listing: &str) -> Result<Vec<KernelAudit>> {
+    audit_listing_selected(listing, &Selection::default())
+}
+
+/// As [`audit_listing`], for the kernels `sel` picks (`sel` may not declare secrets).
+pub fn audit_listing_selected(listing: &str, sel: &Selection) -> Result<Vec<KernelAudit>> {
+    let kernels: Kernels = sass::parse_listing(listing)
+        .into_iter()
+        .map(|s| (s, None))
+        .collect();
     let mut out = Vec::new();
-    for sec in &sass::parse_listing(listing) {
-        out.push(audit_section(sec, None, &[])?);
+    for (k, secret) in sel.pick(&kernels)? {
+        out.push(audit_section(&kernels[k].0, None, &secret)?);
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
-}
-
-/// Compiles a CUDA source file with [`crate::jit::base_options`] and audits every kernel in it.
-pub fn audit_source_file(path: &Path, secret_params: &[usize]) -> Result<Vec<KernelAudit>> {
-    let src = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let name = path
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "audit".into());
-    let cubin = crate::jit::compile_cached(&name, &src, &[], &crate::jit::base_options())?;
-    audit_cubin(&cubin, secret_params)
 }
 
 /// Audits every kernel variant the library ships (compiling through the cache as needed).

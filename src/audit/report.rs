@@ -7,6 +7,13 @@ fn opt(v: Option<u32>) -> String {
     v.map(|x| x.to_string()).unwrap_or_else(|| "?".into())
 }
 
+/// `  at file:line` after an instruction, where the cubin has line info.
+fn at(loc: &Option<super::srcloc::SrcLoc>) -> String {
+    loc.as_ref()
+        .map(|l| format!("  at {l}"))
+        .unwrap_or_default()
+}
+
 /// Summary table, one row per kernel, then every finding with its taint chain.
 pub fn render_table(audits: &[KernelAudit]) -> String {
     let mut s = String::new();
@@ -57,10 +64,11 @@ pub fn render_table(audits: &[KernelAudit]) -> String {
         for f in &a.findings {
             let _ = writeln!(
                 s,
-                "\n{} /*{:04x}*/ {}\n  rule {} ({}): {}",
+                "\n{} /*{:04x}*/ {}{}\n  rule {} ({}): {}",
                 name_of(a),
                 f.offset,
                 f.text,
+                at(&f.source),
                 f.rule_number,
                 f.rule.name(),
                 f.reason
@@ -71,7 +79,7 @@ pub fn render_table(audits: &[KernelAudit]) -> String {
             if !f.chain.is_empty() {
                 let _ = writeln!(s, "  taint chain (source first):");
                 for st in &f.chain {
-                    let _ = writeln!(s, "    /*{:04x}*/ {}", st.offset, st.text);
+                    let _ = writeln!(s, "    /*{:04x}*/ {}{}", st.offset, st.text, at(&st.source));
                 }
             }
         }

@@ -22,6 +22,7 @@
 
 use super::cfg::Cfg;
 use super::sass::{Insn, Operand, Section};
+use super::srcloc::SrcLoc;
 use super::table::Class;
 use super::taint::{self, Analysis, Cause, State, NONE};
 
@@ -60,6 +61,9 @@ impl Rule {
 pub struct Step {
     pub offset: u32,
     pub text: String,
+    /// The source line, where the cubin has line info (`-lineinfo`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<SrcLoc>,
 }
 
 /// A violation of one of the rules.
@@ -74,6 +78,9 @@ pub struct Finding {
     /// 1, 2 or 3.
     pub rule_number: u8,
     pub reason: String,
+    /// The source line of the instruction, where the cubin has line info (`-lineinfo`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<SrcLoc>,
     /// From the source of the secret to the instruction before the sink.
     pub chain: Vec<Step>,
 }
@@ -475,6 +482,7 @@ fn chain(sec: &Section, an: &Analysis, origin: Option<u32>) -> Vec<Step> {
         steps.push(Step {
             offset: insn.offset,
             text: insn.text.clone(),
+            source: sec.source_of(o as usize).cloned(),
         });
         cur = match an.causes[o as usize] {
             Some(Cause::From(p)) => Some(p),
@@ -536,6 +544,7 @@ pub fn findings(sec: &Section, cfg: &Cfg, an: &Analysis) -> Vec<Finding> {
                 rule,
                 rule_number: rule.number(),
                 reason,
+                source: sec.source_of(i).cloned(),
                 chain: chain(sec, an, origin),
             });
         }

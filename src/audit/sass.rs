@@ -202,9 +202,16 @@ pub struct Section {
     pub labels: HashMap<String, usize>,
     /// (function name, index of its first instruction), in order; the first is the kernel.
     pub functions: Vec<(String, usize)>,
+    /// Per instruction, the source line nvdisasm printed before it (`-g`/`-gi` on a cubin built
+    /// with `-lineinfo`); empty when the cubin has no line info.
+    pub lines: Vec<Option<super::srcloc::SrcLoc>>,
 }
 
 impl Section {
+    /// The source line of instruction `i`, where the listing has line info.
+    pub fn source_of(&self, i: usize) -> Option<&super::srcloc::SrcLoc> {
+        self.lines.get(i).and_then(|l| l.as_ref())
+    }
     /// Index of the function that owns instruction `i`.
     pub fn function_of(&self, i: usize) -> usize {
         let mut f = 0;
@@ -475,9 +482,29 @@ pub fn parse_listing(listing: &str) -> Vec<Section> {
     let mut cur: Option<Section> = None;
     let mut functions_declared: std::collections::HashSet<String> = Default::default();
     let mut pending_labels: Vec<String> = Vec::new();
+    let mut loc: Option<super::srcloc::SrcLoc> = None;
+    let mut loc_fresh = false;
     for line in listing.lines() {
         let t = line.trim();
-        if let Some(rest) = t.strip_prefix(".section") {
+        if let Some(l) = super::srcloc::parse(t) {
+            // nvdisasm -gi prints an inlined line and then its outermost call site for the
+            // same instructions: keep the most detailed of comments in a row.
+            let keep_previous = loc_fresh
+                && loc
+                    .as_ref()
+                    .is_some_and(|p| p.inlined_at.len() > l.inlined_at.len());
+            if !keep_previous {
+                loc = Some(l);
+            }
+            loc_fresh = true;
+            continue;
+        }
+        // `.section NAME, ...` — not `.sectioninfo` (sm_80 listings print one after each
+        // `.section`), which would otherwise end the section before its instructions.
+        if let Some(rest) = t
+            .strip_prefix(".section")
+            .filter(|r| r.starts_with(char::is_whitespace))
+        {
             let name = rest.trim().split(',').next().unwrap_or("").trim();
             if let Some(k) = name.strip_prefix(".text.") {
                 if let Some(s) = cur.take() {
@@ -488,6 +515,7 @@ pub fn parse_listing(listing: &str) -> Vec<Section> {
                     ..Default::default()
                 });
                 pending_labels.clear();
+                loc = None;
             } else if let Some(s) = cur.take() {
                 sections.push(s);
             }
@@ -514,6 +542,11 @@ pub fn parse_listing(listing: &str) -> Vec<Section> {
                     sec.labels.insert(l, idx);
                 }
                 sec.insns.push(insn);
+                loc_fresh = false;
+                if loc.is_some() || !sec.lines.is_empty() {
+                    sec.lines.resize(idx, None);
+                    sec.lines.push(loc.clone());
+                }
             }
             continue;
         }
@@ -528,6 +561,9 @@ pub fn parse_listing(listing: &str) -> Vec<Section> {
     }
     for s in &mut sections {
         let n = s.insns.len();
+        if !s.lines.is_empty() {
+            s.lines.resize(n, None);
+        }
         for l in pending_labels.drain(..) {
             s.labels.entry(l).or_insert(n);
         }
@@ -549,6 +585,45 @@ mod tests {
             width,
             negated: false,
         }
+    }
+
+    #[test]
+    fn line_info_keeps_the_inlined_line_over_its_call_site() {
+        let listing = "\t.section\t.text.k,\"ax\",@progbits\nk:\n\
+            //## File \"/k.cu\", line 3\n        /*0000*/ S2R R0, SR_TID.X ;\n\
+            //## File \"/k.cu\", line 60 inlined at \"/k.cu\", line 129\n\
+            //## File \"/k.cu\", line 129\n        /*0010*/ S2R R1, SR_TID.Y ;\n\
+                    /*0020*/ S2R R2, SR_TID.Z ;\n\
+            //## File \"/k.cu\", line 129\n        /*0030*/ EXIT ;\n";
+        let secs = parse_listing(listing);
+        let shown: Vec<String> = (0..4)
+            .map(|i| {
+                secs[0]
+                    .source_of(i)
+                    .map(|l| l.to_string())
+                    .unwrap_or_default()
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "/k.cu:3",
+                "/k.cu:60 (inlined at /k.cu:129)",
+                "/k.cu:60 (inlined at /k.cu:129)",
+                "/k.cu:129"
+            ]
+        );
+    }
+
+    #[test]
+    fn sectioninfo_does_not_end_a_section() {
+        let listing =
+            "\t.section\t.text.k,\"ax\",@progbits\n\t.sectioninfo\t@\"SHI_REGISTERS=8\"\n\
+                       k:\n        /*0000*/ S2R R0, SR_TID.X ;\n        /*0010*/ EXIT ;\n";
+        let secs = parse_listing(listing);
+        assert_eq!(secs.len(), 1);
+        assert_eq!(secs[0].kernel, "k");
+        assert_eq!(secs[0].insns.len(), 2);
     }
 
     #[test]

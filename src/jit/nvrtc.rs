@@ -77,12 +77,24 @@ pub fn compile(
     headers: &[Header<'_>],
     options: &[String],
 ) -> Result<Vec<u8>> {
+    compile_as(kernel, &format!("{kernel}.cu"), source, headers, options)
+}
+
+/// As [`compile`], with the program's file name given: NVRTC resolves `#include "..."` beside
+/// it and records it in the line table (`-lineinfo`), so findings can name the user's own file.
+pub fn compile_as(
+    kernel: &str,
+    program_name: &str,
+    source: &str,
+    headers: &[Header<'_>],
+    options: &[String],
+) -> Result<Vec<u8>> {
     ensure_loaded()?;
     let to_c = |s: &str| {
         CString::new(s).map_err(|_| Error::Other(format!("NUL byte in input for {kernel}")))
     };
     let src = to_c(source)?;
-    let name = to_c(&format!("{kernel}.cu"))?;
+    let name = to_c(program_name)?;
     let header_srcs = headers
         .iter()
         .map(|h| to_c(h.source))

@@ -93,3 +93,23 @@ pub fn tool(name: &'static str) -> Result<PathBuf> {
         hint: "install it with `bash scripts/install-cuda-tools.sh` (pinned PyPI wheels into .cuda-tools/) or set CUDA_HOME to a CUDA 13 toolkit".into(),
     })
 }
+
+/// The toolkit's header folders, as nvcc would search them: `include/` and (CUDA 13's CCCL
+/// layout) `include/cccl/` of the first toolkit root whose `include/` holds `cuda_fp16.h`
+/// (`$CUDA_HOME`, `/usr/local/cuda`, or the PyPI runtime and CCCL wheels in `.cuda-tools/`).
+/// Headers are taken from one root only, so they never mix toolkit versions. Empty when no
+/// root has them; the caller says where it looked ([`toolkit_roots`]).
+pub fn include_dirs() -> Vec<PathBuf> {
+    for root in toolkit_roots() {
+        let inc = root.join("include");
+        if inc.join("cuda_fp16.h").is_file() {
+            let mut dirs = vec![inc.clone()];
+            let cccl = inc.join("cccl");
+            if cccl.is_dir() {
+                dirs.push(cccl);
+            }
+            return dirs;
+        }
+    }
+    Vec::new()
+}

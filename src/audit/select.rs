@@ -1,0 +1,255 @@
+//! Which kernels of a cubin to audit (`--kernel`) and which of their parameters are secret
+//! (`--secret-param`, by ordinal or by name). Every request that cannot be met exactly — a
+//! kernel that is not there, a name no kernel has, a name in a kernel whose signature cannot be
+//! read — is an error that says what to give instead; nothing is dropped silently.
+
+use super::cubin::KernelInfo;
+use super::sass::Section;
+use super::signature::{base_name, param_ordinal, Signature};
+use crate::error::{Error, Result};
+
+/// A `--secret-param`: a 0-based ordinal or a parameter's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParamSpec {
+    Ordinal(usize),
+    Name(String),
+}
+
+impl std::str::FromStr for ParamSpec {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+            return s
+                .parse()
+                .map(ParamSpec::Ordinal)
+                .map_err(|_| format!("`{s}` is too large for a parameter ordinal"));
+        }
+        let ident = s
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if ident {
+            Ok(ParamSpec::Name(s.to_string()))
+        } else {
+            Err(format!(
+                "`{s}` is neither a 0-based parameter ordinal nor a parameter name"
+            ))
+        }
+    }
+}
+
+impl std::fmt::Display for ParamSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ParamSpec::Ordinal(n) => write!(f, "{n}"),
+            ParamSpec::Name(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+/// What to audit and what is secret beyond global memory.
+#[derive(Debug, Clone, Default)]
+pub struct Selection {
+    /// Only the kernel with this symbol or plain name (`--kernel`).
+    pub kernel: Option<String>,
+    /// Secret parameters of every audited kernel.
+    pub secret: Vec<ParamSpec>,
+    /// `__global__` signatures that give parameter names (from the source file).
+    pub signatures: Option<Vec<Signature>>,
+}
+
+/// Whether a cubin built for `have` is the one `--arch want` asks for. A cubin's ELF header
+/// does not always tell `sm_90` from `sm_90a`, so a bare `have` matches either.
+pub fn arch_matches(want: &str, have: &str) -> bool {
+    want == have || want.trim_end_matches(['a', 'f']) == have
+}
+
+fn display_name(symbol: &str) -> String {
+    let b = base_name(symbol);
+    if b == symbol {
+        symbol.to_string()
+    } else {
+        format!("{symbol} ({b})")
+    }
+}
+
+impl Selection {
+    /// The indices of the kernels to audit, each with its secret parameter ordinals.
+    pub fn pick(
+        &self,
+        kernels: &[(Section, Option<KernelInfo>)],
+    ) -> Result<Vec<(usize, Vec<usize>)>> {
+        let chosen: Vec<usize> = match &self.kernel {
+            None => (0..kernels.len()).collect(),
+            Some(want) => {
+                let v: Vec<usize> = (0..kernels.len())
+                    .filter(|&k| {
+                        let s = &kernels[k].0.kernel;
+                        s == want || base_name(s) == want
+                    })
+                    .collect();
+                if v.is_empty() {
+                    let have: Vec<String> = kernels
+                        .iter()
+                        .map(|(s, _)| display_name(&s.kernel))
+                        .collect();
+                    return Err(Error::Other(format!(
+                        "--kernel {want}: no such kernel; this file has {}",
+                        if have.is_empty() {
+                            "none".to_string()
+                        } else {
+                            have.join(", ")
+                        }
+                    )));
+                }
+                v
+            }
+        };
+        let mut found = vec![false; self.secret.len()];
+        let mut out = Vec::new();
+        for k in chosen {
+            let (sec, info) = &kernels[k];
+            let mut ordinals = Vec::new();
+            for (j, spec) in self.secret.iter().enumerate() {
+                match spec {
+                    ParamSpec::Ordinal(n) => {
+                        ordinals.push(*n);
+                        found[j] = true;
+                    }
+                    ParamSpec::Name(name) => {
+                        let Some(sigs) = &self.signatures else {
+                            return Err(Error::Other(format!(
+                                "--secret-param {name}: a cubin does not record parameter names; give the parameter's 0-based ordinal instead (kernel `{}` has {} parameter(s)), or the source with --signatures FILE.cu",
+                                sec.kernel,
+                                info.as_ref().map(|i| i.params.len()).unwrap_or(0)
+                            )));
+                        };
+                        let count = info.as_ref().map(|i| i.params.len()).unwrap_or(0);
+                        if let Some(n) = param_ordinal(sigs, &sec.kernel, count, name)
+                            .map_err(|e| Error::Other(format!("--secret-param {name}: {e}")))?
+                        {
+                            ordinals.push(n);
+                            found[j] = true;
+                        }
+                    }
+                }
+            }
+            ordinals.sort_unstable();
+            ordinals.dedup();
+            out.push((k, ordinals));
+        }
+        if let Some(j) = found.iter().position(|f| !f) {
+            let have: Vec<String> = self
+                .signatures
+                .iter()
+                .flatten()
+                .map(|s| {
+                    let p: Vec<&str> = s
+                        .params
+                        .iter()
+                        .map(|p| p.as_deref().unwrap_or("_"))
+                        .collect();
+                    format!("{}({})", s.name, p.join(", "))
+                })
+                .collect();
+            return Err(Error::Other(format!(
+                "--secret-param {}: no audited kernel has a parameter of that name (the source declares {})",
+                self.secret[j],
+                if have.is_empty() { "no __global__ function".into() } else { have.join(", ") }
+            )));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn param_specs() {
+        assert_eq!("2".parse::<ParamSpec>(), Ok(ParamSpec::Ordinal(2)));
+        assert_eq!("q".parse::<ParamSpec>(), Ok(ParamSpec::Name("q".into())));
+        assert!("-1".parse::<ParamSpec>().is_err());
+        assert!("a b".parse::<ParamSpec>().is_err());
+        assert!("".parse::<ParamSpec>().is_err());
+        assert!("99999999999999999999999".parse::<ParamSpec>().is_err());
+    }
+
+    #[test]
+    fn arch_matching() {
+        assert!(arch_matches("sm_90a", "sm_90a"));
+        assert!(arch_matches("sm_90a", "sm_90"));
+        assert!(!arch_matches("sm_80", "sm_90a"));
+        assert!(!arch_matches("sm_90", "sm_90a"));
+    }
+
+    fn kernels(names: &[&str], params: usize) -> Vec<(Section, Option<KernelInfo>)> {
+        names
+            .iter()
+            .map(|n| {
+                let info = KernelInfo {
+                    name: n.to_string(),
+                    params: (0..params)
+                        .map(|i| super::super::cubin::Param {
+                            ordinal: i,
+                            offset: 8 * i as u32,
+                            size: 8,
+                        })
+                        .collect(),
+                    ..Default::default()
+                };
+                (
+                    Section {
+                        kernel: n.to_string(),
+                        ..Default::default()
+                    },
+                    Some(info),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn picks_kernels_and_resolves_names() {
+        let ks = kernels(&["a", "_Z1bPfS_i"], 3);
+        let sigs = super::super::signature::parse_signatures(
+            "__global__ void a(float* q, float* o, int n) {}\n__global__ void b(float* o, float* q, int m) {}",
+        );
+        let sel = Selection {
+            kernel: Some("b".into()),
+            secret: vec![ParamSpec::Name("q".into())],
+            signatures: Some(sigs.clone()),
+        };
+        assert_eq!(sel.pick(&ks).unwrap(), vec![(1, vec![1])]);
+        let all = Selection {
+            secret: vec![ParamSpec::Name("n".into()), ParamSpec::Ordinal(0)],
+            signatures: Some(sigs.clone()),
+            ..Default::default()
+        };
+        assert_eq!(all.pick(&ks).unwrap(), vec![(0, vec![0, 2]), (1, vec![0])]);
+        let none = Selection {
+            secret: vec![ParamSpec::Name("zz".into())],
+            signatures: Some(sigs),
+            ..Default::default()
+        };
+        let e = none.pick(&ks).unwrap_err().to_string();
+        assert!(e.contains("zz") && e.contains("a(q, o, n)"), "{e}");
+        let missing = Selection {
+            kernel: Some("c".into()),
+            ..Default::default()
+        };
+        let e = missing.pick(&ks).unwrap_err().to_string();
+        assert!(
+            e.contains("no such kernel") && e.contains("_Z1bPfS_i (b)"),
+            "{e}"
+        );
+        let unnamed = Selection {
+            secret: vec![ParamSpec::Name("q".into())],
+            ..Default::default()
+        };
+        let e = unnamed.pick(&ks).unwrap_err().to_string();
+        assert!(e.contains("ordinal"), "{e}");
+    }
+}
