@@ -12,8 +12,7 @@
 // masking and every NaN guard are selects (DESIGN.md §1).
 //
 // Compile-time configuration (NVRTC -D): FC_HEAD_DIM (64|128), FC_BF16 (0|1), FC_CAUSAL (0|1),
-// FC_SECRET_LEN (0|1), FC_SPLIT (1|2|4), tile shape FC_BLOCK_M/N, FC_STAGES, FC_CONSUMERS, and
-// FC_WG_KSPLIT (0|1: two consumer warpgroups share one 64-row tile's keys, fc_config.cuh).
+// FC_SECRET_LEN (0|1), FC_SPLIT (1|2|4), tile shape FC_BLOCK_M/N, FC_STAGES, FC_CONSUMERS.
 //
 // FC_LEAKY_CONTROL (never shipped; the power control of `flashcore leakage`): 1 = the whole CTA
 // exits at once when the first element of its first Q tile is +0.0 (an early exit on data); 2 = in
@@ -35,13 +34,9 @@
 #include "fc_epilogue.cuh"
 #include "fc_instrument.cuh"
 
-// Every tile of this CTA, for one consumer warpgroup. `WG` ≥ 0 makes the warpgroup index a
-// compile-time constant (the key split branches on it: a branch on a thread-derived index would
-// leave ptxas unsure that the warp reconverges before the softmax's shuffles).
-template <int WG>
-FC_DEVICE void consumer(const Params& p, Shared& s, int wg_dynamic) {
+// Every tile of this CTA, for one consumer warpgroup.
+FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
     using namespace cfg;
-    const int wg = WG >= 0 ? WG : wg_dynamic;
     const Scheduler sched{p};
     const int warp = warp_id_in_block() % 4;
     const int lane = lane_id();
@@ -53,60 +48,25 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg_dynamic) {
             const Tile t = sched.tile(unit, k);
             const int key_limit = key_limit_of(p, t.batch);
             const KvRange kv = tile_kv(p, t.m_block, key_limit);
-            // Key split: this warpgroup's blocks are kv.begin + wg, + wg + CONSUMERS, …; its
-            // first `wg_masked` need element masks (every block from kv.first_masked on does).
-            const int key_first = KSPLIT ? wg : 0;
-            const int wg_blocks = KSPLIT ? max(0, ceil_div(kv.count - key_first, KEY_GROUPS)) : kv.count;
-            const int wg_masked =
-                KSPLIT ? min(wg_blocks, max(0, ceil_div(kv.first_masked - key_first, KEY_GROUPS))) : kv.first_masked;
-            const int row_group = KSPLIT ? 0 : wg;
-            const Consumer c{p,
-                             s,
-                             wg,
-                             t.m_block,
-                             t.head,
-                             t.batch,
-                             lane,
-                             t.m_block * BM + row_group * 64 + warp * 16 + lane / 4,
-                             2 * (lane % 4),
-                             smem_u32(&s.q[0][row_group * 64][0]),
-                             key_limit,
-                             kv.begin,
-                             g,
-                             key_first,
-                             KEY_GROUPS};
+            const Consumer c{p,         s,         wg,
+                             t.m_block, t.head,    t.batch,
+                             lane,      t.m_block * BM + wg * 64 + warp * 16 + lane / 4,
+                             2 * (lane % 4), smem_u32(&s.q[0][wg * 64][0]),
+                             key_limit, kv.begin,  g};
             float o[D / 2];
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
             OnlineSoftmax<BN> softmax;
             softmax.init();
-            float total[2] = {0.0f, 0.0f};  // key split: full row sums (no block: 0)
             // No visible key in this range (causal, Sq > Sk; or a split's empty share): O = 0,
             // LSE = −inf, and the producer loaded nothing for this tile.
             if (kv.count > 0) {
-                if (wg_blocks > 0) {
-                    mainloop(c, o, softmax, wg_blocks, wg_masked, q_load);
-                    // Key split: the row sums' quad shuffles here, where ptxas knows the warp is
-                    // converged (after the branches below it would add a divergent-warp path).
-                    if (KSPLIT) softmax.finish(total);
-                }
-                if (KSPLIT) {
-                    // Every warpgroup releases the Q buffer here, after this tile's Q arrived (a
-                    // warpgroup with no block of its own cannot count towards another tile's
-                    // release), once its own Q Kᵀ GEMMs are done.
-                    mbar_wait(&s.q_full, q_load & 1);
-                    c.release(&s.q_empty);
-                }
+                mainloop(c, o, softmax, kv, q_load);
                 FC_PHASE_MARK(FC_PHASE_LOOP, 128);
                 g += kv.count;
                 ++q_load;
             }
-#if FC_WG_KSPLIT
-            float row_max[2] = {softmax.row_max[0], softmax.row_max[1]};
-            merge_key_split(c, o, row_max, total);
-            if (wg == 0) store_output(c, o, row_max, total);
-            named_bar_sync(4, 128 * CONSUMERS);  // warpgroup 1 may overwrite its partial again
-#elif FC_SPLIT > 1
+#if FC_SPLIT > 1
             write_partial(c, o, softmax);
             cluster_sync();  // every CTA's partial is in its shared memory
             combine_split(p, s, t, key_limit);
@@ -144,20 +104,14 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
 #endif
     const int warp = warp_id_in_block();
     if (threadIdx.x == 0) {
-        // Thread 0 is also the producer: fetch the tensor maps now, so the fetch overlaps the
-        // barrier set-up instead of delaying the first TMA load (PERF_NOTES step 14).
-        tma_prefetch_desc(&p.q_map);
-        tma_prefetch_desc(&p.k_map);
-        tma_prefetch_desc(&p.v_map);
         mbar_init(&s.q_full, 1);
         mbar_init(&s.q_empty, cfg::CONSUMERS * 4);
 #pragma unroll
         for (int i = 0; i < cfg::STAGES; ++i) {
             mbar_init(&s.k_full[i], 1);
             mbar_init(&s.v_full[i], 1);
-            // Each K/V block is read by the warpgroups of one 64-row group (key split: by one).
-            mbar_init(&s.k_empty[i], cfg::ROW_GROUPS * 4);
-            mbar_init(&s.v_empty[i], cfg::ROW_GROUPS * 4);
+            mbar_init(&s.k_empty[i], cfg::CONSUMERS * 4);
+            mbar_init(&s.v_empty[i], cfg::CONSUMERS * 4);
         }
         fence_barrier_init();
     }
@@ -175,15 +129,7 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
 #endif
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(cfg::CONSUMER_REGS));
-#if FC_WG_KSPLIT
-        if (warp / 4 == 1) {
-            consumer<0>(p, s, 0);
-        } else {
-            consumer<1>(p, s, 1);
-        }
-#else
-        consumer<-1>(p, s, warp / 4 - 1);
-#endif
+        consumer(p, s, warp / 4 - 1);
         FC_TIMER_STOP();
     }
 }

@@ -10,26 +10,14 @@
 #error "the variant's defines are missing (see Variant::options in src/kernels/mod.rs)"
 #endif
 
-#ifndef FC_WG_KSPLIT
-#define FC_WG_KSPLIT 0
-#endif
-
 namespace cfg {
 constexpr int D = FC_HEAD_DIM;
 constexpr int BM = FC_BLOCK_M;              // query rows per tile
 constexpr int BN = FC_BLOCK_N;              // keys per pipeline stage
 constexpr int STAGES = FC_STAGES;           // K/V ring depth
 constexpr int CHUNKS = D / 64;              // 128-byte swizzle atoms across the head dim
-constexpr int CONSUMERS = FC_CONSUMERS;     // consumer warpgroups
-// In-CTA key split (FC_WG_KSPLIT, light tiles): the consumer warpgroups share one 64-row tile and
-// take its key blocks in turn (warpgroup w: blocks w, w + CONSUMERS, …), then merge their partial
-// results through shared memory in a fixed order. Otherwise each owns 64 rows and they ping-pong.
-constexpr bool KSPLIT = FC_WG_KSPLIT != 0;
-constexpr int ROW_GROUPS = KSPLIT ? 1 : CONSUMERS;  // 64-row groups per tile
-constexpr int KEY_GROUPS = KSPLIT ? CONSUMERS : 1;  // warpgroups sharing each row group's keys
-constexpr bool PINGPONG = CONSUMERS > 1 && !KSPLIT;
-static_assert(BM == 64 * ROW_GROUPS, "each 64-row group is one warpgroup's wgmma M");
-static_assert(!KSPLIT || (CONSUMERS == 2 && FC_SPLIT == 1), "key split: two warpgroups, no cluster split");
+constexpr int CONSUMERS = FC_CONSUMERS;     // consumer warpgroups, 64 query rows each
+static_assert(BM == 64 * CONSUMERS, "each consumer warpgroup owns 64 query rows");
 static_assert(BN == 64 || BN == 128, "wgmma N for S = Q K^T");
 constexpr int SPLIT = FC_SPLIT;             // CTAs per cluster sharing one query tile's keys
 static_assert(SPLIT == 1 || (BM % SPLIT == 0 && (BM / SPLIT) * D % (4 * 128) == 0), "combine tiling");
@@ -68,13 +56,6 @@ struct Shared {
     uint64_t k_full[cfg::STAGES], v_full[cfg::STAGES];
     uint64_t k_empty[cfg::STAGES], v_empty[cfg::STAGES];
     float anchor[128 * cfg::CONSUMERS];  // write-only scheduling anchor (see Consumer::iteration)
-#if FC_WG_KSPLIT
-    // Warpgroup 1's partial result, element-major so that thread t's words are consecutive
-    // across the warp: O accumulators, row max and row sum.
-    float ks_o[cfg::D / 2][128];
-    float ks_m[2][128];
-    float ks_l[2][128];
-#endif
 #if FC_SPLIT > 1
     // This CTA's partial result over its key range, read by the whole cluster when combining.
     alignas(16) float part_o[cfg::BM][cfg::D];  // unnormalised output (read as float4)

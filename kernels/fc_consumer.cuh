@@ -19,12 +19,6 @@ struct Consumer {
     int key_limit;  // keys at or past this are masked: Sk, or the (secret) true length
     int kv_begin;   // first K/V block of this CTA's range (split mode), else 0
     int g0;         // ring position of this tile's first K/V block
-    int key_first;  // this warpgroup's first block of the range, and the step to its next
-    int key_step;   // (key split: wg and CONSUMERS; else 0 and 1)
-
-    // Ring position and key-block index of this warpgroup's `it`-th block.
-    FC_DEVICE int ring(int it) const { return g0 + key_first + it * key_step; }
-    FC_DEVICE int n_block(int it) const { return kv_begin + key_first + it * key_step; }
 
     // S = Q Kᵀ over the head dim, 16 at a time (32 bytes inside a 128-byte swizzle row).
     FC_DEVICE void issue_qk(float (&sacc)[cfg::BN / 2], int stage) const {
@@ -86,11 +80,11 @@ struct Consumer {
     // CONSUMERS−1 within each tile; barrier 1+w is warpgroup w's turn.
     // A single consumer warpgroup (light short-sequence tiles) has no one to take turns with.
     FC_DEVICE void wait_turn() const {
-        if constexpr (cfg::PINGPONG) named_bar_sync(1 + wg, 256);
+        if constexpr (cfg::CONSUMERS > 1) named_bar_sync(1 + wg, 256);
     }
     FC_DEVICE void pass_turn(bool last) const {
         // The last warpgroup's final hand-over in a tile would have no taker.
-        if constexpr (cfg::PINGPONG) {
+        if constexpr (cfg::CONSUMERS > 1) {
             if (!(wg == cfg::CONSUMERS - 1 && last)) named_bar_arrive(1 + (wg + 1) % cfg::CONSUMERS, 256);
         }
     }
@@ -106,10 +100,10 @@ struct Consumer {
     FC_DEVICE void iteration(int it, int n_blocks, float (&sacc)[cfg::BN / 2], uint32_t (&pf)[cfg::BN / 16][4],
                              float (&o)[cfg::D / 2], OnlineSoftmax<cfg::BN>& softmax) const {
         using namespace cfg;
-        const int stage = ring_stage(ring(it));
-        const uint32_t phase = ring_phase(ring(it));
-        const int prev = ring_stage(ring(it - 1));
-        const uint32_t prev_phase = ring_phase(ring(it - 1));
+        const int stage = ring_stage(g0 + it);
+        const uint32_t phase = ring_phase(g0 + it);
+        const int prev = ring_stage(g0 + it - 1);
+        const uint32_t prev_phase = ring_phase(g0 + it - 1);
 
         mbar_wait(&s.k_full[stage], phase);
         mbar_wait(&s.v_full[prev], prev_phase);
@@ -123,9 +117,9 @@ struct Consumer {
 
         wgmma_wait<1>();  // S_it is ready; P_{it-1} V_{it-1} may still run
         fence_regs(sacc);
-        FC_FLOOR_SCORES(sacc, ring(it));  // floor control only (fc_instrument.cuh)
+        FC_FLOOR_SCORES(sacc, g0 + it);  // floor control only (fc_instrument.cuh)
         release(&s.k_empty[stage]);
-        if constexpr (kMask) mask(sacc, n_block(it));
+        if constexpr (kMask) mask(sacc, kv_begin + it);
         float alpha[2];
         softmax.step(sacc, p.scale_log2, alpha);
         fence_regs(sacc);
@@ -148,13 +142,12 @@ struct Consumer {
     }
 };
 
-// The tile's main loop over this warpgroup's blocks (`n_blocks` of them, the first
-// `first_masked` without element masks): block 0 (S, softmax), then unmasked and masked blocks,
-// then the last P V. `q_load` counts the Q tiles this CTA loaded before this one (the q_full
-// parity).
-FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax<cfg::BN>& softmax, int n_blocks,
-                        int first_masked, int q_load) {
+// The tile's main loop: block 0 (S, softmax), then unmasked and masked blocks, then the last
+// P V. `q_load` counts the Q tiles this CTA loaded before this one (the q_full parity).
+FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax<cfg::BN>& softmax, KvRange kv,
+                        int q_load) {
     using namespace cfg;
+    const int n_blocks = kv.count;
     const int wg = c.wg;
     Shared& s = c.s;
     const Params& p = c.p;
@@ -166,9 +159,9 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     float alpha[2];  // block 0: O is still zero, nothing to rescale
 
     // Block 0: S, softmax, fragments. The last warpgroup hands warpgroup 0 the first turn.
-    if (PINGPONG && wg == CONSUMERS - 1) named_bar_arrive(1, 256);
-    const int stage0 = ring_stage(c.ring(0));
-    mbar_wait(&s.k_full[stage0], ring_phase(c.ring(0)));
+    if (CONSUMERS > 1 && wg == CONSUMERS - 1) named_bar_arrive(1, 256);
+    const int stage0 = ring_stage(c.g0);
+    mbar_wait(&s.k_full[stage0], ring_phase(c.g0));
     c.wait_turn();
     wgmma_fence();
     c.issue_qk(sacc, stage0);
@@ -177,22 +170,23 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     wgmma_wait<0>();
     fence_regs(sacc);
     FC_PHASE_MARK(FC_PHASE_S0, 128);
-    FC_FLOOR_SCORES(sacc, c.ring(0));  // floor control only (fc_instrument.cuh)
+    FC_FLOOR_SCORES(sacc, c.g0);  // floor control only (fc_instrument.cuh)
     c.release(&s.k_empty[stage0]);
-    if (first_masked == 0) c.mask(sacc, c.n_block(0));
+    if (kv.first_masked == 0) c.mask(sacc, kv.begin);
     softmax.step(sacc, p.scale_log2, alpha);
     Consumer::to_fragments(sacc, pf);
 
+    const int first_masked = kv.first_masked;
     int it = 1;
     for (; it < first_masked; ++it) c.iteration<false>(it, n_blocks, sacc, pf, o, softmax);
     for (; it < n_blocks; ++it) c.iteration<true>(it, n_blocks, sacc, pf, o, softmax);
 
     // Every Q Kᵀ of this tile is complete (the last iteration waited for all GEMMs): the producer
     // may load the next tile's Q while this warpgroup finishes the last P V and the epilogue.
-    if (!KSPLIT) c.release(&s.q_empty);  // key split: released by the caller (attention_fwd.cu)
+    c.release(&s.q_empty);
 
-    const int last = ring_stage(c.ring(n_blocks - 1));
-    mbar_wait(&s.v_full[last], ring_phase(c.ring(n_blocks - 1)));
+    const int last = ring_stage(c.g0 + n_blocks - 1);
+    mbar_wait(&s.v_full[last], ring_phase(c.g0 + n_blocks - 1));
     wgmma_fence();
     c.issue_pv(o, pf, last);
     wgmma_commit();

@@ -11,12 +11,11 @@ FC_DEVICE float lse_of(float m_raw, float total, float scale) {
     return m * scale + fast_log2(total) * 0.69314718055994530942f;
 }
 
-// Normalises and stores the tile's rows of this warpgroup, given each row's max and full sum.
-// No shuffles: the key split calls it from one warpgroup only.
-FC_DEVICE void store_output(const Consumer& c, const float (&o)[cfg::D / 2], const float (&row_max)[2],
-                            const float (&total)[2]) {
+FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const OnlineSoftmax<cfg::BN>& softmax) {
     using namespace cfg;
     const Params& p = c.p;
+    float total[2];
+    softmax.finish(total);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = c.row0 + 8 * h;
@@ -35,56 +34,10 @@ FC_DEVICE void store_output(const Consumer& c, const float (&o)[cfg::D / 2], con
             if (p.lse_ptr != 0 && (c.lane % 4) == 0) {
                 float* lse_out =
                     reinterpret_cast<float*>(p.lse_ptr) + ((int64_t)c.batch * p.heads_q + c.head) * p.seqlen_q + row;
-                *lse_out = select_f(any, lse_of(row_max[h], total[h], p.scale), neg_inf());
+                *lse_out = select_f(any, lse_of(softmax.row_max[h], total[h], p.scale), neg_inf());
             }
         }
     }
-}
-
-FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const OnlineSoftmax<cfg::BN>& softmax) {
-    float total[2];
-    softmax.finish(total);
-    store_output(c, o, softmax.row_max, total);
-}
-
-// Key split (FC_WG_KSPLIT): warpgroup 1 parks its partial (O, row max, row sum) in shared
-// memory; warpgroup 0, whose thread t holds the same rows and columns as
-// warpgroup 1's thread t, merges it into its own — always warpgroup 0's blocks first, then 1's:
-// a fixed order, so the bits are deterministic. Weights by select on −inf, never a branch.
-FC_DEVICE void merge_key_split(const Consumer& c, float (&o)[cfg::D / 2], float (&row_max)[2], float (&total)[2]) {
-#if FC_WG_KSPLIT
-    using namespace cfg;
-    Shared& s = c.s;
-    const int t = threadIdx.x % 128;
-    if (c.wg == 1) {
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) s.ks_o[i][t] = o[i];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            s.ks_m[h][t] = row_max[h];
-            s.ks_l[h][t] = total[h];
-        }
-    }
-    named_bar_sync(3, 128 * CONSUMERS);  // the partial is in shared memory
-    if (c.wg == 0) {
-        float w_own[2], w_other[2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float m_other = s.ks_m[h][t];
-            const float m = fmaxf(row_max[h], m_other);
-            const float m_use = select_f(m == neg_inf(), 0.0f, m);  // no (−inf) − (−inf)
-            w_own[h] = fast_exp2((row_max[h] - m_use) * c.p.scale_log2);
-            w_other[h] = fast_exp2((m_other - m_use) * c.p.scale_log2);
-            row_max[h] = m;
-            total[h] = total[h] * w_own[h] + s.ks_l[h][t] * w_other[h];
-        }
-#pragma unroll
-        for (int i = 0; i < D / 2; ++i) {
-            const int h = (i / 2) % 2;
-            o[i] = o[i] * w_own[h] + s.ks_o[i][t] * w_other[h];
-        }
-    }
-#endif
 }
 
 // Split mode: park the unnormalised partial (O, max, sum) in shared memory for the combine.

@@ -9,6 +9,9 @@
 
 FC_DEVICE void producer(const Params& p, Shared& s) {
     const Scheduler sched{p};
+    tma_prefetch_desc(&p.q_map);
+    tma_prefetch_desc(&p.k_map);
+    tma_prefetch_desc(&p.v_map);
     int g = 0;       // K/V blocks streamed so far (ring position)
     int q_load = 0;  // Q tiles loaded so far
     for (int unit = sched.first_unit(); unit < p.num_units; unit += sched.unit_step()) {

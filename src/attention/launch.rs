@@ -115,8 +115,7 @@ impl Schedule {
 }
 
 /// Tuning knobs for measurements: `FLASHCORE_SPLIT=1|2|4` (d64), `FLASHCORE_BLOCK_M=64|128|192`
-/// (192: d64 only), `FLASHCORE_BLOCK_N=64|128` and `FLASHCORE_WG_KSPLIT=0|1` (1: 64-row tiles
-/// whose two consumer warpgroups split the keys) override the shape rule. Each is public and
+/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|128` override the shape rule. Each is public and
 /// deterministic: it changes which kernel runs, never what it computes. Values outside these
 /// sets are ignored.
 fn tuning_overrides(mut variant: Variant) -> Variant {
@@ -141,15 +140,6 @@ fn tuning_overrides(mut variant: Variant) -> Variant {
     }
     if let Some(n @ (64 | 128)) = knob("FLASHCORE_BLOCK_N") {
         variant.block_n = n;
-    }
-    match knob("FLASHCORE_WG_KSPLIT") {
-        Some(1) if !variant.secret_len => {
-            variant.key_split = true;
-            variant.block_m = 64;
-            variant.split = 1;
-        }
-        Some(0) => variant.key_split = false,
-        _ => {}
     }
     variant
 }

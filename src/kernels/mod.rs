@@ -66,8 +66,6 @@ pub struct Tile {
     pub consumers: usize,
     /// CTAs of a cluster sharing one query tile's keys (1: no split).
     pub split: usize,
-    /// The consumer warpgroups share one 64-row tile and split its keys (`FC_WG_KSPLIT`).
-    pub key_split: bool,
 }
 
 impl Tile {
@@ -80,19 +78,13 @@ impl Tile {
         let kv = 2 * self.stages * self.block_n * head_dim * 2;
         let barriers = (2 + 4 * self.stages) * 8;
         let anchor = 128 * self.consumers * 4;
-        // Key split: warpgroup 1's partial (O accumulators, row max, row sum) per thread.
-        let key_split = if self.key_split {
-            128 * (head_dim / 2 + 4) * 4
-        } else {
-            0
-        };
         // Split mode parks an fp32 partial (O, max, sum) per query row for the cluster combine.
         let partial = if self.split > 1 {
             self.block_m * (head_dim + 2) * 4 + 16 // + alignment of part_o
         } else {
             0
         };
-        q + kv + barriers + anchor + key_split + partial + 1024
+        q + kv + barriers + anchor + partial + 1024
     }
 }
 
@@ -111,9 +103,6 @@ pub struct Variant {
     pub secret_len: bool,
     /// Key-range split across a cluster of this many CTAs (1: none); see [`split_for`].
     pub split: usize,
-    /// Two consumer warpgroups share each 64-row tile and split its key blocks, merging in
-    /// shared memory in a fixed order (`FC_WG_KSPLIT`; only with `block_m` 64, no cluster split).
-    pub key_split: bool,
     /// A deliberately leaky build for the timing test's power control; never shipped.
     pub leaky_control: Option<LeakyControl>,
     /// The timing test's hardware floor (`FC_FLOOR_CONTROL`, kernels/fc_instrument.cuh): the
@@ -181,8 +170,7 @@ impl Variant {
             if self.floor_control { "_FLOOR" } else { "" },
             if self.cycle_timer { "_CYCLES" } else { "" }
         );
-        let block_n = if self.key_split { "_ks" } else { "" }.to_string()
-            + &if self.block_n == 128 {
+        let block_n = if self.block_n == 128 {
             String::new()
         } else {
             format!("_n{}", self.block_n)
@@ -207,7 +195,6 @@ impl Variant {
             block_n: 128,
             secret_len: false,
             split: 1,
-            key_split: false,
             leaky_control: None,
             floor_control: false,
             cycle_timer: false,
@@ -245,7 +232,6 @@ impl Variant {
             block_n: 128,
             secret_len,
             split,
-            key_split: false,
             leaky_control: None,
             floor_control: false,
             cycle_timer: false,
@@ -289,9 +275,8 @@ impl Variant {
             block_m: self.block_m,
             block_n: self.block_n,
             stages,
-            consumers: if self.key_split { 2 } else { self.block_m / 64 },
+            consumers: self.block_m / 64,
             split: self.split,
-            key_split: self.key_split,
         }
     }
 
@@ -307,11 +292,6 @@ impl Variant {
         o.push(format!("-DFC_CAUSAL={}", self.causal as u8));
         o.push(format!("-DFC_SECRET_LEN={}", self.secret_len as u8));
         o.push(format!("-DFC_SPLIT={}", self.split));
-        // Only key-split builds pass it (the kernel defaults it to 0): other variants' sources
-        // and options, so their cache keys and SASS, are unchanged.
-        if self.key_split {
-            o.push("-DFC_WG_KSPLIT=1".into());
-        }
         o.push(format!(
             "-DFC_LEAKY_CONTROL={}",
             self.leaky_control.map_or(0, |c| c as u8)
@@ -370,7 +350,6 @@ pub fn shipped_variants() -> Vec<Variant> {
                             block_n: 128,
                             secret_len,
                             split,
-                            key_split: false,
                             leaky_control: None,
                             floor_control: false,
                             cycle_timer: false,
@@ -388,7 +367,6 @@ pub fn shipped_variants() -> Vec<Variant> {
                         block_n: 128,
                         secret_len: false,
                         split: 1,
-                        key_split: false,
                         leaky_control: None,
                         floor_control: false,
                         cycle_timer: false,
