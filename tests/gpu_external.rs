@@ -149,3 +149,42 @@ fn invalid_call_is_rejected_before_launch() {
     let err = unsafe { ext.attention(&call, std::ptr::null_mut()) }.unwrap_err();
     assert!(err.to_string().contains("`q`"), "{err}");
 }
+
+/// Creating an external context, preparing a shape and launching leave the thread's current
+/// CUDA context as the caller had it (none here): the CUDA runtime — torch — reads its current
+/// device from it (found on a 2-GPU machine: a call on cuda:1 left device 1 current).
+#[test]
+fn the_callers_current_context_is_left_alone() {
+    use cudarc::driver::result::ctx;
+    let Some(own) = common::gpu("the_callers_current_context_is_left_alone") else {
+        return;
+    };
+    let p = AttentionParams::new(1, 2, 64, 64);
+    let (dq, mut dout) = (
+        own.upload(&vec![f16::from_f32(0.5); p.q_len()]).unwrap(),
+        own.alloc::<f16>(p.q_len()).unwrap(),
+    );
+    own.synchronize().unwrap();
+    // SAFETY: null unbinds the thread's context.
+    unsafe { ctx::set_current(std::ptr::null_mut()) }.unwrap();
+    let ext = ExternalContext::new(0).expect("a GPU that Context::new accepts");
+    assert_eq!(ctx::get_current().unwrap(), None, "ExternalContext::new bound a context");
+    ext.prepare(&p, false).unwrap();
+    assert_eq!(ctx::get_current().unwrap(), None, "prepare bound a context");
+    let s = Strides::contiguous(Layout::Bshd, 64, 2, 64);
+    {
+        let stream = own.stream();
+        let (qp, _g1) = dq.device_ptr(stream);
+        let (op, _g2) = dout.device_ptr_mut(stream);
+        // cudarc's pointer access binds its own context: unbind again before the call.
+        unsafe { ctx::set_current(std::ptr::null_mut()) }.unwrap();
+        let t = |ptr| DeviceTensor { ptr, strides: s };
+        let call = ExternalCall::new(p.clone(), t(qp), t(qp), t(qp), t(op));
+        // SAFETY: buffers of the call's shape on device 0, alive past the sync below.
+        unsafe { ext.attention(&call, stream.cu_stream()) }.unwrap();
+        assert_eq!(ctx::get_current().unwrap(), None, "attention bound a context");
+    }
+    own.synchronize().unwrap();
+    let out = own.download(&dout).unwrap();
+    assert!(out.iter().all(|x| (x.to_f32() - 0.5).abs() < 1e-3), "attention of constant V");
+}

@@ -38,7 +38,7 @@ impl Element for half::bf16 {
 
 /// Opens the driver library ourselves first: cudarc panics when it is missing, we return
 /// `Error::NoDriver` instead.
-fn probe_driver() -> Result<()> {
+pub(crate) fn probe_driver() -> Result<()> {
     static PROBE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     PROBE
         .get_or_init(|| {

@@ -248,6 +248,25 @@ struct PlanKey {
 /// new shape per token, and a plan is cheap to remake).
 const MAX_PLANS: usize = 256;
 
+/// Puts the thread's current CUDA context (or none) back when dropped: the CUDA runtime — and so
+/// torch — reads its current device from it, and a call on device 1 must not leave device 1
+/// current for a caller working on device 0.
+struct RestoreCurrent(Option<sys::CUcontext>);
+
+impl RestoreCurrent {
+    fn save() -> Result<RestoreCurrent> {
+        Ok(RestoreCurrent(cudarc::driver::result::ctx::get_current()?))
+    }
+}
+
+impl Drop for RestoreCurrent {
+    fn drop(&mut self) {
+        let ctx = self.0.unwrap_or(std::ptr::null_mut());
+        // SAFETY: `ctx` was current on this thread when saved, so it is live (null unbinds).
+        let _ = unsafe { cudarc::driver::result::ctx::set_current(ctx) };
+    }
+}
+
 /// A device's primary context with flashcore's kernels loaded on it, launching on streams the
 /// caller passes. Thread-safe; one per device is enough.
 pub struct ExternalContext {
@@ -258,7 +277,10 @@ pub struct ExternalContext {
 impl ExternalContext {
     /// Retains device `ordinal`'s primary context. Errors (never panics) without a driver or a
     /// device, or when the device is not sm_90.
+    /// The thread's current context is left as it was (creating the context binds it).
     pub fn new(ordinal: usize) -> Result<ExternalContext> {
+        super::context::probe_driver()?;
+        let _restore = RestoreCurrent::save()?;
         Ok(ExternalContext {
             ctx: Context::new(ordinal)?,
             plans: Mutex::new(HashMap::new()),
@@ -307,6 +329,7 @@ impl ExternalContext {
     /// launching: call once before capturing a CUDA graph, since loading a module is not
     /// allowed inside a capture.
     pub fn prepare(&self, params: &AttentionParams, secret_len: bool) -> Result<()> {
+        let _restore = RestoreCurrent::save()?;
         self.ctx.cuda().bind_to_thread()?;
         self.plan(params, secret_len).map(|_| ())
     }
@@ -328,15 +351,9 @@ impl ExternalContext {
         let secret_len = call.lengths != 0;
         // Make this device's primary context current for the launch, and give the thread back
         // the context it had: the CUDA runtime (torch) reads its current device from it.
-        let previous = cudarc::driver::result::ctx::get_current()?;
+        let _restore = RestoreCurrent::save()?;
         self.ctx.cuda().bind_to_thread()?;
         let result = self.launch_current(call, secret_len, stream);
-        if let Some(prev) = previous {
-            if prev != self.ctx.cuda().cu_ctx() {
-                // SAFETY: `prev` was current on this thread a moment ago, so it is a live context.
-                unsafe { cudarc::driver::result::ctx::set_current(prev) }?;
-            }
-        }
         result
     }
 
