@@ -31,6 +31,15 @@ pub enum Error {
     #[error("tool `{tool}` failed: {message}")]
     ToolFailed { tool: String, message: String },
 
+    /// An external tool (nvdisasm, cuobjdump) ran past its wall-clock limit and was killed.
+    #[error("tool `{tool}` ({path}) did not finish within its {limit_s} s limit and was stopped (a malformed input can make it run forever); set {env}=SECONDS to allow longer")]
+    ToolTimeout {
+        tool: &'static str,
+        path: String,
+        limit_s: f64,
+        env: &'static str,
+    },
+
     #[error("NVRTC could not compile `{kernel}`:\n{log}")]
     Compile { kernel: String, log: String },
 

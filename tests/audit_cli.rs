@@ -86,3 +86,33 @@ fn missing_tool_error_names_the_install_script() {
     // And the real lookup finds it here (CI installs it first): no silent skip.
     flashcore::jit::toolkit::tool("nvdisasm").unwrap_or_else(|e| panic!("{e}"));
 }
+
+#[test]
+fn the_cubin_that_hung_nvdisasm_ends_within_the_limit() {
+    // nvdisasm 13.2.78 loops forever on this mutated cubin (found by tests/fuzz.rs): the audit
+    // stops it at FLASHCORE_TOOL_TIMEOUT_S and exits 2 naming the tool, or, with an nvdisasm
+    // that no longer loops, answers 0/1 or refuses it with 2 like any other bad cubin.
+    let t = std::time::Instant::now();
+    let o = Command::new(env!("CARGO_BIN_EXE_flashcore"))
+        .args(["audit", "--cubin", &corpus("nvdisasm_hang.cubin")])
+        .env("FLASHCORE_TOOL_TIMEOUT_S", "3")
+        .output()
+        .unwrap();
+    let took = t.elapsed();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(took.as_secs() < 30, "took {took:?}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let code = o.status.code();
+    assert!(matches!(code, Some(0..=2)), "exit {code:?}: {err}");
+    if code == Some(2) {
+        assert!(err.starts_with("flashcore: error:"), "{err}");
+    }
+    if err.contains("did not finish") {
+        assert!(
+            err.contains("tool `nvdisasm`")
+                && err.contains("3 s limit")
+                && err.contains("FLASHCORE_TOOL_TIMEOUT_S"),
+            "{err}"
+        );
+    }
+}

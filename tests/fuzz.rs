@@ -8,6 +8,7 @@ use flashcore::attention::{AttentionParams, DType, Layout};
 use flashcore::tensor_io::{read_attn_input, write_file, Tensor, TensorData};
 use proptest::prelude::*;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 fn dim() -> impl Strategy<Value = usize> {
     prop_oneof![
@@ -97,9 +98,17 @@ proptest! {
     }
 }
 
-/// A small kernel's cubin and SASS listing, or None (printed) without NVRTC/nvdisasm.
+/// The limit on each nvdisasm/cuobjdump run in these tests, far below the 120 s default: the
+/// sample kernel disassembles in milliseconds, and a mutated cubin can make nvdisasm loop
+/// forever (tests/audit_corpus/nvdisasm_hang.cubin did), which must cost seconds, not CI's
+/// whole budget.
+const TOOL_LIMIT: Duration = Duration::from_secs(10);
+
+/// A small kernel's cubin and SASS listing, or None (printed) without NVRTC/nvdisasm. Also sets
+/// [`TOOL_LIMIT`] for this process (every test that runs a tool gets here first).
 fn sample() -> Option<&'static (Vec<u8>, String)> {
     static S: OnceLock<Option<(Vec<u8>, String)>> = OnceLock::new();
+    flashcore::jit::toolkit::set_tool_timeout(Some(TOOL_LIMIT));
     S.get_or_init(|| {
         let src = r#"extern "C" __global__ void k(const float* x, float* y, int n) {
             int i = blockIdx.x * blockDim.x + threadIdx.x;
@@ -142,6 +151,31 @@ proptest! {
             bytes.truncate(c.index(bytes.len() + 1));
         }
         let _ = flashcore::audit::audit_cubin(&bytes, &[0]);
+    }
+}
+
+/// The mutated cubin that made nvdisasm hang for 23 minutes: the audit now ends within the
+/// limit, with a verdict or a typed error (a timeout while nvdisasm still loops on it).
+#[test]
+fn the_cubin_that_hung_nvdisasm_is_answered_within_the_limit() {
+    if sample().is_none() {
+        return;
+    }
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/audit_corpus/nvdisasm_hang.cubin"
+    );
+    let bytes = std::fs::read(path).unwrap();
+    let t = Instant::now();
+    let r = flashcore::audit::audit_cubin(&bytes, &[0]);
+    let took = t.elapsed();
+    eprintln!(
+        "nvdisasm_hang.cubin after {took:?}: {:?}",
+        r.as_ref().map(|a| a.len())
+    );
+    assert!(took < TOOL_LIMIT + Duration::from_secs(30), "took {took:?}");
+    if let Err(flashcore::Error::ToolTimeout { tool, .. }) = &r {
+        assert_eq!(*tool, "nvdisasm");
     }
 }
 
@@ -208,6 +242,7 @@ proptest! {
         let flag = if sass { "--sass" } else { "--cubin" };
         let o = std::process::Command::new(env!("CARGO_BIN_EXE_flashcore"))
             .args(["audit", flag, path.to_str().unwrap()])
+            .env(flashcore::jit::toolkit::TOOL_TIMEOUT_ENV, TOOL_LIMIT.as_secs().to_string())
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr);

@@ -176,12 +176,8 @@ impl Plan {
             params.seqlen_q,
             params.seqlen_k,
         );
-        let variant = variant.with_light_tiles(
-            params.batch,
-            params.heads_q,
-            params.seqlen_q,
-            ctx.num_sms(),
-        );
+        let variant =
+            variant.with_light_tiles(params.batch, params.heads_q, params.seqlen_q, ctx.num_sms());
         let variant = tuning_overrides(variant);
         // The leakage test's builds (power controls, hardware floor, cycle timer): the same
         // launch, a build that is never shipped.

@@ -67,7 +67,7 @@ pub fn cubins(path: &Path, bytes: &[u8]) -> Result<Vec<Cubin>> {
 }
 
 /// Runs `cuobjdump -xelf all` on a private copy of the bytes in a fresh folder and reads back
-/// the cubins it writes there.
+/// the cubins it writes there (under the tools' time limit, [`crate::jit::toolkit::run_tool`]).
 fn extract(bytes: &[u8]) -> Result<Vec<Cubin>> {
     let tool = crate::jit::toolkit::tool("cuobjdump")?;
     let dir = tempfile::tempdir().map_err(|e| Error::io(std::env::temp_dir(), e))?;
@@ -75,15 +75,15 @@ fn extract(bytes: &[u8]) -> Result<Vec<Cubin>> {
     std::fs::write(&input, bytes).map_err(|e| Error::io(&input, e))?;
     let out_dir = dir.path().join("out");
     std::fs::create_dir(&out_dir).map_err(|e| Error::io(&out_dir, e))?;
-    let out = std::process::Command::new(&tool)
-        .args(["-xelf", "all"])
-        .arg(&input)
-        .current_dir(&out_dir)
-        .output()
-        .map_err(|e| Error::ToolFailed {
-            tool: tool.display().to_string(),
-            message: e.to_string(),
-        })?;
+    // Under a wall-clock limit, like nvdisasm: a malformed wrapper must not hang the audit.
+    let out = crate::jit::toolkit::run_tool(
+        "cuobjdump",
+        &tool,
+        std::process::Command::new(&tool)
+            .args(["-xelf", "all"])
+            .arg(&input)
+            .current_dir(&out_dir),
+    )?;
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),

@@ -91,7 +91,8 @@ impl KernelAudit {
     }
 }
 
-/// Runs `nvdisasm -c` on a cubin and returns the listing.
+/// Runs `nvdisasm -c` on a cubin and returns the listing; a run past
+/// [`crate::jit::toolkit::tool_timeout`] is killed and answered with [`Error::ToolTimeout`].
 pub fn disassemble(cubin: &[u8]) -> Result<String> {
     let tool = crate::jit::toolkit::tool("nvdisasm")?;
     let dir = std::env::temp_dir();
@@ -103,16 +104,17 @@ pub fn disassemble(cubin: &[u8]) -> Result<String> {
     std::fs::write(&path, cubin).map_err(|e| Error::io(&path, e))?;
     // `-gi`: line info with inlining (a comment before each source line's instructions) where
     // the cubin was built with `-lineinfo`; nothing changes for a cubin without it.
-    let out = std::process::Command::new(&tool)
-        .arg("-c")
-        .arg("-gi")
-        .arg(&path)
-        .output();
+    // Under a wall-clock limit: a malformed cubin can make nvdisasm loop forever.
+    let out = crate::jit::toolkit::run_tool(
+        "nvdisasm",
+        &tool,
+        std::process::Command::new(&tool)
+            .arg("-c")
+            .arg("-gi")
+            .arg(&path),
+    );
     let _ = std::fs::remove_file(&path);
-    let out = out.map_err(|e| Error::ToolFailed {
-        tool: tool.display().to_string(),
-        message: e.to_string(),
-    })?;
+    let out = out?;
     if !out.status.success() {
         return Err(Error::ToolFailed {
             tool: tool.display().to_string(),

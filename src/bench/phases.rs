@@ -137,7 +137,8 @@ pub fn reduce(
             sum_ns += c.end_ns.saturating_sub(c.start_ns) as u128;
         }
     }
-    let summary = |v: &[f64]| Stats::from_samples(v).ok_or_else(|| Error::Other("no launches".into()));
+    let summary =
+        |v: &[f64]| Stats::from_samples(v).ok_or_else(|| Error::Other("no launches".into()));
     Ok(PhaseReport {
         variant,
         ctas,

@@ -248,7 +248,13 @@ impl Variant {
     /// the tile height (each consumer warpgroup computes its 64 rows with the same instructions
     /// whatever the tile; `tests/gpu_tile_invariance.rs` checks the bits), so batch invariance
     /// holds across the rule's boundary.
-    pub fn with_light_tiles(self, batch: usize, heads_q: usize, seqlen_q: usize, num_sms: usize) -> Variant {
+    pub fn with_light_tiles(
+        self,
+        batch: usize,
+        heads_q: usize,
+        seqlen_q: usize,
+        num_sms: usize,
+    ) -> Variant {
         if self.split != 1 || self.secret_len {
             return self;
         }
