@@ -168,7 +168,11 @@ fn the_callers_current_context_is_left_alone() {
     // SAFETY: null unbinds the thread's context.
     unsafe { ctx::set_current(std::ptr::null_mut()) }.unwrap();
     let ext = ExternalContext::new(0).expect("a GPU that Context::new accepts");
-    assert_eq!(ctx::get_current().unwrap(), None, "ExternalContext::new bound a context");
+    assert_eq!(
+        ctx::get_current().unwrap(),
+        None,
+        "ExternalContext::new bound a context"
+    );
     ext.prepare(&p, false).unwrap();
     assert_eq!(ctx::get_current().unwrap(), None, "prepare bound a context");
     let s = Strides::contiguous(Layout::Bshd, 64, 2, 64);
@@ -182,9 +186,16 @@ fn the_callers_current_context_is_left_alone() {
         let call = ExternalCall::new(p.clone(), t(qp), t(qp), t(qp), t(op));
         // SAFETY: buffers of the call's shape on device 0, alive past the sync below.
         unsafe { ext.attention(&call, stream.cu_stream()) }.unwrap();
-        assert_eq!(ctx::get_current().unwrap(), None, "attention bound a context");
+        assert_eq!(
+            ctx::get_current().unwrap(),
+            None,
+            "attention bound a context"
+        );
     }
     own.synchronize().unwrap();
     let out = own.download(&dout).unwrap();
-    assert!(out.iter().all(|x| (x.to_f32() - 0.5).abs() < 1e-3), "attention of constant V");
+    assert!(
+        out.iter().all(|x| (x.to_f32() - 0.5).abs() < 1e-3),
+        "attention of constant V"
+    );
 }

@@ -32,8 +32,14 @@ fn case<T: Element>(ctx: &flashcore::attention::Context, p: &AttentionParams, he
         match &first {
             None => first = Some((m, bits(&got.out), lse)),
             Some((m0, out0, lse0)) => {
-                assert!(*out0 == bits(&got.out), "{p:?}: output bits differ between block_m {m0} and {m}");
-                assert!(*lse0 == lse, "{p:?}: LSE bits differ between block_m {m0} and {m}");
+                assert!(
+                    *out0 == bits(&got.out),
+                    "{p:?}: output bits differ between block_m {m0} and {m}"
+                );
+                assert!(
+                    *lse0 == lse,
+                    "{p:?}: LSE bits differ between block_m {m0} and {m}"
+                );
             }
         }
     }
@@ -48,11 +54,18 @@ fn output_bits_do_not_depend_on_the_tile_height() {
     for causal in [false, true] {
         let p = AttentionParams::new(1, 8, 512, 64).causal(causal);
         case::<half::f16>(&ctx, &p, &[64, 128, 192]);
-        let p = AttentionParams::new(2, 4, 1000, 64).seqlen_k(1300).causal(causal).dtype(DType::Bf16);
+        let p = AttentionParams::new(2, 4, 1000, 64)
+            .seqlen_k(1300)
+            .causal(causal)
+            .dtype(DType::Bf16);
         case::<half::bf16>(&ctx, &p, &[64, 128, 192]);
-        let p = AttentionParams::new(1, 4, 777, 128).causal(causal).dtype(DType::Bf16);
+        let p = AttentionParams::new(1, 4, 777, 128)
+            .causal(causal)
+            .dtype(DType::Bf16);
         case::<half::bf16>(&ctx, &p, &[64, 128]);
-        let p = AttentionParams::new(3, 2, 300, 128).seqlen_k(170).causal(causal);
+        let p = AttentionParams::new(3, 2, 300, 128)
+            .seqlen_k(170)
+            .causal(causal);
         case::<half::f16>(&ctx, &p, &[64, 128]);
     }
 }

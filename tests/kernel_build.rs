@@ -101,7 +101,10 @@ fn light_tiles_only_when_one_wave_of_64_row_units_fits() {
     assert_eq!(v(false, 512).with_light_tiles(3, 8, 512, sms).block_m, 128);
     // Causal pairs two tiles per unit: 1,16,1024 has 16 × 16 tiles in 128 units.
     assert_eq!(v(true, 1024).with_light_tiles(1, 16, 1024, sms).block_m, 64);
-    assert_eq!(v(false, 1024).with_light_tiles(1, 16, 1024, sms).block_m, 192);
+    assert_eq!(
+        v(false, 1024).with_light_tiles(1, 16, 1024, sms).block_m,
+        192
+    );
     // Exactly one wave, and one unit more.
     assert_eq!(v(false, 64).with_light_tiles(1, 132, 64, sms).block_m, 64);
     assert_eq!(v(false, 64).with_light_tiles(1, 133, 64, sms).block_m, 128);
@@ -112,7 +115,8 @@ fn light_tiles_only_when_one_wave_of_64_row_units_fits() {
     for d in [64, 128] {
         for causal in [false, true] {
             for dtype in [DType::F16, DType::Bf16] {
-                let light = Variant::for_shape(dtype, d, causal, false, 100, 100).with_light_tiles(1, 1, 100, sms);
+                let light = Variant::for_shape(dtype, d, causal, false, 100, 100)
+                    .with_light_tiles(1, 1, 100, sms);
                 assert_eq!(light.block_m, 64);
                 assert!(shipped.contains(&light), "{} is not shipped", light.name());
             }

@@ -353,8 +353,7 @@ impl ExternalContext {
         // the context it had: the CUDA runtime (torch) reads its current device from it.
         let _restore = RestoreCurrent::save()?;
         self.ctx.cuda().bind_to_thread()?;
-        let result = self.launch_current(call, secret_len, stream);
-        result
+        self.launch_current(call, secret_len, stream)
     }
 
     /// The launch itself, with this device's context current.

@@ -57,7 +57,7 @@ pub fn cta_phases(r: &[u64], warps: usize) -> Option<CtaPhases> {
         r[PHASE_LOOP],
         stop_clock,
     ];
-    if marks.iter().any(|&m| m == 0) || marks.windows(2).any(|w| w[1] < w[0]) {
+    if marks.contains(&0) || marks.windows(2).any(|w| w[1] < w[0]) {
         return None;
     }
     let mut cycles = [0u64; 5];
@@ -281,7 +281,7 @@ mod tests {
     #[test]
     fn reduce_takes_medians_spans_and_the_clock() {
         let warps = 4;
-        let mut launch = record([0 + 1, 11, 111, 211, 1211, 2211], 1000, 2100, warps);
+        let mut launch = record([1, 11, 111, 211, 1211, 2211], 1000, 2100, warps);
         launch.extend(record([1, 21, 121, 221, 1221, 2221], 1100, 2300, warps));
         launch.extend(record([1, 31, 131, 231, 1231, 2231], 1200, 2200, warps));
         let r = reduce("v".into(), &[launch], 3, warps).unwrap();
