@@ -117,31 +117,53 @@ impl Schedule {
 /// Tuning knobs for measurements: `FLASHCORE_SPLIT=1|2|4` (d64), `FLASHCORE_BLOCK_M=64|128|192`
 /// (192: d64 only) and `FLASHCORE_BLOCK_N=64|128` override the shape rule. Each is public and
 /// deterministic: it changes which kernel runs, never what it computes. Values outside these
-/// sets are ignored.
-fn tuning_overrides(mut variant: Variant) -> Variant {
+/// sets are ignored, and so is any combination that is not a shipped (audited) variant: the
+/// knobs never run a kernel `flashcore audit` has not checked.
+fn tuning_overrides(shape_rule: Variant) -> Variant {
     let knob = |name: &str| {
         std::env::var(name)
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
     };
+    with_knobs(
+        shape_rule,
+        knob("FLASHCORE_SPLIT"),
+        knob("FLASHCORE_BLOCK_M"),
+        knob("FLASHCORE_BLOCK_N"),
+    )
+}
+
+/// The variant the knobs ask for, or the shape rule's when they ask for none or for one that is
+/// not shipped.
+fn with_knobs(
+    shape_rule: Variant,
+    split: Option<usize>,
+    block_m: Option<usize>,
+    block_n: Option<usize>,
+) -> Variant {
+    let mut variant = shape_rule;
     let d64 = variant.head_dim == 64;
-    if let Some(n @ (1 | 2 | 4)) = knob("FLASHCORE_SPLIT") {
+    if let Some(n @ (1 | 2 | 4)) = split {
         if d64 {
             variant.split = n;
-            if n > 1 && variant.block_m == 192 {
+            if n > 1 && variant.block_m != 128 {
                 variant.block_m = 128;
             }
         }
     }
-    match knob("FLASHCORE_BLOCK_M") {
+    match block_m {
         Some(m @ (64 | 128)) => variant.block_m = m,
         Some(192) if d64 && variant.split == 1 && !variant.secret_len => variant.block_m = 192,
         _ => {}
     }
-    if let Some(n @ (64 | 128)) = knob("FLASHCORE_BLOCK_N") {
+    if let Some(n @ (64 | 128)) = block_n {
         variant.block_n = n;
     }
-    variant
+    if crate::kernels::shipped_variants().contains(&variant) {
+        variant
+    } else {
+        shape_rule
+    }
 }
 
 /// Buffers and element strides (q, k, v, o) a parameter block was built for.
@@ -348,5 +370,29 @@ impl Plan {
             &mut args,
         )?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::DType;
+
+    #[test]
+    fn knobs_pick_only_shipped_variants() {
+        let rule = Variant::basic(DType::F16, 64, false, 128);
+        let light = with_knobs(rule, None, Some(64), None);
+        assert_eq!(light.block_m, 64);
+        assert_eq!(with_knobs(rule, None, Some(192), None).block_m, 192);
+        assert_eq!(with_knobs(light, Some(2), None, None).split, 2);
+        assert_eq!(with_knobs(light, Some(2), None, None).block_m, 128);
+        // Not shipped: 64-key blocks, 64-row split tiles, 192 rows at d128.
+        assert_eq!(with_knobs(rule, None, None, Some(64)), rule);
+        assert_eq!(with_knobs(rule, Some(2), Some(64), None), rule);
+        let d128 = Variant::basic(DType::Bf16, 128, true, 128);
+        assert_eq!(with_knobs(d128, None, Some(192), None), d128);
+        assert_eq!(with_knobs(d128, Some(2), None, None), d128);
+        // Nothing asked: the rule.
+        assert_eq!(with_knobs(rule, None, None, None), rule);
     }
 }
