@@ -107,3 +107,25 @@ fn join_and_plot_from_files() {
     ]);
     assert_eq!(o.status.code(), Some(1));
 }
+
+/// `--phases`: zero launches is a usage error (exit 2, said before any GPU is looked for); a
+/// shape flag is still required; without a GPU it fails like a timing run (exit 1).
+#[test]
+fn phases_errors() {
+    let shape = ["--heads", "8", "--seqlen", "512", "--headdim", "64"];
+    let o = flashcore(&[&shape[..], &["--phases", "0"]].concat());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("--phases needs at least one launch"),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(flashcore(&["--phases", "5"]).status.code(), Some(2));
+    if std::path::Path::new("/dev/nvidia0").exists() {
+        eprintln!("SKIPPED phases_errors (no-GPU part): this machine has a GPU");
+        return;
+    }
+    let o = flashcore(&[&shape[..], &["--phases", "5"]].concat());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("flashcore: error:"));
+}
