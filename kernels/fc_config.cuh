@@ -24,8 +24,8 @@ static_assert(SPLIT == 1 || (BM % SPLIT == 0 && (BM / SPLIT) * D % (4 * 128) == 
 constexpr int THREADS = 128 * (1 + CONSUMERS);
 constexpr int ROW_BYTES = 128;              // one swizzled row of 64 two-byte elements
 // Register split after setmaxnreg: the producer gives registers back, consumers take them.
-constexpr int PRODUCER_REGS = CONSUMERS == 1 ? 56 : CONSUMERS == 2 ? 56 : 32;
-constexpr int CONSUMER_REGS = CONSUMERS == 1 ? 240 : CONSUMERS == 2 ? 224 : 160;
+constexpr int PRODUCER_REGS = CONSUMERS <= 2 ? 56 : 32;
+constexpr int CONSUMER_REGS = CONSUMERS == 1 ? 240 : CONSUMERS == 2 ? 224 : 160;  // 1: light 64-row tiles
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
 constexpr uint32_t Q_BYTES = BM * D * 2;
 constexpr uint32_t KV_BYTES = BN * D * 2;
