@@ -14,14 +14,11 @@ use super::stats::Stats;
 use crate::attention::{AttentionParams, Context};
 use crate::error::{Error, Result};
 use crate::kernels::TestBuild;
-use crate::leakage::cycles::WORDS;
+use crate::leakage::cycles::{START_CLOCK, START_NS, STOP_CLOCK, STOP_NS, WORDS};
 use crate::leakage::device::CycleTimer;
 
-const START_CLOCK: usize = 0;
-const START_NS: usize = 1;
+// The phase words of a record (kernels/fc_instrument.cuh `FC_PHASE_*`).
 const PHASE_INIT: usize = 3;
-const STOP_CLOCK: usize = 4;
-const STOP_NS: usize = 16;
 const PHASE_Q: usize = 28;
 const PHASE_S0: usize = 29;
 const PHASE_LOOP: usize = 30;

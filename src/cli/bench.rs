@@ -160,10 +160,25 @@ fn run_phases(shapes: &[AttentionParams], device: usize, launches: usize) -> i32
         Ok(c) => c,
         Err(e) => return super::fail(1, e),
     };
+    let l2 = match crate::bench::device::device_info(&ctx) {
+        Ok(info) => info.l2_bytes,
+        Err(e) => return super::fail(1, e),
+    };
     for p in shapes {
-        // Enough input sets that each launch reads from memory, not from L2 (as the bench).
-        let set = (p.q_len() * 2 + p.kv_len() * 2) as u64 * 2;
-        let sets = (2 * 50_000_000u64).div_ceil(set.max(1)).clamp(2, 64) as usize;
+        // Enough input sets that each launch reads from memory, not from L2 (as the bench does),
+        // within half the free device memory.
+        let (input_bytes, set_bytes) = crate::bench::device::set_bytes(p);
+        let free = match crate::bench::device::free_bytes(&ctx) {
+            Ok(f) => f,
+            Err(e) => return super::fail(1, e),
+        };
+        let sets = crate::bench::timing::sets_needed(l2, input_bytes, set_bytes, free / 2);
+        if sets == 0 {
+            return super::fail(
+                1,
+                format!("one buffer set ({set_bytes} bytes) does not fit in device memory"),
+            );
+        }
         match crate::bench::phases::measure(&ctx, p, launches, sets) {
             Ok(r) => println!(
                 "{} {}\n{}",

@@ -20,10 +20,12 @@ use serde::{Deserialize, Serialize};
 
 /// u64 words per CTA record (`FC_TIMER_WORDS`).
 pub const WORDS: usize = 32;
-const START_CLOCK: usize = 0;
-const START_NS: usize = 1;
-const STOP_CLOCK: usize = 4;
-const STOP_NS: usize = 16;
+/// Word offsets in a record (kernels/fc_instrument.cuh `FC_TIMER_*`); the stops are per consumer
+/// warp, from these offsets on.
+pub const START_CLOCK: usize = 0;
+pub const START_NS: usize = 1;
+pub const STOP_CLOCK: usize = 4;
+pub const STOP_NS: usize = 16;
 /// Most consumer warps a record has room for (3 consumer warpgroups).
 pub const MAX_WARPS: usize = 12;
 
