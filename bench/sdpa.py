@@ -137,7 +137,23 @@ def fa3_suite(layout="bshd"):
     return out
 
 
-SUITES = {"seed": seed_suite, "fa3": fa3_suite}
+DECODE_SHAPES = [
+    (32, 8, 128, [(1, 8192), (1, 32768), (1, 131072), (8, 8192), (8, 32768), (32, 4096), (32, 16384), (128, 1024), (128, 4096)]),
+    (8, 1, 128, [(1, 131072), (8, 32768), (32, 8192), (128, 2048)]),
+    (16, 16, 64, [(1, 32768), (8, 8192), (64, 1024), (128, 4096)]),
+]
+
+
+def decode_suite(layout="bshd"):
+    out = []
+    for sq, causal in ((1, False), (4, True)):
+        for hq, hkv, d, shapes in DECODE_SHAPES:
+            for b, sk in shapes:
+                out.append(("bf16", make_shape(b, hq, sq, d, causal, layout, heads_kv=hkv, seqlen_k=sk)))
+    return out
+
+
+SUITES = {"seed": seed_suite, "fa3": fa3_suite, "decode": decode_suite}
 
 
 def label(shape):
@@ -369,6 +385,7 @@ def self_test():
         "stats_1000": stats([float(i) for i in range(1, 1001)]),
         "seed": [[dt, s] for dt, s in seed_suite()],
         "fa3": [[dt, s] for dt, s in fa3_suite()],
+        "decode": [[dt, s] for dt, s in decode_suite()],
         "labels": [label(s) for _, s in seed_suite()],
         "sets_needed": [sets_needed(50 << 20, 3 * 512 * 8 * 64 * 2, 4 * 512 * 8 * 64 * 2, 1 << 40),
                         sets_needed(50 << 20, 300 << 20, 400 << 20, 1 << 40)],

@@ -33,6 +33,9 @@
 #include "fc_consumer.cuh"
 #include "fc_epilogue.cuh"
 #include "fc_instrument.cuh"
+#if FC_DECODE
+#include "fc_decode.cuh"
+#endif
 
 // Every tile of this CTA, for one consumer warpgroup.
 FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
@@ -47,10 +50,12 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
         for (int k = 0; k < tiles; ++k) {
             const Tile t = sched.tile(unit, k);
             const int key_limit = key_limit_of(p, t.batch);
-            const KvRange kv = tile_kv(p, t.m_block, key_limit);
+            const KvRange kv = tile_kv(p, t, key_limit);
+            // Decode mode numbers rows within the tile (fc_decode.cuh maps them to positions).
+            const int tile_row0 = FC_DECODE ? 0 : t.m_block * BM;
             const Consumer c{p,         s,         wg,
                              t.m_block, t.head,    t.batch,
-                             lane,      t.m_block * BM + wg * 64 + warp * 16 + lane / 4,
+                             lane,      tile_row0 + wg * 64 + warp * 16 + lane / 4,
                              2 * (lane % 4), smem_u32(&s.q[0][wg * 64][0]),
                              key_limit, kv.begin,  g};
             float o[D / 2];
@@ -66,7 +71,9 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
                 g += kv.count;
                 ++q_load;
             }
-#if FC_SPLIT > 1
+#if FC_DECODE
+            decode_epilogue(c, o, softmax, t.split);
+#elif FC_SPLIT > 1
             write_partial(c, o, softmax);
             cluster_sync();  // every CTA's partial is in its shared memory
             combine_split(p, s, t, key_limit);
@@ -133,3 +140,12 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
         FC_TIMER_STOP();
     }
 }
+
+#if FC_DECODE
+// Decode mode's second launch: merges each output row's split partials (fc_decode.cuh).
+extern "C" __global__ void __launch_bounds__(256) flashcore_decode_combine(const __grid_constant__ CombineParams c) {
+    const int idx = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    const int total = c.batch * c.heads_q * c.seqlen_q * (cfg::D / 4);
+    if (idx < total) combine_row(c, idx);
+}
+#endif

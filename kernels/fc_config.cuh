@@ -9,6 +9,11 @@
     !defined(FC_LEAKY_CONTROL)
 #error "the variant's defines are missing (see Variant::options in src/kernels/mod.rs)"
 #endif
+// Decode mode (fc_decode.cuh): GQA-packed rows and a key range split over CTAs. Prefill builds
+// do not pass the define.
+#ifndef FC_DECODE
+#define FC_DECODE 0
+#endif
 
 namespace cfg {
 constexpr int D = FC_HEAD_DIM;
@@ -21,6 +26,7 @@ static_assert(BM == 64 * CONSUMERS, "each consumer warpgroup owns 64 query rows"
 static_assert(BN == 64 || BN == 128, "wgmma N for S = Q K^T");
 constexpr int SPLIT = FC_SPLIT;             // CTAs per cluster sharing one query tile's keys
 static_assert(SPLIT == 1 || (BM % SPLIT == 0 && (BM / SPLIT) * D % (4 * 128) == 0), "combine tiling");
+static_assert(!FC_DECODE || (BM == 64 && SPLIT == 1 && !FC_SECRET_LEN), "decode: one 64-row consumer, no cluster");
 constexpr int THREADS = 128 * (1 + CONSUMERS);
 constexpr int ROW_BYTES = 128;              // one swizzled row of 64 two-byte elements
 // Register split after setmaxnreg: the producer gives registers back, consumers take them.
@@ -46,6 +52,14 @@ struct Params {
     int32_t units_per_head;                      // work units per (batch, head): see fc_scheduler.cuh
     int32_t num_units;                           // units_per_head · heads · batch
     int32_t pair_tiles;                          // 1: a causal unit pairs a heavy and a light tile
+    // Decode mode only (fc_decode.cuh); zero otherwise. Appended so the fields above keep their
+    // offsets (and the prefill variants their code).
+    uint64_t ws_o_ptr;       // fp32 partial outputs [B·Hq·Sq rows][num_splits][D]
+    uint64_t ws_ml_ptr;      // fp32 partial (max, sum) [B·Hq·Sq rows][num_splits][2]
+    int32_t pack;            // query heads packed into one tile's rows (a power of two dividing group)
+    int32_t pack_shift;      // log2(pack)
+    int32_t split_blocks;    // K/V blocks per split (a function of Sk alone)
+    int32_t num_splits;      // splits per row: ceil(key blocks / split_blocks)
 };
 
 struct Shared {

@@ -44,6 +44,12 @@ struct Consumer {
         }
     }
 
+#if FC_DECODE
+    // Decode mode: the query position of this thread's row half h (rows are position-major,
+    // `pack` heads per position; row0 is the row within the tile).
+    FC_DEVICE int qpos(int h) const { return m_block * qrows_per_tile(p) + ((row0 + 8 * h) >> p.pack_shift); }
+#endif
+
     // Out-of-range keys and (causal) keys right of the diagonal become −inf, by select.
     FC_DEVICE void mask(float (&sacc)[cfg::BN / 2], int n_block) const {
         using namespace cfg;
@@ -51,14 +57,19 @@ struct Consumer {
         // half h sees keys up to diag + 8h.
         const int key_base = n_block * BN + col0;
         const int limit = key_limit - key_base;
-#if FC_CAUSAL
+#if FC_CAUSAL && FC_DECODE
+        const int diag_h[2] = {qpos(0) + p.seqlen_k - p.seqlen_q - key_base,
+                               qpos(1) + p.seqlen_k - p.seqlen_q - key_base};
+#elif FC_CAUSAL
         const int diag = row0 + p.seqlen_k - p.seqlen_q - key_base;
 #endif
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) {
             const int key = 8 * (i / 4) + (i % 2);
             bool visible = key < limit;
-#if FC_CAUSAL
+#if FC_CAUSAL && FC_DECODE
+            visible = visible && (key <= diag_h[(i / 2) % 2]);
+#elif FC_CAUSAL
             visible = visible && (key <= diag + 8 * ((i / 2) % 2));
 #endif
             sacc[i] = select_f(visible, sacc[i], neg_inf());

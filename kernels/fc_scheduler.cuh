@@ -12,7 +12,12 @@
 
 struct Tile {
     int m_block, head, batch;
+    int split;  // decode mode: which share of the key range (fc_decode.cuh); else 0
 };
+
+// Query positions per tile: BM, or in decode mode BM / pack (each position's `pack` heads are
+// rows of the same tile).
+FC_DEVICE int qrows_per_tile(const Params& p) { return FC_DECODE ? cfg::BM / p.pack : cfg::BM; }
 
 // The K/V blocks one CTA visits: [begin, begin + count), and the first of them (relative) that
 // needs element masks. Public: shapes, block indices and the cluster rank only.
@@ -28,7 +33,7 @@ struct Scheduler {
     FC_DEVICE int unit_step() const { return cfg::SPLIT > 1 ? p.num_units : (int)gridDim.x; }
 
     FC_DEVICE int tiles_in_unit(int unit) const {
-        if (!p.pair_tiles) return 1;
+        if (FC_DECODE || !p.pair_tiles) return 1;
         const int j = unit % p.units_per_head;
         return (p.num_m_blocks - 1 - j) == j ? 1 : 2;  // odd tile count: the middle tile is alone
     }
@@ -36,9 +41,22 @@ struct Scheduler {
     // Tile `k` (0 or 1) of `unit`. Causal tiles come heaviest first (the last query blocks see the
     // most keys).
     FC_DEVICE Tile tile(int unit, int k) const {
+        Tile t;
+        t.split = 0;
+#if FC_DECODE
+        // Decode: unit = ((batch · packs + pack) · m_blocks + m_block) · splits + split, so the
+        // CTAs running at once stream neighbouring key ranges of the same K/V head.
+        t.split = unit % p.num_splits;
+        int r = unit / p.num_splits;
+        t.m_block = r % p.num_m_blocks;
+        r /= p.num_m_blocks;
+        const int packs = p.heads_q / p.pack;
+        t.head = (r % packs) * p.pack;  // the pack's first query head
+        t.batch = r / packs;
+        return t;
+#endif
         const int j = unit % p.units_per_head;
         const int hb = unit / p.units_per_head;
-        Tile t;
         t.head = hb % p.heads_q;
         t.batch = hb / p.heads_q;
         if (p.pair_tiles) {
@@ -55,7 +73,7 @@ FC_DEVICE int num_kv_blocks(const Params& p, int m_block) {
     int n = ceil_div(p.seqlen_k, cfg::BN);
 #if FC_CAUSAL
     // Bottom-right alignment: query row r sees keys j <= r + (Sk - Sq).
-    const int last_row = min((m_block + 1) * cfg::BM, p.seqlen_q) - 1;
+    const int last_row = min((m_block + 1) * qrows_per_tile(p), p.seqlen_q) - 1;
     const int visible = min(p.seqlen_k, last_row + p.seqlen_k - p.seqlen_q + 1);
     n = visible <= 0 ? 0 : min(n, ceil_div(visible, cfg::BN));
 #endif
@@ -71,17 +89,24 @@ FC_DEVICE int first_masked_block(const Params& p, int m_block, int n_blocks) {
     int first = p.seqlen_k / cfg::BN;
 #if FC_CAUSAL
     // Block n is clean iff its last key (n+1)·BN − 1 <= m_block·BM + Sk − Sq.
-    const int limit = m_block * cfg::BM + p.seqlen_k - p.seqlen_q + 1;
+    const int limit = m_block * qrows_per_tile(p) + p.seqlen_k - p.seqlen_q + 1;
     first = min(first, limit <= 0 ? 0 : limit / cfg::BN);
 #endif
     return min(first, n_blocks);
 }
 
-// This CTA's share of a tile's K/V blocks (all of them unless split across a cluster).
-FC_DEVICE KvRange kv_range(const Params& p, int m_block) {
-    const int split_rank = cfg::SPLIT > 1 ? (int)blockIdx.x % cfg::SPLIT : 0;
+// This CTA's share of a tile's K/V blocks: all of them, or its split's (a cluster rank's share,
+// or in decode mode blocks [split · split_blocks, (split + 1) · split_blocks)).
+FC_DEVICE KvRange kv_range(const Params& p, Tile t) {
+    const int m_block = t.m_block;
     const int n_total = num_kv_blocks(p, m_block);
+#if FC_DECODE
+    const int split_rank = t.split;
+    const int per_split = p.split_blocks;
+#else
+    const int split_rank = cfg::SPLIT > 1 ? (int)blockIdx.x % cfg::SPLIT : 0;
     const int per_split = ceil_div(n_total, cfg::SPLIT);
+#endif
     KvRange kv;
     kv.begin = min(n_total, split_rank * per_split);
     kv.count = min(n_total, kv.begin + per_split) - kv.begin;
@@ -102,8 +127,8 @@ FC_DEVICE int key_limit_of(const Params& p, int batch) {
 // The K/V range a tile's producer and consumers agree on. FC_LEAKY_CONTROL == 2 (never shipped;
 // the timing test's control) walks only the blocks below the secret true length: a loop bound
 // from a secret, exactly what the audit forbids.
-FC_DEVICE KvRange tile_kv(const Params& p, int m_block, int key_limit) {
-    KvRange kv = kv_range(p, m_block);
+FC_DEVICE KvRange tile_kv(const Params& p, Tile t, int key_limit) {
+    KvRange kv = kv_range(p, t);
 #if FC_LEAKY_CONTROL == 2
     kv.count = min(kv.count, ceil_div(key_limit, cfg::BN));
     kv.first_masked = min(kv.first_masked, kv.count);

@@ -5,10 +5,21 @@
 #[test]
 fn shipped_variants_are_data_oblivious_spill_free_and_use_wgmma() {
     let audits = flashcore::audit::audit_shipped().unwrap_or_else(|e| panic!("audit failed: {e}"));
+    let variants = flashcore::kernels::shipped_variants();
+    let decode = variants.iter().filter(|v| v.decode).count();
+    assert!(decode > 0, "decode variants are shipped");
     assert_eq!(
         audits.len(),
-        flashcore::kernels::shipped_variants().len(),
-        "one audited kernel per shipped variant"
+        variants.len() + decode,
+        "one audited kernel per shipped variant, two (forward and combine) per decode variant"
+    );
+    // The combine kernel is audited too (it reads the secret partials).
+    assert_eq!(
+        audits
+            .iter()
+            .filter(|a| a.name == flashcore::kernels::COMBINE_SYMBOL)
+            .count(),
+        decode
     );
     let mut failures = Vec::new();
     for a in &audits {

@@ -4,7 +4,7 @@
 use flashcore::attention::{DType, Layout};
 use flashcore::bench::record::{Mode, Record, Shape, Status};
 use flashcore::bench::stats::{percentile, Stats};
-use flashcore::bench::suites::{fa3, label, seed, Suite};
+use flashcore::bench::suites::{decode, fa3, label, seed, Suite};
 use flashcore::bench::timing::{graph_schedules, sets_needed};
 use std::process::Command;
 
@@ -124,7 +124,11 @@ fn python_matches_rust() {
         .collect();
     assert_eq!(rp, pp);
     // Shapes and labels.
-    for (name, rust) in [("seed", seed(Layout::Bshd)), ("fa3", fa3(Layout::Bshd))] {
+    for (name, rust) in [
+        ("seed", seed(Layout::Bshd)),
+        ("fa3", fa3(Layout::Bshd)),
+        ("decode", decode(Layout::Bshd)),
+    ] {
         let py_shapes: Vec<(DType, Shape)> = serde_json::from_value(py[name].clone()).unwrap();
         let rust_shapes: Vec<(DType, Shape)> =
             rust.iter().map(|p| (p.dtype, Shape::of(p))).collect();

@@ -6,6 +6,7 @@ import torch
 from . import _native
 
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
+_DECODE_MAX_SEQLEN_Q = _native.DECODE_MAX_SEQLEN_Q
 
 
 def tma_ready(t):
@@ -51,11 +52,19 @@ def launch(q, k, v, out, lse, lengths, causal, scale):
     sk, hkv = k.shape[1], k.shape[2]
     dev = q.device
     stream = current_stream(dev.index)
+    shape = (b, sq, sk, hq, hkv, d)
+    workspace = None
+    if sq <= _DECODE_MAX_SEQLEN_Q and lengths is None:
+        # Decode mode's split partials: scratch from torch's allocator on this stream (reused
+        # only by work ordered after this call).
+        n = _native.workspace_bytes(_DTYPES[q.dtype], shape, bool(causal))
+        if n:
+            workspace = torch.empty(n, dtype=torch.uint8, device=dev)
     _native.attention(
         dev.index,
         stream,
         _DTYPES[q.dtype],
-        (b, sq, sk, hq, hkv, d),
+        shape,
         bool(causal),
         scale,
         _desc(q),
@@ -64,6 +73,7 @@ def launch(q, k, v, out, lse, lengths, causal, scale):
         _desc(out),
         lse.data_ptr() if lse is not None else 0,
         lengths.data_ptr() if lengths is not None else 0,
+        workspace.data_ptr() if workspace is not None else 0,
     )
 
 

@@ -65,12 +65,14 @@ fn call(
     out: PyTensor,
     lse: u64,
     lengths: u64,
+    workspace: u64,
 ) -> PyResult<ExternalCall> {
     let p = params(dtype, shape, causal, scale)?;
     Ok(
         ExternalCall::new(p, tensor(q), tensor(k), tensor(v), tensor(out))
             .lse(lse)
-            .lengths(lengths),
+            .lengths(lengths)
+            .workspace(workspace),
     )
 }
 
@@ -92,7 +94,7 @@ fn context(device: usize) -> PyResult<Arc<ExternalContext>> {
 
 /// Checks a call's shapes, alignment and strides without touching a GPU.
 #[pyfunction]
-#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0))]
+#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0))]
 #[allow(clippy::too_many_arguments)]
 fn validate(
     dtype: &str,
@@ -105,8 +107,11 @@ fn validate(
     out: PyTensor,
     lse: u64,
     lengths: u64,
+    workspace: u64,
 ) -> PyResult<()> {
-    let c = call(dtype, shape, causal, scale, q, k, v, out, lse, lengths)?;
+    let c = call(
+        dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace,
+    )?;
     external::validate(&c).map_err(to_py)
 }
 
@@ -115,7 +120,7 @@ fn validate(
 /// device memory covering what the strides reach; the Python package guarantees that by
 /// passing tensors it holds until the op returns (the stream orders their reuse).
 #[pyfunction]
-#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0))]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0))]
 #[allow(clippy::too_many_arguments)]
 fn attention(
     py: Python<'_>,
@@ -131,8 +136,11 @@ fn attention(
     out: PyTensor,
     lse: u64,
     lengths: u64,
+    workspace: u64,
 ) -> PyResult<()> {
-    let c = call(dtype, shape, causal, scale, q, k, v, out, lse, lengths)?;
+    let c = call(
+        dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace,
+    )?;
     let ctx = context(device)?;
     // The first call of a shape may compile a kernel (NVRTC, seconds): let other threads run.
     py.detach(move || {
@@ -161,6 +169,23 @@ fn prepare(
         .map_err(to_py)
 }
 
+/// Bytes of scratch a call needs on the device (decode mode's split partials; 0 for most calls):
+/// the caller allocates it on the call's stream and passes its address as `workspace`.
+#[pyfunction]
+#[pyo3(signature = (dtype, shape, causal, secret_lengths=false))]
+fn workspace_bytes(
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+    secret_lengths: bool,
+) -> PyResult<usize> {
+    let p = params(dtype, shape, causal, None)?;
+    Ok(flashcore::attention::decode::workspace_bytes(
+        &p,
+        secret_lengths,
+    ))
+}
+
 /// Opens device `device` (typed errors without a driver, without a device, on a non-sm_90 GPU)
 /// and returns (name, number of SMs).
 #[pyfunction]
@@ -175,6 +200,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(attention, m)?)?;
     m.add_function(wrap_pyfunction!(prepare, m)?)?;
     m.add_function(wrap_pyfunction!(device_info, m)?)?;
+    m.add_function(wrap_pyfunction!(workspace_bytes, m)?)?;
+    m.add(
+        "DECODE_MAX_SEQLEN_Q",
+        flashcore::attention::decode::MAX_SEQLEN_Q,
+    )?;
     m.add(
         "SUPPORTED_HEAD_DIMS",
         flashcore::attention::validate::SUPPORTED_HEAD_DIMS.to_vec(),

@@ -96,6 +96,10 @@ pub struct ExternalCall {
     pub lse: u64,
     /// Secret-length mode: i32 `[batch]` true lengths (needs seqlen_q == seqlen_k); 0 for none.
     pub lengths: u64,
+    /// Decode mode's scratch: [`super::decode::workspace_bytes`] bytes, 16-byte aligned, used by
+    /// no other launch in flight (a framework allocates it per call on the call's stream); 0
+    /// when that size is 0.
+    pub workspace: u64,
 }
 
 impl ExternalCall {
@@ -114,7 +118,12 @@ impl ExternalCall {
             out,
             lse: 0,
             lengths: 0,
+            workspace: 0,
         }
+    }
+    pub fn workspace(mut self, ptr: u64) -> Self {
+        self.workspace = ptr;
+        self
     }
     pub fn lse(mut self, ptr: u64) -> Self {
         self.lse = ptr;
@@ -216,6 +225,12 @@ pub fn validate(call: &ExternalCall) -> Result<()> {
                 "device address is not 4-byte aligned",
             ));
         }
+    }
+    if call.workspace % 16 != 0 {
+        return Err(Error::invalid(
+            "workspace",
+            "device address is not 16-byte aligned",
+        ));
     }
     if call.lse % 4 != 0 {
         return Err(Error::invalid(
@@ -384,6 +399,7 @@ impl ExternalContext {
             call.out.ptr,
             call.lse,
             call.lengths,
+            call.workspace,
         ];
         // SAFETY: the caller's contract above; shapes, alignment and strides validated.
         unsafe { plan.launch_on(ptrs, strides, stream) }

@@ -1,18 +1,23 @@
 //! Loading a kernel variant and launching it: the parameter block, grid, shared memory.
 
 use super::context::Context;
+use super::decode::{self, CombineParams, DecodeSchedule, COMBINE_THREADS};
 use super::external::Strides;
 use super::params::AttentionParams;
 use super::tensor_map;
 use crate::error::{Error, Result};
-use crate::kernels::{TestBuild, Tile, Variant, FORWARD_SYMBOL};
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaModule, CudaStream};
+use crate::kernels::{TestBuild, Tile, Variant, COMBINE_SYMBOL, FORWARD_SYMBOL};
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
+};
 use std::sync::{Arc, Mutex};
 
 /// A variant's module and function on one context, with its shared-memory limit raised.
 pub struct LoadedKernel {
     _module: Arc<CudaModule>,
     function: CudaFunction,
+    /// Decode variants' second kernel, which merges the split partials.
+    combine: Option<CudaFunction>,
     pub variant: Variant,
     pub smem_bytes: usize,
 }
@@ -22,6 +27,11 @@ impl LoadedKernel {
         let cubin = variant.cubin()?;
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin))?;
         let function = module.load_function(FORWARD_SYMBOL)?;
+        let combine = if variant.decode {
+            Some(module.load_function(COMBINE_SYMBOL)?)
+        } else {
+            None
+        };
         let smem_bytes = variant.tile().smem_bytes(variant.head_dim);
         function.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -30,6 +40,7 @@ impl LoadedKernel {
         Ok(LoadedKernel {
             _module: module,
             function,
+            combine,
             variant,
             smem_bytes,
         })
@@ -60,6 +71,12 @@ struct KernelParams {
     units_per_head: i32,
     num_units: i32,
     pair_tiles: i32,
+    ws_o_ptr: u64,
+    ws_ml_ptr: u64,
+    pack: i32,
+    pack_shift: i32,
+    split_blocks: i32,
+    num_splits: i32,
 }
 
 const _: () = assert!(std::mem::size_of::<KernelParams>() == 512);
@@ -167,7 +184,7 @@ fn with_knobs(
 }
 
 /// Buffers and element strides (q, k, v, o) a parameter block was built for.
-type LaunchKey = ([u64; 6], [Strides; 4]);
+type LaunchKey = ([u64; 7], [Strides; 4]);
 
 /// Everything one shape needs to launch, prepared once: the loaded kernel, grid, and the
 /// parameter block of the last buffers seen (rebuilt only when the pointers change), so
@@ -179,6 +196,11 @@ pub struct Plan {
     tile: Tile,
     grid: (u32, u32, u32),
     schedule: Schedule,
+    /// Decode mode's grid (`Some` for decode variants).
+    decode: Option<DecodeSchedule>,
+    /// The partials' workspace for launches that bring none (the Rust API, on the context's
+    /// own stream), allocated on first use: plans made for external streams never need it.
+    own_workspace: Mutex<Option<CudaSlice<u8>>>,
     secret_len: bool,
     cached: Mutex<Option<(LaunchKey, Box<KernelParams>)>>,
 }
@@ -190,24 +212,33 @@ impl Plan {
         secret_len: bool,
         build: TestBuild,
     ) -> Result<Plan> {
-        let variant = Variant::for_shape(
-            params.dtype,
-            params.head_dim,
-            params.causal,
-            secret_len,
-            params.seqlen_q,
-            params.seqlen_k,
-        );
-        let variant =
-            variant.with_light_tiles(params.batch, params.heads_q, params.seqlen_q, ctx.num_sms());
-        let variant = tuning_overrides(variant);
+        let variant = if decode::applies(&params, secret_len) && build.is_shipped() {
+            Variant::decode(params.dtype, params.head_dim, params.causal)
+        } else {
+            let v = Variant::for_shape(
+                params.dtype,
+                params.head_dim,
+                params.causal,
+                secret_len,
+                params.seqlen_q,
+                params.seqlen_k,
+            );
+            let v =
+                v.with_light_tiles(params.batch, params.heads_q, params.seqlen_q, ctx.num_sms());
+            tuning_overrides(v)
+        };
         // The leakage test's builds (power controls, hardware floor, cycle timer): the same
         // launch, a build that is never shipped.
         let variant = build.apply(variant);
         let kernel = ctx.kernel(variant)?;
         let tile = variant.tile();
         let schedule = Schedule::new(&params, &tile, ctx.num_sms())?;
-        let grid = (schedule.ctas, 1, 1);
+        let decode = if variant.decode {
+            Some(DecodeSchedule::new(&params, &tile, ctx.num_sms())?)
+        } else {
+            None
+        };
+        let grid = (decode.map_or(schedule.ctas, |d| d.ctas), 1, 1);
         Ok(Plan {
             params,
             kernel,
@@ -215,6 +246,8 @@ impl Plan {
             tile,
             grid,
             schedule,
+            decode,
+            own_workspace: Mutex::new(None),
             secret_len,
             cached: Mutex::new(None),
         })
@@ -249,15 +282,34 @@ impl Plan {
         self.secret_len
     }
 
+    /// Bytes of workspace each launch needs (decode mode's split partials; 0 otherwise).
+    pub fn workspace_bytes(&self) -> usize {
+        self.decode.map_or(0, |d| d.workspace_bytes(&self.params))
+    }
+
     fn build(&self, (ptrs, strides): LaunchKey) -> Result<KernelParams> {
         let p = &self.params;
-        let [q, k, v, o, lse, lens] = ptrs;
+        let [q, k, v, o, lse, lens, ws] = ptrs;
         let [q_st, k_st, v_st, o_st] = strides;
         let rows = self.tile.block_m as u32;
         let keys = self.tile.block_n as u32;
-        let q_map = tensor_map::encode(
-            q, p.dtype, q_st, p.batch, p.seqlen_q, p.heads_q, p.head_dim, rows,
-        )?;
+        let q_map = match self.decode {
+            Some(d) => tensor_map::encode_packed(
+                q,
+                p.dtype,
+                q_st,
+                p.batch,
+                p.seqlen_q,
+                p.heads_q,
+                p.head_dim,
+                d.pack as u32,
+                rows,
+            )?,
+            None => tensor_map::encode(
+                q, p.dtype, q_st, p.batch, p.seqlen_q, p.heads_q, p.head_dim, rows,
+            )?,
+        };
+        let (ws_o_ptr, ws_ml_ptr) = self.decode.map_or((0, 0), |d| d.workspace_parts(p, ws));
         let k_map = tensor_map::encode(
             k, p.dtype, k_st, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, keys,
         )?;
@@ -283,10 +335,18 @@ impl Plan {
             group: (p.heads_q / p.heads_kv) as i32,
             scale_log2: scale * std::f32::consts::LOG2_E,
             scale,
-            num_m_blocks: self.schedule.m_blocks,
+            num_m_blocks: self
+                .decode
+                .map_or(self.schedule.m_blocks, |d| d.m_blocks as i32),
             units_per_head: self.schedule.units_per_head,
-            num_units: self.schedule.units,
-            pair_tiles: self.schedule.pair_tiles as i32,
+            num_units: self.decode.map_or(self.schedule.units, |d| d.units as i32),
+            pair_tiles: (self.schedule.pair_tiles && self.decode.is_none()) as i32,
+            ws_o_ptr,
+            ws_ml_ptr,
+            pack: self.decode.map_or(1, |d| d.pack as i32),
+            pack_shift: self.decode.map_or(0, |d| d.pack.trailing_zeros() as i32),
+            split_blocks: self.decode.map_or(0, |d| d.split_blocks as i32),
+            num_splits: self.decode.map_or(1, |d| d.num_splits as i32),
         })
     }
 
@@ -334,21 +394,42 @@ impl Plan {
         let q_st = Strides::contiguous(p.layout, p.seqlen_q, p.heads_q, p.head_dim);
         let kv_st = Strides::contiguous(p.layout, p.seqlen_k, p.heads_kv, p.head_dim);
         let strides = [q_st, kv_st, kv_st, q_st];
-        self.launch_on([q, k, v, o, lse, lens], strides, self.stream.cu_stream())
+        let bytes = self.workspace_bytes();
+        let mut own = self
+            .own_workspace
+            .lock()
+            .map_err(|_| Error::Other("plan lock poisoned".into()))?;
+        if bytes > 0 && own.is_none() {
+            *own = Some(self.stream.alloc_zeros::<u8>(bytes)?);
+        }
+        let ws = own.as_ref().map_or(0, |w| w.device_ptr(&self.stream).0);
+        self.launch_on(
+            [q, k, v, o, lse, lens, ws],
+            strides,
+            self.stream.cu_stream(),
+        )
     }
 
-    /// Enqueues the kernel on `stream` for tensors with explicit element strides (q, k, v, o).
+    /// Enqueues the kernel on `stream` for tensors with explicit element strides (q, k, v, o);
+    /// `ptrs` = (q, k, v, o, lse, lengths, workspace), 0 for an absent one.
     ///
     /// # Safety
-    /// As for [`Plan::launch_raw`], with each buffer covering what its strides reach, and
+    /// As for [`Plan::launch_raw`], with each buffer covering what its strides reach, the
+    /// workspace [`Plan::workspace_bytes`] long and used by no other launch in flight, and
     /// `stream` a live stream of this plan's context; strides checked by
     /// [`super::external::validate`].
     pub(crate) unsafe fn launch_on(
         &self,
-        ptrs: [u64; 6],
+        ptrs: [u64; 7],
         strides: [Strides; 4],
         stream: sys::CUstream,
     ) -> Result<()> {
+        if self.workspace_bytes() > 0 && ptrs[6] == 0 {
+            return Err(Error::invalid(
+                "workspace",
+                "this decode call splits its keys and needs a workspace of Plan::workspace_bytes() bytes",
+            ));
+        }
         let key = (ptrs, strides);
         let mut cached = self
             .cached
@@ -366,6 +447,50 @@ impl Plan {
             self.grid,
             (self.tile.threads() as u32, 1, 1),
             self.kernel.smem_bytes as u32,
+            stream,
+            &mut args,
+        )?;
+        if let (Some(d), Some(combine)) = (self.decode, self.kernel.combine.as_ref()) {
+            if d.num_splits > 1 {
+                self.launch_combine(block, d, combine, stream)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Decode mode's second launch: merges each row's split partials into O and the LSE.
+    unsafe fn launch_combine(
+        &self,
+        k: &KernelParams,
+        d: DecodeSchedule,
+        combine: &CudaFunction,
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        let p = &self.params;
+        let mut c = CombineParams {
+            o_ptr: k.o_ptr,
+            lse_ptr: k.lse_ptr,
+            ws_o_ptr: k.ws_o_ptr,
+            ws_ml_ptr: k.ws_ml_ptr,
+            o_stride_b: k.o_stride_b,
+            o_stride_s: k.o_stride_s,
+            o_stride_h: k.o_stride_h,
+            batch: p.batch as i32,
+            heads_q: p.heads_q as i32,
+            seqlen_q: p.seqlen_q as i32,
+            num_splits: d.num_splits as i32,
+            scale_log2: k.scale_log2,
+            scale: k.scale,
+        };
+        let threads = DecodeSchedule::rows(p) * (p.head_dim / 4);
+        let grid = threads.div_ceil(COMBINE_THREADS as usize) as u32;
+        let mut args: [*mut std::ffi::c_void; 1] =
+            [(&mut c) as *mut CombineParams as *mut std::ffi::c_void];
+        cudarc::driver::result::launch_kernel(
+            combine.cu_function(),
+            (grid, 1, 1),
+            (COMBINE_THREADS, 1, 1),
+            0,
             stream,
             &mut args,
         )?;

@@ -1,6 +1,7 @@
 //! The public attention API: parameters, validation, context, launch.
 
 pub mod context;
+pub mod decode;
 pub mod external;
 pub mod launch;
 pub mod params;

@@ -10,6 +10,34 @@ use cudarc::driver::sys;
 /// Elements per swizzled row: 128 bytes of 16-bit values.
 pub const SWIZZLE_ELEMS: u32 = 64;
 
+/// Q in decode mode (kernels/fc_decode.cuh): dims (dim, head, seq, batch) — heads before
+/// positions — and a box of `pack` heads by `rows / pack` positions, so one load fills a tile's
+/// rows position-major with the query heads that share a K/V head.
+#[allow(clippy::too_many_arguments)]
+pub fn encode_packed(
+    ptr: u64,
+    dtype: DType,
+    strides: Strides,
+    batch: usize,
+    seqlen: usize,
+    heads: usize,
+    head_dim: usize,
+    pack: u32,
+    rows: u32,
+) -> Result<sys::CUtensorMap> {
+    let [sb, ss, sh] = strides.as_array();
+    let esize = dtype.size() as u64;
+    let dims: [u64; 4] = [head_dim as u64, heads as u64, seqlen as u64, batch as u64];
+    let strides: [u64; 3] = [sh as u64 * esize, ss as u64 * esize, sb as u64 * esize];
+    encode_dims(
+        ptr,
+        dtype,
+        dims,
+        strides,
+        [SWIZZLE_ELEMS, pack, rows / pack, 1],
+    )
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn encode(
     ptr: u64,
@@ -26,7 +54,17 @@ pub fn encode(
     let dims: [u64; 4] = [head_dim as u64, seqlen as u64, heads as u64, batch as u64];
     // Byte strides of dims 1..3 (dim 0 is contiguous).
     let strides: [u64; 3] = [ss as u64 * esize, sh as u64 * esize, sb as u64 * esize];
-    let boxes: [u32; 4] = [SWIZZLE_ELEMS, box_rows, 1, 1];
+    encode_dims(ptr, dtype, dims, strides, [SWIZZLE_ELEMS, box_rows, 1, 1])
+}
+
+/// A 4-D map with the given dims (innermost first), byte strides of dims 1..3 and box.
+fn encode_dims(
+    ptr: u64,
+    dtype: DType,
+    dims: [u64; 4],
+    strides: [u64; 3],
+    boxes: [u32; 4],
+) -> Result<sys::CUtensorMap> {
     let elem_strides: [u32; 4] = [1, 1, 1, 1];
     let data_type = match dtype {
         DType::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,

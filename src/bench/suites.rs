@@ -9,6 +9,9 @@ pub enum Suite {
     Seed,
     /// FlashAttention-3 paper sweep: 16k tokens, S = 512..16k, D ∈ {64, 128}, hidden 2048.
     Fa3,
+    /// Decode: one or four query positions over 1k–128k cached keys, GQA 32/8 and 8/1 at
+    /// D 128, MHA 16/16 at D 64, bf16.
+    Decode,
 }
 
 impl Suite {
@@ -16,6 +19,7 @@ impl Suite {
         match self {
             Suite::Seed => "seed",
             Suite::Fa3 => "fa3",
+            Suite::Decode => "decode",
         }
     }
 
@@ -24,6 +28,7 @@ impl Suite {
         match self {
             Suite::Seed => seed(layout),
             Suite::Fa3 => fa3(layout),
+            Suite::Decode => decode(layout),
         }
     }
 }
@@ -70,6 +75,58 @@ pub fn fa3(layout: Layout) -> Vec<AttentionParams> {
                             .causal(causal),
                     );
                 }
+            }
+        }
+    }
+    out
+}
+
+/// (heads_q, heads_kv, head_dim, [(batch, seqlen_k)]) of the decode suite: caches up to 4.3 GB
+/// of K/V (bf16), so several rotated sets fit beside each other in an H100's memory.
+const DECODE_SHAPES: [(usize, usize, usize, &[(usize, usize)]); 3] = [
+    (
+        32,
+        8,
+        128,
+        &[
+            (1, 8192),
+            (1, 32768),
+            (1, 131072),
+            (8, 8192),
+            (8, 32768),
+            (32, 4096),
+            (32, 16384),
+            (128, 1024),
+            (128, 4096),
+        ],
+    ),
+    (
+        8,
+        1,
+        128,
+        &[(1, 131072), (8, 32768), (32, 8192), (128, 2048)],
+    ),
+    (
+        16,
+        16,
+        64,
+        &[(1, 32768), (8, 8192), (64, 1024), (128, 4096)],
+    ),
+];
+
+/// bf16 × Sq ∈ {1, 4 causal (speculative verification)} × [`DECODE_SHAPES`].
+pub fn decode(layout: Layout) -> Vec<AttentionParams> {
+    let mut out = Vec::new();
+    for (sq, causal) in [(1usize, false), (4, true)] {
+        for (hq, hkv, d, shapes) in DECODE_SHAPES {
+            for &(b, sk) in shapes {
+                let mut p = AttentionParams::new(b, hq, sq, d)
+                    .seqlen_k(sk)
+                    .dtype(DType::Bf16)
+                    .layout(layout)
+                    .causal(causal);
+                p.heads_kv = hkv;
+                out.push(p);
             }
         }
     }

@@ -9,6 +9,9 @@ use crate::jit::{self, Header};
 /// Symbol of the forward kernel in every variant's cubin.
 pub const FORWARD_SYMBOL: &str = "flashcore_attention_fwd";
 
+/// Symbol of decode mode's combine kernel (decode variants' cubins only).
+pub const COMBINE_SYMBOL: &str = "flashcore_decode_combine";
+
 const FORWARD_SOURCE: &str = include_str!("../../kernels/attention_fwd.cu");
 
 /// Symbol of the queued-timing wait kernel (`kernels/fc_spin.cu`), used by `flashcore leakage`.
@@ -43,6 +46,7 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_softmax.cuh",
     "fc_cluster.cuh",
     "fc_instrument.cuh",
+    "fc_decode.cuh",
 );
 
 fn headers() -> Vec<Header<'static>> {
@@ -103,6 +107,9 @@ pub struct Variant {
     pub secret_len: bool,
     /// Key-range split across a cluster of this many CTAs (1: none); see [`split_for`].
     pub split: usize,
+    /// Decode mode (`kernels/fc_decode.cuh`): GQA-packed 64-row tiles, the key range split over
+    /// work units of a size fixed by Sk, partials merged by a second kernel ([`Variant::decode`]).
+    pub decode: bool,
     /// A deliberately leaky build for the timing test's power control; never shipped.
     pub leaky_control: Option<LeakyControl>,
     /// The timing test's hardware floor (`FC_FLOOR_CONTROL`, kernels/fc_instrument.cuh): the
@@ -175,6 +182,11 @@ impl Variant {
         } else {
             format!("_n{}", self.block_n)
         };
+        let split = if self.decode {
+            format!("{split}_decode")
+        } else {
+            split
+        };
         format!(
             "fwd_{}_d{}_{}_m{}{block_n}{}{split}{control}{probes}",
             self.dtype.name(),
@@ -195,9 +207,19 @@ impl Variant {
             block_n: 128,
             secret_len: false,
             split: 1,
+            decode: false,
             leaky_control: None,
             floor_control: false,
             cycle_timer: false,
+        }
+    }
+
+    /// The decode variant: one 64-row consumer warpgroup whose rows are GQA-packed query
+    /// heads, the key range split over work units ([`crate::attention::decode`]).
+    pub fn decode(dtype: DType, head_dim: usize, causal: bool) -> Variant {
+        Variant {
+            decode: true,
+            ..Variant::basic(dtype, head_dim, causal, 64)
         }
     }
 
@@ -232,6 +254,7 @@ impl Variant {
             block_n: 128,
             secret_len,
             split,
+            decode: false,
             leaky_control: None,
             floor_control: false,
             cycle_timer: false,
@@ -302,6 +325,10 @@ impl Variant {
             "-DFC_LEAKY_CONTROL={}",
             self.leaky_control.map_or(0, |c| c as u8)
         ));
+        // Decode builds only: prefill variants keep their options (and cache keys) unchanged.
+        if self.decode {
+            o.push("-DFC_DECODE=1".into());
+        }
         // Measurement builds only: shipped variants pass neither define (both default to 0).
         if self.floor_control {
             o.push("-DFC_FLOOR_CONTROL=1".into());
@@ -356,6 +383,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                             block_n: 128,
                             secret_len,
                             split,
+                            decode: false,
                             leaky_control: None,
                             floor_control: false,
                             cycle_timer: false,
@@ -364,6 +392,8 @@ pub fn shipped_variants() -> Vec<Variant> {
                 }
                 // Light tiles for launches that cannot fill the GPU (Variant::with_light_tiles).
                 v.push(Variant::basic(dtype, head_dim, causal, 64));
+                // Decode: few query positions over long key ranges (Variant::decode).
+                v.push(Variant::decode(dtype, head_dim, causal));
                 if head_dim == 64 {
                     v.push(Variant {
                         dtype,
@@ -373,6 +403,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                         block_n: 128,
                         secret_len: false,
                         split: 1,
+                        decode: false,
                         leaky_control: None,
                         floor_control: false,
                         cycle_timer: false,

@@ -1,0 +1,192 @@
+//! Decode mode (`kernels/fc_decode.cuh`): calls with few query positions over long key ranges —
+//! generation steps, speculative verification. GQA packing puts the query heads that share a K/V
+//! head into the rows of one tile; split-KV cuts each tile's key range into work units of a fixed
+//! size, whose partial results a second kernel merges in a fixed order.
+//!
+//! Every choice here is a function of one sequence's shape (Sq, Sk, the head group): never of
+//! the batch or the SM count. So a sequence's output bits do not depend on what else is in the
+//! batch (`tests/gpu_decode.rs` checks it bitwise).
+
+use super::params::AttentionParams;
+use crate::error::{Error, Result};
+use crate::kernels::Tile;
+
+/// Calls with at most this many query positions per sequence run in decode mode.
+pub const MAX_SEQLEN_Q: usize = 16;
+
+/// Whether a call runs in decode mode: few query positions, not secret-length (whose kernels
+/// keep the prefill path).
+pub fn applies(p: &AttentionParams, secret_len: bool) -> bool {
+    !secret_len && p.seqlen_q <= MAX_SEQLEN_Q
+}
+
+/// Query heads packed into one tile's rows: the largest power of two that divides the group
+/// (Hq / Hkv) and fits 64 rows. Every head of a pack reads the same K/V head.
+pub fn pack_for(group: usize) -> usize {
+    let mut pack = 1;
+    while pack < 64 && group % (2 * pack) == 0 {
+        pack *= 2;
+    }
+    pack
+}
+
+/// K/V blocks per split: about a sixteenth of the key range, at least one block and at most
+/// eight. Sixteen splits of one K/V head fill most of the GPU for one sequence with 8 K/V heads;
+/// eight 128-key blocks per split keep the partials' traffic under 1% of the K/V read. A
+/// function of Sk alone.
+pub fn split_blocks_for(seqlen_k: usize, block_n: usize) -> usize {
+    seqlen_k.div_ceil(16 * block_n).clamp(1, 8)
+}
+
+/// The decode grid: which work units exist and how many CTAs walk them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeSchedule {
+    pub pack: usize,
+    /// Query tiles per (batch, pack): ceil(Sq / (64 / pack)).
+    pub m_blocks: usize,
+    pub split_blocks: usize,
+    /// Splits per tile: ceil(key blocks / split_blocks).
+    pub num_splits: usize,
+    /// batch · (Hq / pack) · m_blocks · num_splits.
+    pub units: usize,
+    /// Persistent CTAs: one per SM at most.
+    pub ctas: u32,
+}
+
+impl DecodeSchedule {
+    pub fn new(p: &AttentionParams, tile: &Tile, num_sms: usize) -> Result<DecodeSchedule> {
+        let pack = pack_for(p.heads_q / p.heads_kv);
+        let m_blocks = p.seqlen_q.div_ceil(tile.block_m / pack);
+        let split_blocks = split_blocks_for(p.seqlen_k, tile.block_n);
+        let num_splits = p.seqlen_k.div_ceil(tile.block_n).div_ceil(split_blocks);
+        let units =
+            p.batch as u128 * (p.heads_q / pack) as u128 * m_blocks as u128 * num_splits as u128;
+        let rows = p.batch as u128 * p.heads_q as u128 * p.seqlen_q as u128;
+        // The kernels index units, rows · splits partials and rows · D/4 combine threads in i32.
+        let limit = i32::MAX as u128;
+        if units > limit
+            || rows * num_splits as u128 > limit
+            || rows * (p.head_dim as u128 / 4) > limit
+        {
+            return Err(Error::invalid(
+                "batch",
+                "too large for decode mode: batch · heads_q · seqlen_q · splits must fit in an i32",
+            ));
+        }
+        Ok(DecodeSchedule {
+            pack,
+            m_blocks,
+            split_blocks,
+            num_splits,
+            units: units as usize,
+            ctas: units.min(num_sms.max(1) as u128) as u32,
+        })
+    }
+
+    /// Output rows (batch · heads_q · seqlen_q).
+    pub fn rows(p: &AttentionParams) -> usize {
+        p.batch * p.heads_q * p.seqlen_q
+    }
+
+    /// Bytes of fp32 workspace the split partials need: per row and split, D outputs, a max
+    /// and a sum. Zero with one split (the kernel then writes the output directly).
+    pub fn workspace_bytes(&self, p: &AttentionParams) -> usize {
+        if self.num_splits == 1 {
+            return 0;
+        }
+        Self::rows(p) * self.num_splits * (p.head_dim + 2) * 4
+    }
+
+    /// (partial outputs, partial (max, sum)) addresses inside a workspace at `ws`.
+    pub fn workspace_parts(&self, p: &AttentionParams, ws: u64) -> (u64, u64) {
+        if self.num_splits == 1 {
+            return (0, 0);
+        }
+        let o_bytes = Self::rows(p) * self.num_splits * p.head_dim * 4;
+        (ws, ws + o_bytes as u64)
+    }
+}
+
+/// Bytes of workspace a call needs (0 when it is not a decode call or runs one split): what a
+/// framework allocates and passes with [`super::external::ExternalCall::workspace`].
+pub fn workspace_bytes(p: &AttentionParams, secret_len: bool) -> usize {
+    if !applies(p, secret_len) {
+        return 0;
+    }
+    let tile = crate::kernels::Variant::decode(p.dtype, p.head_dim, p.causal).tile();
+    // The SM count only sets the CTA count, never the splits: any value gives the same size.
+    DecodeSchedule::new(p, &tile, 1).map_or(0, |s| s.workspace_bytes(p))
+}
+
+/// The combine kernel's parameter block (`CombineParams` in kernels/fc_decode.cuh).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CombineParams {
+    pub o_ptr: u64,
+    pub lse_ptr: u64,
+    pub ws_o_ptr: u64,
+    pub ws_ml_ptr: u64,
+    pub o_stride_b: i64,
+    pub o_stride_s: i64,
+    pub o_stride_h: i64,
+    pub batch: i32,
+    pub heads_q: i32,
+    pub seqlen_q: i32,
+    pub num_splits: i32,
+    pub scale_log2: f32,
+    pub scale: f32,
+}
+
+/// Threads per CTA of the combine kernel.
+pub(crate) const COMBINE_THREADS: u32 = 256;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::DType;
+
+    #[test]
+    fn pack_is_the_largest_power_of_two_dividing_the_group() {
+        assert_eq!(pack_for(1), 1);
+        assert_eq!(pack_for(4), 4);
+        assert_eq!(pack_for(6), 2);
+        assert_eq!(pack_for(7), 1);
+        assert_eq!(pack_for(8), 8);
+        assert_eq!(pack_for(128), 64);
+    }
+
+    #[test]
+    fn split_size_depends_on_sk_only() {
+        assert_eq!(split_blocks_for(1, 128), 1);
+        assert_eq!(split_blocks_for(2048, 128), 1);
+        assert_eq!(split_blocks_for(8192, 128), 4);
+        assert_eq!(split_blocks_for(1 << 17, 128), 8);
+        let tile = crate::kernels::Variant::decode(DType::Bf16, 128, false).tile();
+        let p = |b| AttentionParams::new(b, 32, 1, 128).seqlen_k(8192);
+        let mut one = p(1);
+        one.heads_kv = 8;
+        let mut many = p(64);
+        many.heads_kv = 8;
+        let a = DecodeSchedule::new(&one, &tile, 132).unwrap();
+        let b = DecodeSchedule::new(&many, &tile, 7).unwrap();
+        assert_eq!((a.pack, a.split_blocks, a.num_splits), (4, 4, 16));
+        assert_eq!(
+            (b.pack, b.split_blocks, b.num_splits),
+            (a.pack, a.split_blocks, a.num_splits)
+        );
+        assert_eq!(a.units, 8 * 16);
+        assert_eq!(b.units, 64 * a.units);
+        assert_eq!(b.ctas, 7);
+        assert_eq!(a.workspace_bytes(&one), 32 * 16 * 130 * 4);
+    }
+
+    #[test]
+    fn decode_needs_few_queries_and_public_lengths() {
+        let p = AttentionParams::new(1, 8, 16, 64).seqlen_k(4096);
+        assert!(applies(&p, false));
+        assert!(!applies(&p, true));
+        assert!(!applies(&AttentionParams::new(1, 8, 17, 64), false));
+        assert_eq!(workspace_bytes(&p, true), 0);
+        assert!(workspace_bytes(&p, false) > 0);
+    }
+}
