@@ -56,7 +56,7 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
             const Consumer c{p,         s,         wg,
                              t.m_block, t.head,    t.batch,
                              lane,      tile_row0 + wg * 64 + warp * 16 + lane / 4,
-                             2 * (lane % 4), smem_u32(&s.q[0][wg * 64][0]),
+                             2 * (lane % 4), smem_u32(&s.q[q_load % QBUF][0][wg * 64][0]),
                              key_limit, kv.begin,  g};
             float o[D / 2];
 #pragma unroll
@@ -111,8 +111,11 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
 #endif
     const int warp = warp_id_in_block();
     if (threadIdx.x == 0) {
-        mbar_init(&s.q_full, 1);
-        mbar_init(&s.q_empty, cfg::CONSUMERS * 4);
+#pragma unroll
+        for (int i = 0; i < cfg::QBUF; ++i) {
+            mbar_init(&s.q_full[i], 1);
+            mbar_init(&s.q_empty[i], cfg::CONSUMERS * 4);
+        }
 #pragma unroll
         for (int i = 0; i < cfg::STAGES; ++i) {
             mbar_init(&s.k_full[i], 1);

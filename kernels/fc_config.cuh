@@ -22,6 +22,9 @@ constexpr int BN = FC_BLOCK_N;              // keys per pipeline stage
 constexpr int STAGES = FC_STAGES;           // K/V ring depth
 constexpr int CHUNKS = D / 64;              // 128-byte swizzle atoms across the head dim
 constexpr int CONSUMERS = FC_CONSUMERS;     // consumer warpgroups, 64 query rows each
+// Q buffers: decode mode double-buffers Q, so the producer loads the next work unit's Q (and
+// then its K/V) while this unit's last Q Kᵀ is still to come — its units are short.
+constexpr int QBUF = FC_DECODE ? 2 : 1;
 static_assert(BM == 64 * CONSUMERS, "each consumer warpgroup owns 64 query rows");
 static_assert(BN == 64 || BN == 128, "wgmma N for S = Q K^T");
 constexpr int SPLIT = FC_SPLIT;             // CTAs per cluster sharing one query tile's keys
@@ -63,10 +66,10 @@ struct Params {
 };
 
 struct Shared {
-    uint16_t q[cfg::CHUNKS][cfg::BM][64];
+    uint16_t q[cfg::QBUF][cfg::CHUNKS][cfg::BM][64];
     uint16_t k[cfg::STAGES][cfg::CHUNKS][cfg::BN][64];
     uint16_t v[cfg::STAGES][cfg::CHUNKS][cfg::BN][64];
-    uint64_t q_full, q_empty;
+    uint64_t q_full[cfg::QBUF], q_empty[cfg::QBUF];
     uint64_t k_full[cfg::STAGES], v_full[cfg::STAGES];
     uint64_t k_empty[cfg::STAGES], v_empty[cfg::STAGES];
     float anchor[128 * cfg::CONSUMERS];  // write-only scheduling anchor (see Consumer::iteration)

@@ -162,7 +162,7 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     const int wg = c.wg;
     Shared& s = c.s;
     const Params& p = c.p;
-    mbar_wait(&s.q_full, q_load & 1);
+    mbar_wait(&s.q_full[q_load % QBUF], (q_load / QBUF) & 1);
     FC_PHASE_MARK(FC_PHASE_Q, 128);
 
     float sacc[BN / 2];
@@ -194,7 +194,7 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
 
     // Every Q Kᵀ of this tile is complete (the last iteration waited for all GEMMs): the producer
     // may load the next tile's Q while this warpgroup finishes the last P V and the epilogue.
-    c.release(&s.q_empty);
+    c.release(&s.q_empty[q_load % QBUF]);
 
     const int last = ring_stage(c.g0 + n_blocks - 1);
     mbar_wait(&s.v_full[last], ring_phase(c.g0 + n_blocks - 1));

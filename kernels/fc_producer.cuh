@@ -21,16 +21,17 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
             const KvRange kv = tile_kv(p, t, key_limit_of(p, t.batch));
             if (kv.count == 0) continue;  // fully masked tile: consumers write zeros without Q
             const int kv_head = t.head / p.group;
-            mbar_wait(&s.q_empty, (q_load & 1) ^ 1);
-            mbar_arrive_expect_tx(&s.q_full, cfg::Q_BYTES);
+            const int qb = q_load % cfg::QBUF;
+            mbar_wait(&s.q_empty[qb], ((q_load / cfg::QBUF) & 1) ^ 1);
+            mbar_arrive_expect_tx(&s.q_full[qb], cfg::Q_BYTES);
 #pragma unroll
             for (int c = 0; c < cfg::CHUNKS; ++c) {
 #if FC_DECODE
                 // The packed map's dims are (dim, head, seq, batch): a box of `pack` heads by
                 // BM / pack query positions fills the tile's 64 rows, position-major.
-                tma_load_4d(&s.q[c][0][0], &p.q_map, &s.q_full, c * 64, t.head, t.m_block * qrows_per_tile(p), t.batch);
+                tma_load_4d(&s.q[qb][c][0][0], &p.q_map, &s.q_full[qb], c * 64, t.head, t.m_block * qrows_per_tile(p), t.batch);
 #else
-                tma_load_4d(&s.q[c][0][0], &p.q_map, &s.q_full, c * 64, t.m_block * cfg::BM, t.head, t.batch);
+                tma_load_4d(&s.q[qb][c][0][0], &p.q_map, &s.q_full[qb], c * 64, t.m_block * cfg::BM, t.head, t.batch);
 #endif
             }
             ++q_load;

@@ -31,11 +31,11 @@ pub fn pack_for(group: usize) -> usize {
 }
 
 /// K/V blocks per split: about a sixteenth of the key range, at least one block and at most
-/// eight. Sixteen splits of one K/V head fill most of the GPU for one sequence with 8 K/V heads;
-/// eight 128-key blocks per split keep the partials' traffic under 1% of the K/V read. A
-/// function of Sk alone.
+/// sixteen. Sixteen splits of one K/V head fill most of the GPU for one sequence with 8 K/V
+/// heads; up to sixteen 128-key blocks per split keep each work unit long against its fixed
+/// costs (Q load, partial write) on long caches. A function of Sk alone.
 pub fn split_blocks_for(seqlen_k: usize, block_n: usize) -> usize {
-    seqlen_k.div_ceil(16 * block_n).clamp(1, 8)
+    seqlen_k.div_ceil(16 * block_n).clamp(1, 16)
 }
 
 /// The decode grid: which work units exist and how many CTAs walk them.
@@ -160,7 +160,8 @@ mod tests {
         assert_eq!(split_blocks_for(1, 128), 1);
         assert_eq!(split_blocks_for(2048, 128), 1);
         assert_eq!(split_blocks_for(8192, 128), 4);
-        assert_eq!(split_blocks_for(1 << 17, 128), 8);
+        assert_eq!(split_blocks_for(1 << 17, 128), 16);
+        assert_eq!(split_blocks_for(1 << 20, 128), 16);
         let tile = crate::kernels::Variant::decode(DType::Bf16, 128, false).tile();
         let p = |b| AttentionParams::new(b, 32, 1, 128).seqlen_k(8192);
         let mut one = p(1);

@@ -68,6 +68,8 @@ pub struct Tile {
     pub stages: usize,
     /// Consumer warpgroups.
     pub consumers: usize,
+    /// Q tile buffers (2 in decode mode: the next unit's Q loads during this one).
+    pub q_buffers: usize,
     /// CTAs of a cluster sharing one query tile's keys (1: no split).
     pub split: usize,
 }
@@ -78,9 +80,9 @@ impl Tile {
     }
     /// Dynamic shared memory: Q tile, K and V rings, mbarriers, plus 1 KiB of alignment slack.
     pub fn smem_bytes(&self, head_dim: usize) -> usize {
-        let q = self.block_m * head_dim * 2;
+        let q = self.q_buffers * self.block_m * head_dim * 2;
         let kv = 2 * self.stages * self.block_n * head_dim * 2;
-        let barriers = (2 + 4 * self.stages) * 8;
+        let barriers = (2 * self.q_buffers + 4 * self.stages) * 8;
         let anchor = 128 * self.consumers * 4;
         // Split mode parks an fp32 partial (O, max, sum) per query row for the cluster combine.
         let partial = if self.split > 1 {
@@ -299,12 +301,20 @@ impl Variant {
     }
 
     pub fn tile(&self) -> Tile {
-        let stages = if self.head_dim == 64 { 4 } else { 2 };
+        // Decode streams K/V with little compute per byte: a deeper ring keeps more of it in
+        // flight (what fits in 227 KiB beside two Q buffers).
+        let stages = match (self.decode, self.head_dim) {
+            (false, 64) => 4,
+            (false, _) => 2,
+            (true, 64) => 6,
+            (true, _) => 3,
+        };
         Tile {
             block_m: self.block_m,
             block_n: self.block_n,
             stages,
             consumers: self.block_m / 64,
+            q_buffers: if self.decode { 2 } else { 1 },
             split: self.split,
         }
     }
