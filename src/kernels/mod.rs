@@ -301,12 +301,12 @@ impl Variant {
     }
 
     pub fn tile(&self) -> Tile {
-        // Decode streams K/V with little compute per byte: a deeper ring keeps more of it in
-        // flight (what fits in 227 KiB beside two Q buffers).
+        // Decode streams K/V with little compute per byte: at d128 a third stage keeps more of
+        // it in flight (what fits in 227 KiB beside two Q buffers). d64 keeps four (six measured
+        // no better: PERF_NOTES step 16).
         let stages = match (self.decode, self.head_dim) {
-            (false, 64) => 4,
+            (_, 64) => 4,
             (false, _) => 2,
-            (true, 64) => 6,
             (true, _) => 3,
         };
         Tile {
