@@ -486,14 +486,33 @@ impl Plan {
         let grid = threads.div_ceil(COMBINE_THREADS as usize) as u32;
         let mut args: [*mut std::ffi::c_void; 1] =
             [(&mut c) as *mut CombineParams as *mut std::ffi::c_void];
-        cudarc::driver::result::launch_kernel(
+        // Programmatic dependent launch: the combine grid is launched while the main kernel is
+        // still running (its CTAs signal `griddepcontrol.launch_dependents` at the start) and
+        // waits in `griddepcontrol.wait` until that grid has finished and its writes are
+        // visible, so the launch latency hides under the main kernel's tail. Captured into CUDA
+        // graphs as a programmatic edge.
+        let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid,
+            gridDimY: 1,
+            gridDimZ: 1,
+            blockDimX: COMBINE_THREADS,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: stream,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        sys::cuLaunchKernelEx(
+            &config,
             combine.cu_function(),
-            (grid, 1, 1),
-            (COMBINE_THREADS, 1, 1),
-            0,
-            stream,
-            &mut args,
-        )?;
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+        .result()?;
         Ok(())
     }
 }
