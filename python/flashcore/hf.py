@@ -8,24 +8,28 @@ The name is "fcore", not "flashcore": transformers (5.x) treats every implementa
 contains "flash" as a flash-attn kernel to fetch from its hub, so "flashcore" cannot be used.
 
 Masks are built as for "sdpa" (transformers' ``sdpa_mask``), which leaves them out when plain
-causal or full attention is exact. flashcore serves a call only when it understands every argument
-the model passed: no mask, no dropout, fp16/bf16, head dim 64/128, an sm_90 GPU, no input that
-requires grad, and keyword arguments from an allow-list (``_ALLOWED``) with values that change
-nothing flashcore computes (``sliding_window`` only when the keys fit in the window,
-``softcap`` only None or 0, ``s_aux`` only None). Such calls run with SDPA's semantics (causal
-top-left aligned when Sq ≠ Sk). Every other call goes to a path that computes it:
+causal or full attention is exact. flashcore serves a call only when it understands every
+argument the model passed: no mask, no dropout, fp16/bf16, head dim 64/128, an sm_90 GPU, no input
+that requires grad, and keyword arguments from an allow-list at values that change nothing
+flashcore computes — ``position_ids``, ``use_cache``, ``output_hidden_states``,
+``output_router_logits``, ``num_items_in_batch`` (any value), ``sliding_window`` (None, or at
+least the number of keys: then every key lies in the window), ``softcap`` (None or 0), ``s_aux``,
+``position_bias`` (None), ``output_attentions`` (false). Served calls run with SDPA's semantics
+(causal top-left aligned when Sq ≠ Sk). Every other call goes to a path that computes it:
 
-- transformers' SDPA function when SDPA expresses the call (a padding or sliding-window mask,
-  dropout, ``position_bias``, another dtype, head dim, device or GPU, autograd);
-- the model's own eager attention (the module-level ``eager_attention_forward`` of the module that
-  defines the attention layer) when SDPA cannot: attention sinks (``s_aux``, gpt-oss), ``softcap``
-  (Gemma 2), ``output_attentions``, and any keyword argument not on the allow-list — a future
-  transformers' included. The boolean mask is turned into the additive mask eager attention wants,
-  and a causal mask is built where the mask builder left it out. With no eager function to be
-  found it raises rather than compute something else.
+- transformers' SDPA function where SDPA expresses the call: a mask (padding, or a sliding window
+  shorter than the keys: the mask carries the window, as on transformers' own SDPA and eager
+  paths), dropout, ``position_bias``, another dtype, head dim, device or GPU, autograd;
+- the model's own eager attention where it does not: attention sinks (``s_aux``, gpt-oss),
+  ``softcap`` (Gemma 2), ``output_attentions``, a window shorter than the keys without a mask, and
+  any keyword argument not on the allow-list (a future transformers' too). That is the
+  module-level ``eager_attention_forward`` of the module that defines the attention layer's class;
+  the boolean mask is made additive (0 / the dtype's lowest value, as transformers' ``eager_mask``)
+  and a causal mask built where the mask builder left it out. With no eager function to be found
+  it raises rather than compute something else.
 
-``stats`` counts the calls per path ("flashcore", and "fallback" = "sdpa" + "eager");
-``reasons`` counts why calls fell back (``fallback_reason`` gives the reason for one call).
+``stats`` counts calls per path ("flashcore"; "fallback" = "sdpa" + "eager"), ``reasons`` counts
+why calls fell back; ``fallback_reason`` and ``fallback_path`` give them for one call.
 """
 
 import inspect
@@ -43,9 +47,10 @@ reasons = {}
 
 # Keyword arguments transformers (5.x) passes to attention functions that have no bearing on the
 # attention result, checked against transformers' sources: `position_ids` (RoPE is applied before
-# the call; packed sequences reach this backend through the mask, which the mask builder makes
-# from them), `use_cache`, `output_hidden_states`, `output_router_logits` (output flags of the
-# model, consumed elsewhere), `num_items_in_batch` (loss normalisation).
+# the call; packed sequences come as a mask, which the mask builder makes from the position ids;
+# SDPA and eager attention ignore them too, only flash-attn's varlen path reads them),
+# `use_cache`, `output_hidden_states`, `output_router_logits` (output flags of the model,
+# consumed elsewhere), `num_items_in_batch` (loss normalisation).
 _INERT = frozenset({"position_ids", "use_cache", "output_hidden_states", "output_router_logits", "num_items_in_batch"})
 
 # Keyword arguments that flashcore implements for some values only (checked in fallback_reason).
@@ -55,7 +60,10 @@ _ALLOWED = _INERT | _CONDITIONAL
 
 # Reasons SDPA's function computes exactly; every other reason goes to the model's eager attention.
 _SDPA_REASONS = frozenset(
-    {"attention_mask", "dropout", "position_bias", "device", "dtype", "head_dim", "heads", "empty", "gpu", "requires_grad", "scaling"}
+    {
+        "attention_mask", "dropout", "position_bias", "device", "dtype", "head_dim", "heads", "empty", "gpu",
+        "requires_grad", "scaling",
+    }
 )
 
 
@@ -88,8 +96,8 @@ def fallback_reason(query, key, value, attention_mask, dropout=0.0, scaling=None
     # transformers' windows: key j is visible to query i when i - j < window (masking_utils'
     # sliding_window_overlay; its flash path passes window_size = (window - 1, window - 1) once
     # Sk > window). With Sk <= window every key is inside it and the window changes nothing.
-    # Beyond that the mask carries it (its builder is given the window and never leaves such a
-    # mask out), as on transformers' SDPA and eager paths; a call without a mask goes to eager.
+    # Beyond that the mask carries it (transformers' sliding-window mask builder never leaves such
+    # a mask out), as on transformers' SDPA and eager paths; a call without a mask goes to eager.
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
             return "sliding_window"
