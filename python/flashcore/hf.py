@@ -8,13 +8,16 @@ The name is "fcore", not "flashcore": transformers (5.x) treats every implementa
 contains "flash" as a flash-attn kernel to fetch from its hub, so "flashcore" cannot be used.
 
 Masks are built as for "sdpa" (transformers' ``sdpa_mask``), which leaves them out when plain
-causal or full attention is exact. flashcore serves a call only when it understands every
-argument the model passed: no mask, no dropout, fp16/bf16, head dim 64/128, an sm_90 GPU, no input
-that requires grad, and keyword arguments from an allow-list at values that change nothing
-flashcore computes — ``position_ids``, ``use_cache``, ``output_hidden_states``,
-``output_router_logits``, ``num_items_in_batch`` (any value), ``sliding_window`` (None, or at
-least the number of keys: then every key lies in the window), ``softcap`` (None or 0), ``s_aux``,
-``position_bias`` (None), ``output_attentions`` (false). Served calls run with SDPA's semantics
+causal or full attention is exact; models whose own code adds the mask to its scores instead of
+calling an attention function (Bloom, ...: they support neither "sdpa" nor attention backends)
+get the additive mask they have under "eager" (``build_mask``). flashcore serves a call only
+when it understands every argument the model passed: no mask, no dropout, fp16/bf16, head dim
+64/128, an sm_90 GPU, no input that requires grad, and keyword arguments from an allow-list at
+values that change nothing flashcore computes — ``position_ids``, ``use_cache``,
+``output_hidden_states``, ``output_router_logits``, ``num_items_in_batch``,
+``encoder_hidden_states`` (any value), ``sliding_window`` (None, or at least the number of keys:
+then every key lies in the window), ``softcap`` (None or 0), ``s_aux``, ``position_bias`` (None),
+``output_attentions`` (false). Served calls run with SDPA's semantics
 (causal top-left aligned when Sq ≠ Sk). Every other call goes to a path that computes it:
 
 - transformers' SDPA function where SDPA expresses the call: a mask (padding, or a sliding window
@@ -50,8 +53,13 @@ reasons = {}
 # the call; packed sequences come as a mask, which the mask builder makes from the position ids;
 # SDPA and eager attention ignore them too, only flash-attn's varlen path reads them),
 # `use_cache`, `output_hidden_states`, `output_router_logits` (output flags of the model,
-# consumed elsewhere), `num_items_in_batch` (loss normalisation).
-_INERT = frozenset({"position_ids", "use_cache", "output_hidden_states", "output_router_logits", "num_items_in_batch"})
+# consumed elsewhere), `num_items_in_batch` (loss normalisation), `encoder_hidden_states` (BERT
+# and its kin pass it down; cross-attention computes K and V from it before the call, and no
+# attention function of transformers, nor any model's eager one, reads it).
+_INERT = frozenset(
+    {"position_ids", "use_cache", "output_hidden_states", "output_router_logits", "num_items_in_batch",
+     "encoder_hidden_states"}
+)
 
 # Keyword arguments that flashcore implements for some values only (checked in fallback_reason).
 _CONDITIONAL = frozenset({"sliding_window", "softcap", "s_aux", "position_bias", "output_attentions"})
@@ -212,11 +220,47 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     return top_left(q, k, v, causal, _checks.check_scale(scaling), bhsd=False), None
 
 
+_SDPA_MASKS = {}
+
+
+def _takes_sdpa_masks(config):
+    """Whether models of `config`'s type run attention through transformers' attention functions
+    (they support "sdpa" or attention backends), so that "sdpa"'s masks are what they want."""
+    kind = getattr(config, "model_type", None)
+    if kind not in _SDPA_MASKS:
+        import transformers
+        from transformers.models.auto import modeling_auto as auto
+
+        names = auto.MODEL_MAPPING_NAMES.get(kind) or auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(kind)
+        takes = True  # a model type transformers does not know (remote code): as for "sdpa"
+        if names:
+            try:
+                cls = getattr(transformers, names if isinstance(names, str) else names[0])
+                takes = bool(cls._supports_sdpa or cls._supports_attention_backend)
+            except (AttributeError, ImportError):
+                pass
+        _SDPA_MASKS[kind] = takes
+    return _SDPA_MASKS[kind]
+
+
+def build_mask(*args, config=None, **kwargs):
+    """"fcore"'s mask builder: transformers' ``sdpa_mask``, as for "sdpa" (a boolean mask, or None
+    where plain causal or full attention is exact). transformers lets any model pick a registered
+    attention name, also one whose own attention code never calls an attention function and adds
+    the mask to its scores itself (Bloom, GPT-J, ...: models that support neither "sdpa" nor
+    attention backends); those get ``eager_mask``, the additive mask they have under "eager"."""
+    from transformers.masking_utils import eager_mask as additive_mask, sdpa_mask
+
+    if config is not None and not _takes_sdpa_masks(config):
+        return additive_mask(*args, config=config, **kwargs)
+    return sdpa_mask(*args, config=config, **kwargs)
+
+
 def register(name=NAME):
-    """Registers `name` with transformers' AttentionInterface (and its mask builder, as for
-    "sdpa"); returns it, for ``attn_implementation=``."""
+    """Registers `name` with transformers' AttentionInterface and its mask builder
+    (``build_mask``); returns it, for ``attn_implementation=``."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     if "flash" in name:
         raise ValueError(
@@ -224,5 +268,5 @@ def register(name=NAME):
             "flash-attn kernel to download; register under another name (the default is 'fcore')"
         )
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, build_mask)
     return name

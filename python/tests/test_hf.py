@@ -49,11 +49,12 @@ def reason(q, k, v, mask=None, dropout=0.0, scaling=0.125, **kwargs):
 def test_a_plain_call_is_served_with_the_inert_kwargs(gpu):
     q, k, v = qkv()
     assert reason(q, k, v) is None
-    # What transformers 5.17's Llama, Qwen2, Mistral, Gemma 2, Phi-3 and gpt-oss pass besides the
-    # attention arguments, at values that change nothing flashcore computes.
+    # What transformers 5.17's Llama, Qwen2, Mistral, Gemma 2, Phi-3, gpt-oss and BERT pass besides
+    # the attention arguments, at values that change nothing flashcore computes.
     inert = dict(position_ids=torch.empty(1, 64, dtype=torch.long, device="cuda"), use_cache=True,
                  output_router_logits=False, output_hidden_states=False, output_attentions=False,
-                 num_items_in_batch=None, sliding_window=None, softcap=None, s_aux=None, position_bias=None)
+                 num_items_in_batch=None, sliding_window=None, softcap=None, s_aux=None, position_bias=None,
+                 encoder_hidden_states=None)
     assert reason(q, k, v, **inert) is None
     assert reason(q, k, v, scaling=None, softcap=0.0) is None
     assert reason(*qkv(sq=1, sk=300, d=128, hq=8, hkv=1, dtype=torch.float16)) is None  # decode, MQA
@@ -229,3 +230,26 @@ def test_unknown_kwarg_and_output_attentions_reach_eager():
     assert fh.reasons[unknown] == before.get(unknown, 0) + 2
     assert fh.reasons["output_attentions"] == before.get("output_attentions", 0) + 2
     assert [tuple(a.shape) for a in out.attentions] == [(2, 4, 16, 16)] * 2
+
+
+def test_models_that_add_the_mask_themselves_get_eager_masks():
+    # transformers lets any model pick "fcore"; Bloom's attention never calls an attention
+    # function and adds the mask to its scores: with "sdpa"'s masks (boolean, or None for causal)
+    # it came out wrong. It supports neither "sdpa" nor attention backends, so it gets the mask it
+    # has under "eager", and the same logits.
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    assert fh._takes_sdpa_masks(CONFIG_MAPPING["llama"]())
+    assert fh._takes_sdpa_masks(CONFIG_MAPPING["gpt_oss"]())  # no "sdpa", but attention functions
+    assert not fh._takes_sdpa_masks(CONFIG_MAPPING["bloom"]())
+    assert fh._takes_sdpa_masks(transformers.PretrainedConfig())  # unknown type: as for "sdpa"
+    cfg = transformers.BloomConfig(vocab_size=hf_models.VOCAB, hidden_size=128, n_layer=2, n_head=4)
+    torch.manual_seed(0)
+    eager = hf_models.build("bloom", "eager", cfg)
+    model = hf_models.build("bloom", fh.register(), cfg, eager.state_dict())
+    ids = torch.randint(3, hf_models.VOCAB, (2, 32))
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, eager(ids).logits)
+        assert torch.equal(model(ids, attention_mask=mask).logits, eager(ids, attention_mask=mask).logits)
