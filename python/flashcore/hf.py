@@ -8,11 +8,35 @@ The name is "fcore", not "flashcore": transformers (5.x) treats every implementa
 contains "flash" as a flash-attn kernel to fetch from its hub, so "flashcore" cannot be used.
 
 Masks are built as for "sdpa" (transformers' ``sdpa_mask``), which leaves them out when plain
-causal or full attention is exact. Those calls — fp16/bf16, head dim 64/128, on an sm_90 GPU —
-run on flashcore, with SDPA's semantics (causal top-left aligned when Sq ≠ Sk). Everything else
-(a padding or sliding-window mask, dropout, softcap, other head dims or dtypes) runs on
-transformers' own SDPA path, so results stay right; ``stats`` counts both.
+causal or full attention is exact; models whose own code adds the mask to its scores instead of
+calling an attention function (Bloom, ...: they support neither "sdpa" nor attention backends)
+get the additive mask they have under "eager" (``build_mask``). flashcore serves a call only
+when it understands every argument the model passed: no mask, no dropout, fp16/bf16, head dim
+64/128, an sm_90 GPU, no input that requires grad, and keyword arguments from an allow-list at
+values that change nothing flashcore computes — ``position_ids``, ``use_cache``,
+``output_hidden_states``, ``output_router_logits``, ``num_items_in_batch``,
+``encoder_hidden_states`` (any value), ``sliding_window`` (None, or at least the number of keys:
+then every key lies in the window), ``softcap`` (None or 0), ``s_aux``, ``position_bias`` (None),
+``output_attentions`` (false). Served calls run with SDPA's semantics
+(causal top-left aligned when Sq ≠ Sk). Every other call goes to a path that computes it:
+
+- transformers' SDPA function where SDPA expresses the call: a mask (padding, or a sliding window
+  shorter than the keys: the mask carries the window, as on transformers' own SDPA and eager
+  paths), dropout, ``position_bias``, another dtype, head dim, device or GPU, autograd;
+- the model's own eager attention where it does not: attention sinks (``s_aux``, gpt-oss),
+  ``softcap`` (Gemma 2), ``output_attentions``, a window shorter than the keys without a mask, and
+  any keyword argument not on the allow-list (a future transformers' too). That is the
+  module-level ``eager_attention_forward`` of the module that defines the attention layer's class;
+  the boolean mask is made additive (0 / the dtype's lowest value, as transformers' ``eager_mask``)
+  and a causal mask built where the mask builder left it out. With no eager function to be found
+  it raises rather than compute something else.
+
+``stats`` counts calls per path ("flashcore"; "fallback" = "sdpa" + "eager"), ``reasons`` counts
+why calls fell back; ``fallback_reason`` and ``fallback_path`` give them for one call.
 """
+
+import inspect
+import sys
 
 import torch
 
@@ -21,54 +45,222 @@ from .api import top_left
 
 NAME = "fcore"
 
-stats = {"flashcore": 0, "fallback": 0}
+stats = {"flashcore": 0, "fallback": 0, "sdpa": 0, "eager": 0}
+reasons = {}
+
+# Keyword arguments transformers (5.x) passes to attention functions that have no bearing on the
+# attention result, checked against transformers' sources: `position_ids` (RoPE is applied before
+# the call; packed sequences come as a mask, which the mask builder makes from the position ids;
+# SDPA and eager attention ignore them too, only flash-attn's varlen path reads them),
+# `use_cache`, `output_hidden_states`, `output_router_logits` (output flags of the model,
+# consumed elsewhere), `num_items_in_batch` (loss normalisation), `encoder_hidden_states` (BERT
+# and its kin pass it down; cross-attention computes K and V from it before the call, and no
+# attention function of transformers, nor any model's eager one, reads it).
+_INERT = frozenset(
+    {"position_ids", "use_cache", "output_hidden_states", "output_router_logits", "num_items_in_batch",
+     "encoder_hidden_states"}
+)
+
+# Keyword arguments that flashcore implements for some values only (checked in fallback_reason).
+_CONDITIONAL = frozenset({"sliding_window", "softcap", "s_aux", "position_bias", "output_attentions"})
+
+_ALLOWED = _INERT | _CONDITIONAL
+
+# Reasons SDPA's function computes exactly; every other reason goes to the model's eager attention.
+_SDPA_REASONS = frozenset(
+    {
+        "attention_mask", "dropout", "position_bias", "device", "dtype", "head_dim", "heads", "empty", "gpu",
+        "requires_grad", "scaling",
+    }
+)
 
 
-def _supported(query, key, value, attention_mask, dropout, kwargs):
-    if attention_mask is not None or dropout != 0.0:
+def _gpu_ok(device):
+    return torch.cuda.get_device_capability(device) == (9, 0)
+
+
+def _nonzero(x):
+    """Whether a softcap value asks for capping (flash-attn and transformers' flash path: 0 = off;
+    anything that is not a plain number counts as a request)."""
+    if x is None:
         return False
-    if kwargs.get("softcap") or kwargs.get("sliding_window") or kwargs.get("position_bias") is not None:
-        return False
-    if kwargs.get("output_attentions", False):
-        return False
-    if query.device.type != "cuda" or query.dtype not in _checks.SUPPORTED_DTYPES:
-        return False
-    if len({query.dtype, key.dtype, value.dtype}) != 1:
-        return False
+    return not isinstance(x, (int, float)) or x != 0
+
+
+def fallback_reason(query, key, value, attention_mask, dropout=0.0, scaling=None, kwargs=None):
+    """Why flashcore does not serve this call (a short string), or None when it does. Reasons that
+    SDPA cannot express (an argument flashcore does not implement) come first."""
+    kwargs = kwargs or {}
+    for name in kwargs:
+        if name not in _ALLOWED:
+            return f"unknown argument {name!r}"
+    if kwargs.get("s_aux") is not None:
+        return "s_aux"
+    if _nonzero(kwargs.get("softcap")):
+        return "softcap"
+    if kwargs.get("output_attentions"):
+        return "output_attentions"
+    window = kwargs.get("sliding_window")
+    # transformers' windows: key j is visible to query i when i - j < window (masking_utils'
+    # sliding_window_overlay; its flash path passes window_size = (window - 1, window - 1) once
+    # Sk > window). With Sk <= window every key is inside it and the window changes nothing.
+    # Beyond that the mask carries it (transformers' sliding-window mask builder never leaves such
+    # a mask out), as on transformers' SDPA and eager paths; a call without a mask goes to eager.
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+            return "sliding_window"
+        if attention_mask is None and key.shape[2] > window:
+            return "sliding_window"
+    if kwargs.get("position_bias") is not None:
+        return "position_bias"
+    if attention_mask is not None:
+        return "attention_mask"
+    if dropout != 0.0:
+        return "dropout"
+    if query.device.type != "cuda" or not (query.device == key.device == value.device):
+        return "device"
+    if query.dtype not in _checks.SUPPORTED_DTYPES or len({query.dtype, key.dtype, value.dtype}) != 1:
+        return "dtype"
+    if query.dim() != 4 or key.dim() != 4 or tuple(key.shape) != tuple(value.shape):
+        return "heads"
     d = query.shape[-1]
-    if d not in _checks.SUPPORTED_HEAD_DIMS or key.shape[-1] != d or value.shape[-1] != d:
-        return False
-    if query.shape[1] % key.shape[1] != 0:
-        return False
-    return torch.cuda.get_device_capability(query.device) == (9, 0)
+    if d not in _checks.SUPPORTED_HEAD_DIMS or key.shape[-1] != d:
+        return "head_dim"
+    if query.shape[0] != key.shape[0] or query.shape[1] % key.shape[1] != 0:
+        return "heads"
+    if min(query.shape) == 0 or min(key.shape) == 0:
+        return "empty"
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        return "requires_grad"
+    try:
+        _checks.check_scale(scaling)
+    except (TypeError, ValueError):
+        return "scaling"
+    if not _gpu_ok(query.device):
+        return "gpu"
+    return None
+
+
+def fallback_path(reason):
+    """"sdpa" or "eager": where a call that flashcore does not serve for `reason` runs."""
+    return "sdpa" if reason in _SDPA_REASONS else "eager"
+
+
+def eager_function(module):
+    """The model's own eager attention: ``eager_attention_forward`` of the Python module that defines
+    the attention layer's class (or a base class), as transformers' modeling files call it."""
+    for cls in type(module).__mro__:
+        fn = getattr(sys.modules.get(cls.__module__), "eager_attention_forward", None)
+        if callable(fn):
+            return fn
+    raise NotImplementedError(
+        f"flashcore.hf: this call needs the model's eager attention (it passes arguments that neither "
+        f"flashcore nor SDPA computes), but no `eager_attention_forward` was found beside "
+        f"{type(module).__qualname__} (module {type(module).__module__}); use attn_implementation='eager'"
+    )
+
+
+def eager_mask(attention_mask, query, key, causal):
+    """The additive float mask eager attention adds to its scores, from what "fcore"'s mask builder
+    (``sdpa_mask``) gave: a boolean mask (True = attend) becomes 0 / the dtype's lowest value (as
+    transformers' ``eager_mask`` makes it); None with a causal call of Sq > 1 is the top-left causal
+    mask the SDPA path would apply through is_causal (the builder leaves it out only where that is
+    exact); otherwise None (full attention). Float masks are already additive."""
+    if attention_mask is None:
+        if not causal:
+            return None
+        sq, sk = query.shape[2], key.shape[2]
+        visible = torch.ones(sq, sk, dtype=torch.bool, device=query.device).tril()
+        attention_mask = visible[None, None]
+    if attention_mask.dtype == torch.bool:
+        low = torch.finfo(query.dtype).min
+        zero = torch.zeros((), dtype=query.dtype, device=attention_mask.device)
+        return torch.where(attention_mask, zero, low)
+    return attention_mask
+
+
+def _eager_forward(module, query, key, value, attention_mask, dropout, scaling, causal, kwargs):
+    fn = eager_function(module)
+    mask = eager_mask(attention_mask, query, key, causal)
+    args = (module, query, key, value, mask)
+    kw = dict(kwargs, dropout=dropout, scaling=scaling)
+    try:
+        inspect.signature(fn).bind(*args, **kw)
+    except TypeError as e:
+        raise NotImplementedError(
+            f"flashcore.hf: the eager attention of {type(module).__qualname__} does not take this call's "
+            f"arguments ({sorted(kw)}): {e}; use attn_implementation='eager'"
+        ) from None
+    return fn(*args, **kw)
 
 
 def attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
-    """transformers' attention-function signature: [B, H, S, D] in, ([B, S, H, D] out, None)."""
-    if not _supported(query, key, value, attention_mask, dropout, kwargs):
+    """transformers' attention-function signature: [B, H, S, D] in, ([B, S, H, D] out, weights)."""
+    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+    # As transformers' SDPA path: a single query token attends to every key.
+    causal = bool(is_causal) and query.shape[2] > 1
+    reason = fallback_reason(query, key, value, attention_mask, dropout, scaling, kwargs)
+    if reason is not None:
+        path = fallback_path(reason)
+        stats["fallback"] += 1
+        stats[path] += 1
+        reasons[reason] = reasons.get(reason, 0) + 1
+        if path == "eager":
+            return _eager_forward(module, query, key, value, attention_mask, dropout, scaling, causal, kwargs)
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        stats["fallback"] += 1
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
     stats["flashcore"] += 1
-    is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
-    # As transformers' SDPA path: a single query token attends to every key.
-    causal = bool(is_causal) and query.shape[2] > 1
     # transformers hands [B, H, S, D] views and wants [B, S, H, D] back: run in flashcore's bshd
     # layout on the transposed views (read in place), so the output needs no transposing copy.
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     _checks.split_shape(q, k, v, "bshd")
-    _checks.check_no_grad(q, k, v)
     return top_left(q, k, v, causal, _checks.check_scale(scaling), bhsd=False), None
 
 
+_SDPA_MASKS = {}
+
+
+def _takes_sdpa_masks(config):
+    """Whether models of `config`'s type run attention through transformers' attention functions
+    (they support "sdpa" or attention backends), so that "sdpa"'s masks are what they want."""
+    kind = getattr(config, "model_type", None)
+    if kind not in _SDPA_MASKS:
+        import transformers
+        from transformers.models.auto import modeling_auto as auto
+
+        names = auto.MODEL_MAPPING_NAMES.get(kind) or auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(kind)
+        takes = True  # a model type transformers does not know (remote code): as for "sdpa"
+        if names:
+            try:
+                cls = getattr(transformers, names if isinstance(names, str) else names[0])
+                takes = bool(cls._supports_sdpa or cls._supports_attention_backend)
+            except (AttributeError, ImportError):
+                pass
+        _SDPA_MASKS[kind] = takes
+    return _SDPA_MASKS[kind]
+
+
+def build_mask(*args, config=None, **kwargs):
+    """"fcore"'s mask builder: transformers' ``sdpa_mask``, as for "sdpa" (a boolean mask, or None
+    where plain causal or full attention is exact). transformers lets any model pick a registered
+    attention name, also one whose own attention code never calls an attention function and adds
+    the mask to its scores itself (Bloom, GPT-J, ...: models that support neither "sdpa" nor
+    attention backends); those get ``eager_mask``, the additive mask they have under "eager"."""
+    from transformers.masking_utils import eager_mask as additive_mask, sdpa_mask
+
+    if config is not None and not _takes_sdpa_masks(config):
+        return additive_mask(*args, config=config, **kwargs)
+    return sdpa_mask(*args, config=config, **kwargs)
+
+
 def register(name=NAME):
-    """Registers `name` with transformers' AttentionInterface (and its mask builder, as for
-    "sdpa"); returns it, for ``attn_implementation=``."""
+    """Registers `name` with transformers' AttentionInterface and its mask builder
+    (``build_mask``); returns it, for ``attn_implementation=``."""
     from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     if "flash" in name:
         raise ValueError(
@@ -76,5 +268,5 @@ def register(name=NAME):
             "flash-attn kernel to download; register under another name (the default is 'fcore')"
         )
     AttentionInterface.register(name, attention_forward)
-    AttentionMaskInterface.register(name, sdpa_mask)
+    AttentionMaskInterface.register(name, build_mask)
     return name

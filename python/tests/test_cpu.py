@@ -4,6 +4,7 @@ are made under FakeTensorMode, which needs no device)."""
 
 import copy
 import ctypes.util
+import inspect
 import os
 
 import pytest
@@ -147,6 +148,64 @@ def test_flash_attn_func_rejects_what_it_does_not_do(fake):
     ]:
         with pytest.raises(ValueError, match=message):
             flashcore.flash_attn_func(q, q, q, **kwargs)
+
+
+# flash-attn 2's flash_attn_func (flash_attn/flash_attn_interface.py, 2.6-2.8): its parameters in order
+# with their defaults. flashcore's must be the same, each one implemented or refused.
+FLASH_ATTN_FUNC = [
+    ("q", None), ("k", None), ("v", None), ("dropout_p", 0.0), ("softmax_scale", None), ("causal", False),
+    ("window_size", (-1, -1)), ("softcap", 0.0), ("alibi_slopes", None), ("deterministic", False),
+    ("return_attn_probs", False),
+]
+
+
+def test_flash_attn_func_takes_flash_attns_arguments_and_drops_none(mock_launch):
+    params = inspect.signature(flashcore.flash_attn_func).parameters
+    positional = [(n, None if p.default is inspect.Parameter.empty else p.default)
+                  for n, p in params.items() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert positional == FLASH_ATTN_FUNC
+    extra = [n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD]
+    assert extra == ["return_lse"]  # flashcore's own, keyword-only
+    q = torch.zeros(1, 8, 2, 64, dtype=F16)
+    # Implemented: softmax_scale and causal reach the launch (shape, causal, scale are args 3-5);
+    # deterministic changes nothing (flashcore is always bitwise deterministic).
+    flashcore.flash_attn_func(q, q, q)
+    flashcore.flash_attn_func(q, q, q, 0.0, 0.5, True)  # positionally, as flash-attn orders them
+    flashcore.flash_attn_func(q, q, q, deterministic=True)
+    assert [c[4:6] for c in mock_launch] == [(False, None), (True, 0.5), (False, None)]
+    _same_launch(mock_launch[0], mock_launch[2])
+    # The rest: every value but the default raises (test_flash_attn_func_rejects_what_it_does_not_do).
+    handled = {"q", "k", "v", "softmax_scale", "causal", "deterministic"}
+    refused = {"dropout_p", "window_size", "softcap", "alibi_slopes", "return_attn_probs"}
+    assert handled | refused == {n for n, _ in FLASH_ATTN_FUNC} and not handled & refused
+
+
+def test_sdpa_backend_handles_every_argument_of_the_aten_op(monkeypatch):
+    # The hook replaces aten::_scaled_dot_product_flash_attention: a torch that adds an argument
+    # to that op must fail here until _flash_forward handles it.
+    schema = torch.ops.aten._scaled_dot_product_flash_attention.default._schema
+    params = inspect.signature(flashcore.sdpa_backend._flash_forward).parameters
+    assert [a.name for a in schema.arguments] == list(params)
+    for a in schema.arguments:
+        p = params[a.name]
+        assert a.kwarg_only == (p.kind is inspect.Parameter.KEYWORD_ONLY), a.name
+        assert a.has_default_value() == (p.default is not inspect.Parameter.empty), a.name
+        if a.has_default_value():
+            assert a.default_value == p.default, a.name
+    # dropout_p: not flashcore's, so the call takes the fallback, which applies it.
+    meta = torch.empty(1, 2, 8, 64, dtype=F16, device="meta")
+    assert flashcore.sdpa_backend._fallback_reason(meta, meta, meta, 0.1) == "dropout"
+    # return_debug_mask: refused.
+    q = torch.zeros(1, 2, 8, 64, dtype=F16)
+    with pytest.raises(RuntimeError, match="return_debug_mask"):
+        flashcore.sdpa_backend._flash_forward(q, q, q, 0.0, False, True)
+    # is_causal and scale: passed to the launch.
+    launches = []
+    monkeypatch.setattr(flashcore.sdpa_backend, "_fallback_reason", lambda *a: None)
+    monkeypatch.setattr(flashcore.sdpa_backend, "launch", lambda *a: launches.append(a))
+    flashcore.sdpa_backend._flash_forward(q, q, q, 0.0, True, False, scale=0.25)
+    flashcore.sdpa_backend._flash_forward(q, q, q)
+    assert [a[6:] for a in launches] == [(True, 0.25), (False, None)]
 
 
 def test_sdpa_rejects_what_it_does_not_do(fake):

@@ -341,3 +341,24 @@ def test_hf_models_match_sdpa(kind, dtype):
     err = rel_l2(got, want)
     assert err < {torch.float16: 5e-3, torch.bfloat16: 3e-2}[dtype], err
     assert gen.shape == gen_ref.shape
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "mistral_wide", "gemma2", "phi3", "gpt_oss"])
+def test_hf_model_families(family, dtype):
+    """Each family's logits through "fcore" vs an fp32 eager model on the same (sharpened) weights,
+    within hf_models.BOUND of the best backend transformers has in this dtype, with flashcore
+    serving what it can (Llama, Qwen2's full-attention layer, Mistral with its window longer than
+    the sequence) and the rest falling back where it must (masks and head dim 96 to SDPA, sinks
+    and softcap to the model's eager attention)."""
+    pytest.importorskip("transformers")
+    import hf_models
+
+    torch.manual_seed(0)
+    errors, _, counted = hf_models.compare(family, "cuda", dtype, seq=128)
+    fcore = errors.pop("fcore")
+    best = min(errors.values())
+    print(f"hf {family} {dtype}: fcore {fcore:.4f}, " + ", ".join(f"{k} {v:.4f}" for k, v in errors.items()),
+          f"ratio {fcore / best:.3f}, paths {counted}")
+    assert counted == hf_models.EXPECTED["cuda"][family]
+    assert fcore <= hf_models.BOUND * best, (family, dtype, fcore, errors)
