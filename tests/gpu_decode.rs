@@ -5,7 +5,9 @@
 
 mod common;
 use common::*;
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 use flashcore::attention::decode::{self, DecodeSchedule};
+use flashcore::attention::external::{DeviceTensor, ExternalCall, ExternalContext, Strides};
 use flashcore::attention::{AttentionParams, Context, DType, Element, Layout};
 use flashcore::kernels::Variant;
 
@@ -167,4 +169,49 @@ fn decode_is_batch_invariant_and_deterministic() {
             );
         }
     }
+}
+
+/// The framework path: a split decode call needs the caller's workspace (a typed error before
+/// any launch without one) and gives the bits of `Context::attention` with it.
+#[test]
+fn external_decode_needs_a_workspace_and_matches_context_bits() {
+    let Some(ctx) = gpu("external_decode_needs_a_workspace_and_matches_context_bits") else {
+        return;
+    };
+    let ext = ExternalContext::new(0).expect("a GPU that Context::new accepts");
+    let mut rng = rng_from(seed());
+    let p = params(DType::F16, 128, false, Layout::Bshd, (2, 16, 4, 1, 5000));
+    let bytes = decode::workspace_bytes(&p, false);
+    assert!(bytes > 0, "5000 keys split");
+    let q: Vec<half::f16> = randn(&mut rng, p.q_len());
+    let k: Vec<half::f16> = randn(&mut rng, p.kv_len());
+    let v: Vec<half::f16> = randn(&mut rng, p.kv_len());
+    let (want, _) = launch_unchecked(&ctx, &p, &q, &k, &v);
+    let (dq, dk, dv) = (ctx.upload(&q).unwrap(), ctx.upload(&k).unwrap(), ctx.upload(&v).unwrap());
+    let mut dout = ctx.upload(&vec![poison::<half::f16>(); p.q_len()]).unwrap();
+    let ws = ctx.alloc::<u8>(bytes).unwrap();
+    let stream = ctx.stream();
+    let (qp, _g1) = dq.device_ptr(stream);
+    let (kp, _g2) = dk.device_ptr(stream);
+    let (vp, _g3) = dv.device_ptr(stream);
+    let (wp, _g5) = ws.device_ptr(stream);
+    let (op, _g4) = dout.device_ptr_mut(stream);
+    let st = |s: usize, h: usize| Strides::contiguous(Layout::Bshd, s, h, p.head_dim);
+    let t = |ptr, strides| DeviceTensor { ptr, strides };
+    let call = ExternalCall::new(
+        p.clone(),
+        t(qp, st(p.seqlen_q, p.heads_q)),
+        t(kp, st(p.seqlen_k, p.heads_kv)),
+        t(vp, st(p.seqlen_k, p.heads_kv)),
+        t(op, st(p.seqlen_q, p.heads_q)),
+    );
+    // SAFETY: the buffers cover the call's shape and live past the download below.
+    match unsafe { ext.attention(&call, stream.cu_stream()) } {
+        Err(flashcore::Error::InvalidArgument { arg: "workspace", .. }) => {}
+        other => panic!("expected InvalidArgument for workspace, got {other:?}"),
+    }
+    unsafe { ext.attention(&call.clone().workspace(wp), stream.cu_stream()) }.unwrap();
+    drop((_g1, _g2, _g3, _g4, _g5));
+    let got = ctx.download(&dout).unwrap();
+    assert_eq!(bits(&got), bits(&want), "external decode differs from Context::attention");
 }

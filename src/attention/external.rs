@@ -487,6 +487,15 @@ mod tests {
     }
 
     #[test]
+    fn rejects_a_misaligned_workspace() {
+        let c = call(AttentionParams::new(1, 2, 1, 64).seqlen_k(4096)).workspace(0x50008);
+        let (arg, r) = rule(validate(&c).unwrap_err());
+        assert_eq!(arg, "workspace");
+        assert!(r.contains("16-byte aligned"), "{r}");
+        assert!(validate(&c.workspace(0x50010)).is_ok());
+    }
+
+    #[test]
     fn rejects_strides_tma_cannot_express() {
         let p = AttentionParams::new(2, 2, 8, 64);
         // A seq stride of 68 elements (136 bytes) is not a multiple of 16 bytes.
