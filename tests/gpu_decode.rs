@@ -215,3 +215,46 @@ fn external_decode_needs_a_workspace_and_matches_context_bits() {
     let got = ctx.download(&dout).unwrap();
     assert_eq!(bits(&got), bits(&want), "external decode differs from Context::attention");
 }
+
+/// A Rust-API plan captured into a CUDA graph replays (its workspace is allocated with the plan,
+/// not inside the capture, where it would become a node that forbids a second launch), with the
+/// bits of a direct launch.
+#[test]
+fn decode_plan_replays_in_a_cuda_graph() {
+    let Some(ctx) = gpu("decode_plan_replays_in_a_cuda_graph") else {
+        return;
+    };
+    use cudarc::driver::sys;
+    let mut rng = rng_from(seed());
+    let p = params(DType::Bf16, 64, true, Layout::Bshd, (1, 16, 16, 2, 9000));
+    assert!(decode::workspace_bytes(&p, false) > 0);
+    let q: Vec<half::bf16> = randn(&mut rng, p.q_len());
+    let k: Vec<half::bf16> = randn(&mut rng, p.kv_len());
+    let v: Vec<half::bf16> = randn(&mut rng, p.kv_len());
+    let (want, _) = launch_unchecked(&ctx, &p, &q, &k, &v);
+    let plan = ctx.plan(&p).unwrap();
+    let (dq, dk, dv) = (ctx.upload(&q).unwrap(), ctx.upload(&k).unwrap(), ctx.upload(&v).unwrap());
+    let mut dout = ctx.upload(&vec![poison::<half::bf16>(); p.q_len()]).unwrap();
+    let stream = ctx.stream();
+    {
+        let (qp, _g1) = dq.device_ptr(stream);
+        let (kp, _g2) = dk.device_ptr(stream);
+        let (vp, _g3) = dv.device_ptr(stream);
+        let (op, _g4) = dout.device_ptr_mut(stream);
+        stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .unwrap();
+        // SAFETY: buffers of the plan's shape, alive until the replays below are synchronised.
+        unsafe { plan.launch_raw(qp, kp, vp, op, 0) }.unwrap();
+        let graph = stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .unwrap()
+            .expect("a captured graph");
+        for _ in 0..3 {
+            graph.launch().unwrap();
+        }
+        stream.synchronize().unwrap();
+    }
+    let got = ctx.download(&dout).unwrap();
+    assert_eq!(bits(&got), bits(&want), "graph replay differs from a direct launch");
+}

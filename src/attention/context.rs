@@ -136,7 +136,14 @@ impl Context {
     /// Validates `params` and prepares everything a launch needs except the buffers.
     pub fn plan(&self, params: &AttentionParams) -> Result<Plan> {
         validate::check_params(params)?;
-        Plan::new(self, params.clone(), false, TestBuild::default())
+        Plan::new(self, params.clone(), false, TestBuild::default(), true)
+    }
+
+    /// A plan for calls that bring their own decode workspace ([`super::external`]): it
+    /// allocates none.
+    pub(crate) fn plan_external(&self, params: &AttentionParams) -> Result<Plan> {
+        validate::check_params(params)?;
+        Plan::new(self, params.clone(), false, TestBuild::default(), false)
     }
 
     /// A plan in secret-length mode: the kernel walks the padded length `seqlen_q` = `seqlen_k`
@@ -144,7 +151,7 @@ impl Context {
     pub fn plan_secret_len(&self, params: &AttentionParams) -> Result<Plan> {
         validate::check_params(params)?;
         validate::check_secret_len(params)?;
-        Plan::new(self, params.clone(), true, TestBuild::default())
+        Plan::new(self, params.clone(), true, TestBuild::default(), false)
     }
 
     /// A plan for one of the deliberately leaky control kernels (never used for real work): the
@@ -165,7 +172,7 @@ impl Context {
             leaky_control: Some(control),
             ..TestBuild::default()
         };
-        Plan::new(self, params.clone(), secret_len, build)
+        Plan::new(self, params.clone(), secret_len, build, true)
     }
 
     /// A plan for any build of the timing test (never used for real work): a leaky control, the
@@ -183,7 +190,7 @@ impl Context {
         if secret_len {
             validate::check_secret_len(params)?;
         }
-        Plan::new(self, params.clone(), secret_len, build)
+        Plan::new(self, params.clone(), secret_len, build, true)
     }
 
     /// O = softmax(scale · Q Kᵀ + mask) V on this context's stream; `lse` (fp32 [B, Hq, Sq],

@@ -331,7 +331,7 @@ impl ExternalContext {
         let plan = Arc::new(if secret_len {
             self.ctx.plan_secret_len(&params)?
         } else {
-            self.ctx.plan(&params)?
+            self.ctx.plan_external(&params)?
         });
         if plans.len() >= MAX_PLANS {
             plans.clear();

@@ -199,8 +199,10 @@ pub struct Plan {
     /// Decode mode's grid (`Some` for decode variants).
     decode: Option<DecodeSchedule>,
     /// The partials' workspace for launches that bring none (the Rust API, on the context's
-    /// own stream), allocated on first use: plans made for external streams never need it.
-    own_workspace: Mutex<Option<CudaSlice<u8>>>,
+    /// own stream). Allocated with the plan — never at the first launch, which may be inside a
+    /// stream capture, where an allocation becomes a graph node that blocks relaunching the
+    /// graph — and not at all for plans of external calls, which bring their own.
+    own_workspace: Option<CudaSlice<u8>>,
     secret_len: bool,
     cached: Mutex<Option<(LaunchKey, Box<KernelParams>)>>,
 }
@@ -211,6 +213,7 @@ impl Plan {
         params: AttentionParams,
         secret_len: bool,
         build: TestBuild,
+        own_workspace: bool,
     ) -> Result<Plan> {
         let variant = if decode::applies(&params, secret_len) && build.is_shipped() {
             Variant::decode(params.dtype, params.head_dim, params.causal)
@@ -239,6 +242,12 @@ impl Plan {
             None
         };
         let grid = (decode.map_or(schedule.ctas, |d| d.ctas), 1, 1);
+        let ws_bytes = decode.map_or(0, |d| d.workspace_bytes(&params));
+        let own_workspace = if own_workspace && ws_bytes > 0 {
+            Some(ctx.alloc::<u8>(ws_bytes)?)
+        } else {
+            None
+        };
         Ok(Plan {
             params,
             kernel,
@@ -247,7 +256,7 @@ impl Plan {
             grid,
             schedule,
             decode,
-            own_workspace: Mutex::new(None),
+            own_workspace,
             secret_len,
             cached: Mutex::new(None),
         })
@@ -394,15 +403,10 @@ impl Plan {
         let q_st = Strides::contiguous(p.layout, p.seqlen_q, p.heads_q, p.head_dim);
         let kv_st = Strides::contiguous(p.layout, p.seqlen_k, p.heads_kv, p.head_dim);
         let strides = [q_st, kv_st, kv_st, q_st];
-        let bytes = self.workspace_bytes();
-        let mut own = self
+        let ws = self
             .own_workspace
-            .lock()
-            .map_err(|_| Error::Other("plan lock poisoned".into()))?;
-        if bytes > 0 && own.is_none() {
-            *own = Some(self.stream.alloc_zeros::<u8>(bytes)?);
-        }
-        let ws = own.as_ref().map_or(0, |w| w.device_ptr(&self.stream).0);
+            .as_ref()
+            .map_or(0, |w| w.device_ptr(&self.stream).0);
         self.launch_on(
             [q, k, v, o, lse, lens, ws],
             strides,
