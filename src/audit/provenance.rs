@@ -367,8 +367,15 @@ fn is_imm_one(o: &Operand) -> bool {
     matches!(o, Operand::Imm(s) if s == "0x1" || s == "1")
 }
 
-/// Values of the instruction's strong destinations: `(location, provenance)`.
-fn outputs(step: &Step, rd: &Reader, sh: &Shared) -> (Vec<(usize, Prov)>, Vec<(usize, Prov)>) {
+/// What an instruction writes, `(location, provenance)`: strong destinations (overwritten) and
+/// weak ones (joined with their old value).
+struct Outputs {
+    strong: Vec<(usize, Prov)>,
+    weak: Vec<(usize, Prov)>,
+}
+
+/// The values an instruction writes.
+fn outputs(step: &Step, rd: &Reader, sh: &Shared) -> Outputs {
     let insn = step.insn;
     let e = step.e;
     let ops = &insn.operands;
@@ -416,7 +423,7 @@ fn outputs(step: &Step, rd: &Reader, sh: &Shared) -> (Vec<(usize, Prov)>, Vec<(u
     };
     let val = |k: usize| rd.operand(&ops[k], 0);
     let Some(dl) = dreg_loc else {
-        return (strong, weak);
+        return Outputs { strong, weak };
     };
     let carry_outs: Vec<usize> = operands_with(step, Role::DestPred)
         .into_iter()
@@ -439,7 +446,7 @@ fn outputs(step: &Step, rd: &Reader, sh: &Shared) -> (Vec<(usize, Prov)>, Vec<(u
                     set(d, rd.operand(o, w));
                 }
             }
-            return (strong, weak);
+            return Outputs { strong, weak };
         }
         ("IMAD" | "UIMAD", _) if wide && srcs.len() == 3 && carries.is_empty() => {
             let (a, b, c3) = (val(srcs[0]), val(srcs[1]), &ops[srcs[2]]);
@@ -453,7 +460,7 @@ fn outputs(step: &Step, rd: &Reader, sh: &Shared) -> (Vec<(usize, Prov)>, Vec<(u
                     }
                 }
             }
-            return (strong, weak);
+            return Outputs { strong, weak };
         }
         ("IMAD" | "UIMAD", _)
             if srcs.len() == 3
@@ -495,7 +502,7 @@ fn outputs(step: &Step, rd: &Reader, sh: &Shared) -> (Vec<(usize, Prov)>, Vec<(u
             set(p, carry);
         }
     }
-    (strong, weak)
+    Outputs { strong, weak }
 }
 
 /// Applies one instruction to the state.
@@ -503,7 +510,7 @@ fn transfer(step: &Step, st: &mut State, sh: &Shared, slots: &Slots) {
     let e = step.e;
     let guard = e.guard.map(|g| (g, e.guard_neg));
     let view = if e.cross_lane { None } else { guard };
-    let (strong, weak) = outputs(step, &Reader { st, view, slots }, sh);
+    let Outputs { strong, weak } = outputs(step, &Reader { st, view, slots }, sh);
     for &(d, new) in &strong {
         match guard {
             Some((g, neg)) => {
