@@ -259,9 +259,10 @@ fn struct_parameter_fields_are_declared_by_byte_offset() {
         .iter()
         .map(|b| (b.start, b.end, b.param, b.field_offset))
         .collect();
+    // The 64-byte-aligned struct starts at c[0x0][0x240].
     assert_eq!(
         ranges,
-        vec![(0x218, 0x220, Some(0), 8), (0x220, 0x228, Some(0), 16)]
+        vec![(0x248, 0x250, Some(0), 8), (0x250, 0x258, Some(0), 16)]
     );
     assert!(both
         .public_buffers
@@ -299,7 +300,7 @@ fn struct_parameter_fields_are_declared_by_byte_offset() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("has 48 bytes, not a pointer's 8"), "{e}");
+    assert!(e.contains("has 64 bytes, not a pointer's 8"), "{e}");
 }
 
 /// (g) A buffer the kernel writes is not metadata: its reads stay secret.
@@ -351,67 +352,102 @@ fn guarded_unrolled_predicated_and_vector_reads_are_public() {
     assert_eq!(chain_start(&secret.findings[0]), load);
 }
 
-/// The API the shipped-variant loop uses: constant-bank ranges, the same verdicts.
+/// The API the shipped-variant loop uses: constant-bank ranges or parameter fields, the same
+/// verdicts as the flag.
 #[test]
-fn api_takes_constant_bank_ranges() {
-    let decl = Declared {
-        secret_params: vec![],
-        public_buffers: vec![(0x218, 0x220), (0x220, 0x228)],
-    };
+fn api_takes_constant_bank_ranges_or_fields() {
     let all = audit::audit_cubin_with(cubin(), &Declared::default()).unwrap();
     assert!(all.iter().all(|a| a.public_buffers.is_empty()));
-    // Every kernel of the file gets the same ranges: only the struct kernel is meant for them,
-    // so audit the struct kernel's section alone.
-    let sec = &sections()["pb_struct_fields"];
-    let info = audit::cubin::kernel_infos(cubin()).unwrap();
-    let a = audit::audit_section_with(sec, info.get("pb_struct_fields"), &decl).unwrap();
-    assert_eq!(
-        a.public_buffers,
-        audit("pb_struct_fields", &["p:8", "p:16"]).public_buffers
-    );
+    // Every kernel of a cubin gets the same declarations: only the struct kernel is meant for
+    // these, so audit its section alone.
+    let k = "pb_struct_fields";
+    let sec = &sections()[k];
+    let infos = audit::cubin::kernel_infos(cubin()).unwrap();
+    let info = infos.get(k);
+    let by_flag = audit(k, &["p:8", "p:16"]).public_buffers;
+    let ranges = Declared {
+        public_buffers: vec![(0x248, 0x250), (0x250, 0x258)],
+        ..Default::default()
+    };
+    let a = audit::audit_section_with(sec, info, &ranges).unwrap();
     clean(&a);
+    assert_eq!(a.public_buffers, by_flag);
+    let fields = Declared {
+        public_fields: vec![(0, 8), (0, 16)],
+        ..Default::default()
+    };
+    let a = audit::audit_section_with(sec, info, &fields).unwrap();
+    assert_eq!(a.public_buffers, by_flag);
+    // The trap `public_fields` avoids: 0x210 + offset is not the field in a 64-aligned struct.
+    let naive = Declared {
+        public_buffers: vec![(0x218, 0x220), (0x220, 0x228)],
+        ..Default::default()
+    };
+    let a = audit::audit_section_with(sec, info, &naive)
+        .unwrap_err()
+        .to_string();
+    assert!(a.contains("not inside one parameter"), "{a}");
+    // A pointer parameter is field 0 of itself.
+    let pg = "pb_paged_gather";
+    let a = audit::audit_section_with(
+        &sections()[pg],
+        infos.get(pg),
+        &Declared {
+            public_fields: vec![(0, 0)],
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(a.public_buffers, audit(pg, &["block_table"]).public_buffers);
     // audit_variant labels what it audits.
-    let v = audit::audit_variant(cubin(), "decode_test", &[], &[]).unwrap();
+    let v = audit::audit_variant(cubin(), "decode_test", &Declared::default()).unwrap();
     assert!(v
         .iter()
         .all(|a| a.variant.as_deref() == Some("decode_test")));
 
     let refused = |decl: Declared, needle: &str| {
-        let e = audit::audit_section_with(sec, info.get("pb_struct_fields"), &decl)
+        let e = audit::audit_section_with(sec, info, &decl)
             .unwrap_err()
             .to_string();
         assert!(e.contains(needle), "{decl:?}: {e}");
     };
+    let ranges_of = |r: Vec<(u32, u32)>| Declared {
+        public_buffers: r,
+        ..Default::default()
+    };
     refused(
-        Declared {
-            public_buffers: vec![(0x218, 0x21c)],
-            ..Default::default()
-        },
+        ranges_of(vec![(0x248, 0x24c)]),
         "8 bytes at an 8-byte-aligned offset",
     );
     refused(
-        Declared {
-            public_buffers: vec![(0x21c, 0x224)],
-            ..Default::default()
-        },
+        ranges_of(vec![(0x24c, 0x254)]),
         "8 bytes at an 8-byte-aligned offset",
     );
-    refused(
-        Declared {
-            public_buffers: vec![(0x300, 0x308)],
-            ..Default::default()
-        },
-        "not inside one parameter",
-    );
+    refused(ranges_of(vec![(0x300, 0x308)]), "not inside one parameter");
     refused(
         Declared {
             secret_params: vec![0],
-            public_buffers: vec![(0x218, 0x220)],
+            public_buffers: vec![(0x248, 0x250)],
+            ..Default::default()
         },
         "declared both public and secret",
     );
+    refused(
+        Declared {
+            public_fields: vec![(0, 4)],
+            ..Default::default()
+        },
+        "public field (0, 0x4): a pointer field is 8 bytes at an 8-byte-aligned offset",
+    );
+    refused(
+        Declared {
+            public_fields: vec![(1, 0)],
+            ..Default::default()
+        },
+        "no parameter #1",
+    );
     // A listing has no parameter layout.
-    let e = audit::audit_section_with(sec, None, &decl)
+    let e = audit::audit_section_with(sec, None, &ranges)
         .unwrap_err()
         .to_string();
     assert!(e.contains("no parameter layout"), "{e}");
@@ -530,14 +566,14 @@ fn cli_public_param_error_paths() {
     );
     refused(
         &with(&["--kernel", "pb_struct_fields", "--public-param", "p"]),
-        &["has 48 bytes"],
+        &["has 64 bytes"],
     );
     refused(
         &with(&["--kernel", "pb_struct_fields", "--public-param", "p:4"]),
         &["8-byte-aligned"],
     );
     refused(
-        &with(&["--kernel", "pb_struct_fields", "--public-param", "p:48"]),
+        &with(&["--kernel", "pb_struct_fields", "--public-param", "p:64"]),
         &["8-byte-aligned"],
     );
     // Both secret and public.

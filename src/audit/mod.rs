@@ -142,8 +142,15 @@ pub struct Declared {
     /// Pointers to public buffers (DESIGN.md §1, "Metadata": block tables, `cache_seqlens`,
     /// `cu_seqlens`): constant-bank-0 byte ranges `[start, end)`, 8 bytes each, a pointer
     /// parameter or a pointer field of a `__grid_constant__` struct. A global read proven to
-    /// read one ([`provenance`]) is public instead of a taint source.
+    /// read one ([`provenance`]) is public instead of a taint source. Mind the parameter
+    /// block's layout: a struct parameter aligned to 64 bytes (flashcore's `Params`, whose
+    /// `TensorMap`s are) starts at `c[0x0][0x240]`, not `0x210`; [`Declared::public_fields`]
+    /// does that arithmetic against the cubin.
     pub public_buffers: Vec<(u32, u32)>,
+    /// The same, as `(parameter ordinal, byte offset of the 8-byte pointer field inside it)`
+    /// (`std::mem::offset_of!` of the host-side mirror; `(n, 0)` for a pointer parameter),
+    /// resolved against each kernel's parameter layout.
+    pub public_fields: Vec<(usize, u32)>,
 }
 
 /// Audits one parsed kernel section with `secret_params` secret and no public buffer.
@@ -188,7 +195,22 @@ pub fn audit_section_with(
             }
         }
     }
-    let slots = public::check_ranges(&sec.kernel, info, &secrets.ranges, &decl.public_buffers)?;
+    let mut ranges = decl.public_buffers.clone();
+    for &(ordinal, field) in &decl.public_fields {
+        let size = info
+            .and_then(|i| i.param_range(ordinal))
+            .map(|(a, b)| b - a);
+        // A whole pointer parameter is field 0 of itself.
+        let field = (size != Some(8) || field != 0).then_some(field);
+        let r = public::pointer_range(&sec.kernel, info, ordinal, field).map_err(|m| {
+            Error::Other(format!(
+                "public field ({ordinal}, {:#x}): {m}",
+                field.unwrap_or(0)
+            ))
+        })?;
+        ranges.push(r);
+    }
+    let slots = public::check_ranges(&sec.kernel, info, &secrets.ranges, &ranges)?;
     let refused = |r: taint::Refused| {
         let insn = &sec.insns[r.index];
         Error::Other(format!(
@@ -351,21 +373,12 @@ pub fn audit_cubin_with(cubin: &[u8], decl: &Declared) -> Result<Vec<KernelAudit
     Ok(out)
 }
 
-/// Audits the kernels of one shipped variant's cubin, named `variant` in the report:
-/// `secret_params` as [`crate::kernels::Variant::secret_params`], `public_buffers` the
-/// constant-bank-0 byte ranges `(start, end)` of its pointers to public metadata (8 bytes
-/// each; e.g. a `Params` field at `0x210 + offsetof(Params, block_table)`).
-pub fn audit_variant(
-    cubin: &[u8],
-    variant: &str,
-    secret_params: &[usize],
-    public_buffers: &[(u32, u32)],
-) -> Result<Vec<KernelAudit>> {
-    let decl = Declared {
-        secret_params: secret_params.to_vec(),
-        public_buffers: public_buffers.to_vec(),
-    };
-    let mut out = audit_cubin_with(cubin, &decl)?;
+/// Audits the kernels of one shipped variant's cubin under `decl`, named `variant` in the
+/// report: `secret_params` as [`crate::kernels::Variant::secret_params`], and the variant's
+/// pointers to public metadata as `public_buffers` (constant-bank-0 ranges) or `public_fields`
+/// (`(0, offset_of!(KernelParams, block_table))`).
+pub fn audit_variant(cubin: &[u8], variant: &str, decl: &Declared) -> Result<Vec<KernelAudit>> {
+    let mut out = audit_cubin_with(cubin, decl)?;
     for k in &mut out {
         k.variant = Some(variant.to_string());
     }
@@ -383,6 +396,7 @@ pub fn audit_cubin_selected(cubin: &[u8], sel: &Selection) -> Result<Vec<KernelA
         let decl = Declared {
             secret_params: p.secret,
             public_buffers: p.public,
+            ..Default::default()
         };
         out.push(audit_section_with(sec, info.as_ref(), &decl)?);
     }
@@ -462,6 +476,7 @@ pub fn audit_listing_selected(listing: &str, sel: &Selection) -> Result<Vec<Kern
         let decl = Declared {
             secret_params: p.secret,
             public_buffers: p.public,
+            ..Default::default()
         };
         out.push(audit_section_with(&kernels[p.index].0, None, &decl)?);
     }
@@ -473,14 +488,13 @@ pub fn audit_listing_selected(listing: &str, sel: &Selection) -> Result<Vec<Kern
 pub fn audit_shipped() -> Result<Vec<KernelAudit>> {
     let mut out = Vec::new();
     for v in crate::kernels::shipped_variants() {
-        // No shipped variant reads metadata from device memory yet; a decode variant passes
-        // its `public_buffers()` here.
-        out.extend(audit_variant(
-            &v.cubin()?,
-            &v.name(),
-            &v.secret_params(),
-            &[],
-        )?);
+        // No shipped variant reads metadata from device memory yet; a decode variant declares
+        // its metadata pointers here (`public_buffers` or `public_fields`).
+        let decl = Declared {
+            secret_params: v.secret_params(),
+            ..Default::default()
+        };
+        out.extend(audit_variant(&v.cubin()?, &v.name(), &decl)?);
     }
     Ok(out)
 }

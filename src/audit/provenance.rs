@@ -438,8 +438,16 @@ fn outputs(step: &Step, rd: &Reader, sh: &Shared) -> Outputs {
             &carries,
         )
     };
+    // A register read in part (`R2.H1`, `R2.B3`) is not the pointer's word.
+    let whole = super::bits::reg_suffixes(insn)
+        .iter()
+        .all(|v| v.iter().all(|m| m == "64"));
     let result: Option<(Prov, Prov)> = match (op, step.class) {
-        ("MOV" | "MOV32I" | "UMOV" | "R2UR", _) if srcs.len() == 1 => Some((val(srcs[0]), NO)),
+        _ if !whole => None,
+        ("MOV" | "MOV32I" | "UMOV" | "R2UR", _) if srcs.len() == 1 => {
+            let v = val(srcs[0]);
+            Some((v, Prov::May(v.set())))
+        }
         (_, Class::Load(Space::Constant)) if mods.iter().all(|m| *m == "64") => {
             if let Some(o @ Operand::CBank { .. }) = srcs.first().map(|&k| &ops[k]) {
                 for (w, &d) in e.dests.iter().enumerate() {
@@ -492,7 +500,8 @@ fn outputs(step: &Step, rd: &Reader, sh: &Shared) -> Outputs {
             add(vec![srcs[1]], others)
         }
         ("SEL" | "USEL", _) if srcs.len() == 2 && mods.is_empty() => {
-            Some((val(srcs[0]).join(val(srcs[1])), NO))
+            let v = val(srcs[0]).join(val(srcs[1]));
+            Some((v, Prov::May(v.set())))
         }
         _ => None,
     };
@@ -578,12 +587,19 @@ fn address(o: &Operand, rd: &Reader) -> (Option<u8>, u64) {
             .map(|k| rd.operand(&Operand::Reg(r.clone()), k))
             .collect();
         may |= words.iter().fold(0, |s, p| s | p.set());
+        // A 32-bit term beside the pair (`[R2.64+UR4]`): in case the hardware reads it as a
+        // 64-bit one, its neighbour must derive from no public pointer either.
+        let next = if r.width <= 1 {
+            rd.operand(&Operand::Reg(r.clone()), 1)
+        } else {
+            NO
+        };
         match words[..] {
             [Prov::Lo(x), Prov::Hi(y)] if x == y && !r.negated => {
                 pairs += 1;
                 base = Some(x);
             }
-            _ if words.iter().all(|p| *p == NO) => {}
+            _ if words.iter().all(|p| *p == NO) && next == NO => {}
             _ => ok = false,
         }
     }
@@ -995,7 +1011,9 @@ mod tests {
              /*00f0*/ IMAD.HI.U32 R19, R0, 0x4, R2 ;\n\
              /*0100*/ IMAD.WIDE R20, R2, 0x4, RZ ;\n\
              /*0110*/ IADD3.X R22, R2, RZ, RZ, P1, !PT ;\n\
-             /*0120*/ ISETP.NE.U32.AND P2, PT, R2, RZ, PT ;\n",
+             /*0120*/ ISETP.NE.U32.AND P2, PT, R2, RZ, PT ;\n\
+             /*0130*/ IMAD.U32 R23, RZ, RZ, R2.H1 ;\n\
+             /*0140*/ R2UR P3, UR20, R2 ;\n",
         );
         assert_eq!(v[r(8)], May(1), "a multiple of the pointer");
         assert_eq!(v[r(9)], May(1), "minus the pointer");
@@ -1027,6 +1045,8 @@ mod tests {
             "a low word with (another pointer's) carry-in"
         );
         assert_eq!(v[p(2)], May(1), "a comparison of the pointer");
+        assert_eq!(v[r(23)], May(1), "half a word of the pointer");
+        assert_eq!((v[ur(20)], v[p(3)]), (Lo(0), May(1)), "R2UR's predicate");
     }
 
     #[test]
@@ -1210,7 +1230,9 @@ mod tests {
              /*0070*/ LDGSTS.E [R0], desc[UR6][R2.64] ;\n\
              /*0080*/ LDG.E R4, desc[UR6][R3.64] ;\n\
              /*0090*/ LD.E R4, [R2] ;\n\
-             /*00a0*/ EXIT ;\n");
+             /*00a0*/ ULDC.64 UR20, c[0x0][0x220] ;\n\
+             /*00b0*/ LDG.E R4, desc[UR6][R2.64+UR19] ;\n\
+             /*00c0*/ EXIT ;\n");
         assert_eq!(pr.reads[3], Some(0), "vector load, immediate offset");
         assert_eq!(pr.reads[4], Some(0), "a uniform register offset");
         assert_eq!(pr.reads[5], Some(0), "generic load, uniform pair");
@@ -1218,5 +1240,9 @@ mod tests {
         assert_eq!(pr.reads[7], Some(0), "LDGSTS's global source");
         assert_eq!(pr.reads[8], None, "a misaligned pair");
         assert_eq!(pr.reads[9], None, "a 32-bit address");
+        assert_eq!(
+            pr.reads[11], None,
+            "a uniform term whose neighbour is a pointer word"
+        );
     }
 }

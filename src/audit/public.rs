@@ -59,36 +59,49 @@ impl std::fmt::Display for PublicSpec {
 }
 
 /// The constant-bank-0 bytes of the pointer that `--public-param` names in parameter `ordinal`
-/// of `kernel`: the whole parameter (which must be 8 bytes), or the 8-byte field at `field`.
+/// of `kernel`: the whole parameter (which must be 8 bytes), or the 8-byte field at
+/// `spec.field`.
 pub fn field_range(
     kernel: &str,
     info: Option<&KernelInfo>,
     spec: &PublicSpec,
     ordinal: usize,
 ) -> Result<(u32, u32)> {
-    let err = |m: String| Err(Error::Other(format!("--public-param {spec}: {m}")));
+    pointer_range(kernel, info, ordinal, spec.field)
+        .map_err(|m| Error::Other(format!("--public-param {spec}: {m}")))
+}
+
+/// The constant-bank-0 bytes of a pointer parameter (`field` `None`: it must be 8 bytes) or of
+/// the 8-byte pointer field at byte `field` of a struct parameter, in `kernel`'s parameter
+/// layout (a struct aligned to 64 bytes starts at `c[0x0][0x240]`, not `0x210`).
+pub fn pointer_range(
+    kernel: &str,
+    info: Option<&KernelInfo>,
+    ordinal: usize,
+    field: Option<u32>,
+) -> std::result::Result<(u32, u32), String> {
     let Some(info) = info else {
-        return err(format!(
+        return Err(format!(
             "kernel `{kernel}` has no parameter layout (an nvdisasm listing records none); audit the cubin"
         ));
     };
     let Some((start, end)) = info.param_range(ordinal) else {
-        return err(format!(
+        return Err(format!(
             "kernel `{kernel}` has no parameter #{ordinal} (ordinals are 0-based; it has {})",
             info.params.len()
         ));
     };
     let size = end - start;
-    match spec.field {
+    match field {
         None if size == 8 => Ok((start, end)),
-        None => err(format!(
+        None => Err(format!(
             "parameter #{ordinal} of `{kernel}` has {size} bytes, not a pointer's 8; for a pointer \
              field inside a struct parameter give its byte offset, PARAM:OFFSET"
         )),
         Some(off) if off % 8 == 0 && off.checked_add(8).is_some_and(|e| e <= size) => {
             Ok((start + off, start + off + 8))
         }
-        Some(off) => err(format!(
+        Some(off) => Err(format!(
             "a pointer field is 8 bytes at an 8-byte-aligned offset inside the parameter; \
              parameter #{ordinal} of `{kernel}` has {size} bytes, and {off:#x} is not such an offset"
         )),

@@ -109,10 +109,11 @@ extern "C" __global__ void pb_merge_same(const int* block_table, const int* k, f
 }
 
 // (f) flashcore's shape: one __grid_constant__ struct parameter with the secret-data pointer and
-// the metadata pointers as fields. Clean with the block_table and seqlens fields (byte offsets 8
-// and 16) declared public; rule 1 (loop bound) and rule 2 (K's address) without; declaring
-// only block_table leaves the seqlens loop bound secret.
-struct DecodeParams {
+// the metadata pointers as fields, aligned to 64 bytes as flashcore's Params (its TensorMaps) is,
+// so that it starts at c[0x0][0x240], not 0x210. Clean with the block_table and seqlens fields
+// (byte offsets 8 and 16) declared public; rule 1 (loop bound) and rule 2 (K's address)
+// without; declaring only block_table leaves the seqlens loop bound secret.
+struct __align__(64) DecodeParams {
     const float* k;          // offset 0: secret data
     const int* block_table;  // offset 8: public metadata
     const int* seqlens;      // offset 16: public metadata
