@@ -16,8 +16,8 @@ use crate::error::Error;
 /// sequence lengths) whose contents may drive addresses and branches.
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Secret, by default and always: everything a kernel reads from global memory (whatever any \
-pointer parameter points to) and shared memory once secret data reached it. Public unless named \
+    after_help = "Secret, by default: everything a kernel reads from global memory (whatever any pointer \
+parameter points to, except the public buffers below) and shared memory once secret data reached it. Public unless named \
 with --secret-param: parameter values (sizes, strides, pointers), thread/block indices, \
 __constant__ data.
 
