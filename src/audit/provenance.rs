@@ -514,8 +514,16 @@ fn outputs(step: &Step, rd: &Reader, sh: &Shared) -> Outputs {
     Outputs { strong, weak }
 }
 
+/// `@!PT`: the instruction never runs (the effects' guard is `None` for it, as for `@PT`).
+fn never_runs(insn: &Insn) -> bool {
+    insn.guard.is_some_and(|g| g.reg == Reg::True && g.negated)
+}
+
 /// Applies one instruction to the state.
 fn transfer(step: &Step, st: &mut State, sh: &Shared, slots: &Slots) {
+    if never_runs(step.insn) {
+        return;
+    }
     let e = step.e;
     let guard = e.guard.map(|g| (g, e.guard_neg));
     let view = if e.cross_lane { None } else { guard };
@@ -610,6 +618,9 @@ fn address(o: &Operand, rd: &Reader) -> (Option<u8>, u64) {
 /// call to unseen code, its arguments) may come from.
 fn write_locs(step: &Step) -> Option<Vec<usize>> {
     let insn = step.insn;
+    if never_runs(insn) {
+        return None;
+    }
     let mem_locs = || -> Vec<usize> {
         insn.operands
             .iter()
@@ -630,6 +641,9 @@ fn write_locs(step: &Step) -> Option<Vec<usize>> {
 /// Data flowing into memory cells (stores, copies, reductions, calls): the new cells.
 fn cell_writes(step: &Step, rd: &Reader, c: &mut Cells) {
     let insn = step.insn;
+    if never_runs(insn) {
+        return;
+    }
     // The values stored: source operands outside the brackets, as wide as the access.
     let width = mem_width(insn);
     let data = || -> u64 {
@@ -1047,6 +1061,16 @@ mod tests {
         assert_eq!(v[p(2)], May(1), "a comparison of the pointer");
         assert_eq!(v[r(23)], May(1), "half a word of the pointer");
         assert_eq!((v[ur(20)], v[p(3)]), (Lo(0), May(1)), "R2UR's predicate");
+    }
+
+    #[test]
+    fn an_instruction_under_not_pt_never_runs() {
+        let v = after(
+            "/*0000*/ LDC.64 R2, c[0x0][0x210] ;\n\
+             /*0010*/ @!PT LDC.64 R2, c[0x0][0x218] ;\n\
+             /*0020*/ @PT MOV R4, R2 ;\n",
+        );
+        assert_eq!((v[r(2)], v[r(3)], v[r(4)]), (Lo(0), Hi(0), Lo(0)));
     }
 
     #[test]
