@@ -214,7 +214,7 @@ fn byte_shift(insn: &Insn) -> u32 {
 
 /// Register-operand suffixes other than `.reuse` (byte/half selects such as `R0.B3`, `R2.H1`),
 /// per operand, read back from the instruction's text.
-fn reg_suffixes(insn: &Insn) -> Vec<Vec<String>> {
+pub(super) fn reg_suffixes(insn: &Insn) -> Vec<Vec<String>> {
     let body = insn.text.trim();
     let body = match body.strip_prefix('@') {
         Some(g) => g.split_once(char::is_whitespace).map(|x| x.1).unwrap_or(""),

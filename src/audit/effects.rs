@@ -159,11 +159,15 @@ pub fn external_call(e: &mut Effects) {
     e.writes_lmem = true;
 }
 
-/// Parameter facts needed to decide whether a constant-bank read is secret.
+/// Parameter facts needed to decide whether a constant-bank read is secret, and which global
+/// reads are not secret.
 #[derive(Debug, Clone, Default)]
 pub struct Secrets {
     /// Constant-bank-0 byte ranges `[start, end)` of secret parameters.
     pub ranges: Vec<(u32, u32)>,
+    /// Indices (sorted) of the instructions whose global read is proven to read a public buffer
+    /// ([`super::provenance`]): see [`public_read`].
+    pub public_reads: Vec<usize>,
 }
 
 impl Secrets {
@@ -178,6 +182,23 @@ impl Secrets {
         self.ranges
             .iter()
             .any(|&(a, b)| s < b as i128 && (a as i128) < e)
+    }
+}
+
+/// A global read of a public buffer (block table, `cache_seqlens`, ...): what it loads is not a
+/// taint source; the value takes the taint of its address and guard (so a secret address still
+/// gives a secret value, besides the rule-2 finding at the read). `LDGSTS` then copies public
+/// bytes into shared memory.
+pub fn public_read(e: &mut Effects) {
+    match e.class {
+        Some(Class::Load(Space::Global | Space::Generic)) => {
+            e.intrinsic = false;
+            // A generic address based on a global buffer's pointer is not shared or local.
+            e.reads_smem = false;
+            e.reads_lmem = false;
+        }
+        Some(Class::AsyncToShared) => e.smem_intrinsic = false,
+        _ => {}
     }
 }
 

@@ -1,14 +1,17 @@
 //! `flashcore audit`: static taint analysis over the SASS of every kernel (DESIGN.md §5).
 //!
 //! Pipeline: cubin → `nvdisasm -c` → [`sass`] instructions → [`cfg`] basic blocks →
-//! [`taint`] fixed point → [`rules`] findings, plus a per-kernel [`Resources`] report read from
-//! the instructions and the ELF ([`cubin`]).
+//! ([`provenance`] of public-buffer pointers, where any are declared) → [`taint`] fixed point →
+//! [`rules`] findings, plus a per-kernel [`Resources`] report read from the instructions and the
+//! ELF ([`cubin`]).
 
 pub mod bits;
 pub mod cfg;
 pub mod container;
 pub mod cubin;
 pub mod effects;
+pub mod provenance;
+pub mod public;
 pub mod report;
 pub mod rules;
 pub mod sass;
@@ -19,7 +22,8 @@ pub mod srcloc;
 pub mod table;
 pub mod taint;
 
-pub use select::{ParamSpec, Selection};
+pub use public::{PublicBuffer, PublicSpec};
+pub use select::{ParamSpec, Picked, Selection};
 
 pub use rules::{Finding, Rule, Step};
 
@@ -61,6 +65,9 @@ pub struct KernelAudit {
     /// Shipped variant name (`fwd_f16_d64_full`) when audited through [`audit_shipped`].
     pub variant: Option<String>,
     pub secret_params: Vec<usize>,
+    /// The declared public buffers (block tables, sequence lengths) and what the audit made of
+    /// each: which loads read them as public, which could not be proven to.
+    pub public_buffers: Vec<PublicBuffer>,
     pub params: Vec<cubin::Param>,
     pub findings: Vec<Finding>,
     pub resources: Resources,
@@ -126,11 +133,47 @@ pub fn disassemble(cubin: &[u8]) -> Result<String> {
 
 static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Audits one parsed kernel section.
+/// What the caller declares about a kernel's parameters, beyond the default (everything read
+/// from global memory is secret; parameter values are public).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Declared {
+    /// 0-based ordinals of the parameters whose values are secret.
+    pub secret_params: Vec<usize>,
+    /// Pointers to public buffers (DESIGN.md §1, "Metadata": block tables, `cache_seqlens`,
+    /// `cu_seqlens`): constant-bank-0 byte ranges `[start, end)`, 8 bytes each, a pointer
+    /// parameter or a pointer field of a `__grid_constant__` struct. A global read proven to
+    /// read one ([`provenance`]) is public instead of a taint source. Mind the parameter
+    /// block's layout: a struct parameter aligned to 64 bytes (flashcore's `Params`, whose
+    /// `TensorMap`s are) starts at `c[0x0][0x240]`, not `0x210`; [`Declared::public_fields`]
+    /// does that arithmetic against the cubin.
+    pub public_buffers: Vec<(u32, u32)>,
+    /// The same, as `(parameter ordinal, byte offset of the 8-byte pointer field inside it)`
+    /// (`std::mem::offset_of!` of the host-side mirror; `(n, 0)` for a pointer parameter),
+    /// resolved against each kernel's parameter layout.
+    pub public_fields: Vec<(usize, u32)>,
+}
+
+/// Audits one parsed kernel section with `secret_params` secret and no public buffer.
 pub fn audit_section(
     sec: &sass::Section,
     info: Option<&cubin::KernelInfo>,
     secret_params: &[usize],
+) -> Result<KernelAudit> {
+    audit_section_with(
+        sec,
+        info,
+        &Declared {
+            secret_params: secret_params.to_vec(),
+            ..Default::default()
+        },
+    )
+}
+
+/// Audits one parsed kernel section under what `decl` declares about its parameters.
+pub fn audit_section_with(
+    sec: &sass::Section,
+    info: Option<&cubin::KernelInfo>,
+    decl: &Declared,
 ) -> Result<KernelAudit> {
     if sec.insns.is_empty() {
         // A kernel with no instruction read would pass vacuously: refuse instead.
@@ -140,7 +183,7 @@ pub fn audit_section(
         )));
     }
     let mut secrets = taint::Secrets::default();
-    for &p in secret_params {
+    for &p in &decl.secret_params {
         match info.and_then(|i| i.param_range(p)) {
             Some(r) => secrets.ranges.push(r),
             None => {
@@ -152,20 +195,53 @@ pub fn audit_section(
             }
         }
     }
-    let g = cfg::build(sec);
-    let an = taint::analyze(sec, &g, &secrets).map_err(|r| {
+    let mut ranges = decl.public_buffers.clone();
+    for &(ordinal, field) in &decl.public_fields {
+        let size = info
+            .and_then(|i| i.param_range(ordinal))
+            .map(|(a, b)| b - a);
+        // A whole pointer parameter is field 0 of itself.
+        let field = (size != Some(8) || field != 0).then_some(field);
+        let r = public::pointer_range(&sec.kernel, info, ordinal, field).map_err(|m| {
+            Error::Other(format!(
+                "public field ({ordinal}, {:#x}): {m}",
+                field.unwrap_or(0)
+            ))
+        })?;
+        ranges.push(r);
+    }
+    let slots = public::check_ranges(&sec.kernel, info, &secrets.ranges, &ranges)?;
+    let refused = |r: taint::Refused| {
         let insn = &sec.insns[r.index];
         Error::Other(format!(
             "kernel `{}` /*{:04x}*/ {}: {}; the audit cannot judge it",
             sec.kernel, insn.offset, insn.text, r.why
         ))
-    })?;
+    };
+    let g = cfg::build(sec);
+    let mut prov = None;
+    if !slots.starts.is_empty() {
+        let effects = taint::section_effects(sec, &secrets).map_err(refused)?;
+        let p = provenance::analyze(sec, &g, &effects, &slots).map_err(refused)?;
+        secrets.public_reads = p.public_reads();
+        prov = Some(p);
+    }
+    let an = taint::analyze(sec, &g, &secrets).map_err(refused)?;
     let findings = rules::findings(sec, &g, &an);
+    let public_buffers = match &prov {
+        Some(p) => public::report(sec, info, &slots, p, |i| {
+            findings
+                .iter()
+                .any(|f| f.offset == sec.insns[i].offset && f.rule == Rule::MemoryAddress)
+        }),
+        None => Vec::new(),
+    };
     let resources = resources(sec, &g, &an, info, &findings);
     Ok(KernelAudit {
         name: sec.kernel.clone(),
         variant: None,
-        secret_params: secret_params.to_vec(),
+        secret_params: decl.secret_params.clone(),
+        public_buffers,
         params: info.map(|i| i.params.clone()).unwrap_or_default(),
         findings,
         resources,
@@ -276,24 +352,53 @@ fn kernel_sections(cubin: &[u8]) -> Result<Kernels> {
 }
 
 /// Audits every kernel in a cubin; `secret_params` are 0-based parameter ordinals that are
-/// secret in every kernel.
+/// secret in every kernel; no public buffer.
 pub fn audit_cubin(cubin: &[u8], secret_params: &[usize]) -> Result<Vec<KernelAudit>> {
+    audit_cubin_with(
+        cubin,
+        &Declared {
+            secret_params: secret_params.to_vec(),
+            ..Default::default()
+        },
+    )
+}
+
+/// Audits every kernel in a cubin under `decl` (the same declarations for every kernel).
+pub fn audit_cubin_with(cubin: &[u8], decl: &Declared) -> Result<Vec<KernelAudit>> {
     let mut out = Vec::new();
     for (sec, info) in kernel_sections(cubin)? {
-        out.push(audit_section(&sec, info.as_ref(), secret_params)?);
+        out.push(audit_section_with(&sec, info.as_ref(), decl)?);
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
 }
 
-/// Audits the kernels of a cubin that `sel` picks, with the secret parameters it names.
+/// Audits the kernels of one shipped variant's cubin under `decl`, named `variant` in the
+/// report: `secret_params` as [`crate::kernels::Variant::secret_params`], and the variant's
+/// pointers to public metadata as `public_buffers` (constant-bank-0 ranges) or `public_fields`
+/// (`(0, offset_of!(KernelParams, block_table))`).
+pub fn audit_variant(cubin: &[u8], variant: &str, decl: &Declared) -> Result<Vec<KernelAudit>> {
+    let mut out = audit_cubin_with(cubin, decl)?;
+    for k in &mut out {
+        k.variant = Some(variant.to_string());
+    }
+    Ok(out)
+}
+
+/// Audits the kernels of a cubin that `sel` picks, with the secret parameters and public
+/// buffers it names.
 pub fn audit_cubin_selected(cubin: &[u8], sel: &Selection) -> Result<Vec<KernelAudit>> {
     let kernels = kernel_sections(cubin)?;
     let picked = sel.pick(&kernels)?;
     let mut out = Vec::new();
-    for (k, secret) in picked {
-        let (sec, info) = &kernels[k];
-        out.push(audit_section(sec, info.as_ref(), &secret)?);
+    for p in picked {
+        let (sec, info) = &kernels[p.index];
+        let decl = Declared {
+            secret_params: p.secret,
+            public_buffers: p.public,
+            ..Default::default()
+        };
+        out.push(audit_section_with(sec, info.as_ref(), &decl)?);
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
@@ -367,8 +472,13 @@ pub fn audit_listing_selected(listing: &str, sel: &Selection) -> Result<Vec<Kern
         .map(|s| (s, None))
         .collect();
     let mut out = Vec::new();
-    for (k, secret) in sel.pick(&kernels)? {
-        out.push(audit_section(&kernels[k].0, None, &secret)?);
+    for p in sel.pick(&kernels)? {
+        let decl = Declared {
+            secret_params: p.secret,
+            public_buffers: p.public,
+            ..Default::default()
+        };
+        out.push(audit_section_with(&kernels[p.index].0, None, &decl)?);
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
@@ -378,11 +488,13 @@ pub fn audit_listing_selected(listing: &str, sel: &Selection) -> Result<Vec<Kern
 pub fn audit_shipped() -> Result<Vec<KernelAudit>> {
     let mut out = Vec::new();
     for v in crate::kernels::shipped_variants() {
-        let cubin = v.cubin()?;
-        for mut k in audit_cubin(&cubin, &v.secret_params())? {
-            k.variant = Some(v.name());
-            out.push(k);
-        }
+        // No shipped variant reads metadata from device memory yet; a decode variant declares
+        // its metadata pointers here (`public_buffers` or `public_fields`).
+        let decl = Declared {
+            secret_params: v.secret_params(),
+            ..Default::default()
+        };
+        out.extend(audit_variant(&v.cubin()?, &v.name(), &decl)?);
     }
     Ok(out)
 }

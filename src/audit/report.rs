@@ -14,7 +14,8 @@ fn at(loc: &Option<super::srcloc::SrcLoc>) -> String {
         .unwrap_or_default()
 }
 
-/// Summary table, one row per kernel, then every finding with its taint chain.
+/// Summary table, one row per kernel, then each declared public buffer, then every finding with
+/// its taint chain.
 pub fn render_table(audits: &[KernelAudit]) -> String {
     let mut s = String::new();
     let name_of = |a: &KernelAudit| match &a.variant {
@@ -59,6 +60,11 @@ pub fn render_table(audits: &[KernelAudit]) -> String {
             r.branches_public,
             r.branches_secret
         );
+    }
+    for a in audits {
+        for b in &a.public_buffers {
+            let _ = writeln!(s, "{}: {}", name_of(a), super::public::describe(b));
+        }
     }
     for a in audits {
         for f in &a.findings {

@@ -1,9 +1,11 @@
-//! Which kernels of a cubin to audit (`--kernel`) and which of their parameters are secret
-//! (`--secret-param`, by ordinal or by name). Every request that cannot be met exactly — a
+//! Which kernels of a cubin to audit (`--kernel`), which of their parameters are secret
+//! (`--secret-param`, by ordinal or by name) and which point at public buffers
+//! (`--public-param`). Every request that cannot be met exactly — a
 //! kernel that is not there, a name no kernel has, a name in a kernel whose signature cannot be
 //! read — is an error that says what to give instead; nothing is dropped silently.
 
 use super::cubin::KernelInfo;
+use super::public::{field_range, PublicSpec};
 use super::sass::Section;
 use super::signature::{base_name, param_ordinal, Signature};
 use crate::error::{Error, Result};
@@ -48,15 +50,29 @@ impl std::fmt::Display for ParamSpec {
     }
 }
 
-/// What to audit and what is secret beyond global memory.
+/// What to audit, what is secret beyond global memory, and which pointers point at public
+/// buffers.
 #[derive(Debug, Clone, Default)]
 pub struct Selection {
     /// Only the kernel with this symbol or plain name (`--kernel`).
     pub kernel: Option<String>,
     /// Secret parameters of every audited kernel.
     pub secret: Vec<ParamSpec>,
+    /// Pointers to public buffers (`--public-param`) of every audited kernel.
+    pub public: Vec<PublicSpec>,
     /// `__global__` signatures that give parameter names (from the source file).
     pub signatures: Option<Vec<Signature>>,
+}
+
+/// One kernel [`Selection::pick`] chose, with what is declared about its parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Picked {
+    /// Index into the kernels given to `pick`.
+    pub index: usize,
+    /// Secret parameter ordinals, sorted.
+    pub secret: Vec<usize>,
+    /// Constant-bank-0 byte ranges of the pointers to public buffers.
+    pub public: Vec<(u32, u32)>,
 }
 
 /// Whether a cubin built for `have` is the one `--arch want` asks for. A cubin's ELF header
@@ -75,11 +91,33 @@ fn display_name(symbol: &str) -> String {
 }
 
 impl Selection {
-    /// The indices of the kernels to audit, each with its secret parameter ordinals.
-    pub fn pick(
+    /// The ordinal `spec` names in kernel `k` (`None`: a name this kernel does not have, which
+    /// is fine as long as some audited kernel has it). `flag` is the option, for messages.
+    fn ordinal(
         &self,
-        kernels: &[(Section, Option<KernelInfo>)],
-    ) -> Result<Vec<(usize, Vec<usize>)>> {
+        flag: &str,
+        spec: &ParamSpec,
+        sec: &Section,
+        info: Option<&KernelInfo>,
+    ) -> Result<Option<usize>> {
+        match spec {
+            ParamSpec::Ordinal(n) => Ok(Some(*n)),
+            ParamSpec::Name(name) => {
+                let count = info.map(|i| i.params.len()).unwrap_or(0);
+                let Some(sigs) = &self.signatures else {
+                    return Err(Error::Other(format!(
+                        "{flag} {name}: a cubin does not record parameter names; give the parameter's 0-based ordinal instead (kernel `{}` has {count} parameter(s)), or the source with --signatures FILE.cu",
+                        sec.kernel
+                    )));
+                };
+                param_ordinal(sigs, &sec.kernel, count, name)
+                    .map_err(|e| Error::Other(format!("{flag} {name}: {e}")))
+            }
+        }
+    }
+
+    /// The kernels to audit, each with its secret parameter ordinals and public-buffer pointers.
+    pub fn pick(&self, kernels: &[(Section, Option<KernelInfo>)]) -> Result<Vec<Picked>> {
         let chosen: Vec<usize> = match &self.kernel {
             None => (0..kernels.len()).collect(),
             Some(want) => {
@@ -107,39 +145,49 @@ impl Selection {
             }
         };
         let mut found = vec![false; self.secret.len()];
+        let mut found_public = vec![false; self.public.len()];
         let mut out = Vec::new();
         for k in chosen {
             let (sec, info) = &kernels[k];
             let mut ordinals = Vec::new();
             for (j, spec) in self.secret.iter().enumerate() {
-                match spec {
-                    ParamSpec::Ordinal(n) => {
-                        ordinals.push(*n);
-                        found[j] = true;
-                    }
-                    ParamSpec::Name(name) => {
-                        let Some(sigs) = &self.signatures else {
-                            return Err(Error::Other(format!(
-                                "--secret-param {name}: a cubin does not record parameter names; give the parameter's 0-based ordinal instead (kernel `{}` has {} parameter(s)), or the source with --signatures FILE.cu",
-                                sec.kernel,
-                                info.as_ref().map(|i| i.params.len()).unwrap_or(0)
-                            )));
-                        };
-                        let count = info.as_ref().map(|i| i.params.len()).unwrap_or(0);
-                        if let Some(n) = param_ordinal(sigs, &sec.kernel, count, name)
-                            .map_err(|e| Error::Other(format!("--secret-param {name}: {e}")))?
-                        {
-                            ordinals.push(n);
-                            found[j] = true;
-                        }
-                    }
+                if let Some(n) = self.ordinal("--secret-param", spec, sec, info.as_ref())? {
+                    ordinals.push(n);
+                    found[j] = true;
                 }
             }
             ordinals.sort_unstable();
             ordinals.dedup();
-            out.push((k, ordinals));
+            let mut public = Vec::new();
+            for (j, spec) in self.public.iter().enumerate() {
+                if let Some(n) = self.ordinal("--public-param", &spec.param, sec, info.as_ref())? {
+                    if ordinals.contains(&n) {
+                        return Err(Error::Other(format!(
+                            "--public-param {spec}: parameter #{n} of `{}` is also given with --secret-param; a parameter is secret or points at a public buffer, not both",
+                            sec.kernel
+                        )));
+                    }
+                    public.push(field_range(&sec.kernel, info.as_ref(), spec, n)?);
+                    found_public[j] = true;
+                }
+            }
+            out.push(Picked {
+                index: k,
+                secret: ordinals,
+                public,
+            });
         }
-        if let Some(j) = found.iter().position(|f| !f) {
+        let missing = found
+            .iter()
+            .position(|f| !f)
+            .map(|j| format!("--secret-param {}", self.secret[j]))
+            .or_else(|| {
+                found_public
+                    .iter()
+                    .position(|f| !f)
+                    .map(|j| format!("--public-param {}", self.public[j]))
+            });
+        if let Some(flag) = missing {
             let have: Vec<String> = self
                 .signatures
                 .iter()
@@ -154,9 +202,12 @@ impl Selection {
                 })
                 .collect();
             return Err(Error::Other(format!(
-                "--secret-param {}: no audited kernel has a parameter of that name (the source declares {})",
-                self.secret[j],
-                if have.is_empty() { "no __global__ function".into() } else { have.join(", ") }
+                "{flag}: no audited kernel has a parameter of that name (the source declares {})",
+                if have.is_empty() {
+                    "no __global__ function".into()
+                } else {
+                    have.join(", ")
+                }
             )));
         }
         Ok(out)
@@ -211,6 +262,14 @@ mod tests {
             .collect()
     }
 
+    fn picked(sel: &Selection, ks: &[(Section, Option<KernelInfo>)]) -> Vec<(usize, Vec<usize>)> {
+        sel.pick(ks)
+            .unwrap()
+            .into_iter()
+            .map(|p| (p.index, p.secret))
+            .collect()
+    }
+
     #[test]
     fn picks_kernels_and_resolves_names() {
         let ks = kernels(&["a", "_Z1bPfS_i"], 3);
@@ -221,14 +280,15 @@ mod tests {
             kernel: Some("b".into()),
             secret: vec![ParamSpec::Name("q".into())],
             signatures: Some(sigs.clone()),
+            ..Default::default()
         };
-        assert_eq!(sel.pick(&ks).unwrap(), vec![(1, vec![1])]);
+        assert_eq!(picked(&sel, &ks), vec![(1, vec![1])]);
         let all = Selection {
             secret: vec![ParamSpec::Name("n".into()), ParamSpec::Ordinal(0)],
             signatures: Some(sigs.clone()),
             ..Default::default()
         };
-        assert_eq!(all.pick(&ks).unwrap(), vec![(0, vec![0, 2]), (1, vec![0])]);
+        assert_eq!(picked(&all, &ks), vec![(0, vec![0, 2]), (1, vec![0])]);
         let none = Selection {
             secret: vec![ParamSpec::Name("zz".into())],
             signatures: Some(sigs),
@@ -251,5 +311,53 @@ mod tests {
         };
         let e = unnamed.pick(&ks).unwrap_err().to_string();
         assert!(e.contains("ordinal"), "{e}");
+    }
+
+    #[test]
+    fn public_params_resolve_to_pointer_bytes() {
+        let ks = kernels(&["a", "_Z1bPfS_i"], 3);
+        let sigs = super::super::signature::parse_signatures(
+            "__global__ void a(float* q, float* o, int n) {}\n__global__ void b(float* o, float* q, int m) {}",
+        );
+        let spec = |s: &str| s.parse::<PublicSpec>().unwrap();
+        let sel = Selection {
+            kernel: Some("a".into()),
+            public: vec![spec("q"), spec("2")],
+            secret: vec![ParamSpec::Ordinal(1)],
+            signatures: Some(sigs.clone()),
+        };
+        // Parameters are 8 bytes at 8 * ordinal (no parameter base in this layout).
+        let got = sel.pick(&ks).unwrap();
+        assert_eq!(got[0].public, vec![(0, 8), (16, 24)]);
+        assert_eq!(got[0].secret, vec![1]);
+        // In kernel b, `q` is parameter #1, which is secret.
+        let e = Selection {
+            kernel: Some("b".into()),
+            ..sel.clone()
+        }
+        .pick(&ks)
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("also given with --secret-param"), "{e}");
+        let e = Selection {
+            public: vec![spec("zz")],
+            signatures: Some(sigs),
+            ..Default::default()
+        }
+        .pick(&ks)
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("--public-param zz: no audited kernel"), "{e}");
+        let e = Selection {
+            public: vec![spec("q")],
+            ..Default::default()
+        }
+        .pick(&ks)
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("--public-param q") && e.contains("ordinal"),
+            "{e}"
+        );
     }
 }

@@ -429,6 +429,9 @@ pub fn section_effects(sec: &Section, secrets: &Secrets) -> Result<Vec<Effects>,
         .map(|(i, insn)| {
             let (rule, roles) = table::classify(insn).map_err(|why| Refused { index: i, why })?;
             let mut e = effects(insn, rule.class, &roles, secrets);
+            if secrets.public_reads.binary_search(&i).is_ok() {
+                super::effects::public_read(&mut e);
+            }
             let in_section = super::cfg::direct_callee(insn)
                 .is_some_and(|t| sec.functions.iter().any(|(n, _)| n == t));
             if insn.op() == "CALL" && !in_section {

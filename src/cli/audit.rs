@@ -12,19 +12,29 @@ use crate::error::Error;
 /// parameter points to), and shared memory once secret data reached it; kernel parameters'
 /// own values (sizes, strides, pointers), thread/block indices and constants are public unless
 /// declared secret with --secret-param. This is also the default for --source and --cubin
-/// without --secret-param.
+/// without --secret-param. --public-param names pointers to public metadata (block tables,
+/// sequence lengths) whose contents may drive addresses and branches.
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Secret, by default and always: everything a kernel reads from global memory (whatever any \
-pointer parameter points to) and shared memory once secret data reached it. Public unless named \
+    after_help = "Secret, by default: everything a kernel reads from global memory (whatever any pointer \
+parameter points to, except the public buffers below) and shared memory once secret data reached it. Public unless named \
 with --secret-param: parameter values (sizes, strides, pointers), thread/block indices, \
 __constant__ data.
+
+Public buffers (--public-param): what a pointer parameter, or a pointer field of a struct \
+parameter (PARAM:OFFSET, the field's byte offset as offsetof gives it), points to is public \
+metadata — a block table, cache_seqlens, cu_seqlens. A global load is public only when its \
+address is that pointer plus public offsets on every path; an address mixing in a secret is still \
+a finding and its value stays secret; a buffer the kernel writes is not public. The report lists \
+each public buffer with the loads proven to read it.
 
 Exit codes: 0 clean, 1 a finding, 2 a usage or tool error.
 
 Examples:
   flashcore audit --source my_kernel.cu
   flashcore audit --source my_kernel.cu -I include -D USE_FP16 --kernel attn --secret-param len
+  flashcore audit --source decode.cu --public-param block_table --public-param cache_seqlens
+  flashcore audit --source decode.cu --public-param p:0x18     (pointer field at byte 0x18 of p)
   nvcc -cubin -gencode=arch=compute_90a,code=sm_90a -lineinfo -o k.cubin k.cu
   flashcore audit --cubin k.cubin --secret-param 3      (also a fat binary, object or executable)"
 )]
@@ -40,7 +50,7 @@ pub struct AuditArgs {
     pub cubin: Option<std::path::PathBuf>,
     /// Audit an `nvdisasm -c` listing (global memory secret; no parameter can be declared
     /// secret without the cubin's parameter layout).
-    #[arg(long, value_name = "FILE.sass", conflicts_with_all = ["source", "secret_params"])]
+    #[arg(long, value_name = "FILE.sass", conflicts_with_all = ["source", "secret_params", "public_params"])]
     pub sass: Option<std::path::PathBuf>,
     /// Add DIR to the header search path (before the toolkit's); repeatable. With --source.
     #[arg(
@@ -68,7 +78,15 @@ pub struct AuditArgs {
     /// --signatures) the parameter's name as written in the kernel's signature; repeatable.
     #[arg(long = "secret-param", value_name = "N|NAME")]
     pub secret_params: Vec<audit::ParamSpec>,
-    /// With --cubin: read parameter names for --secret-param from this source file.
+    /// The buffer this pointer points to is public metadata (a block table, cache_seqlens,
+    /// cu_seqlens): loads proven to read it through public offsets give public values. A pointer
+    /// parameter by 0-based ordinal or (with --source, or --signatures) name, or PARAM:OFFSET
+    /// for the 8-byte pointer field at byte OFFSET (decimal or 0x hex, as offsetof gives it)
+    /// inside a struct parameter; repeatable. A parameter may not be both secret and public.
+    #[arg(long = "public-param", value_name = "N|NAME[:OFFSET]")]
+    pub public_params: Vec<audit::PublicSpec>,
+    /// With --cubin: read parameter names for --secret-param and --public-param from this
+    /// source file.
     #[arg(long, value_name = "FILE.cu")]
     pub signatures: Option<std::path::PathBuf>,
     /// Print JSON instead of the table.
@@ -95,6 +113,7 @@ fn audit_user(args: &AuditArgs) -> crate::Result<Vec<KernelAudit>> {
     let mut sel = audit::Selection {
         kernel: args.kernel.clone(),
         secret: args.secret_params.clone(),
+        public: args.public_params.clone(),
         signatures: None,
     };
     if let Some(sig) = &args.signatures {
@@ -149,6 +168,7 @@ pub fn run(args: AuditArgs) -> i32 {
     if shipped {
         for (given, flag) in [
             (!args.secret_params.is_empty(), "--secret-param"),
+            (!args.public_params.is_empty(), "--public-param"),
             (args.kernel.is_some(), "--kernel"),
             (args.arch.is_some(), "--arch"),
         ] {
@@ -167,7 +187,8 @@ pub fn run(args: AuditArgs) -> i32 {
     };
     let audits = match result {
         Ok(a) => a,
-        // Missing tools, compile errors, unreadable files, bad --secret-param: usage/tool errors.
+        // Missing tools, compile errors, unreadable files, bad --secret-param or --public-param:
+        // usage/tool errors.
         Err(e) => return super::fail(2, e),
     };
     if audits.is_empty() {

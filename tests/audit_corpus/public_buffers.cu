@@ -1,0 +1,175 @@
+// Public buffers (DESIGN.md §1, "Metadata"; issue 21): kernels that read a paged KV cache's block
+// table and cache_seqlens from device memory. tests/audit_public.rs audits each with and without
+// the metadata pointer declared public (`--public-param`) and asserts the verdict it states here.
+// Everything else global memory holds (K, what K's bytes say) stays secret.
+
+// (a) Paged gather. Clean with block_table public: the page index is public metadata, so K's
+// address is public. Without the declaration: rule 2 at the K load (its address comes from a
+// secret, the block-table entry).
+extern "C" __global__ void pb_paged_gather(const int* block_table, const float* k, float* out,
+                                           int max_pages, int page_size, int stride, int n) {
+    int b = blockIdx.y;
+    float acc = 0.f;
+#pragma unroll 1
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        int page = block_table[b * max_pages + j / page_size];
+        acc += k[(long long)(page * page_size + j % page_size) * stride];
+    }
+    out[b * blockDim.x + threadIdx.x] = acc;
+}
+
+// (b) The page index derived from K's data: rule 2 at the K load even with block_table public
+// (block_table itself is read, publicly, for the output's offset).
+extern "C" __global__ void pb_page_from_k(const int* block_table, const float* k, float* out,
+                                          int max_pages, int page_size, int stride, int n) {
+    int b = blockIdx.y;
+    const unsigned char* kbytes = reinterpret_cast<const unsigned char*>(k);
+    float acc = 0.f;
+#pragma unroll 1
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        int page = kbytes[j] & 0xff;
+        acc += k[(long long)(page * page_size + j % page_size) * stride];
+    }
+    out[b * blockDim.x + threadIdx.x] = acc + block_table[b];
+}
+
+// (c) A loop bound from cache_seqlens[b]: clean with cache_seqlens public; rule 1 at the loop's
+// branches without.
+extern "C" __global__ void pb_seqlen_loop(const int* cache_seqlens, const float* k, float* out,
+                                          int stride) {
+    int b = blockIdx.x;
+    int len = cache_seqlens[b];
+    float acc = 0.f;
+#pragma unroll 1
+    for (int j = threadIdx.x; j < len; j += blockDim.x) acc += k[(long long)b * stride + j];
+    out[b * blockDim.x + threadIdx.x] = acc;
+}
+
+// (d) A public base with a secret offset: rule 2 at the block-table load, and the value it
+// loads stays secret: rule 1 at the loop it bounds.
+extern "C" __global__ void pb_secret_offset(const int* block_table, const int* k, float* out) {
+    int idx = k[threadIdx.x] & 63;
+    int v = block_table[idx];
+    float acc = 0.f;
+#pragma unroll 1
+    for (int i = 0; i < v; ++i) acc += i * 0.5f;
+    out[threadIdx.x] = acc;
+}
+
+// (e1) A pointer that is block_table on some lanes and K on others (a select, here predicated
+// constant-bank loads): the load through it is secret, rule 1 at the loop it bounds.
+extern "C" __global__ void pb_select_mixed(const int* block_table, const int* k, float* out) {
+    const int* p = (threadIdx.x & 1) ? block_table : k;
+    int v = p[threadIdx.x];
+    float acc = 0.f;
+#pragma unroll 1
+    for (int i = 0; i < v; ++i) acc += i * 0.5f;
+    out[threadIdx.x] = acc;
+}
+
+// (e2) The same through a branch merge: each side runs a loop, so the pointer reaches the load
+// through two paths of the CFG.
+extern "C" __global__ void pb_merge_mixed(const int* block_table, const int* k, float* out, int flag) {
+    const int* p;
+    if (threadIdx.x < flag) {
+        p = block_table + 4;
+#pragma unroll 1
+        for (int i = 0; i < flag; ++i) out[1024 + i * 32 + threadIdx.x] = 1.f;
+    } else {
+        p = k + 8;
+#pragma unroll 1
+        for (int i = 0; i < 2 * flag; ++i) out[4096 + i * 32 + threadIdx.x] = 2.f;
+    }
+    int v = p[threadIdx.x];
+    float acc = 0.f;
+#pragma unroll 1
+    for (int i = 0; i < v; ++i) acc += i * 0.5f;
+    out[threadIdx.x] = acc;
+}
+
+// (e3) The control for (e2): both sides point into block_table (at different offsets), so the
+// load is public and the kernel clean (NVRTC merges the two offsets rather than the pointers;
+// the pointer-level merge is unit-tested in src/audit/provenance.rs).
+extern "C" __global__ void pb_merge_same(const int* block_table, const int* k, float* out, int flag) {
+    const int* p;
+    if (threadIdx.x < flag) {
+        p = block_table + 4;
+#pragma unroll 1
+        for (int i = 0; i < flag; ++i) out[1024 + i * 32 + threadIdx.x] = k[i];
+    } else {
+        p = block_table + 8;
+#pragma unroll 1
+        for (int i = 0; i < 2 * flag; ++i) out[4096 + i * 32 + threadIdx.x] = 2.f;
+    }
+    int v = p[threadIdx.x];
+    float acc = 0.f;
+#pragma unroll 1
+    for (int i = 0; i < v; ++i) acc += i * 0.5f;
+    out[threadIdx.x] = acc;
+}
+
+// (f) flashcore's shape: one __grid_constant__ struct parameter with the secret-data pointer and
+// the metadata pointers as fields, aligned to 64 bytes as flashcore's Params (its TensorMaps) is,
+// so that it starts at c[0x0][0x240], not 0x210. Clean with the block_table and seqlens fields
+// (byte offsets 8 and 16) declared public; rule 1 (loop bound) and rule 2 (K's address)
+// without; declaring only block_table leaves the seqlens loop bound secret.
+struct __align__(64) DecodeParams {
+    const float* k;          // offset 0: secret data
+    const int* block_table;  // offset 8: public metadata
+    const int* seqlens;      // offset 16: public metadata
+    float* out;              // offset 24
+    long long stride;        // offset 32
+    int max_pages, page_size;
+};
+extern "C" __global__ void pb_struct_fields(const __grid_constant__ DecodeParams p) {
+    int b = blockIdx.y;
+    int len = p.seqlens[b];
+    float acc = 0.f;
+#pragma unroll 1
+    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+        int page = p.block_table[b * p.max_pages + j / p.page_size];
+        acc += p.k[(page * p.page_size + j % p.page_size) * p.stride];
+    }
+    p.out[b * blockDim.x + threadIdx.x] = acc;
+}
+
+// (g) A kernel that writes its block table: the buffer is not metadata, so its reads stay
+// secret even when declared public: rule 2 at the K load.
+extern "C" __global__ void pb_writes_table(int* block_table, const float* k, float* out,
+                                           int stride) {
+    int b = blockIdx.x;
+    int page = block_table[b];
+    block_table[b + 1] = (int)k[b];
+    out[b] = k[(long long)page * stride];
+}
+
+// (h) Reads under a bound check in an unrolled loop, 64-bit strides and a vector load of four
+// block-table entries: clean with both metadata pointers public.
+extern "C" __global__ void pb_guarded_unrolled(const int* block_table, const int* cache_seqlens,
+                                               const float* k, float* out, long long stride_page,
+                                               long long stride_tok, int max_pages, int page_size,
+                                               int n) {
+    int b = blockIdx.x;
+    int len = cache_seqlens[b];
+    const int* row = block_table + (long long)b * max_pages;
+    int4 first = reinterpret_cast<const int4*>(row)[0];
+    float acc = k[first.x * stride_page] + k[first.y * stride_page] + k[first.z * stride_page] +
+                k[first.w * stride_page];
+#pragma unroll 4
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        int page = 0;
+        if (j < len) page = __ldg(row + j / page_size);
+        acc += k[page * stride_page + (j % page_size) * stride_tok];
+    }
+    out[b * blockDim.x + threadIdx.x] = acc;
+}
+
+// (i) A predicated read (`@!P0 LDG`): its address is seen under its guard; clean with
+// block_table public.
+extern "C" __global__ void pb_predicated_read(const int* block_table, const float* k, float* out,
+                                              int n, long long stride) {
+    int j = threadIdx.x;
+    int page = 0;
+    if (j < n) page = block_table[blockIdx.x * n + j];
+    out[blockIdx.x * blockDim.x + j] = k[page * stride];
+}
