@@ -26,7 +26,9 @@
 //
 // Secret-length mode (FC_SECRET_LEN): each batch entry's true length is an i32 in device memory,
 // a secret. The kernel still walks the padded length (public); keys at or past the true length
-// are masked by select and query rows at or past it are written as zeros (LSE −inf).
+// are masked by select and query rows at or past it are written as zeros (LSE −inf). With
+// FC_DECODE the i32 is instead the sequence's key count in a KV cache (fc_decode.cuh): every
+// query row is real, and a causal mask is aligned to the count.
 #include "fc_config.cuh"
 #include "fc_scheduler.cuh"
 #include "fc_producer.cuh"

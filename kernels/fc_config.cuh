@@ -29,7 +29,7 @@ static_assert(BM == 64 * CONSUMERS, "each consumer warpgroup owns 64 query rows"
 static_assert(BN == 64 || BN == 128, "wgmma N for S = Q K^T");
 constexpr int SPLIT = FC_SPLIT;             // CTAs per cluster sharing one query tile's keys
 static_assert(SPLIT == 1 || (BM % SPLIT == 0 && (BM / SPLIT) * D % (4 * 128) == 0), "combine tiling");
-static_assert(!FC_DECODE || (BM == 64 && SPLIT == 1 && !FC_SECRET_LEN), "decode: one 64-row consumer, no cluster");
+static_assert(!FC_DECODE || (BM == 64 && SPLIT == 1), "decode: one 64-row consumer, no cluster");
 constexpr int THREADS = 128 * (1 + CONSUMERS);
 constexpr int ROW_BYTES = 128;              // one swizzled row of 64 two-byte elements
 // Register split after setmaxnreg: the producer gives registers back, consumers take them.

@@ -58,8 +58,10 @@ struct Consumer {
         const int key_base = n_block * BN + col0;
         const int limit = key_limit - key_base;
 #if FC_CAUSAL && FC_DECODE
-        const int diag_h[2] = {qpos(0) + p.seqlen_k - p.seqlen_q - key_base,
-                               qpos(1) + p.seqlen_k - p.seqlen_q - key_base};
+        // The queries are the last Sq positions of the visible keys: bottom-right aligned to
+        // the sequence's own key count (KV-cache mode: its length, secret), else to Sk.
+        const int diag_h[2] = {qpos(0) + key_limit - p.seqlen_q - key_base,
+                               qpos(1) + key_limit - p.seqlen_q - key_base};
 #elif FC_CAUSAL
         const int diag = row0 + p.seqlen_k - p.seqlen_q - key_base;
 #endif

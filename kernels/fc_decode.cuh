@@ -7,6 +7,9 @@
 //     unit each, so one sequence fills the GPU. The split size is a function of Sk alone
 //     (src/kernels/decode.rs), never of the batch or the SM count: a sequence's bits do not
 //     depend on its neighbours.
+// KV-cache mode (with FC_SECRET_LEN): each sequence's key count (cache length after the append)
+// is an i32 in device memory, kept secret: the kernel walks the cache's capacity Sk (public),
+// masks keys at or past the count by select, and aligns a causal mask to the count.
 // Each unit writes an unnormalised partial (O, max, sum) to a global workspace; a second kernel
 // (flashcore_decode_combine) merges a row's partials in split order — no atomics, bitwise
 // deterministic. With one split the unit writes the final output directly.

@@ -187,7 +187,11 @@ fn external_decode_needs_a_workspace_and_matches_context_bits() {
     let k: Vec<half::f16> = randn(&mut rng, p.kv_len());
     let v: Vec<half::f16> = randn(&mut rng, p.kv_len());
     let (want, _) = launch_unchecked(&ctx, &p, &q, &k, &v);
-    let (dq, dk, dv) = (ctx.upload(&q).unwrap(), ctx.upload(&k).unwrap(), ctx.upload(&v).unwrap());
+    let (dq, dk, dv) = (
+        ctx.upload(&q).unwrap(),
+        ctx.upload(&k).unwrap(),
+        ctx.upload(&v).unwrap(),
+    );
     let mut dout = ctx.upload(&vec![poison::<half::f16>(); p.q_len()]).unwrap();
     let ws = ctx.alloc::<u8>(bytes).unwrap();
     let stream = ctx.stream();
@@ -207,13 +211,19 @@ fn external_decode_needs_a_workspace_and_matches_context_bits() {
     );
     // SAFETY: the buffers cover the call's shape and live past the download below.
     match unsafe { ext.attention(&call, stream.cu_stream()) } {
-        Err(flashcore::Error::InvalidArgument { arg: "workspace", .. }) => {}
+        Err(flashcore::Error::InvalidArgument {
+            arg: "workspace", ..
+        }) => {}
         other => panic!("expected InvalidArgument for workspace, got {other:?}"),
     }
     unsafe { ext.attention(&call.clone().workspace(wp), stream.cu_stream()) }.unwrap();
     drop((_g1, _g2, _g3, _g4, _g5));
     let got = ctx.download(&dout).unwrap();
-    assert_eq!(bits(&got), bits(&want), "external decode differs from Context::attention");
+    assert_eq!(
+        bits(&got),
+        bits(&want),
+        "external decode differs from Context::attention"
+    );
 }
 
 /// A Rust-API plan captured into a CUDA graph replays (its workspace is allocated with the plan,
@@ -233,8 +243,14 @@ fn decode_plan_replays_in_a_cuda_graph() {
     let v: Vec<half::bf16> = randn(&mut rng, p.kv_len());
     let (want, _) = launch_unchecked(&ctx, &p, &q, &k, &v);
     let plan = ctx.plan(&p).unwrap();
-    let (dq, dk, dv) = (ctx.upload(&q).unwrap(), ctx.upload(&k).unwrap(), ctx.upload(&v).unwrap());
-    let mut dout = ctx.upload(&vec![poison::<half::bf16>(); p.q_len()]).unwrap();
+    let (dq, dk, dv) = (
+        ctx.upload(&q).unwrap(),
+        ctx.upload(&k).unwrap(),
+        ctx.upload(&v).unwrap(),
+    );
+    let mut dout = ctx
+        .upload(&vec![poison::<half::bf16>(); p.q_len()])
+        .unwrap();
     let stream = ctx.stream();
     {
         let (qp, _g1) = dq.device_ptr(stream);
@@ -256,5 +272,193 @@ fn decode_plan_replays_in_a_cuda_graph() {
         stream.synchronize().unwrap();
     }
     let got = ctx.download(&dout).unwrap();
-    assert_eq!(bits(&got), bits(&want), "graph replay differs from a direct launch");
+    assert_eq!(
+        bits(&got),
+        bits(&want),
+        "graph replay differs from a direct launch"
+    );
+}
+
+/// KV-cache mode on one sequence's reference: the first `len` cache rows are its keys, the
+/// queries their last Sq positions (flash-attn's `flash_attn_with_kvcache` after the append).
+fn kv_reference(
+    p: &AttentionParams,
+    b: usize,
+    len: usize,
+    q: &[f64],
+    kc: &[f64],
+    vc: &[f64],
+) -> (Vec<f64>, Vec<f64>) {
+    let (row_q, row_k) = (p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
+    if len == 0 {
+        // No key: O = 0, LSE = −inf (what the kernel must give).
+        return (
+            vec![0.0; p.seqlen_q * row_q],
+            vec![f64::NEG_INFINITY; p.heads_q * p.seqlen_q],
+        );
+    }
+    let one = AttentionParams {
+        batch: 1,
+        seqlen_k: len,
+        ..p.clone()
+    };
+    let qb = &q[b * p.seqlen_q * row_q..(b + 1) * p.seqlen_q * row_q];
+    let base = b * p.seqlen_k * row_k;
+    let r = flashcore::reference::attention_f64(
+        &one,
+        qb,
+        &kc[base..base + len * row_k],
+        &vc[base..base + len * row_k],
+    );
+    (r.out, r.lse)
+}
+
+#[test]
+fn kv_cache_matches_reference_per_sequence_and_ignores_neighbours() {
+    let Some(ctx) = gpu("kv_cache_matches_reference_per_sequence_and_ignores_neighbours") else {
+        return;
+    };
+    let s = seed();
+    let mut rng = rng_from(s);
+    let lens = [0usize, 7, 1999, 3000, 129];
+    for d in [64, 128] {
+        for (sq, causal) in [(1, false), (4, true), (3, false)] {
+            let p = params(
+                DType::Bf16,
+                d,
+                causal,
+                Layout::Bshd,
+                (lens.len(), 8, 2, sq, 3000),
+            );
+            let q: Vec<half::bf16> = randn(&mut rng, p.q_len());
+            let kc: Vec<half::bf16> = randn(&mut rng, p.kv_len());
+            let vc: Vec<half::bf16> = randn(&mut rng, p.kv_len());
+            let dl = ctx
+                .upload(&lens.iter().map(|&l| l as i32).collect::<Vec<_>>())
+                .unwrap();
+            let (dq, dk, dv) = (
+                ctx.upload(&q).unwrap(),
+                ctx.upload(&kc).unwrap(),
+                ctx.upload(&vc).unwrap(),
+            );
+            let mut dout = ctx
+                .upload(&vec![poison::<half::bf16>(); p.q_len()])
+                .unwrap();
+            let mut dlse = ctx.upload(&vec![f32::NAN; p.lse_len()]).unwrap();
+            ctx.attention_kv_cache(&p, &dq, &dk, &dv, &dl, &mut dout, Some(&mut dlse))
+                .unwrap();
+            let out = ctx.download(&dout).unwrap();
+            let lse = ctx.download(&dlse).unwrap();
+            let f = |x: &[half::bf16]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
+            let (qf, kf, vf) = (f(&q), f(&kc), f(&vc));
+            let row = p.seqlen_q * p.heads_q * p.head_dim;
+            for (b, &len) in lens.iter().enumerate() {
+                let (want, want_lse) = kv_reference(&p, b, len, &qf, &kf, &vf);
+                let got = f(&out[b * row..(b + 1) * row]);
+                assert!(
+                    got.iter().all(|x| x.is_finite()),
+                    "seed {s}: non-finite output, sequence {b}"
+                );
+                let got_lse = &lse[b * p.heads_q * p.seqlen_q..(b + 1) * p.heads_q * p.seqlen_q];
+                if len == 0 {
+                    assert!(
+                        got.iter().all(|&x| x == 0.0),
+                        "seed {s}: empty cache must give O = 0"
+                    );
+                    assert!(
+                        got_lse.iter().all(|&x| x == f32::NEG_INFINITY),
+                        "seed {s}: empty cache LSE"
+                    );
+                    continue;
+                }
+                let err = flashcore::reference::rel_l2(&got, &want);
+                assert!(
+                    err <= 1e-2,
+                    "seed {s}: d{d} sq{sq} causal {causal} sequence {b} (len {len}): err {err:.3e}"
+                );
+                let gl: Vec<f64> = got_lse.iter().map(|&x| x as f64).collect();
+                let lerr = flashcore::reference::rel_l2(&gl, &want_lse);
+                assert!(lerr <= 1e-3, "seed {s}: sequence {b} LSE err {lerr:.3e}");
+                eprintln!("ok kv d{d} sq{sq} causal {causal} len {len:4}  err {err:.2e}");
+            }
+            // Sequence 2 alone (same capacity), and among other neighbours: the same bits.
+            let one = AttentionParams {
+                batch: 1,
+                ..p.clone()
+            };
+            let row_k = p.seqlen_k * p.heads_kv * p.head_dim;
+            let q2 = &q[2 * row..3 * row];
+            let (k2, v2) = (&kc[2 * row_k..3 * row_k], &vc[2 * row_k..3 * row_k]);
+            let dl1 = ctx.upload(&[lens[2] as i32]).unwrap();
+            let (dq1, dk1, dv1) = (
+                ctx.upload(q2).unwrap(),
+                ctx.upload(k2).unwrap(),
+                ctx.upload(v2).unwrap(),
+            );
+            let mut dout1 = ctx
+                .upload(&vec![poison::<half::bf16>(); one.q_len()])
+                .unwrap();
+            ctx.attention_kv_cache(&one, &dq1, &dk1, &dv1, &dl1, &mut dout1, None)
+                .unwrap();
+            let alone = ctx.download(&dout1).unwrap();
+            assert_eq!(
+                bits(&alone),
+                bits(&out[2 * row..3 * row]),
+                "seed {s}: bits depend on the neighbours"
+            );
+        }
+    }
+}
+
+#[test]
+fn kv_cache_append_and_bad_inputs() {
+    let Some(ctx) = gpu("kv_cache_append_and_bad_inputs") else {
+        return;
+    };
+    let mut rng = rng_from(seed());
+    let p = params(DType::F16, 64, true, Layout::Bshd, (2, 4, 2, 2, 50));
+    let cache: Vec<half::f16> = randn(&mut rng, p.kv_len());
+    let new: Vec<half::f16> = randn(&mut rng, 2 * 2 * p.heads_kv * p.head_dim);
+    let mut dc = ctx.upload(&cache).unwrap();
+    let dn = ctx.upload(&new).unwrap();
+    ctx.append_kv(&p, &mut dc, &dn, &[10, 48]).unwrap();
+    let got = ctx.download(&dc).unwrap();
+    let row = p.heads_kv * p.head_dim;
+    let mut want = cache.clone();
+    for (b, len) in [(0usize, 10usize), (1, 48)] {
+        let dst = (b * p.seqlen_k + len) * row;
+        want[dst..dst + 2 * row].copy_from_slice(&new[b * 2 * row..(b + 1) * 2 * row]);
+    }
+    assert_eq!(bits(&got), bits(&want), "append wrote the wrong rows");
+    // Past the capacity: an error, and nothing written.
+    match ctx.append_kv(&p, &mut dc, &dn, &[10, 49]) {
+        Err(flashcore::Error::InvalidArgument {
+            arg: "cache_seqlens",
+            ..
+        }) => {}
+        other => panic!("expected InvalidArgument for cache_seqlens, got {other:?}"),
+    }
+    assert_eq!(bits(&ctx.download(&dc).unwrap()), bits(&want));
+    let q = ctx.alloc::<half::f16>(p.q_len()).unwrap();
+    let mut out = ctx.alloc::<half::f16>(p.q_len()).unwrap();
+    let short = ctx.upload(&[1i32]).unwrap();
+    match ctx.attention_kv_cache(&p, &q, &dc, &dc, &short, &mut out, None) {
+        Err(flashcore::Error::InvalidArgument {
+            arg: "seqlens_k", ..
+        }) => {}
+        other => panic!("expected InvalidArgument for seqlens_k, got {other:?}"),
+    }
+    let long = AttentionParams {
+        seqlen_q: 17,
+        ..p.clone()
+    };
+    let lens = ctx.upload(&[1i32, 2]).unwrap();
+    let q17 = ctx.alloc::<half::f16>(long.q_len()).unwrap();
+    let mut out17 = ctx.alloc::<half::f16>(long.q_len()).unwrap();
+    match ctx.attention_kv_cache(&long, &q17, &dc, &dc, &lens, &mut out17, None) {
+        Err(flashcore::Error::InvalidArgument {
+            arg: "seqlen_q", ..
+        }) => {}
+        other => panic!("expected InvalidArgument for seqlen_q, got {other:?}"),
+    }
 }

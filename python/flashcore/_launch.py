@@ -43,10 +43,11 @@ def _desc(t):
     return (t.data_ptr(), (st[0], st[1], st[2]))
 
 
-def launch(q, k, v, out, lse, lengths, causal, scale):
+def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None):
     """O = attention(q, k, v) into `out`. All four tensors are views in [B, S, H, D] index order
     (any strides; inputs that TMA cannot read in place are copied); `lse` is an fp32 contiguous
-    [B, Hq, Sq] tensor or None; `lengths` int32 [B] or None."""
+    [B, Hq, Sq] tensor or None; `lengths` int32 [B] or None (secret-length prefill);
+    `kv_lengths` int32 [B] or None (KV-cache mode: each sequence's key count in k, v)."""
     q, k, v = readable(q), readable(k), readable(v)
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
@@ -57,7 +58,7 @@ def launch(q, k, v, out, lse, lengths, causal, scale):
     if sq <= _DECODE_MAX_SEQLEN_Q and lengths is None:
         # Decode mode's split partials: scratch from torch's allocator on this stream (reused
         # only by work ordered after this call).
-        n = _native.workspace_bytes(_DTYPES[q.dtype], shape, bool(causal))
+        n = _native.workspace_bytes(_DTYPES[q.dtype], shape, bool(causal), kv_lengths=kv_lengths is not None)
         if n:
             workspace = torch.empty(n, dtype=torch.uint8, device=dev)
     _native.attention(
@@ -74,7 +75,12 @@ def launch(q, k, v, out, lse, lengths, causal, scale):
         lse.data_ptr() if lse is not None else 0,
         lengths.data_ptr() if lengths is not None else 0,
         workspace.data_ptr() if workspace is not None else 0,
+        kv_lengths.data_ptr() if kv_lengths is not None else 0,
     )
+
+
+def prepare_kv(device, dtype, shape, causal, scale):
+    _native.prepare(torch.device(device).index or 0, _DTYPES[dtype], shape, bool(causal), scale, kv_lengths=True)
 
 
 def prepare(device, dtype, shape, causal, scale, secret_lengths=False):

@@ -4,6 +4,7 @@
 //! Python exception: bad arguments a `ValueError`, everything else a `RuntimeError`.
 
 use flashcore::attention::external::{self, DeviceTensor, ExternalCall, ExternalContext, Strides};
+use flashcore::attention::launch::Lengths;
 use flashcore::attention::{AttentionParams, DType, Layout};
 use flashcore::Error;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -66,12 +67,14 @@ fn call(
     lse: u64,
     lengths: u64,
     workspace: u64,
+    kv_lengths: u64,
 ) -> PyResult<ExternalCall> {
     let p = params(dtype, shape, causal, scale)?;
     Ok(
         ExternalCall::new(p, tensor(q), tensor(k), tensor(v), tensor(out))
             .lse(lse)
             .lengths(lengths)
+            .kv_lengths(kv_lengths)
             .workspace(workspace),
     )
 }
@@ -94,7 +97,7 @@ fn context(device: usize) -> PyResult<Arc<ExternalContext>> {
 
 /// Checks a call's shapes, alignment and strides without touching a GPU.
 #[pyfunction]
-#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0))]
+#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0))]
 #[allow(clippy::too_many_arguments)]
 fn validate(
     dtype: &str,
@@ -108,9 +111,10 @@ fn validate(
     lse: u64,
     lengths: u64,
     workspace: u64,
+    kv_lengths: u64,
 ) -> PyResult<()> {
     let c = call(
-        dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace,
+        dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths,
     )?;
     external::validate(&c).map_err(to_py)
 }
@@ -120,7 +124,7 @@ fn validate(
 /// device memory covering what the strides reach; the Python package guarantees that by
 /// passing tensors it holds until the op returns (the stream orders their reuse).
 #[pyfunction]
-#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0))]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0))]
 #[allow(clippy::too_many_arguments)]
 fn attention(
     py: Python<'_>,
@@ -137,9 +141,10 @@ fn attention(
     lse: u64,
     lengths: u64,
     workspace: u64,
+    kv_lengths: u64,
 ) -> PyResult<()> {
     let c = call(
-        dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace,
+        dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths,
     )?;
     let ctx = context(device)?;
     // The first call of a shape may compile a kernel (NVRTC, seconds): let other threads run.
@@ -153,7 +158,8 @@ fn attention(
 /// Loads (compiling on first use) the kernel for a shape without launching: the warm-up to do
 /// before capturing a CUDA graph.
 #[pyfunction]
-#[pyo3(signature = (device, dtype, shape, causal, scale, secret_lengths=false))]
+#[pyo3(signature = (device, dtype, shape, causal, scale, secret_lengths=false, kv_lengths=false))]
+#[allow(clippy::too_many_arguments)]
 fn prepare(
     py: Python<'_>,
     device: usize,
@@ -162,28 +168,41 @@ fn prepare(
     causal: bool,
     scale: Option<f64>,
     secret_lengths: bool,
+    kv_lengths: bool,
 ) -> PyResult<()> {
     let p = params(dtype, shape, causal, scale)?;
     let ctx = context(device)?;
-    py.detach(move || ctx.prepare(&p, secret_lengths))
+    let lengths = lengths_mode(secret_lengths, kv_lengths);
+    py.detach(move || ctx.prepare_lengths(&p, lengths))
         .map_err(to_py)
+}
+
+fn lengths_mode(secret_lengths: bool, kv_lengths: bool) -> Lengths {
+    if kv_lengths {
+        Lengths::KvCache
+    } else if secret_lengths {
+        Lengths::SecretPadded
+    } else {
+        Lengths::None
+    }
 }
 
 /// Bytes of scratch a call needs on the device (decode mode's split partials; 0 for most calls):
 /// the caller allocates it on the call's stream and passes its address as `workspace`.
 #[pyfunction]
-#[pyo3(signature = (dtype, shape, causal, secret_lengths=false))]
+#[pyo3(signature = (dtype, shape, causal, secret_lengths=false, kv_lengths=false))]
 fn workspace_bytes(
     dtype: &str,
     shape: Shape,
     causal: bool,
     secret_lengths: bool,
+    kv_lengths: bool,
 ) -> PyResult<usize> {
     let p = params(dtype, shape, causal, None)?;
-    Ok(flashcore::attention::decode::workspace_bytes(
-        &p,
-        secret_lengths,
-    ))
+    Ok(match lengths_mode(secret_lengths, kv_lengths) {
+        Lengths::KvCache => flashcore::attention::decode::kv_cache_workspace_bytes(&p),
+        mode => flashcore::attention::decode::workspace_bytes(&p, mode == Lengths::SecretPadded),
+    })
 }
 
 /// Opens device `device` (typed errors without a driver, without a device, on a non-sm_90 GPU)

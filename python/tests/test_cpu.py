@@ -425,3 +425,65 @@ def test_decode_workspace_size():
     assert _native.workspace_bytes("f16", (1, 1, 8192, 8, 8, 64), False, secret_lengths=True) == 0
     with pytest.raises(ValueError):
         _native.workspace_bytes("f32", (1, 1, 8192, 8, 8, 64), False)
+
+
+# --- KV cache (flash_attn_with_kvcache) ------------------------------------------------------
+
+
+def test_append_kv_writes_each_sequence_at_its_length():
+    from flashcore.kvcache import append_kv
+
+    kc, vc = torch.randn(3, 10, 2, 8), torch.randn(3, 10, 2, 8)
+    k, v = torch.randn(3, 2, 2, 8), torch.randn(3, 2, 2, 8)
+    want_k, want_v = kc.clone(), vc.clone()
+    lens = torch.tensor([0, 5, 8], dtype=torch.int32)
+    for b, n in enumerate(lens.tolist()):
+        want_k[b, n:n + 2], want_v[b, n:n + 2] = k[b], v[b]
+    after = append_kv(kc, vc, k, v, lens)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
+    assert after.dtype == torch.int32 and after.tolist() == [2, 7, 10]
+
+
+def test_kvcache_op_fake_shapes_and_append(fake):
+    q = cuda(2, 1, 8, 64, dtype=torch.bfloat16)
+    kc, vc = cuda(2, 100, 2, 64, dtype=torch.bfloat16), cuda(2, 100, 2, 64, dtype=torch.bfloat16)
+    k, v = cuda(2, 1, 2, 64, dtype=torch.bfloat16), cuda(2, 1, 2, 64, dtype=torch.bfloat16)
+    lens = torch.zeros(2, dtype=torch.int32, device="cuda")
+    out, lse = flashcore.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True,
+                                                 return_softmax_lse=True)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert lse.shape == (2, 8, 1) and lse.dtype == torch.float32
+    assert flashcore.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=7).shape == q.shape
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(block_table=torch.zeros(1)), "block_table"),
+        (dict(window_size=(16, 0)), "window_size"),
+        (dict(softcap=30.0), "softcap"),
+        (dict(rotary_cos=torch.zeros(1), rotary_sin=torch.zeros(1)), "rotary_cos"),
+        (dict(cache_leftpad=torch.zeros(1)), "cache_leftpad"),
+    ],
+)
+def test_kvcache_unsupported_arguments_raise(fake, kwargs, message):
+    q = cuda(1, 1, 8, 64)
+    kc = cuda(1, 100, 8, 64)
+    with pytest.raises(ValueError, match=message):
+        flashcore.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=3, **kwargs)
+
+
+def test_kvcache_bad_inputs(fake):
+    q, kc = cuda(2, 1, 8, 64), cuda(2, 100, 8, 64)
+    with pytest.raises(ValueError, match="at most 16"):
+        flashcore.flash_attn_with_kvcache(cuda(2, 17, 8, 64), kc, kc, cache_seqlens=3)
+    with pytest.raises(ValueError, match="both k and v"):
+        flashcore.flash_attn_with_kvcache(q, kc, kc, k=cuda(2, 1, 8, 64), cache_seqlens=3)
+    with pytest.raises(ValueError, match="needs cache_seqlens"):
+        flashcore.flash_attn_with_kvcache(q, kc, kc, k=cuda(2, 1, 8, 64), v=cuda(2, 1, 8, 64))
+    with pytest.raises(TypeError, match="int32"):
+        flashcore.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=torch.zeros(2, dtype=torch.int64, device="cuda"))
+    with pytest.raises(ValueError, match="shape"):
+        flashcore.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=torch.zeros(3, dtype=torch.int32, device="cuda"))
+    with pytest.raises(ValueError, match="`k` must be"):
+        flashcore.flash_attn_with_kvcache(q, kc, kc, k=cuda(2, 1, 4, 64), v=cuda(2, 1, 4, 64), cache_seqlens=3)

@@ -362,3 +362,44 @@ def test_hf_model_families(family, dtype):
           f"ratio {fcore / best:.3f}, paths {counted}")
     assert counted == hf_models.EXPECTED["cuda"][family]
     assert fcore <= hf_models.BOUND * best, (family, dtype, fcore, errors)
+
+
+# --- KV cache ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("sq, causal, d", [(1, False, 128), (4, True, 64), (2, True, 128)])
+def test_flash_attn_with_kvcache_appends_and_matches_float64(dtype, sq, causal, d):
+    b, cap, hq, hkv = 3, 777, 8, 2
+    kc, vc = randn(b, cap, hkv, d, dtype=dtype), randn(b, cap, hkv, d, dtype=dtype)
+    k, v, q = randn(b, sq, hkv, d, dtype=dtype), randn(b, sq, hkv, d, dtype=dtype), randn(b, sq, hq, d, dtype=dtype)
+    lens = torch.tensor([0, 100, cap - sq], dtype=torch.int32, device="cuda")
+    want_k = kc.clone()
+    for i, n in enumerate(lens.tolist()):
+        want_k[i, n:n + sq] = k[i]
+    out, lse = flashcore.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=causal,
+                                                 return_softmax_lse=True)
+    assert torch.equal(kc, want_k), "the append wrote the wrong cache rows"
+    assert torch.isfinite(out).all()
+    for i, n in enumerate(lens.tolist()):
+        total = n + sq
+        ref, ref_lse = reference(q[i:i + 1], kc[i:i + 1, :total], vc[i:i + 1, :total], causal)
+        assert rel_l2(out[i:i + 1], ref) < TOL[dtype], (i, total)
+        assert rel_l2(lse[i:i + 1], ref_lse) < 1e-3
+    # The same call through torch.compile (the append is a traced mutation) and a CUDA graph.
+    lens2 = lens.clone()
+    kc2, vc2 = kc.clone(), vc.clone()
+    fn = torch.compile(lambda q_, kc_, vc_, l_: flashcore.flash_attn_with_kvcache(q_, kc_, vc_, cache_seqlens=l_,
+                                                                                  causal=causal), fullgraph=True)
+    eager = flashcore.flash_attn_with_kvcache(q, kc2, vc2, cache_seqlens=lens2 + sq, causal=causal)
+    assert torch.equal(fn(q, kc2, vc2, lens2 + sq), eager)
+    assert torch.equal(eager, out)
+    static_out = torch.empty_like(out)
+    flashcore.kvcache.prepare(q, kc2, causal=causal)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out.copy_(flashcore.flash_attn_with_kvcache(q, kc2, vc2, cache_seqlens=lens2 + sq, causal=causal))
+    for _ in range(2):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, out)

@@ -1,5 +1,6 @@
 //! `Context`: one CUDA device, its stream, and the kernels loaded on it.
 
+use super::launch::Lengths;
 use super::launch::{LoadedKernel, Plan};
 use super::params::{AttentionParams, DType};
 use super::validate;
@@ -136,14 +137,54 @@ impl Context {
     /// Validates `params` and prepares everything a launch needs except the buffers.
     pub fn plan(&self, params: &AttentionParams) -> Result<Plan> {
         validate::check_params(params)?;
-        Plan::new(self, params.clone(), false, TestBuild::default(), true)
+        Plan::new(
+            self,
+            params.clone(),
+            Lengths::None,
+            TestBuild::default(),
+            true,
+        )
     }
 
     /// A plan for calls that bring their own decode workspace ([`super::external`]): it
     /// allocates none.
     pub(crate) fn plan_external(&self, params: &AttentionParams) -> Result<Plan> {
         validate::check_params(params)?;
-        Plan::new(self, params.clone(), false, TestBuild::default(), false)
+        Plan::new(
+            self,
+            params.clone(),
+            Lengths::None,
+            TestBuild::default(),
+            false,
+        )
+    }
+
+    /// A KV-cache plan ([`Lengths::KvCache`]): `params.seqlen_k` is the cache's capacity,
+    /// `params.seqlen_q` ≤ [`super::decode::MAX_SEQLEN_Q`] the new queries; each launch gives
+    /// every sequence's key count in a device buffer (secret: the kernel walks the capacity).
+    /// `own_workspace: false` for callers that bring their own decode workspace.
+    pub fn plan_kv_cache(&self, params: &AttentionParams) -> Result<Plan> {
+        validate::check_params(params)?;
+        validate::check_kv_cache(params)?;
+        Plan::new(
+            self,
+            params.clone(),
+            Lengths::KvCache,
+            TestBuild::default(),
+            true,
+        )
+    }
+
+    pub(crate) fn plan_kv_cache_external(&self, params: &AttentionParams) -> Result<Plan> {
+        validate::check_params(params)?;
+        validate::check_kv_cache(params)?;
+        Plan::new(
+            self,
+            params.clone(),
+            Lengths::KvCache,
+            TestBuild::default(),
+            false,
+        )
     }
 
     /// A plan in secret-length mode: the kernel walks the padded length `seqlen_q` = `seqlen_k`
@@ -151,7 +192,13 @@ impl Context {
     pub fn plan_secret_len(&self, params: &AttentionParams) -> Result<Plan> {
         validate::check_params(params)?;
         validate::check_secret_len(params)?;
-        Plan::new(self, params.clone(), true, TestBuild::default(), false)
+        Plan::new(
+            self,
+            params.clone(),
+            Lengths::SecretPadded,
+            TestBuild::default(),
+            false,
+        )
     }
 
     /// A plan for one of the deliberately leaky control kernels (never used for real work): the
@@ -172,7 +219,12 @@ impl Context {
             leaky_control: Some(control),
             ..TestBuild::default()
         };
-        Plan::new(self, params.clone(), secret_len, build, true)
+        let lengths = if secret_len {
+            Lengths::SecretPadded
+        } else {
+            Lengths::None
+        };
+        Plan::new(self, params.clone(), lengths, build, true)
     }
 
     /// A plan for any build of the timing test (never used for real work): a leaky control, the
@@ -190,7 +242,12 @@ impl Context {
         if secret_len {
             validate::check_secret_len(params)?;
         }
-        Plan::new(self, params.clone(), secret_len, build, true)
+        let lengths = if secret_len {
+            Lengths::SecretPadded
+        } else {
+            Lengths::None
+        };
+        Plan::new(self, params.clone(), lengths, build, true)
     }
 
     /// O = softmax(scale · Q Kᵀ + mask) V on this context's stream; `lse` (fp32 [B, Hq, Sq],
@@ -285,6 +342,105 @@ impl Context {
         let plan = self.plan_secret_len(params)?;
         let (lens_ptr, _g) = lengths.device_ptr(&self.stream);
         self.launch_checked(&plan, params, q, k, v, out, lse, lens_ptr)
+    }
+
+    /// Attention of a few new queries over a KV cache ([`Lengths::KvCache`]): `k_cache` and
+    /// `v_cache` hold `[batch, seqlen_k (the capacity), heads_kv, head_dim]` in `params.layout`,
+    /// `seqlens_k` (i32 per sequence, on the device) how many of a sequence's cache rows are
+    /// keys (clamped to [0, capacity]). The queries are the last `seqlen_q` positions of those
+    /// keys: causal masks are aligned to each sequence's count (flash-attn's
+    /// `flash_attn_with_kvcache` after its append). The counts stay secret: time, control flow and
+    /// addresses are those of the full capacity. Append this step's keys first
+    /// ([`Context::append_kv`]).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_kv_cache<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k_cache: &CudaSlice<T>,
+        v_cache: &CudaSlice<T>,
+        seqlens_k: &CudaSlice<i32>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
+        if seqlens_k.len() != params.batch {
+            return Err(Error::invalid(
+                "seqlens_k",
+                format!("has {} entries, batch is {}", seqlens_k.len(), params.batch),
+            ));
+        }
+        let plan = self.plan_kv_cache(params)?;
+        let (lens_ptr, _g) = seqlens_k.device_ptr(&self.stream);
+        self.launch_checked(&plan, params, q, k_cache, v_cache, out, lse, lens_ptr)
+    }
+
+    /// Writes `new` (`[batch, n, heads_kv, head_dim]`, bshd) into a bshd `cache` of capacity
+    /// `params.seqlen_k` at rows `cache_seqlens[b]..cache_seqlens[b] + n` of each sequence b
+    /// (one device copy per sequence, on this context's stream). The lengths are host values:
+    /// where a row goes is public here (DESIGN.md §1: cache lengths are metadata); a row past
+    /// the capacity is an error before any copy.
+    pub fn append_kv<T: Element>(
+        &self,
+        params: &AttentionParams,
+        cache: &mut CudaSlice<T>,
+        new: &CudaSlice<T>,
+        cache_seqlens: &[usize],
+    ) -> Result<()> {
+        if params.layout != super::params::Layout::Bshd {
+            return Err(Error::invalid(
+                "layout",
+                "append_kv writes bshd caches only",
+            ));
+        }
+        if cache_seqlens.len() != params.batch {
+            return Err(Error::invalid(
+                "cache_seqlens",
+                format!(
+                    "has {} entries, batch is {}",
+                    cache_seqlens.len(),
+                    params.batch
+                ),
+            ));
+        }
+        let row = params.heads_kv * params.head_dim;
+        if cache.len() != params.kv_len() {
+            return Err(Error::invalid(
+                "cache",
+                format!(
+                    "has {} elements, the shape needs {}",
+                    cache.len(),
+                    params.kv_len()
+                ),
+            ));
+        }
+        if new.len() % (params.batch * row) != 0 || new.is_empty() {
+            return Err(Error::invalid(
+                "new",
+                format!(
+                    "must hold batch · n · heads_kv · head_dim elements (n ≥ 1), got {}",
+                    new.len()
+                ),
+            ));
+        }
+        let n = new.len() / (params.batch * row);
+        for (b, &len) in cache_seqlens.iter().enumerate() {
+            if len + n > params.seqlen_k {
+                return Err(Error::invalid(
+                    "cache_seqlens",
+                    format!(
+                        "sequence {b}: {len} cached + {n} new rows exceed the capacity {}",
+                        params.seqlen_k
+                    ),
+                ));
+            }
+        }
+        for (b, &len) in cache_seqlens.iter().enumerate() {
+            let src = new.slice(b * n * row..(b + 1) * n * row);
+            let start = (b * params.seqlen_k + len) * row;
+            let mut dst = cache.slice_mut(start..start + n * row);
+            self.stream.memcpy_dtod(&src, &mut dst)?;
+        }
+        Ok(())
     }
 
     /// Free and total device memory, in bytes.

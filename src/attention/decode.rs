@@ -118,6 +118,16 @@ pub fn workspace_bytes(p: &AttentionParams, secret_len: bool) -> usize {
     DecodeSchedule::new(p, &tile, 1).map_or(0, |s| s.workspace_bytes(p))
 }
 
+/// Bytes of workspace a KV-cache call ([`super::launch::Lengths::KvCache`]) needs: the same
+/// decode schedule over the cache's capacity.
+pub fn kv_cache_workspace_bytes(p: &AttentionParams) -> usize {
+    if p.seqlen_q > MAX_SEQLEN_Q {
+        return 0;
+    }
+    let tile = crate::kernels::Variant::decode(p.dtype, p.head_dim, p.causal).tile();
+    DecodeSchedule::new(p, &tile, 1).map_or(0, |s| s.workspace_bytes(p))
+}
+
 /// The combine kernel's parameter block (`CombineParams` in kernels/fc_decode.cuh).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]

@@ -25,6 +25,7 @@
 //! ```
 
 use super::context::Context;
+use super::launch::Lengths;
 use super::launch::Plan;
 use super::params::{AttentionParams, Layout};
 use super::validate::{self, TENSOR_ALIGN};
@@ -96,6 +97,9 @@ pub struct ExternalCall {
     pub lse: u64,
     /// Secret-length mode: i32 `[batch]` true lengths (needs seqlen_q == seqlen_k); 0 for none.
     pub lengths: u64,
+    /// KV-cache mode ([`super::launch::Lengths::KvCache`]): i32 `[batch]` key counts in K/V
+    /// caches of capacity `seqlen_k` (secret), with `seqlen_q` ≤ 16 new queries; 0 for none.
+    pub kv_lengths: u64,
     /// Decode mode's scratch: [`super::decode::workspace_bytes`] bytes, 16-byte aligned, used by
     /// no other launch in flight (a framework allocates it per call on the call's stream); 0
     /// when that size is 0.
@@ -118,8 +122,13 @@ impl ExternalCall {
             out,
             lse: 0,
             lengths: 0,
+            kv_lengths: 0,
             workspace: 0,
         }
+    }
+    pub fn kv_lengths(mut self, ptr: u64) -> Self {
+        self.kv_lengths = ptr;
+        self
     }
     pub fn workspace(mut self, ptr: u64) -> Self {
         self.workspace = ptr;
@@ -217,6 +226,21 @@ fn check_no_self_overlap(t: &DeviceTensor, extents: [usize; 3], head_dim: usize)
 pub fn validate(call: &ExternalCall) -> Result<()> {
     let p = &call.params;
     validate::check_params(p)?;
+    if call.kv_lengths != 0 {
+        if call.lengths != 0 {
+            return Err(Error::invalid(
+                "kv_lengths",
+                "give either secret lengths (padded prefill) or KV-cache key counts, not both",
+            ));
+        }
+        validate::check_kv_cache(p)?;
+        if call.kv_lengths % 4 != 0 {
+            return Err(Error::invalid(
+                "kv_lengths",
+                "device address is not 4-byte aligned",
+            ));
+        }
+    }
     if call.lengths != 0 {
         validate::check_secret_len(p)?;
         if call.lengths % 4 != 0 {
@@ -256,7 +280,7 @@ struct PlanKey {
     dtype: super::params::DType,
     causal: bool,
     scale_bits: Option<u32>,
-    secret_len: bool,
+    lengths: Lengths,
 }
 
 /// Plans kept per context; past this many shapes the cache starts over (a decode loop makes a
@@ -307,7 +331,7 @@ impl ExternalContext {
         &self.ctx
     }
 
-    fn plan(&self, p: &AttentionParams, secret_len: bool) -> Result<Arc<Plan>> {
+    fn plan(&self, p: &AttentionParams, lengths: Lengths) -> Result<Arc<Plan>> {
         let key = PlanKey {
             shape: [
                 p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim,
@@ -315,7 +339,7 @@ impl ExternalContext {
             dtype: p.dtype,
             causal: p.causal,
             scale_bits: p.scale.map(f32::to_bits),
-            secret_len,
+            lengths,
         };
         let mut plans = self
             .plans
@@ -328,10 +352,10 @@ impl ExternalContext {
             layout: Layout::Bshd,
             ..p.clone()
         };
-        let plan = Arc::new(if secret_len {
-            self.ctx.plan_secret_len(&params)?
-        } else {
-            self.ctx.plan_external(&params)?
+        let plan = Arc::new(match lengths {
+            Lengths::SecretPadded => self.ctx.plan_secret_len(&params)?,
+            Lengths::KvCache => self.ctx.plan_kv_cache_external(&params)?,
+            Lengths::None => self.ctx.plan_external(&params)?,
         });
         if plans.len() >= MAX_PLANS {
             plans.clear();
@@ -344,9 +368,19 @@ impl ExternalContext {
     /// launching: call once before capturing a CUDA graph, since loading a module is not
     /// allowed inside a capture.
     pub fn prepare(&self, params: &AttentionParams, secret_len: bool) -> Result<()> {
+        let lengths = if secret_len {
+            Lengths::SecretPadded
+        } else {
+            Lengths::None
+        };
+        self.prepare_lengths(params, lengths)
+    }
+
+    /// [`ExternalContext::prepare`] for any lengths mode (a KV-cache call's too).
+    pub fn prepare_lengths(&self, params: &AttentionParams, lengths: Lengths) -> Result<()> {
         let _restore = RestoreCurrent::save()?;
         self.ctx.cuda().bind_to_thread()?;
-        self.plan(params, secret_len).map(|_| ())
+        self.plan(params, lengths).map(|_| ())
     }
 
     /// Validates `call` ([`validate`]) and enqueues the kernel on `stream`, which may be
@@ -363,12 +397,18 @@ impl ExternalContext {
     /// - `out` and `lse` overlap neither each other nor any input.
     pub unsafe fn attention(&self, call: &ExternalCall, stream: sys::CUstream) -> Result<()> {
         validate(call)?;
-        let secret_len = call.lengths != 0;
+        let lengths = if call.kv_lengths != 0 {
+            Lengths::KvCache
+        } else if call.lengths != 0 {
+            Lengths::SecretPadded
+        } else {
+            Lengths::None
+        };
         // Make this device's primary context current for the launch, and give the thread back
         // the context it had: the CUDA runtime (torch) reads its current device from it.
         let _restore = RestoreCurrent::save()?;
         self.ctx.cuda().bind_to_thread()?;
-        self.launch_current(call, secret_len, stream)
+        self.launch_current(call, lengths, stream)
     }
 
     /// The launch itself, with this device's context current.
@@ -378,11 +418,11 @@ impl ExternalContext {
     unsafe fn launch_current(
         &self,
         call: &ExternalCall,
-        secret_len: bool,
+        lengths: Lengths,
         stream: sys::CUstream,
     ) -> Result<()> {
         let p = &call.params;
-        let plan = self.plan(p, secret_len)?;
+        let plan = self.plan(p, lengths)?;
         let hd = p.head_dim;
         let q_ext = [p.batch, p.seqlen_q, p.heads_q];
         let kv_ext = [p.batch, p.seqlen_k, p.heads_kv];
@@ -398,7 +438,7 @@ impl ExternalContext {
             call.v.ptr,
             call.out.ptr,
             call.lse,
-            call.lengths,
+            call.lengths | call.kv_lengths, // at most one is set (validated)
             call.workspace,
         ];
         // SAFETY: the caller's contract above; shapes, alignment and strides validated.
@@ -484,6 +524,21 @@ mod tests {
         let (arg, r) = rule(validate(&c).unwrap_err());
         assert_eq!(arg, "k");
         assert!(r.contains("16-byte aligned"), "{r}");
+    }
+
+    #[test]
+    fn kv_lengths_rules() {
+        let c = call(AttentionParams::new(2, 4, 1, 64).seqlen_k(500)).kv_lengths(0x60000);
+        assert!(validate(&c).is_ok());
+        let (arg, r) = rule(validate(&c.clone().lengths(0x70000)).unwrap_err());
+        assert_eq!(arg, "kv_lengths");
+        assert!(r.contains("not both"), "{r}");
+        let (arg, _) = rule(validate(&c.clone().kv_lengths(0x60002)).unwrap_err());
+        assert_eq!(arg, "kv_lengths");
+        let long = call(AttentionParams::new(2, 4, 17, 64).seqlen_k(500)).kv_lengths(0x60000);
+        let (arg, r) = rule(validate(&long).unwrap_err());
+        assert_eq!(arg, "seqlen_q");
+        assert!(r.contains("at most 16"), "{r}");
     }
 
     #[test]

@@ -183,6 +183,20 @@ fn with_knobs(
     }
 }
 
+/// What the per-sequence lengths buffer of a plan means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lengths {
+    /// No lengths: every sequence fills the shape.
+    None,
+    /// Secret-length prefill (Sq = Sk): each sequence's true length inside the padded one;
+    /// query rows and keys past it are masked.
+    SecretPadded,
+    /// KV cache (decode, Sq ≤ [`decode::MAX_SEQLEN_Q`]): each sequence's key count in a cache of
+    /// capacity Sk, kept secret (the kernel walks the capacity and masks by select); the Sq
+    /// queries are the last positions of those keys (a causal mask is aligned to the count).
+    KvCache,
+}
+
 /// Buffers and element strides (q, k, v, o) a parameter block was built for.
 type LaunchKey = ([u64; 7], [Strides; 4]);
 
@@ -203,6 +217,7 @@ pub struct Plan {
     /// stream capture, where an allocation becomes a graph node that blocks relaunching the
     /// graph — and not at all for plans of external calls, which bring their own.
     own_workspace: Option<CudaSlice<u8>>,
+    lengths: Lengths,
     secret_len: bool,
     cached: Mutex<Option<(LaunchKey, Box<KernelParams>)>>,
 }
@@ -211,11 +226,17 @@ impl Plan {
     pub(crate) fn new(
         ctx: &Context,
         params: AttentionParams,
-        secret_len: bool,
+        lengths: Lengths,
         build: TestBuild,
         own_workspace: bool,
     ) -> Result<Plan> {
-        let variant = if decode::applies(&params, secret_len) && build.is_shipped() {
+        let secret_len = lengths != Lengths::None;
+        let variant = if lengths == Lengths::KvCache {
+            Variant {
+                secret_len: true,
+                ..Variant::decode(params.dtype, params.head_dim, params.causal)
+            }
+        } else if decode::applies(&params, secret_len) && build.is_shipped() {
             Variant::decode(params.dtype, params.head_dim, params.causal)
         } else {
             let v = Variant::for_shape(
@@ -257,6 +278,7 @@ impl Plan {
             schedule,
             decode,
             own_workspace,
+            lengths,
             secret_len,
             cached: Mutex::new(None),
         })
@@ -286,9 +308,14 @@ impl Plan {
         Ok((ptr, len))
     }
 
-    /// Whether this plan runs in secret-length mode (see [`Plan::launch_raw_with_lengths`]).
+    /// Whether this plan reads per-sequence lengths (see [`Plan::launch_raw_with_lengths`]).
     pub fn secret_len(&self) -> bool {
         self.secret_len
+    }
+
+    /// What this plan's lengths buffer means.
+    pub fn lengths(&self) -> Lengths {
+        self.lengths
     }
 
     /// Bytes of workspace each launch needs (decode mode's split partials; 0 otherwise).
@@ -376,7 +403,8 @@ impl Plan {
     }
 
     /// Secret-length mode: as [`Plan::launch_raw`], plus `lens`, a device buffer of `batch` i32
-    /// true lengths (each clamped to [0, padded length] on the device).
+    /// true lengths (each clamped to [0, padded length] on the device); for a KV-cache plan
+    /// ([`Lengths::KvCache`]) each sequence's key count in the cache (clamped to [0, capacity]).
     ///
     /// # Safety
     /// As for [`Plan::launch_raw`]; `lens` must hold `params().batch` i32s.

@@ -89,6 +89,21 @@ pub fn check_secret_len(p: &AttentionParams) -> Result<()> {
     Ok(())
 }
 
+/// KV-cache mode: a few new queries (decode, speculative verification) over a cache.
+pub fn check_kv_cache(p: &AttentionParams) -> Result<()> {
+    let max = super::decode::MAX_SEQLEN_Q;
+    if p.seqlen_q > max {
+        return Err(Error::invalid(
+            "seqlen_q",
+            format!(
+                "a KV-cache call takes at most {max} query positions per sequence, got {}",
+                p.seqlen_q
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks one buffer's length and its base address alignment.
 pub fn check_buffer(
     arg: &'static str,

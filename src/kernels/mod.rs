@@ -402,8 +402,13 @@ pub fn shipped_variants() -> Vec<Variant> {
                 }
                 // Light tiles for launches that cannot fill the GPU (Variant::with_light_tiles).
                 v.push(Variant::basic(dtype, head_dim, causal, 64));
-                // Decode: few query positions over long key ranges (Variant::decode).
+                // Decode: few query positions over long key ranges (Variant::decode), and over a
+                // KV cache whose per-sequence key counts are secret (the capacity is walked).
                 v.push(Variant::decode(dtype, head_dim, causal));
+                v.push(Variant {
+                    secret_len: true,
+                    ..Variant::decode(dtype, head_dim, causal)
+                });
                 if head_dim == 64 {
                     v.push(Variant {
                         dtype,
