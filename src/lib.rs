@@ -11,6 +11,7 @@ pub mod leakage;
 pub mod output;
 pub mod reference;
 pub mod tensor_io;
+pub mod tensor_io_kv;
 
 pub use attention::{AttentionParams, DType, Layout};
 pub use error::{Error, Result};

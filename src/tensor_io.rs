@@ -27,6 +27,23 @@ impl TensorData {
         }
     }
 
+    /// Copies `len` elements of `src` (same dtype) from `src_at` to `self` at `at`; a dtype
+    /// mismatch copies nothing (callers check dtypes first).
+    pub fn copy_range(&mut self, at: usize, src: &TensorData, src_at: usize, len: usize) {
+        match (self, src) {
+            (TensorData::F16(d), TensorData::F16(s)) => {
+                d[at..at + len].copy_from_slice(&s[src_at..src_at + len])
+            }
+            (TensorData::Bf16(d), TensorData::Bf16(s)) => {
+                d[at..at + len].copy_from_slice(&s[src_at..src_at + len])
+            }
+            (TensorData::F32(d), TensorData::F32(s)) => {
+                d[at..at + len].copy_from_slice(&s[src_at..src_at + len])
+            }
+            _ => {}
+        }
+    }
+
     pub fn len(&self) -> usize {
         match self {
             TensorData::F16(x) => x.len(),
@@ -151,12 +168,54 @@ fn decode(path: &Path, st: &SafeTensors, name: &str) -> Result<Tensor> {
 
 /// Reads every tensor of a safetensors file (dtypes F16, BF16, F32).
 pub fn read_file(path: &Path) -> Result<BTreeMap<String, Tensor>> {
+    read_file_except(path, &[])
+}
+
+/// [`read_file`] without the tensors named in `skip` (e.g. integer metadata read otherwise).
+pub fn read_file_except(path: &Path, skip: &[&str]) -> Result<BTreeMap<String, Tensor>> {
     let bytes = load(path)?;
     let st = parse(path, &bytes)?;
     st.names()
         .into_iter()
+        .filter(|n| !skip.contains(n))
         .map(|n| Ok((n.to_string(), decode(path, &st, n)?)))
         .collect()
+}
+
+/// The names of a safetensors file's tensors.
+pub fn tensor_names(path: &Path) -> Result<Vec<String>> {
+    let bytes = load(path)?;
+    let st = parse(path, &bytes)?;
+    Ok(st.names().into_iter().map(|n| n.to_string()).collect())
+}
+
+/// An integer tensor (metadata such as `cache_seqlens`).
+pub struct I32Tensor {
+    pub shape: Vec<usize>,
+    pub values: Vec<i32>,
+}
+
+/// Reads tensor `name`, which must be I32.
+pub fn read_i32(path: &Path, name: &str) -> Result<I32Tensor> {
+    let bytes = load(path)?;
+    let st = parse(path, &bytes)?;
+    let view = st
+        .tensor(name)
+        .map_err(|_| bad(path, format!("no tensor named `{name}`")))?;
+    if view.dtype() != Dtype::I32 {
+        return Err(bad(
+            path,
+            format!("tensor `{name}` has dtype {:?}; expected I32", view.dtype()),
+        ));
+    }
+    Ok(I32Tensor {
+        shape: view.shape().to_vec(),
+        values: view
+            .data()
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    })
 }
 
 /// (B, S, H, D) of a 4-D tensor in `layout`.

@@ -83,7 +83,9 @@ pub fn fa3(layout: Layout) -> Vec<AttentionParams> {
 
 /// (heads_q, heads_kv, head_dim, [(batch, seqlen_k)]) of the decode suite: caches up to 4.3 GB
 /// of K/V (bf16), so several rotated sets fit beside each other in an H100's memory.
-const DECODE_SHAPES: [(usize, usize, usize, &[(usize, usize)]); 3] = [
+/// (heads_q, heads_kv, head_dim, [(batch, seqlen_k)]).
+type DecodeGroup = (usize, usize, usize, &'static [(usize, usize)]);
+const DECODE_SHAPES: [DecodeGroup; 3] = [
     (
         32,
         8,

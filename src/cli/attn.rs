@@ -11,7 +11,10 @@ use crate::tensor_io::{self, AttnInput, TensorData};
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// Run attention on q, k, v from a safetensors file.
+/// Run attention on q, k, v from a safetensors file — or, when the file holds `k_cache`,
+/// `v_cache` and `cache_seqlens` (I32 [B]) with optional new `k`, `v`, one decode step over that
+/// KV cache: the new rows are appended at each sequence's length, the queries attend to the first
+/// `cache_seqlens[b] + n` rows, and the updated caches are written beside `out`.
 #[derive(clap::Args, Debug)]
 pub struct AttnArgs {
     /// safetensors file holding `q`, `k`, `v` (F16 or BF16, all one dtype, 4-D in --layout).
@@ -60,6 +63,9 @@ pub fn run(args: AttnArgs) -> i32 {
 
 fn attn(args: &AttnArgs) -> Result<()> {
     crate::output::check_not_an_input(&args.output, &[&args.input])?;
+    if crate::tensor_io_kv::has_kv_cache(&args.input)? {
+        return super::attn_kv::attn_kv(args);
+    }
     let input = tensor_io::read_attn_input(&args.input, args.layout)?;
     // NaN/Inf inputs are outside the contract (they propagate into the rows they reach): say so,
     // and go on.

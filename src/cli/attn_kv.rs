@@ -1,0 +1,195 @@
+//! `flashcore attn` on a KV-cache input (`k_cache`, `v_cache`, `cache_seqlens`, optional new
+//! `k`, `v`; `src/tensor_io_kv.rs`): append the new rows at each sequence's length, then attend
+//! with the new queries to the first `cache_seqlens[b] + n` rows. Writes `out` (and `lse`) and
+//! the updated caches, so steps can be chained.
+
+use super::attn::AttnArgs;
+use crate::attention::{validate, AttentionParams, Context, Element, Layout};
+use crate::error::{Error, Result};
+use crate::reference;
+use crate::tensor_io::{self, Tensor, TensorData};
+use crate::tensor_io_kv::{self, KvInput};
+use std::collections::HashMap;
+
+pub fn attn_kv(args: &AttnArgs) -> Result<()> {
+    if args.layout != Layout::Bshd {
+        return Err(Error::invalid(
+            "layout",
+            "a KV-cache input is bshd ([B, S, H, D]) only",
+        ));
+    }
+    let mut input = tensor_io_kv::read_kv_input(&args.input)?;
+    let p = AttentionParams {
+        causal: args.causal,
+        scale: args.scale,
+        ..input.params.clone()
+    };
+    validate::check_params(&p)?;
+    validate::check_kv_cache(&p)?;
+    let n = input.new_kv.as_ref().map_or(0, |(_, _, n)| *n);
+    let counts: Vec<usize> = input.cache_seqlens.iter().map(|&l| l + n).collect();
+    let (out, lse, engine) = if args.cpu {
+        append_host(&mut input, &p);
+        let (o, l) = cpu(&p, &input, &counts);
+        (TensorData::F32(o), l, "cpu f64 reference".to_string())
+    } else {
+        gpu(args.device.unwrap_or(0), &p, &mut input, &counts)?
+    };
+    let shape = |s: usize, h: usize| vec![p.batch, s, h, p.head_dim];
+    let out = Tensor {
+        shape: shape(p.seqlen_q, p.heads_q),
+        data: out,
+    };
+    let lse = Tensor {
+        shape: vec![p.batch, p.heads_q, p.seqlen_q],
+        data: TensorData::F32(lse),
+    };
+    let kc = Tensor {
+        shape: shape(p.seqlen_k, p.heads_kv),
+        data: input.k_cache,
+    };
+    let vc = Tensor {
+        shape: shape(p.seqlen_k, p.heads_kv),
+        data: input.v_cache,
+    };
+    let mut tensors = vec![("out", &out), ("k_cache", &kc), ("v_cache", &vc)];
+    if args.lse {
+        tensors.push(("lse", &lse));
+    }
+    let metadata = HashMap::from([
+        ("layout".to_string(), "bshd".to_string()),
+        ("causal".to_string(), p.causal.to_string()),
+        ("scale".to_string(), p.softmax_scale().to_string()),
+    ]);
+    tensor_io::write_file(&args.output, &tensors, Some(metadata))?;
+    println!(
+        "flashcore attn: KV cache B={} Sq={} capacity={} appended {n} row(s) Hq={} Hkv={} D={} {}{} on {engine}: wrote out, k_cache, v_cache{} to {}",
+        p.batch,
+        p.seqlen_q,
+        p.seqlen_k,
+        p.heads_q,
+        p.heads_kv,
+        p.head_dim,
+        p.dtype.name(),
+        if p.causal { " causal" } else { "" },
+        if args.lse { ", lse" } else { "" },
+        args.output.display()
+    );
+    Ok(())
+}
+
+/// The append on host copies (the CPU path; the GPU path appends on the device).
+fn append_host(input: &mut KvInput, p: &AttentionParams) {
+    let Some((k, v, n)) = input.new_kv.take() else {
+        return;
+    };
+    let row = p.heads_kv * p.head_dim;
+    for (cache, new) in [(&mut input.k_cache, &k), (&mut input.v_cache, &v)] {
+        for (b, &len) in input.cache_seqlens.iter().enumerate() {
+            let dst = (b * p.seqlen_k + len) * row;
+            let src = b * n * row;
+            cache.copy_range(dst, new, src, n * row);
+        }
+    }
+}
+
+/// The float64 reference, one sequence at a time over its first `counts[b]` rows.
+fn cpu(p: &AttentionParams, input: &KvInput, counts: &[usize]) -> (Vec<f32>, Vec<f32>) {
+    let (q, kc, vc) = (
+        input.q.to_f64(),
+        input.k_cache.to_f64(),
+        input.v_cache.to_f64(),
+    );
+    let (row_q, row_k) = (p.seqlen_q * p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
+    let mut out = Vec::with_capacity(q.len());
+    let mut lse = Vec::with_capacity(p.lse_len());
+    for (b, &len) in counts.iter().enumerate() {
+        if len == 0 {
+            out.extend(std::iter::repeat_n(0.0f32, row_q));
+            lse.extend(std::iter::repeat_n(
+                f32::NEG_INFINITY,
+                p.heads_q * p.seqlen_q,
+            ));
+            continue;
+        }
+        let one = AttentionParams {
+            batch: 1,
+            seqlen_k: len,
+            ..p.clone()
+        };
+        let base = b * p.seqlen_k * row_k;
+        let r = reference::attention_f64(
+            &one,
+            &q[b * row_q..(b + 1) * row_q],
+            &kc[base..base + len * row_k],
+            &vc[base..base + len * row_k],
+        );
+        out.extend(r.out.iter().map(|&x| x as f32));
+        lse.extend(r.lse.iter().map(|&x| x as f32));
+    }
+    (out, lse)
+}
+
+fn gpu(
+    ordinal: usize,
+    p: &AttentionParams,
+    input: &mut KvInput,
+    counts: &[usize],
+) -> Result<(TensorData, Vec<f32>, String)> {
+    let ctx = Context::new(ordinal)?;
+    let name = format!("GPU {ordinal} ({})", ctx.device_name());
+    let new = input.new_kv.take();
+    let lens = input.cache_seqlens.clone();
+    macro_rules! run {
+        ($variant:ident) => {{
+            let (TensorData::$variant(q), TensorData::$variant(kc), TensorData::$variant(vc)) =
+                (&input.q, &mut input.k_cache, &mut input.v_cache)
+            else {
+                return Err(Error::TensorFile(
+                    "q and the caches must share one dtype".into(),
+                ));
+            };
+            let new = match &new {
+                Some((TensorData::$variant(k), TensorData::$variant(v), _)) => Some((k, v)),
+                Some(_) => return Err(Error::TensorFile("k and v must have q's dtype".into())),
+                None => None,
+            };
+            let (o, l) = launch(&ctx, p, q, kc, vc, new, &lens, counts)?;
+            (TensorData::$variant(o), l)
+        }};
+    }
+    let (out, lse) = match &input.q {
+        TensorData::F16(_) => run!(F16),
+        TensorData::Bf16(_) => run!(Bf16),
+        TensorData::F32(_) => return Err(Error::TensorFile("q must be F16 or BF16".into())),
+    };
+    Ok((out, lse, name))
+}
+
+/// Appends on the device, attends, and downloads the output, the LSE and the updated caches
+/// (written back into `kc`, `vc`).
+#[allow(clippy::too_many_arguments)]
+fn launch<T: Element>(
+    ctx: &Context,
+    p: &AttentionParams,
+    q: &[T],
+    kc: &mut Vec<T>,
+    vc: &mut Vec<T>,
+    new: Option<(&Vec<T>, &Vec<T>)>,
+    lens: &[usize],
+    counts: &[usize],
+) -> Result<(Vec<T>, Vec<f32>)> {
+    let dq = ctx.upload(q)?;
+    let (mut dk, mut dv) = (ctx.upload(kc)?, ctx.upload(vc)?);
+    if let Some((k, v)) = new {
+        ctx.append_kv(p, &mut dk, &ctx.upload(k)?, lens)?;
+        ctx.append_kv(p, &mut dv, &ctx.upload(v)?, lens)?;
+    }
+    let dl = ctx.upload(&counts.iter().map(|&c| c as i32).collect::<Vec<_>>())?;
+    let mut out = ctx.alloc::<T>(p.q_len())?;
+    let mut lse = ctx.alloc::<f32>(p.lse_len())?;
+    ctx.attention_kv_cache(p, &dq, &dk, &dv, &dl, &mut out, Some(&mut lse))?;
+    *kc = ctx.download(&dk)?;
+    *vc = ctx.download(&dv)?;
+    Ok((ctx.download(&out)?, ctx.download(&lse)?))
+}

@@ -1,0 +1,166 @@
+//! The KV-cache form of `flashcore attn`'s input file: `q`, `k_cache`, `v_cache` (bshd, F16 or
+//! BF16), `cache_seqlens` (I32 `[B]`) and optionally this step's `k`, `v` (`[B, n, Hkv, D]`),
+//! which are appended at each sequence's length before the attention (flash-attn's
+//! `flash_attn_with_kvcache`).
+
+use crate::attention::{AttentionParams, Layout};
+use crate::error::{Error, Result};
+use crate::tensor_io::{self, Tensor, TensorData};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// One decode step over a KV cache, as read from a file.
+pub struct KvInput {
+    /// Shape: Sk is the caches' capacity, Sq the new query positions.
+    pub params: AttentionParams,
+    pub q: TensorData,
+    pub k_cache: TensorData,
+    pub v_cache: TensorData,
+    /// Rows to append per sequence (`[B, n, Hkv, D]`), if the file has them.
+    pub new_kv: Option<(TensorData, TensorData, usize)>,
+    /// Each sequence's cached rows before the append.
+    pub cache_seqlens: Vec<usize>,
+}
+
+fn bad(path: &Path, msg: impl std::fmt::Display) -> Error {
+    Error::TensorFile(format!("{}: {msg}", path.display()))
+}
+
+/// Whether the file holds a KV cache (a tensor named `k_cache`).
+pub fn has_kv_cache(path: &Path) -> Result<bool> {
+    Ok(tensor_io::tensor_names(path)?
+        .iter()
+        .any(|n| n == "k_cache"))
+}
+
+/// Reads and checks the KV-cache form (bshd only). Shape rules of the kernels are left to
+/// [`check_params`](crate::attention::validate::check_params).
+pub fn read_kv_input(path: &Path) -> Result<KvInput> {
+    if tensor_io::tensor_names(path)?
+        .iter()
+        .any(|n| n == "block_table")
+    {
+        return Err(bad(path, "`block_table` (a paged KV cache) is not supported yet; give contiguous k_cache/v_cache"));
+    }
+    let lens = tensor_io::read_i32(path, "cache_seqlens")?;
+    let mut t: BTreeMap<String, Tensor> = tensor_io::read_file_except(path, &["cache_seqlens"])?;
+    let mut take = |n: &str| {
+        t.remove(n)
+            .ok_or_else(|| bad(path, format!("a KV-cache input needs a tensor `{n}`")))
+    };
+    let (q, kc, vc) = (take("q")?, take("k_cache")?, take("v_cache")?);
+    let new = match (t.remove("k"), t.remove("v")) {
+        (Some(k), Some(v)) => Some((k, v)),
+        (None, None) => None,
+        _ => return Err(bad(path, "give both `k` and `v` to append, or neither")),
+    };
+    let dtype = q.data.attention_dtype().ok_or_else(|| {
+        bad(
+            path,
+            format!(
+                "`q` has dtype {}; expected F16 or BF16",
+                q.data.dtype_name()
+            ),
+        )
+    })?;
+    let mut all = vec![("k_cache", &kc), ("v_cache", &vc)];
+    if let Some((k, v)) = &new {
+        all.push(("k", k));
+        all.push(("v", v));
+    }
+    for (name, x) in std::iter::once(("q", &q)).chain(all.iter().copied()) {
+        if x.shape.len() != 4 {
+            return Err(bad(
+                path,
+                format!(
+                    "`{name}` has shape {:?}; expected [B, S, H, D] (bshd)",
+                    x.shape
+                ),
+            ));
+        }
+        if x.data.attention_dtype() != Some(dtype) {
+            return Err(bad(
+                path,
+                format!(
+                    "`{name}` has dtype {}; every tensor must be {}",
+                    x.data.dtype_name(),
+                    q.data.dtype_name()
+                ),
+            ));
+        }
+    }
+    if kc.shape != vc.shape {
+        return Err(bad(
+            path,
+            format!(
+                "`k_cache` {:?} and `v_cache` {:?} differ",
+                kc.shape, vc.shape
+            ),
+        ));
+    }
+    let (b, sq, hq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
+    let (bc, cap, hkv, dc) = (kc.shape[0], kc.shape[1], kc.shape[2], kc.shape[3]);
+    if bc != b || dc != d {
+        return Err(bad(
+            path,
+            format!(
+                "`q` {:?} and `k_cache` {:?} disagree on batch or head dim",
+                q.shape, kc.shape
+            ),
+        ));
+    }
+    if lens.shape != [b] {
+        return Err(bad(
+            path,
+            format!("`cache_seqlens` has shape {:?}; expected [{b}]", lens.shape),
+        ));
+    }
+    let n = match &new {
+        Some((k, v)) => {
+            if k.shape != v.shape || k.shape[0] != b || k.shape[2] != hkv || k.shape[3] != d {
+                return Err(bad(
+                    path,
+                    format!(
+                        "`k` {:?} / `v` {:?} must be [{b}, n, {hkv}, {d}]",
+                        k.shape, v.shape
+                    ),
+                ));
+            }
+            k.shape[1]
+        }
+        None => 0,
+    };
+    let mut cache_seqlens = Vec::with_capacity(b);
+    for (i, &l) in lens.values.iter().enumerate() {
+        if l < 0 || l as usize + n > cap {
+            return Err(bad(
+                path,
+                format!(
+                    "cache_seqlens[{i}] = {l}: with {n} new rows it must lie in [0, {}]",
+                    cap - n
+                ),
+            ));
+        }
+        cache_seqlens.push(l as usize);
+    }
+    let params = AttentionParams {
+        batch: b,
+        seqlen_q: sq,
+        seqlen_k: cap,
+        heads_q: hq,
+        heads_kv: hkv,
+        head_dim: d,
+        dtype,
+        layout: Layout::Bshd,
+        causal: false,
+        scale: None,
+    };
+    Ok(KvInput {
+        params,
+        q: q.data,
+        k_cache: kc.data,
+        v_cache: vc.data,
+        new_kv: new.map(|(k, v)| (k.data, v.data, n)),
+        cache_seqlens,
+    })
+}
