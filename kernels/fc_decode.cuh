@@ -49,13 +49,9 @@ FC_DEVICE void decode_epilogue(const Consumer& c, const float (&o)[cfg::D / 2], 
         if (p.num_splits == 1) {
             const bool any = total[h] > 0.0f;
             const float inv = select_f(any, fast_rcp(total[h]), 0.0f);
-            uint16_t* out = reinterpret_cast<uint16_t*>(p.o_ptr) + c.batch * p.o_stride_b +
-                            (int64_t)row.pos * p.o_stride_s + row.head * p.o_stride_h + c.col0;
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-                const uint32_t packed = pack_elem2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-                *reinterpret_cast<uint32_t*>(out + 8 * j) = packed;
-            }
+            store_row(reinterpret_cast<uint16_t*>(p.o_ptr) + c.batch * p.o_stride_b + (int64_t)row.pos * p.o_stride_s +
+                          row.head * p.o_stride_h + c.col0,
+                      o, h, inv);
             if (p.lse_ptr != 0 && (c.lane % 4) == 0) {
                 reinterpret_cast<float*>(p.lse_ptr)[lrow] =
                     select_f(any, lse_of(softmax.row_max[h], total[h], p.scale), neg_inf());

@@ -11,6 +11,16 @@ FC_DEVICE float lse_of(float m_raw, float total, float scale) {
     return m * scale + fast_log2(total) * 0.69314718055994530942f;
 }
 
+// Stores row half `h` of this thread's accumulator, scaled by `inv`, at `out` (the row's first
+// element plus this thread's column).
+FC_DEVICE void store_row(uint16_t* out, const float (&o)[cfg::D / 2], int h, float inv) {
+#pragma unroll
+    for (int j = 0; j < cfg::D / 8; ++j) {
+        const uint32_t packed = pack_elem2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+        *reinterpret_cast<uint32_t*>(out + 8 * j) = packed;
+    }
+}
+
 FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const OnlineSoftmax<cfg::BN>& softmax) {
     using namespace cfg;
     const Params& p = c.p;
@@ -24,13 +34,9 @@ FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const O
         const bool any = total[h] > 0.0f && (!FC_SECRET_LEN || row < c.key_limit);
         const float inv = select_f(any, fast_rcp(total[h]), 0.0f);
         if (row < p.seqlen_q) {
-            uint16_t* out = reinterpret_cast<uint16_t*>(p.o_ptr) + c.batch * p.o_stride_b + (int64_t)row * p.o_stride_s +
-                            c.head * p.o_stride_h + c.col0;
-#pragma unroll
-            for (int j = 0; j < D / 8; ++j) {
-                const uint32_t packed = pack_elem2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
-                *reinterpret_cast<uint32_t*>(out + 8 * j) = packed;
-            }
+            store_row(reinterpret_cast<uint16_t*>(p.o_ptr) + c.batch * p.o_stride_b + (int64_t)row * p.o_stride_s +
+                          c.head * p.o_stride_h + c.col0,
+                      o, h, inv);
             if (p.lse_ptr != 0 && (c.lane % 4) == 0) {
                 float* lse_out =
                     reinterpret_cast<float*>(p.lse_ptr) + ((int64_t)c.batch * p.heads_q + c.head) * p.seqlen_q + row;

@@ -136,69 +136,53 @@ impl Context {
 
     /// Validates `params` and prepares everything a launch needs except the buffers.
     pub fn plan(&self, params: &AttentionParams) -> Result<Plan> {
-        validate::check_params(params)?;
-        Plan::new(
-            self,
-            params.clone(),
-            Lengths::None,
-            TestBuild::default(),
-            true,
-        )
+        self.plan_lengths(params, Lengths::None, true)
     }
 
     /// A plan for calls that bring their own decode workspace ([`super::external`]): it
     /// allocates none.
     pub(crate) fn plan_external(&self, params: &AttentionParams) -> Result<Plan> {
-        validate::check_params(params)?;
-        Plan::new(
-            self,
-            params.clone(),
-            Lengths::None,
-            TestBuild::default(),
-            false,
-        )
+        self.plan_lengths(params, Lengths::None, false)
     }
 
     /// A KV-cache plan ([`Lengths::KvCache`]): `params.seqlen_k` is the cache's capacity,
     /// `params.seqlen_q` ≤ [`super::decode::MAX_SEQLEN_Q`] the new queries; each launch gives
     /// every sequence's key count in a device buffer (secret: the kernel walks the capacity).
-    /// `own_workspace: false` for callers that bring their own decode workspace.
     pub fn plan_kv_cache(&self, params: &AttentionParams) -> Result<Plan> {
-        validate::check_params(params)?;
-        validate::check_kv_cache(params)?;
-        Plan::new(
-            self,
-            params.clone(),
-            Lengths::KvCache,
-            TestBuild::default(),
-            true,
-        )
+        self.plan_lengths(params, Lengths::KvCache, true)
     }
 
+    /// [`Context::plan_kv_cache`] for callers that bring their own decode workspace.
     pub(crate) fn plan_kv_cache_external(&self, params: &AttentionParams) -> Result<Plan> {
+        self.plan_lengths(params, Lengths::KvCache, false)
+    }
+
+    /// Checks `params` for the lengths mode and makes the plan (shipped kernels only).
+    fn plan_lengths(
+        &self,
+        params: &AttentionParams,
+        lengths: Lengths,
+        own_workspace: bool,
+    ) -> Result<Plan> {
         validate::check_params(params)?;
-        validate::check_kv_cache(params)?;
+        match lengths {
+            Lengths::None => {}
+            Lengths::SecretPadded => validate::check_secret_len(params)?,
+            Lengths::KvCache => validate::check_kv_cache(params)?,
+        }
         Plan::new(
             self,
             params.clone(),
-            Lengths::KvCache,
+            lengths,
             TestBuild::default(),
-            false,
+            own_workspace,
         )
     }
 
     /// A plan in secret-length mode: the kernel walks the padded length `seqlen_q` = `seqlen_k`
     /// (public) and reads each batch entry's true length from device memory (secret).
     pub fn plan_secret_len(&self, params: &AttentionParams) -> Result<Plan> {
-        validate::check_params(params)?;
-        validate::check_secret_len(params)?;
-        Plan::new(
-            self,
-            params.clone(),
-            Lengths::SecretPadded,
-            TestBuild::default(),
-            false,
-        )
+        self.plan_lengths(params, Lengths::SecretPadded, false)
     }
 
     /// A plan for one of the deliberately leaky control kernels (never used for real work): the
