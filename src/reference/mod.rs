@@ -9,6 +9,9 @@
 use crate::attention::AttentionParams;
 use rayon::prelude::*;
 
+mod backward;
+pub use backward::{attention_backward_f64, RefGrads};
+
 /// Output of [`attention_f64`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct RefOutput {
