@@ -382,10 +382,14 @@ pub fn write_attn_output(
     if let Some(l) = &lse {
         tensors.push(("lse", l));
     }
-    let metadata = HashMap::from([
+    write_file(path, &tensors, Some(attn_metadata(p)))
+}
+
+/// The metadata of an attention output file: layout, causal flag and scale.
+pub fn attn_metadata(p: &AttentionParams) -> HashMap<String, String> {
+    HashMap::from([
         ("layout".to_string(), p.layout.name().to_string()),
         ("causal".to_string(), p.causal.to_string()),
         ("scale".to_string(), p.softmax_scale().to_string()),
-    ]);
-    write_file(path, &tensors, Some(metadata))
+    ])
 }

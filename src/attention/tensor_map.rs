@@ -25,17 +25,21 @@ pub fn encode_packed(
     pack: u32,
     rows: u32,
 ) -> Result<sys::CUtensorMap> {
-    let [sb, ss, sh] = strides.as_array();
-    let esize = dtype.size() as u64;
+    let [sb, ss, sh] = byte_strides(strides, dtype);
     let dims: [u64; 4] = [head_dim as u64, heads as u64, seqlen as u64, batch as u64];
-    let strides: [u64; 3] = [sh as u64 * esize, ss as u64 * esize, sb as u64 * esize];
     encode_dims(
         ptr,
         dtype,
         dims,
-        strides,
+        [sh, ss, sb],
         [SWIZZLE_ELEMS, pack, rows / pack, 1],
     )
+}
+
+/// (batch, seq, head) element strides, in bytes.
+fn byte_strides(strides: Strides, dtype: DType) -> [u64; 3] {
+    let esize = dtype.size() as u64;
+    strides.as_array().map(|s| s as u64 * esize)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -49,12 +53,16 @@ pub fn encode(
     head_dim: usize,
     box_rows: u32,
 ) -> Result<sys::CUtensorMap> {
-    let [sb, ss, sh] = strides.as_array();
-    let esize = dtype.size() as u64;
+    let [sb, ss, sh] = byte_strides(strides, dtype);
     let dims: [u64; 4] = [head_dim as u64, seqlen as u64, heads as u64, batch as u64];
     // Byte strides of dims 1..3 (dim 0 is contiguous).
-    let strides: [u64; 3] = [ss as u64 * esize, sh as u64 * esize, sb as u64 * esize];
-    encode_dims(ptr, dtype, dims, strides, [SWIZZLE_ELEMS, box_rows, 1, 1])
+    encode_dims(
+        ptr,
+        dtype,
+        dims,
+        [ss, sh, sb],
+        [SWIZZLE_ELEMS, box_rows, 1, 1],
+    )
 }
 
 /// A 4-D map with the given dims (innermost first), byte strides of dims 1..3 and box.

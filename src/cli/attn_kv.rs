@@ -9,7 +9,6 @@ use crate::error::{Error, Result};
 use crate::reference;
 use crate::tensor_io::{self, Tensor, TensorData};
 use crate::tensor_io_kv::{self, KvInput};
-use std::collections::HashMap;
 
 pub fn attn_kv(args: &AttnArgs) -> Result<()> {
     if args.layout != Layout::Bshd {
@@ -56,12 +55,7 @@ pub fn attn_kv(args: &AttnArgs) -> Result<()> {
     if args.lse {
         tensors.push(("lse", &lse));
     }
-    let metadata = HashMap::from([
-        ("layout".to_string(), "bshd".to_string()),
-        ("causal".to_string(), p.causal.to_string()),
-        ("scale".to_string(), p.softmax_scale().to_string()),
-    ]);
-    tensor_io::write_file(&args.output, &tensors, Some(metadata))?;
+    tensor_io::write_file(&args.output, &tensors, Some(tensor_io::attn_metadata(&p)))?;
     println!(
         "flashcore attn: KV cache B={} Sq={} capacity={} appended {n} row(s) Hq={} Hkv={} D={} {}{} on {engine}: wrote out, k_cache, v_cache{} to {}",
         p.batch,

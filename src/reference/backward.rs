@@ -32,29 +32,11 @@ pub fn attention_backward_f64(
     v: &[f64],
     d_o: &[f64],
 ) -> RefGrads {
-    assert_eq!(
-        q.len(),
-        p.q_len(),
-        "reference: q length does not match {p:?}"
-    );
+    super::check_inputs(p, q, k, v);
     assert_eq!(
         d_o.len(),
         p.q_len(),
         "reference: dO length does not match {p:?}"
-    );
-    assert_eq!(
-        k.len(),
-        p.kv_len(),
-        "reference: k length does not match {p:?}"
-    );
-    assert_eq!(
-        v.len(),
-        p.kv_len(),
-        "reference: v length does not match {p:?}"
-    );
-    assert!(
-        p.heads_kv > 0 && p.heads_q % p.heads_kv == 0,
-        "reference: bad head counts {p:?}"
     );
     let (sq, sk, hq, d) = (p.seqlen_q, p.seqlen_k, p.heads_q, p.head_dim);
     let group = hq / p.heads_kv;

@@ -44,27 +44,7 @@ pub fn visible_keys(causal: bool, i: usize, seqlen_q: usize, seqlen_k: usize) ->
 /// `heads_q` (a test bug, not an input error: callers with user input run
 /// [`check_params`](crate::attention::validate::check_params) first).
 pub fn attention_f64(p: &AttentionParams, q: &[f64], k: &[f64], v: &[f64]) -> RefOutput {
-    assert_eq!(
-        q.len(),
-        p.q_len(),
-        "reference: q length does not match {p:?}"
-    );
-    assert_eq!(
-        k.len(),
-        p.kv_len(),
-        "reference: k length does not match {p:?}"
-    );
-    assert_eq!(
-        v.len(),
-        p.kv_len(),
-        "reference: v length does not match {p:?}"
-    );
-    assert!(
-        p.heads_kv > 0 && p.heads_q % p.heads_kv == 0,
-        "reference: heads_q ({}) must be a multiple of heads_kv ({})",
-        p.heads_q,
-        p.heads_kv
-    );
+    check_inputs(p, q, k, v);
     let (sq, sk, hq, d) = (p.seqlen_q, p.seqlen_k, p.heads_q, p.head_dim);
     let group = p.heads_q / p.heads_kv;
     let qs = p.layout.strides(sq, hq, d);
@@ -120,6 +100,31 @@ pub fn attention_f64(p: &AttentionParams, q: &[f64], k: &[f64], v: &[f64]) -> Re
         lse.extend(l);
     }
     RefOutput { out, lse }
+}
+
+/// The oracles' argument checks (a mismatch is a test bug: see [`attention_f64`]'s panics).
+fn check_inputs(p: &AttentionParams, q: &[f64], k: &[f64], v: &[f64]) {
+    assert_eq!(
+        q.len(),
+        p.q_len(),
+        "reference: q length does not match {p:?}"
+    );
+    assert_eq!(
+        k.len(),
+        p.kv_len(),
+        "reference: k length does not match {p:?}"
+    );
+    assert_eq!(
+        v.len(),
+        p.kv_len(),
+        "reference: v length does not match {p:?}"
+    );
+    assert!(
+        p.heads_kv > 0 && p.heads_q % p.heads_kv == 0,
+        "reference: heads_q ({}) must be a multiple of heads_kv ({})",
+        p.heads_q,
+        p.heads_kv
+    );
 }
 
 /// Widens f16 values to f64 (exactly).
