@@ -5,7 +5,7 @@
 //     streamed once per pack instead of once per query head;
 //   split-KV — each tile's key range is cut into splits of `split_blocks` K/V blocks, one work
 //     unit each, so one sequence fills the GPU. The split size is a function of Sk alone
-//     (src/kernels/decode.rs), never of the batch or the SM count: a sequence's bits do not
+//     (src/attention/decode.rs), never of the batch or the SM count: a sequence's bits do not
 //     depend on its neighbours.
 // KV-cache mode (with FC_SECRET_LEN): each sequence's key count (cache length after the append)
 // is an i32 in device memory, kept secret: the kernel walks the cache's capacity Sk (public),
