@@ -8,6 +8,7 @@ use common::*;
 use cudarc::driver::{DevicePtr, DevicePtrMut};
 use flashcore::attention::decode::{self, DecodeSchedule};
 use flashcore::attention::external::{DeviceTensor, ExternalCall, ExternalContext, Strides};
+use flashcore::attention::launch::Lengths;
 use flashcore::attention::{AttentionParams, Context, DType, Element, Layout};
 use flashcore::kernels::Variant;
 
@@ -58,7 +59,7 @@ fn sweep<T: Element>(ctx: &Context, dtype: DType, seed: u64) -> Vec<String> {
                 };
                 let p = params(dtype, d, causal, layout, shape);
                 assert!(
-                    decode::applies(&p, false),
+                    decode::variant_for(&p, Lengths::None).is_some(),
                     "{p:?} should run in decode mode"
                 );
                 let splits =
@@ -181,7 +182,7 @@ fn external_decode_needs_a_workspace_and_matches_context_bits() {
     let ext = ExternalContext::new(0).expect("a GPU that Context::new accepts");
     let mut rng = rng_from(seed());
     let p = params(DType::F16, 128, false, Layout::Bshd, (2, 16, 4, 1, 5000));
-    let bytes = decode::workspace_bytes(&p, false);
+    let bytes = decode::workspace_bytes(&p, Lengths::None);
     assert!(bytes > 0, "5000 keys split");
     let q: Vec<half::f16> = randn(&mut rng, p.q_len());
     let k: Vec<half::f16> = randn(&mut rng, p.kv_len());
@@ -237,7 +238,7 @@ fn decode_plan_replays_in_a_cuda_graph() {
     use cudarc::driver::sys;
     let mut rng = rng_from(seed());
     let p = params(DType::Bf16, 64, true, Layout::Bshd, (1, 16, 16, 2, 9000));
-    assert!(decode::workspace_bytes(&p, false) > 0);
+    assert!(decode::workspace_bytes(&p, Lengths::None) > 0);
     let q: Vec<half::bf16> = randn(&mut rng, p.q_len());
     let k: Vec<half::bf16> = randn(&mut rng, p.kv_len());
     let v: Vec<half::bf16> = randn(&mut rng, p.kv_len());
@@ -279,40 +280,6 @@ fn decode_plan_replays_in_a_cuda_graph() {
     );
 }
 
-/// KV-cache mode on one sequence's reference: the first `len` cache rows are its keys, the
-/// queries their last Sq positions (flash-attn's `flash_attn_with_kvcache` after the append).
-fn kv_reference(
-    p: &AttentionParams,
-    b: usize,
-    len: usize,
-    q: &[f64],
-    kc: &[f64],
-    vc: &[f64],
-) -> (Vec<f64>, Vec<f64>) {
-    let (row_q, row_k) = (p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
-    if len == 0 {
-        // No key: O = 0, LSE = −inf (what the kernel must give).
-        return (
-            vec![0.0; p.seqlen_q * row_q],
-            vec![f64::NEG_INFINITY; p.heads_q * p.seqlen_q],
-        );
-    }
-    let one = AttentionParams {
-        batch: 1,
-        seqlen_k: len,
-        ..p.clone()
-    };
-    let qb = &q[b * p.seqlen_q * row_q..(b + 1) * p.seqlen_q * row_q];
-    let base = b * p.seqlen_k * row_k;
-    let r = flashcore::reference::attention_f64(
-        &one,
-        qb,
-        &kc[base..base + len * row_k],
-        &vc[base..base + len * row_k],
-    );
-    (r.out, r.lse)
-}
-
 #[test]
 fn kv_cache_matches_reference_per_sequence_and_ignores_neighbours() {
     let Some(ctx) = gpu("kv_cache_matches_reference_per_sequence_and_ignores_neighbours") else {
@@ -352,8 +319,13 @@ fn kv_cache_matches_reference_per_sequence_and_ignores_neighbours() {
             let f = |x: &[half::bf16]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
             let (qf, kf, vf) = (f(&q), f(&kc), f(&vc));
             let row = p.seqlen_q * p.heads_q * p.head_dim;
+            let per = p.heads_q * p.seqlen_q;
+            let r = flashcore::reference::kv_cache_f64(&p, &qf, &kf, &vf, &lens);
             for (b, &len) in lens.iter().enumerate() {
-                let (want, want_lse) = kv_reference(&p, b, len, &qf, &kf, &vf);
+                let (want, want_lse) = (
+                    &r.out[b * row..(b + 1) * row],
+                    &r.lse[b * per..(b + 1) * per],
+                );
                 let got = f(&out[b * row..(b + 1) * row]);
                 assert!(
                     got.iter().all(|x| x.is_finite()),
@@ -371,13 +343,13 @@ fn kv_cache_matches_reference_per_sequence_and_ignores_neighbours() {
                     );
                     continue;
                 }
-                let err = flashcore::reference::rel_l2(&got, &want);
+                let err = flashcore::reference::rel_l2(&got, want);
                 assert!(
                     err <= 1e-2,
                     "seed {s}: d{d} sq{sq} causal {causal} sequence {b} (len {len}): err {err:.3e}"
                 );
                 let gl: Vec<f64> = got_lse.iter().map(|&x| x as f64).collect();
-                let lerr = flashcore::reference::rel_l2(&gl, &want_lse);
+                let lerr = flashcore::reference::rel_l2(&gl, want_lse);
                 assert!(lerr <= 1e-3, "seed {s}: sequence {b} LSE err {lerr:.3e}");
                 eprintln!("ok kv d{d} sq{sq} causal {causal} len {len:4}  err {err:.2e}");
             }

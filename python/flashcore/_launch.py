@@ -1,6 +1,8 @@
 """From torch tensors to a launch: device pointers, element strides and torch's current stream go
 to Rust (``flashcore._native``), which launches in the device's primary context — torch's."""
 
+import functools
+
 import torch
 
 from . import _native
@@ -58,7 +60,7 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None):
     if sq <= _DECODE_MAX_SEQLEN_Q and lengths is None:
         # Decode mode's split partials: scratch from torch's allocator on this stream (reused
         # only by work ordered after this call).
-        n = _native.workspace_bytes(_DTYPES[q.dtype], shape, bool(causal), kv_lengths=kv_lengths is not None)
+        n = _workspace_bytes(_DTYPES[q.dtype], shape, bool(causal), kv_lengths is not None)
         if n:
             workspace = torch.empty(n, dtype=torch.uint8, device=dev)
     _native.attention(
@@ -77,6 +79,12 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None):
         workspace.data_ptr() if workspace is not None else 0,
         kv_lengths.data_ptr() if kv_lengths is not None else 0,
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _workspace_bytes(dtype, shape, causal, kv_lengths):
+    """The decode workspace size of a shape, asked of Rust once per shape (a pure function)."""
+    return _native.workspace_bytes(dtype, shape, causal, kv_lengths=kv_lengths)
 
 
 def prepare_kv(device, dtype, shape, causal, scale):

@@ -12,20 +12,10 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _checks
+from . import _checks, _native
 from ._launch import launch, prepare_kv
 
-MAX_SEQLEN_Q = None  # set below from the native module (16)
-
-
-def _set_max():
-    global MAX_SEQLEN_Q
-    from . import _native
-
-    MAX_SEQLEN_Q = _native.DECODE_MAX_SEQLEN_Q
-
-
-_set_max()
+MAX_SEQLEN_Q = _native.DECODE_MAX_SEQLEN_Q  # query positions per sequence (16)
 
 
 def append_kv(k_cache, v_cache, k, v, cache_seqlens):

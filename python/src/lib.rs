@@ -199,10 +199,10 @@ fn workspace_bytes(
     kv_lengths: bool,
 ) -> PyResult<usize> {
     let p = params(dtype, shape, causal, None)?;
-    Ok(match lengths_mode(secret_lengths, kv_lengths) {
-        Lengths::KvCache => flashcore::attention::decode::kv_cache_workspace_bytes(&p),
-        mode => flashcore::attention::decode::workspace_bytes(&p, mode == Lengths::SecretPadded),
-    })
+    Ok(flashcore::attention::decode::workspace_bytes(
+        &p,
+        lengths_mode(secret_lengths, kv_lengths),
+    ))
 }
 
 /// Opens device `device` (typed errors without a driver, without a device, on a non-sm_90 GPU)

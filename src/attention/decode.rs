@@ -7,17 +7,27 @@
 //! the batch or the SM count. So a sequence's output bits do not depend on what else is in the
 //! batch (`tests/gpu_decode.rs` checks it bitwise).
 
+use super::launch::Lengths;
 use super::params::AttentionParams;
 use crate::error::{Error, Result};
-use crate::kernels::Tile;
+use crate::kernels::{Tile, Variant};
 
 /// Calls with at most this many query positions per sequence run in decode mode.
 pub const MAX_SEQLEN_Q: usize = 16;
 
-/// Whether a call runs in decode mode: few query positions, not secret-length (whose kernels
-/// keep the prefill path).
-pub fn applies(p: &AttentionParams, secret_len: bool) -> bool {
-    !secret_len && p.seqlen_q <= MAX_SEQLEN_Q
+/// The decode variant a call runs, or `None` for the prefill kernel: every KV-cache call
+/// (validated to Sq ≤ [`MAX_SEQLEN_Q`]), and calls without lengths of at most that many query
+/// positions; secret-length prefill keeps the prefill kernel. The one place that decides.
+pub fn variant_for(p: &AttentionParams, lengths: Lengths) -> Option<Variant> {
+    let v = Variant::decode(p.dtype, p.head_dim, p.causal);
+    match lengths {
+        Lengths::KvCache => Some(Variant {
+            secret_len: true,
+            ..v
+        }),
+        Lengths::SecretPadded => None,
+        Lengths::None => (p.seqlen_q <= MAX_SEQLEN_Q).then_some(v),
+    }
 }
 
 /// Query heads packed into one tile's rows: the largest power of two that divides the group
@@ -109,23 +119,11 @@ impl DecodeSchedule {
 
 /// Bytes of workspace a call needs (0 when it is not a decode call or runs one split): what a
 /// framework allocates and passes with [`super::external::ExternalCall::workspace`].
-pub fn workspace_bytes(p: &AttentionParams, secret_len: bool) -> usize {
-    if !applies(p, secret_len) {
-        return 0;
-    }
-    let tile = crate::kernels::Variant::decode(p.dtype, p.head_dim, p.causal).tile();
+pub fn workspace_bytes(p: &AttentionParams, lengths: Lengths) -> usize {
     // The SM count only sets the CTA count, never the splits: any value gives the same size.
-    DecodeSchedule::new(p, &tile, 1).map_or(0, |s| s.workspace_bytes(p))
-}
-
-/// Bytes of workspace a KV-cache call ([`super::launch::Lengths::KvCache`]) needs: the same
-/// decode schedule over the cache's capacity.
-pub fn kv_cache_workspace_bytes(p: &AttentionParams) -> usize {
-    if p.seqlen_q > MAX_SEQLEN_Q {
-        return 0;
-    }
-    let tile = crate::kernels::Variant::decode(p.dtype, p.head_dim, p.causal).tile();
-    DecodeSchedule::new(p, &tile, 1).map_or(0, |s| s.workspace_bytes(p))
+    variant_for(p, lengths)
+        .and_then(|v| DecodeSchedule::new(p, &v.tile(), 1).ok())
+        .map_or(0, |s| s.workspace_bytes(p))
 }
 
 /// The combine kernel's parameter block (`CombineParams` in kernels/fc_decode.cuh).
@@ -194,10 +192,10 @@ mod tests {
     #[test]
     fn decode_needs_few_queries_and_public_lengths() {
         let p = AttentionParams::new(1, 8, 16, 64).seqlen_k(4096);
-        assert!(applies(&p, false));
-        assert!(!applies(&p, true));
-        assert!(!applies(&AttentionParams::new(1, 8, 17, 64), false));
-        assert_eq!(workspace_bytes(&p, true), 0);
-        assert!(workspace_bytes(&p, false) > 0);
+        assert!(variant_for(&p, Lengths::None).is_some());
+        assert!(variant_for(&p, Lengths::SecretPadded).is_none());
+        assert!(variant_for(&AttentionParams::new(1, 8, 17, 64), Lengths::None).is_none());
+        assert_eq!(workspace_bytes(&p, Lengths::SecretPadded), 0);
+        assert!(workspace_bytes(&p, Lengths::None) > 0);
     }
 }

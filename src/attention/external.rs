@@ -438,7 +438,12 @@ impl ExternalContext {
             call.v.ptr,
             call.out.ptr,
             call.lse,
-            call.lengths | call.kv_lengths, // at most one is set (validated)
+            // At most one of the two is set (validated).
+            if call.kv_lengths != 0 {
+                call.kv_lengths
+            } else {
+                call.lengths
+            },
             call.workspace,
         ];
         // SAFETY: the caller's contract above; shapes, alignment and strides validated.

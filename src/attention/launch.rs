@@ -218,7 +218,6 @@ pub struct Plan {
     /// graph — and not at all for plans of external calls, which bring their own.
     own_workspace: Option<CudaSlice<u8>>,
     lengths: Lengths,
-    secret_len: bool,
     cached: Mutex<Option<(LaunchKey, Box<KernelParams>)>>,
 }
 
@@ -230,26 +229,26 @@ impl Plan {
         build: TestBuild,
         own_workspace: bool,
     ) -> Result<Plan> {
-        let secret_len = lengths != Lengths::None;
-        let variant = if lengths == Lengths::KvCache {
-            Variant {
-                secret_len: true,
-                ..Variant::decode(params.dtype, params.head_dim, params.causal)
+        let variant = match decode::variant_for(&params, lengths) {
+            // The leakage test's builds time the prefill kernel.
+            Some(v) if lengths == Lengths::KvCache || build.is_shipped() => v,
+            _ => {
+                let v = Variant::for_shape(
+                    params.dtype,
+                    params.head_dim,
+                    params.causal,
+                    lengths != Lengths::None,
+                    params.seqlen_q,
+                    params.seqlen_k,
+                );
+                let v = v.with_light_tiles(
+                    params.batch,
+                    params.heads_q,
+                    params.seqlen_q,
+                    ctx.num_sms(),
+                );
+                tuning_overrides(v)
             }
-        } else if decode::applies(&params, secret_len) && build.is_shipped() {
-            Variant::decode(params.dtype, params.head_dim, params.causal)
-        } else {
-            let v = Variant::for_shape(
-                params.dtype,
-                params.head_dim,
-                params.causal,
-                secret_len,
-                params.seqlen_q,
-                params.seqlen_k,
-            );
-            let v =
-                v.with_light_tiles(params.batch, params.heads_q, params.seqlen_q, ctx.num_sms());
-            tuning_overrides(v)
         };
         // The leakage test's builds (power controls, hardware floor, cycle timer): the same
         // launch, a build that is never shipped.
@@ -279,7 +278,6 @@ impl Plan {
             decode,
             own_workspace,
             lengths,
-            secret_len,
             cached: Mutex::new(None),
         })
     }
@@ -310,7 +308,7 @@ impl Plan {
 
     /// Whether this plan reads per-sequence lengths (see [`Plan::launch_raw_with_lengths`]).
     pub fn secret_len(&self) -> bool {
-        self.secret_len
+        self.lengths != Lengths::None
     }
 
     /// What this plan's lengths buffer means.
@@ -393,7 +391,7 @@ impl Plan {
     /// `kv_len()` (k, v) elements of the plan's dtype and, unless 0, `lse_len()` f32s (lse), each
     /// 16-byte aligned, and must stay alive until the kernel finishes.
     pub unsafe fn launch_raw(&self, q: u64, k: u64, v: u64, o: u64, lse: u64) -> Result<()> {
-        if self.secret_len {
+        if self.secret_len() {
             return Err(Error::invalid(
                 "lengths",
                 "this plan is in secret-length mode: use launch_raw_with_lengths",
@@ -417,7 +415,7 @@ impl Plan {
         lse: u64,
         lens: u64,
     ) -> Result<()> {
-        if !self.secret_len || lens == 0 {
+        if !self.secret_len() || lens == 0 {
             return Err(Error::invalid(
                 "lengths",
                 "needs a plan made by Context::plan_secret_len and a lengths buffer",

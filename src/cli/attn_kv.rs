@@ -87,41 +87,17 @@ fn append_host(input: &mut KvInput, p: &AttentionParams) {
     }
 }
 
-/// The float64 reference, one sequence at a time over its first `counts[b]` rows.
+/// The float64 reference ([`reference::kv_cache_f64`]), written as f32.
 fn cpu(p: &AttentionParams, input: &KvInput, counts: &[usize]) -> (Vec<f32>, Vec<f32>) {
-    let (q, kc, vc) = (
-        input.q.to_f64(),
-        input.k_cache.to_f64(),
-        input.v_cache.to_f64(),
+    let r = reference::kv_cache_f64(
+        p,
+        &input.q.to_f64(),
+        &input.k_cache.to_f64(),
+        &input.v_cache.to_f64(),
+        counts,
     );
-    let (row_q, row_k) = (p.seqlen_q * p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
-    let mut out = Vec::with_capacity(q.len());
-    let mut lse = Vec::with_capacity(p.lse_len());
-    for (b, &len) in counts.iter().enumerate() {
-        if len == 0 {
-            out.extend(std::iter::repeat_n(0.0f32, row_q));
-            lse.extend(std::iter::repeat_n(
-                f32::NEG_INFINITY,
-                p.heads_q * p.seqlen_q,
-            ));
-            continue;
-        }
-        let one = AttentionParams {
-            batch: 1,
-            seqlen_k: len,
-            ..p.clone()
-        };
-        let base = b * p.seqlen_k * row_k;
-        let r = reference::attention_f64(
-            &one,
-            &q[b * row_q..(b + 1) * row_q],
-            &kc[base..base + len * row_k],
-            &vc[base..base + len * row_k],
-        );
-        out.extend(r.out.iter().map(|&x| x as f32));
-        lse.extend(r.lse.iter().map(|&x| x as f32));
-    }
-    (out, lse)
+    let f32s = |x: Vec<f64>| x.into_iter().map(|v| v as f32).collect();
+    (f32s(r.out), f32s(r.lse))
 }
 
 fn gpu(

@@ -10,7 +10,9 @@ use crate::attention::AttentionParams;
 use rayon::prelude::*;
 
 mod backward;
+mod kv_cache;
 pub use backward::{attention_backward_f64, RefGrads};
+pub use kv_cache::kv_cache_f64;
 
 /// Output of [`attention_f64`].
 #[derive(Debug, Clone, PartialEq)]

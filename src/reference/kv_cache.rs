@@ -1,0 +1,54 @@
+//! The float64 oracle of KV-cache attention (flash-attn's `flash_attn_with_kvcache` after its
+//! append): sequence b's keys are the first `counts[b]` rows of its cache, its Sq queries the last
+//! positions of those keys (a causal mask aligned bottom-right to the count); a sequence with no
+//! key gives O = 0 and LSE = −inf.
+
+use super::{attention_f64, RefOutput};
+use crate::attention::AttentionParams;
+
+/// `q` `[B, Sq, Hq, D]`, caches `[B, capacity = p.seqlen_k, Hkv, D]`, both bshd.
+///
+/// # Panics
+/// If a length does not match the shape or a count exceeds the capacity (test bugs).
+pub fn kv_cache_f64(
+    p: &AttentionParams,
+    q: &[f64],
+    k_cache: &[f64],
+    v_cache: &[f64],
+    counts: &[usize],
+) -> RefOutput {
+    assert_eq!(counts.len(), p.batch, "reference: one count per sequence");
+    let (row_q, row_k) = (p.seqlen_q * p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
+    let mut out = Vec::with_capacity(p.q_len());
+    let mut lse = Vec::with_capacity(p.lse_len());
+    for (b, &n) in counts.iter().enumerate() {
+        assert!(
+            n <= p.seqlen_k,
+            "reference: count {n} past the capacity {}",
+            p.seqlen_k
+        );
+        if n == 0 {
+            out.extend(std::iter::repeat_n(0.0, row_q));
+            lse.extend(std::iter::repeat_n(
+                f64::NEG_INFINITY,
+                p.heads_q * p.seqlen_q,
+            ));
+            continue;
+        }
+        let one = AttentionParams {
+            batch: 1,
+            seqlen_k: n,
+            ..p.clone()
+        };
+        let base = b * p.seqlen_k * row_k;
+        let r = attention_f64(
+            &one,
+            &q[b * row_q..(b + 1) * row_q],
+            &k_cache[base..base + n * row_k],
+            &v_cache[base..base + n * row_k],
+        );
+        out.extend(r.out);
+        lse.extend(r.lse);
+    }
+    RefOutput { out, lse }
+}
