@@ -45,14 +45,20 @@ def _desc(t):
     return (t.data_ptr(), (st[0], st[1], st[2]))
 
 
-def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None):
+def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, kv_secret=False, block_table=None):
     """O = attention(q, k, v) into `out`. All four tensors are views in [B, S, H, D] index order
     (any strides; inputs that TMA cannot read in place are copied); `lse` is an fp32 contiguous
     [B, Hq, Sq] tensor or None; `lengths` int32 [B] or None (secret-length prefill);
-    `kv_lengths` int32 [B] or None (KV-cache mode: each sequence's key count in k, v)."""
+    `kv_lengths` int32 [B] or None (KV-cache mode: each sequence's key count in k, v; public
+    metadata unless `kv_secret`). `block_table` int32 [B, max_pages] (contiguous) or None: k, v
+    are then page pools [num_pages, page_size, Hkv, D] and the capacity is max_pages·page_size."""
     q, k, v = readable(q), readable(k), readable(v)
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
+    page_size = num_pages = 0
+    if block_table is not None:
+        page_size, num_pages = k.shape[1], k.shape[0]
+        sk = block_table.shape[1] * page_size
     dev = q.device
     stream = current_stream(dev.index)
     shape = (b, sq, sk, hq, hkv, d)
@@ -78,6 +84,10 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None):
         lengths.data_ptr() if lengths is not None else 0,
         workspace.data_ptr() if workspace is not None else 0,
         kv_lengths.data_ptr() if kv_lengths is not None else 0,
+        kv_secret=bool(kv_secret),
+        block_table=block_table.data_ptr() if block_table is not None else 0,
+        page_size=page_size,
+        num_pages=num_pages,
     )
 
 
@@ -87,8 +97,9 @@ def _workspace_bytes(dtype, shape, causal, kv_lengths):
     return _native.workspace_bytes(dtype, shape, causal, kv_lengths=kv_lengths)
 
 
-def prepare_kv(device, dtype, shape, causal, scale):
-    _native.prepare(torch.device(device).index or 0, _DTYPES[dtype], shape, bool(causal), scale, kv_lengths=True)
+def prepare_kv(device, dtype, shape, causal, scale, secret=False, pages=(0, 0)):
+    _native.prepare(torch.device(device).index or 0, _DTYPES[dtype], shape, bool(causal), scale, kv_lengths=True,
+                    kv_secret=bool(secret), page_size=pages[0], num_pages=pages[1])
 
 
 def prepare(device, dtype, shape, causal, scale, secret_lengths=False):

@@ -444,6 +444,39 @@ def test_append_kv_writes_each_sequence_at_its_length():
     assert after.dtype == torch.int32 and after.tolist() == [2, 7, 10]
 
 
+def test_append_kv_paged_writes_through_the_block_table():
+    from flashcore.kvcache import append_kv
+
+    pool_k, pool_v = torch.randn(6, 4, 2, 8), torch.randn(6, 4, 2, 8)
+    table = torch.tensor([[5, 0, 3], [1, 4, 2]], dtype=torch.int32)  # 2 sequences, 3 pages of 4 rows
+    k, v = torch.randn(2, 3, 2, 8), torch.randn(2, 3, 2, 8)
+    lens = torch.tensor([3, 8], dtype=torch.int32)  # sequence 0 crosses from page 5 into page 0
+    want_k, want_v = pool_k.clone(), pool_v.clone()
+    for b, n in enumerate(lens.tolist()):
+        for i in range(3):
+            r = n + i
+            page = table[b, r // 4].item()
+            want_k[page, r % 4], want_v[page, r % 4] = k[b, i], v[b, i]
+    after = append_kv(pool_k, pool_v, k, v, lens, table)
+    assert torch.equal(pool_k, want_k) and torch.equal(pool_v, want_v)
+    assert after.tolist() == [6, 11]
+
+
+def test_kvcache_paged_fake_shapes_and_bad_tables(fake):
+    q = cuda(2, 1, 8, 64, dtype=torch.bfloat16)
+    pool = cuda(10, 16, 2, 64, dtype=torch.bfloat16)
+    table = torch.zeros(2, 4, dtype=torch.int32, device="cuda")
+    out = flashcore.flash_attn_with_kvcache(q, pool, pool, cache_seqlens=20, block_table=table)
+    assert out.shape == q.shape
+    with pytest.raises(TypeError, match="int32"):
+        flashcore.flash_attn_with_kvcache(q, pool, pool, cache_seqlens=3, block_table=table.long())
+    with pytest.raises(ValueError, match=r"\[B, max_pages\]"):
+        flashcore.flash_attn_with_kvcache(q, pool, pool, cache_seqlens=3, block_table=table[:1])
+    odd = cuda(10, 24, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="power of two"):
+        flashcore.flash_attn_with_kvcache(q, odd, odd, cache_seqlens=3, block_table=table)
+
+
 def test_kvcache_op_fake_shapes_and_append(fake):
     q = cuda(2, 1, 8, 64, dtype=torch.bfloat16)
     kc, vc = cuda(2, 100, 2, 64, dtype=torch.bfloat16), cuda(2, 100, 2, 64, dtype=torch.bfloat16)
@@ -459,7 +492,6 @@ def test_kvcache_op_fake_shapes_and_append(fake):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(block_table=torch.zeros(1)), "block_table"),
         (dict(window_size=(16, 0)), "window_size"),
         (dict(softcap=30.0), "softcap"),
         (dict(rotary_cos=torch.zeros(1), rotary_sin=torch.zeros(1)), "rotary_cos"),

@@ -403,3 +403,45 @@ def test_flash_attn_with_kvcache_appends_and_matches_float64(dtype, sq, causal, 
         g.replay()
     torch.cuda.synchronize()
     assert torch.equal(static_out, out)
+
+
+@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_attn_with_kvcache_paged_and_secret(page, dtype):
+    """A paged cache (shuffled pages, spare pages of noise) gives the contiguous cache's bits, the
+    append lands in the right pages, and secret counts stay within the float64 bounds; under
+    torch.compile and a CUDA graph too."""
+    b, cap, hq, hkv, d, sq = 3, 1024, 8, 2, 128, 1
+    kc, vc = randn(b, cap, hkv, d, dtype=dtype), randn(b, cap, hkv, d, dtype=dtype)
+    q, k, v = randn(b, sq, hq, d, dtype=dtype), randn(b, sq, hkv, d, dtype=dtype), randn(b, sq, hkv, d, dtype=dtype)
+    lens = torch.tensor([0, 300, cap - sq], dtype=torch.int32, device="cuda")
+    slots = cap // page
+    num_pages = b * slots + 5
+    order = torch.randperm(num_pages, device="cuda")[: b * slots]
+    table = order.view(b, slots).to(torch.int32)
+    pool_k, pool_v = randn(num_pages, page, hkv, d, dtype=dtype), randn(num_pages, page, hkv, d, dtype=dtype)
+    pool_k[table.long()] = kc.view(b, slots, page, hkv, d)
+    pool_v[table.long()] = vc.view(b, slots, page, hkv, d)
+    want = flashcore.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
+    got = flashcore.flash_attn_with_kvcache(q, pool_k, pool_v, k, v, cache_seqlens=lens, block_table=table, causal=True)
+    assert torch.equal(pool_k[table.long()].view(b, cap, hkv, d), kc), "the paged append wrote the wrong rows"
+    assert torch.equal(got, want), "a paged cache must give the contiguous cache's bits"
+    for i, n in enumerate(lens.tolist()):
+        ref, _ = reference(q[i:i + 1], kc[i:i + 1, :n + sq], vc[i:i + 1, :n + sq], True)
+        assert rel_l2(got[i:i + 1], ref) < TOL[dtype], (i, n)
+        secret = flashcore.flash_attn_with_kvcache(q[i:i + 1], pool_k, pool_v, cache_seqlens=lens[i:i + 1] + sq,
+                                                   block_table=table[i:i + 1], causal=True, secret_lengths=True)
+        assert torch.isfinite(secret).all()
+        assert rel_l2(secret, ref) < TOL[dtype], ("secret", i, n)
+    fn = torch.compile(lambda q_, l_: flashcore.flash_attn_with_kvcache(q_, pool_k, pool_v, cache_seqlens=l_,
+                                                                       block_table=table, causal=True), fullgraph=True)
+    assert torch.equal(fn(q, lens + sq), got)
+    static_out = torch.empty_like(got)
+    flashcore.kvcache.prepare(q, pool_k, causal=True, block_table=table)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out.copy_(flashcore.flash_attn_with_kvcache(q, pool_k, pool_v, cache_seqlens=lens + sq,
+                                                           block_table=table, causal=True))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, got)
