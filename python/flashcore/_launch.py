@@ -45,38 +45,88 @@ def _desc(t):
     return (t.data_ptr(), (st[0], st[1], st[2]))
 
 
-def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None):
-    """O = attention(q, k, v) into `out`. All four tensors are views in [B, S, H, D] index order
-    (any strides; inputs that TMA cannot read in place are copied); `lse` is an fp32 contiguous
-    [B, Hq, Sq] tensor or None; `lengths` int32 [B] or None (secret-length prefill);
-    `kv_lengths` int32 [B] or None (KV-cache mode: each sequence's key count in k, v)."""
-    q, k, v = readable(q), readable(k), readable(v)
-    b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    dev = q.device
-    stream = current_stream(dev.index)
+def _out_desc(t, bhsd):
+    """`_desc` of `t` read in [B, S, H, D] index order (`bhsd`: `t` is [B, H, S, D])."""
+    st = t.stride()
+    return (t.data_ptr(), (st[0], st[2], st[1]) if bhsd else (st[0], st[1], st[2]))
+
+
+def _in_desc(t, bhsd):
+    """(tensor, `_desc`) of an input read in [B, S, H, D] index order (`bhsd`: `t` is
+    [B, H, S, D]; its dims 1 and 2 are swapped here without making a view). The tensor is `t`
+    when TMA can read it in place, else a contiguous copy, which the caller keeps alive until
+    the launch is enqueued."""
+    st = t.stride()
+    ptr = t.data_ptr()
+    b, s, h = (st[0], st[2], st[1]) if bhsd else (st[0], st[1], st[2])
+    # Positive multiples of 16 bytes (2-byte dtypes) and a contiguous head dim: what `tma_ready`
+    # accepts whatever the extents are (its fast accept; the rest takes the exact rule).
+    if st[3] == 1 and ptr % 16 == 0 and b > 0 and s > 0 and h > 0 and not (b % 8 or s % 8 or h % 8):
+        return t, (ptr, (b, s, h))
+    t = readable(t.transpose(1, 2) if bhsd else t)
+    return t, _desc(t)
+
+
+# Decode workspaces kept per (device, stream). A call's split partials are written by its first
+# launch and read by its second, both on the call's stream, and the next call on that stream
+# starts after both have finished: one buffer per stream serves every eager call there, with no
+# allocation per call. While a CUDA graph is captured, each call takes a fresh buffer from torch's
+# allocator instead (the graph's private pool: its replays may run on other streams, concurrently
+# with eager calls).
+_workspaces = {}
+
+
+def _workspace(n, dev, stream):
+    """A device buffer of at least `n` bytes for one call on `stream` of device `dev`."""
+    w = _workspaces.get((dev, stream))
+    if w is not None and w.numel() >= n and not torch.cuda.is_current_stream_capturing():
+        return w
+    w = torch.empty(n, dtype=torch.uint8, device=torch.device("cuda", dev))
+    if not torch.cuda.is_current_stream_capturing():
+        _workspaces[(dev, stream)] = w  # the one it replaces is freed in stream order
+    return w
+
+
+def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=False):
+    """O = attention(q, k, v) into `out`. All four tensors are in [B, S, H, D] index order (or
+    all four [B, H, S, D] with `bhsd`), with any strides (inputs that TMA cannot read in place
+    are copied); `lse` is an fp32 contiguous [B, Hq, Sq] tensor or None; `lengths` int32 [B] or
+    None (secret-length prefill); `kv_lengths` int32 [B] or None (KV-cache mode: each sequence's
+    key count in k, v)."""
+    if bhsd:
+        b, hq, sq, d = q.shape
+        hkv, sk = k.shape[1], k.shape[2]
+    else:
+        b, sq, hq, d = q.shape
+        sk, hkv = k.shape[1], k.shape[2]
+    q, qd = _in_desc(q, bhsd)
+    k, kd = _in_desc(k, bhsd)
+    v, vd = _in_desc(v, bhsd)
+    dev = q.get_device()
+    stream = current_stream(dev)
+    dtype = _DTYPES[q.dtype]
     shape = (b, sq, sk, hq, hkv, d)
-    workspace = None
+    causal = bool(causal)
+    ws = 0
     if sq <= _DECODE_MAX_SEQLEN_Q and lengths is None:
-        # Decode mode's split partials: scratch from torch's allocator on this stream (reused
-        # only by work ordered after this call).
-        n = _workspace_bytes(_DTYPES[q.dtype], shape, bool(causal), kv_lengths is not None)
+        # Decode mode's split partials (most decode shapes need some; prefill never does).
+        n = _workspace_bytes(dtype, shape, causal, kv_lengths is not None)
         if n:
-            workspace = torch.empty(n, dtype=torch.uint8, device=dev)
+            ws = _workspace(n, dev, stream).data_ptr()
     _native.attention(
-        dev.index,
+        dev,
         stream,
-        _DTYPES[q.dtype],
+        dtype,
         shape,
-        bool(causal),
+        causal,
         scale,
-        _desc(q),
-        _desc(k),
-        _desc(v),
-        _desc(out),
+        qd,
+        kd,
+        vd,
+        _out_desc(out, bhsd),
         lse.data_ptr() if lse is not None else 0,
         lengths.data_ptr() if lengths is not None else 0,
-        workspace.data_ptr() if workspace is not None else 0,
+        ws,
         kv_lengths.data_ptr() if kv_lengths is not None else 0,
     )
 

@@ -45,9 +45,20 @@ def _fallback_reason(query, key, value, dropout_p):
         return "heads"
     if min(query.shape) == 0 or min(key.shape) == 0:
         return "empty"
-    if torch.cuda.get_device_capability(query.device) != (9, 0):
+    if _capability(query.get_device()) != (9, 0):
         return "device"
     return None
+
+
+_capabilities = {}
+
+
+def _capability(index):
+    """torch.cuda.get_device_capability, asked once per device (a few µs per call)."""
+    cap = _capabilities.get(index)
+    if cap is None:
+        cap = _capabilities[index] = torch.cuda.get_device_capability(index)
+    return cap
 
 
 def _fallback(query, key, value, dropout_p, is_causal, scale):
@@ -78,14 +89,15 @@ def _flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return_deb
         # The output has the query's memory layout, as PyTorch's own kernel (and its meta function) give.
         out = torch.empty_like(query)
         lse = torch.empty((b, hq, sq), dtype=torch.float32, device=query.device)
-        q, k, v, o = (t.transpose(1, 2) for t in (query, key, value, out))
-        launch(q, k, v, o, lse, None, is_causal, _checks.check_scale(scale))
+        launch(query, key, value, out, lse, None, is_causal, _checks.check_scale(scale), bhsd=True)
     else:
         stats["fallback"] += 1
         out, lse = _fallback(query, key, value, dropout_p, is_causal, scale)
         out = torch.empty_like(query).copy_(out)
-    rng_state = torch.zeros((2,), dtype=torch.uint64, device=query.device)
-    unused = torch.zeros((), dtype=torch.uint64, device=query.device)
+    # Without dropout nothing reads the RNG state (the meta function gives only its shape):
+    # left unfilled, which saves two fill launches per call.
+    rng_state = torch.empty((2,), dtype=torch.uint64, device=query.device)
+    unused = torch.empty((), dtype=torch.uint64, device=query.device)
     debug = torch.empty(0, dtype=query.dtype, device=query.device)
     return out, lse, None, None, sq, key.shape[2], rng_state, unused, debug
 

@@ -202,10 +202,11 @@ def test_sdpa_backend_handles_every_argument_of_the_aten_op(monkeypatch):
     # is_causal and scale: passed to the launch.
     launches = []
     monkeypatch.setattr(flashcore.sdpa_backend, "_fallback_reason", lambda *a: None)
-    monkeypatch.setattr(flashcore.sdpa_backend, "launch", lambda *a: launches.append(a))
+    monkeypatch.setattr(flashcore.sdpa_backend, "launch", lambda *a, **kw: launches.append((a, kw)))
     flashcore.sdpa_backend._flash_forward(q, q, q, 0.0, True, False, scale=0.25)
     flashcore.sdpa_backend._flash_forward(q, q, q)
-    assert [a[6:] for a in launches] == [(True, 0.25), (False, None)]
+    assert [a[6:] for a, _ in launches] == [(True, 0.25), (False, None)]
+    assert all(kw == {"bhsd": True} for _, kw in launches)  # SDPA's [B, H, S, D] tensors
 
 
 def test_sdpa_rejects_what_it_does_not_do(fake):

@@ -101,8 +101,9 @@ pub struct ExternalCall {
     /// caches of capacity `seqlen_k` (secret), with `seqlen_q` ≤ 16 new queries; 0 for none.
     pub kv_lengths: u64,
     /// Decode mode's scratch: [`super::decode::workspace_bytes`] bytes, 16-byte aligned, used by
-    /// no other launch in flight (a framework allocates it per call on the call's stream); 0
-    /// when that size is 0.
+    /// no other launch that may run at the same time (a framework allocates it per call on the
+    /// call's stream, or keeps one per stream: launches on one stream run in order); 0 when that
+    /// size is 0.
     pub workspace: u64,
 }
 
@@ -311,6 +312,10 @@ impl Drop for RestoreCurrent {
 pub struct ExternalContext {
     ctx: Context,
     plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
+    /// Held across the two launches of a call with a workspace, so that calls from several
+    /// threads that share one workspace per stream (the Python package does) enqueue their
+    /// pairs whole, never interleaved on that stream.
+    workspace_launch: Mutex<()>,
 }
 
 impl ExternalContext {
@@ -323,6 +328,7 @@ impl ExternalContext {
         Ok(ExternalContext {
             ctx: Context::new(ordinal)?,
             plans: Mutex::new(HashMap::new()),
+            workspace_launch: Mutex::new(()),
         })
     }
 
@@ -446,6 +452,15 @@ impl ExternalContext {
             },
             call.workspace,
         ];
+        let _pair = if call.workspace != 0 {
+            Some(
+                self.workspace_launch
+                    .lock()
+                    .map_err(|_| Error::Other("launch lock poisoned".into()))?,
+            )
+        } else {
+            None
+        };
         // SAFETY: the caller's contract above; shapes, alignment and strides validated.
         unsafe { plan.launch_on(ptrs, strides, stream) }
     }
