@@ -94,12 +94,24 @@ def _flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return_deb
         stats["fallback"] += 1
         out, lse = _fallback(query, key, value, dropout_p, is_causal, scale)
         out = torch.empty_like(query).copy_(out)
-    # Without dropout nothing reads the RNG state (the meta function gives only its shape):
-    # left unfilled, which saves two fill launches per call.
-    rng_state = torch.empty((2,), dtype=torch.uint64, device=query.device)
-    unused = torch.empty((), dtype=torch.uint64, device=query.device)
-    debug = torch.empty(0, dtype=query.dtype, device=query.device)
+    rng_state, unused, debug = _placeholders(query)
     return out, lse, None, None, sq, key.shape[2], rng_state, unused, debug
+
+
+_debug_masks = {}
+
+
+def _placeholders(query):
+    """The op's RNG state, `unused` and debug-mask outputs. Without dropout nothing reads them
+    (the meta function gives only their shapes): the first two are left unfilled (no fill
+    launches per call), and the empty debug mask — no storage to share — is one per (device,
+    dtype)."""
+    dev = query.device
+    debug = _debug_masks.get((dev, query.dtype))
+    if debug is None:
+        debug = _debug_masks[(dev, query.dtype)] = torch.empty(0, dtype=query.dtype, device=dev)
+    return (torch.empty((2,), dtype=torch.uint64, device=dev), torch.empty((), dtype=torch.uint64, device=dev),
+            debug)
 
 
 def _register():

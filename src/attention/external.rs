@@ -411,9 +411,19 @@ impl ExternalContext {
             Lengths::None
         };
         // Make this device's primary context current for the launch, and give the thread back
-        // the context it had: the CUDA runtime (torch) reads its current device from it.
-        let _restore = RestoreCurrent::save()?;
-        self.ctx.cuda().bind_to_thread()?;
+        // the context it had: the CUDA runtime (torch) reads its current device from it. When
+        // it is current already (torch's calls on its current device), nothing to switch.
+        let cuda = self.ctx.cuda();
+        cuda.check_err()?;
+        let before = cudarc::driver::result::ctx::get_current()?;
+        let _restore = if before == Some(cuda.cu_ctx()) {
+            None
+        } else {
+            let restore = RestoreCurrent(before);
+            // SAFETY: the context is this device's primary context, retained by `self`.
+            unsafe { cudarc::driver::result::ctx::set_current(cuda.cu_ctx()) }?;
+            Some(restore)
+        };
         self.launch_current(call, lengths, stream)
     }
 
