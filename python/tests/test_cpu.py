@@ -443,6 +443,13 @@ def test_append_kv_writes_each_sequence_at_its_length():
     after = append_kv(kc, vc, k, v, lens)
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
     assert after.dtype == torch.int32 and after.tolist() == [2, 7, 10]
+    # One new row per sequence (decode's case, its own branch).
+    k1, v1 = torch.randn(3, 1, 2, 8), torch.randn(3, 1, 2, 8)
+    for b, n in enumerate(after.tolist()[:2]):
+        want_k[b, n], want_v[b, n] = k1[b, 0], v1[b, 0]
+    want_k[2, 0], want_v[2, 0] = k1[2, 0], v1[2, 0]
+    after = append_kv(kc, vc, k1, v1, torch.tensor([2, 7, 0], dtype=torch.int32))
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v) and after.tolist() == [3, 8, 1]
 
 
 def test_kvcache_op_fake_shapes_and_append(fake):
