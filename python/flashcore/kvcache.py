@@ -14,8 +14,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _checks, _native
-from ._launch import launch, prepare_kv
+from . import _checks, _native, ops
+from ._launch import fast, launch, prepare_kv
 
 MAX_SEQLEN_Q = _native.DECODE_MAX_SEQLEN_Q  # query positions per sequence (16)
 
@@ -26,15 +26,21 @@ def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None):
     caller's error, as in flash-attn). Paged: row r of sequence b goes to page
     block_table[b, r // page_size], row r % page_size. Returns the key counts after the append,
     int32 [B]."""
-    b, n = k.shape[0], k.shape[1]
-    pos = cache_seqlens.to(torch.long)[:, None] + torch.arange(n, device=k.device)[None, :]
-    rows = torch.arange(b, device=k.device)[:, None].expand(b, n)
+    b, n, h, d = k.shape
     if block_table is not None:
+        pos = cache_seqlens.to(torch.long)[:, None] + torch.arange(n, device=k.device)[None, :]
         page = k_cache.shape[1]
         rows = block_table.to(torch.long).gather(1, pos // page)
-        pos = pos % page
-    k_cache.index_put_((rows, pos), k)
-    v_cache.index_put_((rows, pos), v)
+        k_cache.index_put_((rows, pos % page), k)
+        v_cache.index_put_((rows, pos % page), v)
+        return (cache_seqlens + n).to(torch.int32)
+    # One scatter along the sequence dim per cache (index [B, n, Hkv, D], expanded: no copy):
+    # the rows index_put_ would write, at a third of its host time (~4 launches per call, not 9).
+    pos = cache_seqlens.to(torch.long)
+    pos = pos.view(b, 1, 1, 1) if n == 1 else pos.view(b, 1, 1, 1) + torch.arange(n, device=k.device).view(1, n, 1, 1)
+    index = pos.expand(b, n, h, d)
+    k_cache.scatter_(1, index, k)
+    v_cache.scatter_(1, index, v)
     return (cache_seqlens + n).to(torch.int32)
 
 
@@ -187,9 +193,29 @@ def flash_attn_with_kvcache(
                     f"of {c.dtype}, got {tuple(t.shape)} of {t.dtype}"
                 )
         seqlens = append_kv(k_cache, v_cache, k, v, seqlens, block_table)
-    out, lse = attention_kvcache_op(q, k_cache, v_cache, seqlens, block_table, bool(causal), softmax_scale,
-                                    bool(return_softmax_lse), bool(secret_lengths))
+    out, lse = _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, bool(causal), softmax_scale,
+                                  bool(return_softmax_lse), bool(secret_lengths))
     return (out, lse) if return_softmax_lse else out
+
+
+def _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret):
+    """The op on these arguments: its body directly in plain eager mode (skipping the
+    dispatcher's ~20 µs, as `api._call` does; lse None unless asked), through
+    torch.ops.flashcore.attention_kvcache whenever torch is tracing or faking tensors."""
+    if block_table is None and not secret:
+        r = fast(q, k_cache, v_cache, causal, scale, False, return_lse, kv_lengths=seqlens)
+        if r is not None:  # plain eager call, served in one pass (_launch.fast)
+            return r
+    if ops.eager(q, k_cache, v_cache, seqlens, block_table):
+        _check(q, k_cache, v_cache, seqlens, block_table)
+        b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if return_lse else None
+        launch(q, k_cache, v_cache, out, lse, None, causal, _checks.check_scale(scale), kv_lengths=seqlens,
+               kv_secret=secret, block_table=block_table)
+        return out, lse
+    out, lse = attention_kvcache_op(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret)
+    return out, (lse if return_lse else None)
 
 
 def prepare(q, k_cache, *, causal=False, softmax_scale=None, block_table=None, secret_lengths=False):

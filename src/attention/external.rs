@@ -109,8 +109,9 @@ pub struct ExternalCall {
     pub block_table: u64,
     pub pages: Option<super::decode::Pages>,
     /// Decode mode's scratch: [`super::decode::workspace_bytes`] bytes, 16-byte aligned, used by
-    /// no other launch in flight (a framework allocates it per call on the call's stream); 0
-    /// when that size is 0.
+    /// no other launch that may run at the same time (a framework allocates it per call on the
+    /// call's stream, or keeps one per stream: launches on one stream run in order); 0 when that
+    /// size is 0.
     pub workspace: u64,
 }
 
@@ -368,6 +369,10 @@ impl Drop for RestoreCurrent {
 pub struct ExternalContext {
     ctx: Context,
     plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
+    /// Held across the two launches of a call with a workspace, so that calls from several
+    /// threads that share one workspace per stream (the Python package does) enqueue their
+    /// pairs whole, never interleaved on that stream.
+    workspace_launch: Mutex<()>,
 }
 
 impl ExternalContext {
@@ -380,6 +385,7 @@ impl ExternalContext {
         Ok(ExternalContext {
             ctx: Context::new(ordinal)?,
             plans: Mutex::new(HashMap::new()),
+            workspace_launch: Mutex::new(()),
         })
     }
 
@@ -456,9 +462,19 @@ impl ExternalContext {
         validate(call)?;
         let lengths = call.lengths_mode();
         // Make this device's primary context current for the launch, and give the thread back
-        // the context it had: the CUDA runtime (torch) reads its current device from it.
-        let _restore = RestoreCurrent::save()?;
-        self.ctx.cuda().bind_to_thread()?;
+        // the context it had: the CUDA runtime (torch) reads its current device from it. When
+        // it is current already (torch's calls on its current device), nothing to switch.
+        let cuda = self.ctx.cuda();
+        cuda.check_err()?;
+        let before = cudarc::driver::result::ctx::get_current()?;
+        let _restore = if before == Some(cuda.cu_ctx()) {
+            None
+        } else {
+            let restore = RestoreCurrent(before);
+            // SAFETY: the context is this device's primary context, retained by `self`.
+            unsafe { cudarc::driver::result::ctx::set_current(cuda.cu_ctx()) }?;
+            Some(restore)
+        };
         self.launch_current(call, lengths, stream)
     }
 
@@ -498,6 +514,15 @@ impl ExternalContext {
             call.workspace,
             call.block_table,
         ];
+        let _pair = if call.workspace != 0 {
+            Some(
+                self.workspace_launch
+                    .lock()
+                    .map_err(|_| Error::Other("launch lock poisoned".into()))?,
+            )
+        } else {
+            None
+        };
         // SAFETY: the caller's contract above; shapes, alignment and strides validated.
         unsafe { plan.launch_on(ptrs, strides, stream) }
     }
