@@ -135,11 +135,19 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=Fals
         lengths.data_ptr() if lengths is not None else 0,
         ws,
         kv_lengths.data_ptr() if kv_lengths is not None else 0,
-        kv_secret=bool(kv_secret),
-        block_table=block_table.data_ptr() if block_table is not None else 0,
-        page_size=page_size,
-        num_pages=num_pages,
+        **_kv_extras(kv_secret, block_table, page_size, num_pages),
     )
+
+
+def _kv_extras(kv_secret, block_table, page_size, num_pages):
+    """The KV-cache keywords of a launch, only where they differ from the defaults (secret
+    counts, a paged cache), so a plain call's launch is the same whichever path made it."""
+    extra = {}
+    if kv_secret:
+        extra["kv_secret"] = True
+    if block_table is not None:
+        extra.update(block_table=block_table.data_ptr(), page_size=page_size, num_pages=num_pages)
+    return extra
 
 
 @functools.lru_cache(maxsize=1024)

@@ -354,7 +354,7 @@ def mock_launch(monkeypatch):
 
     monkeypatch.setattr(flashcore._checks, "check_tensor", check_tensor)
     monkeypatch.setattr(flashcore._launch, "current_stream", lambda index: 1234)
-    monkeypatch.setattr(flashcore._launch._native, "attention", lambda *a: calls.append(a))
+    monkeypatch.setattr(flashcore._launch._native, "attention", lambda *a, **kw: calls.append(a + tuple(sorted(kw.items()))))
     return calls
 
 
