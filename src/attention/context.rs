@@ -253,11 +253,11 @@ impl Context {
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
         let plan = self.plan(params)?;
-        self.launch_checked(&plan, params, q, k, v, out, lse, 0)
+        self.launch_checked(&plan, params, q, k, v, out, lse, 0, 0)
     }
 
-    /// Checks every buffer against the plan's shape, then launches (with `lens` in
-    /// secret-length mode, else 0).
+    /// Checks every buffer against the plan's shape (K and V against a paged plan's pools),
+    /// then launches (with `lens` in a lengths mode, else 0; `table` for a paged plan, else 0).
     #[allow(clippy::too_many_arguments)]
     fn launch_checked<T: Element>(
         &self,
@@ -269,6 +269,7 @@ impl Context {
         out: &mut CudaSlice<T>,
         lse: Option<&mut CudaSlice<f32>>,
         lens: u64,
+        table: u64,
     ) -> Result<()> {
         if params.dtype != T::DTYPE {
             return Err(Error::invalid(
@@ -285,8 +286,13 @@ impl Context {
         let (k_ptr, _g2) = k.device_ptr(&self.stream);
         let (v_ptr, _g3) = v.device_ptr(&self.stream);
         validate::check_buffer("q", q.len(), params.q_len(), q_ptr, align)?;
-        validate::check_buffer("k", k.len(), params.kv_len(), k_ptr, align)?;
-        validate::check_buffer("v", v.len(), params.kv_len(), v_ptr, align)?;
+        // A paged plan's K and V are the page pools.
+        let kv_len = match plan.lengths().pages() {
+            Some(pg) => pg.num_pages * pg.page_size * params.heads_kv * params.head_dim,
+            None => params.kv_len(),
+        };
+        validate::check_buffer("k", k.len(), kv_len, k_ptr, align)?;
+        validate::check_buffer("v", v.len(), kv_len, v_ptr, align)?;
         let out_len = out.len();
         let (o_ptr, _g4) = out.device_ptr_mut(&self.stream);
         validate::check_buffer("out", out_len, params.q_len(), o_ptr, 4)?;
@@ -301,7 +307,9 @@ impl Context {
         };
         // SAFETY: every buffer's length and alignment was checked against the plan's shape.
         unsafe {
-            if plan.secret_len() {
+            if plan.lengths().pages().is_some() {
+                plan.launch_raw_paged(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, lens, table)
+            } else if plan.secret_len() {
                 plan.launch_raw_with_lengths(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, lens)
             } else {
                 plan.launch_raw(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr)
@@ -332,7 +340,7 @@ impl Context {
         }
         let plan = self.plan_secret_len(params)?;
         let (lens_ptr, _g) = lengths.device_ptr(&self.stream);
-        self.launch_checked(&plan, params, q, k, v, out, lse, lens_ptr)
+        self.launch_checked(&plan, params, q, k, v, out, lse, lens_ptr, 0)
     }
 
     /// Attention of a few new queries over a KV cache ([`Lengths::KvCache`], flash-attn's
@@ -377,34 +385,10 @@ impl Context {
             cache.secret_lengths,
         )?;
         let (lens_ptr, _g) = cache.seqlens_k.device_ptr(&self.stream);
-        let Some((table_buf, pg)) = cache.block_table else {
-            return self.launch_checked(&plan, params, q, cache.k, cache.v, out, lse, lens_ptr);
-        };
-        // Paged: the pools' lengths, then the launch with the table.
-        let pool = pg.num_pages * pg.page_size * params.heads_kv * params.head_dim;
-        let align = validate::TENSOR_ALIGN;
-        let (k_ptr, _g2) = cache.k.device_ptr(&self.stream);
-        let (v_ptr, _g3) = cache.v.device_ptr(&self.stream);
-        validate::check_buffer("k_cache", cache.k.len(), pool, k_ptr, align)?;
-        validate::check_buffer("v_cache", cache.v.len(), pool, v_ptr, align)?;
-        let (q_ptr, _g1) = q.device_ptr(&self.stream);
-        validate::check_buffer("q", q.len(), params.q_len(), q_ptr, align)?;
-        let out_len = out.len();
-        let (o_ptr, _g4) = out.device_ptr_mut(&self.stream);
-        validate::check_buffer("out", out_len, params.q_len(), o_ptr, 4)?;
-        let lse_ptr = match lse {
-            Some(l) => {
-                let len = l.len();
-                let (p, _g) = l.device_ptr_mut(&self.stream);
-                validate::check_buffer("lse", len, params.lse_len(), p, 4)?;
-                p
-            }
-            None => 0,
-        };
-        let (t_ptr, _g5) = table_buf.device_ptr(&self.stream);
-        // SAFETY: every buffer's length and alignment was checked against the shape and pool;
-        // the table's entries were checked against the pool above (and are clamped on the device).
-        unsafe { plan.launch_raw_paged(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, lens_ptr, t_ptr) }
+        let table = cache.block_table.map(|(t, _)| t.device_ptr(&self.stream));
+        let t_ptr = table.as_ref().map_or(0, |(p, _)| *p);
+        // The table's entries were checked against the pool above (and are clamped on the device).
+        self.launch_checked(&plan, params, q, cache.k, cache.v, out, lse, lens_ptr, t_ptr)
     }
 
     /// Writes `new` (`[batch, n, heads_kv, head_dim]`, bshd) into a bshd `cache` of capacity
