@@ -62,10 +62,14 @@ fn sweep<T: Element>(ctx: &Context, dtype: DType, seed: u64) -> Vec<String> {
                     decode::variant_for(&p, Lengths::None).is_some(),
                     "{p:?} should run in decode mode"
                 );
-                let splits =
-                    DecodeSchedule::new(&p, &Variant::decode(dtype, d, causal).tile(), 132)
-                        .unwrap()
-                        .num_splits;
+                let splits = DecodeSchedule::new(
+                    &p,
+                    &Variant::decode(dtype, d, causal).tile(),
+                    132,
+                    Lengths::None,
+                )
+                .unwrap()
+                .num_splits;
                 match run_case::<T>(ctx, &p, &mut rng) {
                     Ok(o) => eprintln!(
                         "ok {} d{d} {} {:?} splits {splits:3}  err {:.2e}  lse {:.2e}",

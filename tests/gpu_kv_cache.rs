@@ -14,6 +14,7 @@ fn bits<T: Element>(x: &[T]) -> Vec<u64> {
     x.iter().map(|v| v.to_f64().to_bits()).collect()
 }
 
+#[allow(clippy::too_many_arguments)]
 fn params(
     dtype: DType,
     d: usize,
@@ -98,6 +99,19 @@ fn run<T: Element>(
     counts: &[usize],
     secret: bool,
 ) -> flashcore::Result<(Vec<T>, Vec<f32>)> {
+    run_mode(ctx, p, q, c, counts, secret, false)
+}
+
+/// [`run`], optionally in the prefill-consistent mode.
+fn run_mode<T: Element>(
+    ctx: &Context,
+    p: &AttentionParams,
+    q: &[T],
+    c: &Layouted<T>,
+    counts: &[usize],
+    secret: bool,
+    consistent: bool,
+) -> flashcore::Result<(Vec<T>, Vec<f32>)> {
     let dq = ctx.upload(q)?;
     let (dk, dv) = (ctx.upload(&c.k)?, ctx.upload(&c.v)?);
     let dl = ctx.upload(&counts.iter().map(|&n| n as i32).collect::<Vec<_>>())?;
@@ -111,6 +125,9 @@ fn run<T: Element>(
     };
     if secret {
         cache = cache.secret();
+    }
+    if consistent {
+        cache = cache.prefill_consistent();
     }
     let mut dout = ctx.upload(&vec![poison::<T>(); p.q_len()])?;
     let mut dlse = ctx.upload(&vec![f32::NAN; p.lse_len()])?;
@@ -277,6 +294,82 @@ fn kv_cache_is_batch_invariant() {
         );
         eprintln!("ok batch invariance causal {causal}");
     }
+}
+
+/// The prefill-consistent mode: a decode step over a cache of t keys gives exactly the bits of
+/// rows t − Sq … t − 1 of the causal prefill of the whole sequence — for every sequence of a
+/// batch at its own t, contiguous or paged, public or secret counts, one query or four, GQA and
+/// MQA.
+fn prefill_consistent<T: Element>(name: &str, dtype: DType, d: usize, hq: usize, hkv: usize) {
+    let Some(ctx) = gpu(name) else {
+        return;
+    };
+    let s = seed();
+    let mut rng = rng_from(s);
+    let (total, cap) = (1000, 1280);
+    let pre = params(dtype, d, true, 1, hq, hkv, total, total);
+    let q: Vec<T> = randn(&mut rng, pre.q_len());
+    let k: Vec<T> = randn(&mut rng, pre.kv_len());
+    let v: Vec<T> = randn(&mut rng, pre.kv_len());
+    // The prefill, checked against the float64 reference (poisoned output, no NaN).
+    let pre_out = run_inputs(&ctx, &pre, &q, &k, &v).unwrap_or_else(|e| panic!("seed {s}: {e}"));
+    let prefill = bits(&pre_out.out);
+    let (qrow, krow) = (hq * d, hkv * d);
+    for sq in [1, 4] {
+        // Each sequence of the batch is the same sequence at its own step t.
+        let steps = [4, 17, 128, 129, 513, total];
+        let b = steps.len();
+        let p = params(dtype, d, true, b, hq, hkv, sq, cap);
+        let mut qd = Vec::with_capacity(p.q_len());
+        let mut kc: Vec<T> = randn(&mut rng, p.kv_len());
+        let mut vc: Vec<T> = randn(&mut rng, p.kv_len());
+        for (i, &t) in steps.iter().enumerate() {
+            qd.extend_from_slice(&q[(t - sq) * qrow..t * qrow]);
+            kc[i * cap * krow..i * cap * krow + total * krow].copy_from_slice(&k);
+            vc[i * cap * krow..i * cap * krow + total * krow].copy_from_slice(&v);
+        }
+        for page in [0, 64] {
+            let c = layout(&mut rng, &p, &kc, &vc, page, 3);
+            for secret in [false, true] {
+                let (out, _) = run_mode(&ctx, &p, &qd, &c, &steps, secret, true).unwrap();
+                for (i, &t) in steps.iter().enumerate() {
+                    assert_eq!(
+                        bits(&out[i * sq * qrow..(i + 1) * sq * qrow]),
+                        prefill[(t - sq) * qrow..t * qrow],
+                        "seed {s}: Sq {sq} t {t} page {page} secret {secret}: not the prefill's bits"
+                    );
+                }
+            }
+        }
+    }
+    eprintln!("ok prefill-consistent {dtype:?} d{d} {hq}/{hkv}");
+}
+
+#[test]
+fn kv_cache_prefill_consistent_f16_d64() {
+    prefill_consistent::<half::f16>("kv_cache_prefill_consistent_f16_d64", DType::F16, 64, 8, 8);
+}
+
+#[test]
+fn kv_cache_prefill_consistent_bf16_d128_gqa() {
+    prefill_consistent::<half::bf16>(
+        "kv_cache_prefill_consistent_bf16_d128_gqa",
+        DType::Bf16,
+        128,
+        32,
+        8,
+    );
+}
+
+#[test]
+fn kv_cache_prefill_consistent_f16_d128_mqa() {
+    prefill_consistent::<half::f16>(
+        "kv_cache_prefill_consistent_f16_d128_mqa",
+        DType::F16,
+        128,
+        8,
+        1,
+    );
 }
 
 /// The append writes each sequence's new rows at its length — across page boundaries in a paged

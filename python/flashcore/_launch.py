@@ -88,14 +88,15 @@ def _workspace(n, dev, stream):
 
 
 def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=False, kv_secret=False,
-           block_table=None):
+           block_table=None, prefill_consistent=False):
     """O = attention(q, k, v) into `out`. All four tensors are in [B, S, H, D] index order (or
     all four [B, H, S, D] with `bhsd`), with any strides (inputs that TMA cannot read in place
     are copied); `lse` is an fp32 contiguous [B, Hq, Sq] tensor or None; `lengths` int32 [B] or
     None (secret-length prefill); `kv_lengths` int32 [B] or None (KV-cache mode: each sequence's
     key count in k, v; public metadata unless `kv_secret`). `block_table` int32 [B, max_pages]
     (contiguous) or None: k, v are then page pools [num_pages, page_size, Hkv, D] and the
-    capacity is max_pages · page_size."""
+    capacity is max_pages · page_size. `prefill_consistent` (KV-cache mode): no key splits, each
+    row the bits of the causal prefill's."""
     if bhsd:
         b, hq, sq, d = q.shape
         hkv, sk = k.shape[1], k.shape[2]
@@ -117,7 +118,7 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=Fals
     ws = 0
     if sq <= _DECODE_MAX_SEQLEN_Q and lengths is None:
         # Decode mode's split partials (most decode shapes need some; prefill never does).
-        n = _workspace_bytes(dtype, shape, causal, kv_lengths is not None)
+        n = _workspace_bytes(dtype, shape, causal, kv_lengths is not None, bool(prefill_consistent))
         if n:
             ws = _workspace(n, dev, stream).data_ptr()
     _native.attention(
@@ -135,30 +136,35 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=Fals
         lengths.data_ptr() if lengths is not None else 0,
         ws,
         kv_lengths.data_ptr() if kv_lengths is not None else 0,
-        **_kv_extras(kv_secret, block_table, page_size, num_pages),
+        **_kv_extras(kv_secret, block_table, page_size, num_pages, prefill_consistent),
     )
 
 
-def _kv_extras(kv_secret, block_table, page_size, num_pages):
+def _kv_extras(kv_secret, block_table, page_size, num_pages, prefill_consistent=False):
     """The KV-cache keywords of a launch, only where they differ from the defaults (secret
-    counts, a paged cache), so a plain call's launch is the same whichever path made it."""
+    counts, a paged cache, the prefill-consistent mode), so a plain call's launch is the same
+    whichever path made it."""
     extra = {}
     if kv_secret:
         extra["kv_secret"] = True
+    if prefill_consistent:
+        extra["kv_prefill_consistent"] = True
     if block_table is not None:
         extra.update(block_table=block_table.data_ptr(), page_size=page_size, num_pages=num_pages)
     return extra
 
 
 @functools.lru_cache(maxsize=1024)
-def _workspace_bytes(dtype, shape, causal, kv_lengths):
+def _workspace_bytes(dtype, shape, causal, kv_lengths, prefill_consistent=False):
     """The decode workspace size of a shape, asked of Rust once per shape (a pure function)."""
-    return _native.workspace_bytes(dtype, shape, causal, kv_lengths=kv_lengths)
+    return _native.workspace_bytes(dtype, shape, causal, kv_lengths=kv_lengths,
+                                   kv_prefill_consistent=prefill_consistent)
 
 
-def prepare_kv(device, dtype, shape, causal, scale, secret=False, pages=(0, 0)):
+def prepare_kv(device, dtype, shape, causal, scale, secret=False, pages=(0, 0), prefill_consistent=False):
     _native.prepare(torch.device(device).index or 0, _DTYPES[dtype], shape, bool(causal), scale, kv_lengths=True,
-                    kv_secret=bool(secret), page_size=pages[0], num_pages=pages[1])
+                    kv_secret=bool(secret), page_size=pages[0], num_pages=pages[1],
+                    kv_prefill_consistent=bool(prefill_consistent))
 
 
 def prepare(device, dtype, shape, causal, scale, secret_lengths=False):

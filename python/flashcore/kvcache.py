@@ -100,6 +100,7 @@ def attention_kvcache_op(
     scale: Optional[float],
     return_lse: bool,
     secret_lengths: bool,
+    prefill_consistent: bool,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q [B, Sq, Hq, D] over the first seqlens_k[b] rows of each sequence's cache
     ([B, S_cache, Hkv, D], or pages through `block_table`); q's positions are the last Sq of
@@ -108,12 +109,14 @@ def attention_kvcache_op(
     _check(q, k_cache, v_cache, seqlens_k, block_table)
     out, lse = _outputs(q, return_lse)
     launch(q, k_cache, v_cache, out, lse if return_lse else None, None, causal, _checks.check_scale(scale),
-           kv_lengths=seqlens_k, kv_secret=secret_lengths, block_table=block_table)
+           kv_lengths=seqlens_k, kv_secret=secret_lengths, block_table=block_table,
+           prefill_consistent=prefill_consistent)
     return out, lse
 
 
 @attention_kvcache_op.register_fake
-def _attention_kvcache_fake(q, k_cache, v_cache, seqlens_k, block_table, causal, scale, return_lse, secret_lengths):
+def _attention_kvcache_fake(q, k_cache, v_cache, seqlens_k, block_table, causal, scale, return_lse, secret_lengths,
+                            prefill_consistent):
     _check(q, k_cache, v_cache, seqlens_k, block_table)
     return _outputs(q, return_lse)
 
@@ -151,8 +154,13 @@ def flash_attn_with_kvcache(
     Attention then runs over the first ``cache_seqlens[b] + n`` rows; with `causal`, q's Sq
     positions are the last ones of those keys. At most 16 query positions per sequence.
     flash-attn arguments flashcore does not implement (rotary embedding, `cache_batch_idx`,
-    `cache_leftpad`, windows, softcap, ALiBi) raise ValueError; `num_splits` is ignored (the
-    split is fixed by the capacity, for batch invariance). The counts and the table are public
+    `cache_leftpad`, windows, softcap, ALiBi) raise ValueError. `num_splits`: 0 (the default)
+    splits each sequence's keys over work units of a size fixed by the capacity (batch-invariant
+    bits); 1 does not split, and then each query row gets exactly the bits of the same row of a
+    causal prefill over the same keys (``flash_attn_func(..., causal=True)`` on the whole
+    sequence: the prefill-consistent mode, for RL rollouts that must match the training
+    forward), slower where splits would have filled the GPU; other counts raise ValueError (a
+    count chosen per call would make bits depend on it). The counts and the table are public
     metadata: values past the capacity or pages outside the pool are the caller's error, as in
     flash-attn (the kernel clamps them, so no access leaves the cache). `secret_lengths=True`
     (flashcore's own) keeps the counts secret from timing: the kernel walks the full capacity.
@@ -170,6 +178,11 @@ def flash_attn_with_kvcache(
     for name, given in unsupported.items():
         if given:
             raise ValueError(f"flashcore: flash_attn_with_kvcache does not support {name} yet")
+    if isinstance(num_splits, bool) or num_splits not in (0, 1):
+        raise ValueError(
+            f"flashcore: num_splits must be 0 (splits fixed by the capacity) or 1 (no split: the "
+            f"prefill-consistent mode), got {num_splits!r}"
+        )
     if (k is None) != (v is None):
         raise ValueError("flashcore: give both k and v to append, or neither")
     _checks.check_no_grad(q, k_cache, v_cache)
@@ -194,15 +207,16 @@ def flash_attn_with_kvcache(
                 )
         seqlens = append_kv(k_cache, v_cache, k, v, seqlens, block_table)
     out, lse = _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, bool(causal), softmax_scale,
-                                  bool(return_softmax_lse), bool(secret_lengths))
+                                  bool(return_softmax_lse), bool(secret_lengths), num_splits == 1)
     return (out, lse) if return_softmax_lse else out
 
 
-def _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret):
+def _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret,
+                       prefill_consistent=False):
     """The op on these arguments: its body directly in plain eager mode (skipping the
     dispatcher's ~20 µs, as `api._call` does; lse None unless asked), through
     torch.ops.flashcore.attention_kvcache whenever torch is tracing or faking tensors."""
-    if block_table is None and not secret:
+    if block_table is None and not secret and not prefill_consistent:
         r = fast(q, k_cache, v_cache, causal, scale, False, return_lse, kv_lengths=seqlens)
         if r is not None:  # plain eager call, served in one pass (_launch.fast)
             return r
@@ -212,16 +226,17 @@ def _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, causal, scale,
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if return_lse else None
         launch(q, k_cache, v_cache, out, lse, None, causal, _checks.check_scale(scale), kv_lengths=seqlens,
-               kv_secret=secret, block_table=block_table)
+               kv_secret=secret, block_table=block_table, prefill_consistent=prefill_consistent)
         return out, lse
-    out, lse = attention_kvcache_op(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret)
+    out, lse = attention_kvcache_op(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret,
+                                    prefill_consistent)
     return out, (lse if return_lse else None)
 
 
-def prepare(q, k_cache, *, causal=False, softmax_scale=None, block_table=None, secret_lengths=False):
+def prepare(q, k_cache, *, causal=False, softmax_scale=None, block_table=None, secret_lengths=False, num_splits=0):
     """Loads the kernel of a KV-cache call of this shape (before capturing a CUDA graph)."""
     seqlens = torch.zeros(q.shape[0], dtype=torch.int32, device=q.device)
     b, sq, sk, hq, hkv, d = _check(q, k_cache, k_cache, seqlens, block_table)
     pages = (k_cache.shape[1], k_cache.shape[0]) if block_table is not None else (0, 0)
     prepare_kv(q.device, q.dtype, (b, sq, sk, hq, hkv, d), causal, _checks.check_scale(softmax_scale),
-               secret=bool(secret_lengths), pages=pages)
+               secret=bool(secret_lengths), pages=pages, prefill_consistent=num_splits == 1)

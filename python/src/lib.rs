@@ -77,6 +77,7 @@ fn call(
         .lengths(lengths)
         .kv_lengths(kv_lengths)
         .kv_secret(kv.secret)
+        .prefill_consistent(kv.prefill_consistent)
         .workspace(workspace);
     Ok(match kv.pages() {
         Some(pg) => c.paged(kv.block_table, pg),
@@ -84,14 +85,15 @@ fn call(
     })
 }
 
-/// A KV-cache call's extras: secret counts, and a paged cache's block table and geometry
-/// (`page_size` 0: contiguous).
+/// A KV-cache call's extras: secret counts, a paged cache's block table and geometry
+/// (`page_size` 0: contiguous), the prefill-consistent mode (no key splits).
 #[derive(Clone, Copy, Default)]
 struct KvArgs {
     secret: bool,
     block_table: u64,
     page_size: usize,
     num_pages: usize,
+    prefill_consistent: bool,
 }
 
 impl KvArgs {
@@ -121,7 +123,7 @@ fn context(device: usize) -> PyResult<Arc<ExternalContext>> {
 
 /// Checks a call's shapes, alignment and strides without touching a GPU.
 #[pyfunction]
-#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0))]
+#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false))]
 #[allow(clippy::too_many_arguments)]
 fn validate(
     dtype: &str,
@@ -140,12 +142,14 @@ fn validate(
     block_table: u64,
     page_size: usize,
     num_pages: usize,
+    kv_prefill_consistent: bool,
 ) -> PyResult<()> {
     let kv = KvArgs {
         secret: kv_secret,
         block_table,
         page_size,
         num_pages,
+        prefill_consistent: kv_prefill_consistent,
     };
     let c = call(
         dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths, kv,
@@ -158,7 +162,7 @@ fn validate(
 /// device memory covering what the strides reach; the Python package guarantees that by
 /// passing tensors it holds until the op returns (the stream orders their reuse).
 #[pyfunction]
-#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0))]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false))]
 #[allow(clippy::too_many_arguments)]
 fn attention(
     py: Python<'_>,
@@ -180,12 +184,14 @@ fn attention(
     block_table: u64,
     page_size: usize,
     num_pages: usize,
+    kv_prefill_consistent: bool,
 ) -> PyResult<()> {
     let kv = KvArgs {
         secret: kv_secret,
         block_table,
         page_size,
         num_pages,
+        prefill_consistent: kv_prefill_consistent,
     };
     let c = call(
         dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths, kv,
@@ -202,7 +208,7 @@ fn attention(
 /// Loads (compiling on first use) the kernel for a shape without launching: the warm-up to do
 /// before capturing a CUDA graph.
 #[pyfunction]
-#[pyo3(signature = (device, dtype, shape, causal, scale, secret_lengths=false, kv_lengths=false, kv_secret=false, page_size=0, num_pages=0))]
+#[pyo3(signature = (device, dtype, shape, causal, scale, secret_lengths=false, kv_lengths=false, kv_secret=false, page_size=0, num_pages=0, kv_prefill_consistent=false))]
 #[allow(clippy::too_many_arguments)]
 fn prepare(
     py: Python<'_>,
@@ -216,6 +222,7 @@ fn prepare(
     kv_secret: bool,
     page_size: usize,
     num_pages: usize,
+    kv_prefill_consistent: bool,
 ) -> PyResult<()> {
     let p = params(dtype, shape, causal, scale)?;
     let ctx = context(device)?;
@@ -223,6 +230,7 @@ fn prepare(
         secret: kv_secret,
         page_size,
         num_pages,
+        prefill_consistent: kv_prefill_consistent,
         ..Default::default()
     };
     let lengths = lengths_mode(secret_lengths, kv_lengths, kv);
@@ -231,7 +239,9 @@ fn prepare(
 }
 
 fn lengths_mode(secret_lengths: bool, kv_lengths: bool, kv: KvArgs) -> Lengths {
-    if kv_lengths {
+    if kv_lengths && kv.prefill_consistent {
+        Lengths::kv_cache(kv.secret, kv.pages()).prefill_consistent()
+    } else if kv_lengths {
         Lengths::kv_cache(kv.secret, kv.pages())
     } else if secret_lengths {
         Lengths::SecretPadded
@@ -243,20 +253,25 @@ fn lengths_mode(secret_lengths: bool, kv_lengths: bool, kv: KvArgs) -> Lengths {
 /// Bytes of scratch a call needs on the device (decode mode's split partials; 0 for most calls):
 /// the caller allocates it on the call's stream and passes its address as `workspace`.
 #[pyfunction]
-#[pyo3(signature = (dtype, shape, causal, secret_lengths=false, kv_lengths=false))]
+#[pyo3(signature = (dtype, shape, causal, secret_lengths=false, kv_lengths=false, kv_prefill_consistent=false))]
 fn workspace_bytes(
     dtype: &str,
     shape: Shape,
     causal: bool,
     secret_lengths: bool,
     kv_lengths: bool,
+    kv_prefill_consistent: bool,
 ) -> PyResult<usize> {
     let p = params(dtype, shape, causal, None)?;
+    let kv = KvArgs {
+        prefill_consistent: kv_prefill_consistent,
+        ..Default::default()
+    };
     Ok(flashcore::attention::decode::workspace_bytes(
         &p,
-        // Splits come from the capacity in every KV-cache mode: secrecy and paging do not
-        // change the size.
-        lengths_mode(secret_lengths, kv_lengths, KvArgs::default()),
+        // Splits come from the capacity in every KV-cache mode (none in the prefill-consistent
+        // one): secrecy and paging do not change the size.
+        lengths_mode(secret_lengths, kv_lengths, kv),
     ))
 }
 

@@ -527,6 +527,18 @@ def test_kvcache_bad_inputs(fake):
         flashcore.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=torch.zeros(3, dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="`k` must be"):
         flashcore.flash_attn_with_kvcache(q, kc, kc, k=cuda(2, 1, 4, 64), v=cuda(2, 1, 4, 64), cache_seqlens=3)
+    for n in (2, -1, True):
+        with pytest.raises(ValueError, match="num_splits must be 0"):
+            flashcore.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=3, num_splits=n)
+
+
+def test_kvcache_prefill_consistent_mode_needs_no_workspace(fake):
+    # num_splits=1 (the prefill-consistent mode) runs one unit per tile: no split partials.
+    shape = (2, 1, 8192, 32, 8, 128)
+    assert flashcore._native.workspace_bytes("bf16", shape, False, kv_lengths=True) > 0
+    assert flashcore._native.workspace_bytes("bf16", shape, False, kv_lengths=True, kv_prefill_consistent=True) == 0
+    q, kc = cuda(2, 1, 32, 128, dtype=torch.bfloat16), cuda(2, 8192, 8, 128, dtype=torch.bfloat16)
+    assert flashcore.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=7, num_splits=1).shape == q.shape
 
 
 # --- the one-pass eager path (_launch.fast) launches what the checked path launches ----------

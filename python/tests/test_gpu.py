@@ -447,6 +447,39 @@ def test_flash_attn_with_kvcache_paged_and_secret(page, dtype):
     assert torch.equal(static_out, got)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hq, hkv, d", [(32, 8, 128), (8, 8, 64)])
+def test_flash_attn_with_kvcache_prefill_consistent(dtype, hq, hkv, d):
+    """num_splits=1: decoding over a cache of t keys gives exactly row t - 1 of the causal prefill
+    of the same sequence — one query or four, contiguous or paged, public or secret counts."""
+    total, cap, page = 1000, 1280, 64
+    q, k, v = randn(1, total, hq, d, dtype=dtype), randn(1, total, hkv, d, dtype=dtype), randn(1, total, hkv, d, dtype=dtype)
+    prefill = flashcore.flash_attn_func(q, k, v, causal=True)
+    kc = torch.zeros(1, cap, hkv, d, dtype=dtype, device="cuda")
+    vc = torch.zeros_like(kc)
+    kc[:, :total], vc[:, :total] = k, v
+    slots = cap // page
+    table = torch.randperm(slots + 3, device="cuda")[:slots].view(1, slots).to(torch.int32)
+    pool_k, pool_v = randn(slots + 3, page, hkv, d, dtype=dtype), randn(slots + 3, page, hkv, d, dtype=dtype)
+    pool_k[table.long()], pool_v[table.long()] = kc.view(1, slots, page, hkv, d), vc.view(1, slots, page, hkv, d)
+    differs = 0
+    for t in (1, 17, 128, 129, 513, 1000):
+        for sq in (1, 4):
+            if sq > t:
+                continue
+            lens = torch.tensor([t], dtype=torch.int32, device="cuda")
+            qs = q[:, t - sq:t]
+            want = prefill[:, t - sq:t]
+            for kw in (dict(), dict(secret_lengths=True), dict(block_table=table)):
+                kk, vv = (pool_k, pool_v) if "block_table" in kw else (kc, vc)
+                got = flashcore.flash_attn_with_kvcache(qs, kk, vv, cache_seqlens=lens, causal=True, num_splits=1, **kw)
+                assert torch.equal(got, want), (t, sq, kw)
+            split = flashcore.flash_attn_with_kvcache(qs, kc, vc, cache_seqlens=lens, causal=True)
+            assert rel_l2(split, want) < TOL[dtype]
+            differs += not torch.equal(split, want)
+    print(f"prefill-consistent {dtype} {hq}/{hkv} d{d}: the split mode differed from prefill in {differs} calls")
+
+
 def test_decode_workspace_shared_per_stream_stays_correct():
     # Decode calls that split their keys share one workspace per (device, stream) in eager mode
     # (host time); graph captures take their own. Interleaved streams, threads and graph replays

@@ -372,7 +372,7 @@ impl Context {
             ));
         }
         let pages = cache.block_table.map(|(_, pg)| pg);
-        let plan = self.plan_kv_cache(params, cache.secret_lengths, pages)?;
+        let plan = self.plan_lengths(params, cache.lengths(), true)?;
         let counts = self.download(cache.seqlens_k)?;
         let table = match cache.block_table {
             Some((t, _)) => Some(self.download(t)?),
@@ -566,6 +566,11 @@ pub struct KvCache<'a, T> {
     pub block_table: Option<(&'a CudaSlice<i32>, Pages)>,
     /// Keep the counts secret: the kernel walks the capacity and masks by select.
     pub secret_lengths: bool,
+    /// Prefill-consistent: one work unit per query tile over the whole cache instead of splits,
+    /// so a query row gets exactly the bits of that row of a causal prefill over the same keys
+    /// (what RL rollouts need to match the training forward). Slower where the splits would
+    /// have filled the GPU (few sequences over long caches): BENCHMARKS.md "KV cache".
+    pub prefill_consistent: bool,
 }
 
 impl<'a, T> KvCache<'a, T> {
@@ -581,6 +586,7 @@ impl<'a, T> KvCache<'a, T> {
             seqlens_k,
             block_table: None,
             secret_lengths: false,
+            prefill_consistent: false,
         }
     }
     /// A paged cache with public counts.
@@ -601,6 +607,22 @@ impl<'a, T> KvCache<'a, T> {
         KvCache {
             secret_lengths: true,
             ..self
+        }
+    }
+    /// The same cache, read in the prefill-consistent mode.
+    pub fn prefill_consistent(self) -> Self {
+        KvCache {
+            prefill_consistent: true,
+            ..self
+        }
+    }
+    /// The plan's lengths mode for this cache.
+    pub fn lengths(&self) -> Lengths {
+        let lengths = Lengths::kv_cache(self.secret_lengths, self.block_table.map(|(_, pg)| pg));
+        if self.prefill_consistent {
+            lengths.prefill_consistent()
+        } else {
+            lengths
         }
     }
 }

@@ -50,7 +50,7 @@ pub const MIN_PAGE_SIZE: usize = 16;
 pub fn variant_for(p: &AttentionParams, lengths: Lengths) -> Option<Variant> {
     let v = Variant::decode(p.dtype, p.head_dim, p.causal);
     match lengths {
-        Lengths::KvCache { secret, pages } => Some(Variant::kv_cache(
+        Lengths::KvCache { secret, pages, .. } => Some(Variant::kv_cache(
             p.dtype,
             p.head_dim,
             p.causal,
@@ -98,12 +98,24 @@ pub struct DecodeSchedule {
 impl DecodeSchedule {
     /// The grid. Splits come from Sk (a KV cache's capacity) in every mode; with public
     /// KV-cache counts a short sequence's units past its count get no blocks and write empty
-    /// partials.
-    pub fn new(p: &AttentionParams, tile: &Tile, num_sms: usize) -> Result<DecodeSchedule> {
+    /// partials. In the prefill-consistent mode ([`Lengths::is_prefill_consistent`]) every tile
+    /// is one unit over the whole key range: the walk, block by block from key 0, and the
+    /// epilogue are then the causal prefill's, so each row gets the prefill row's bits.
+    pub fn new(
+        p: &AttentionParams,
+        tile: &Tile,
+        num_sms: usize,
+        lengths: Lengths,
+    ) -> Result<DecodeSchedule> {
         let pack = pack_for(p.heads_q / p.heads_kv);
         let m_blocks = p.seqlen_q.div_ceil(tile.block_m / pack);
-        let split_blocks = split_blocks_for(p.seqlen_k, tile.block_n);
-        let num_splits = p.seqlen_k.div_ceil(tile.block_n).div_ceil(split_blocks);
+        let key_blocks = p.seqlen_k.div_ceil(tile.block_n);
+        let split_blocks = if lengths.is_prefill_consistent() {
+            key_blocks.max(1)
+        } else {
+            split_blocks_for(p.seqlen_k, tile.block_n)
+        };
+        let num_splits = key_blocks.div_ceil(split_blocks);
         let units =
             p.batch as u128 * (p.heads_q / pack) as u128 * m_blocks as u128 * num_splits as u128;
         let rows = p.batch as u128 * p.heads_q as u128 * p.seqlen_q as u128;
@@ -157,7 +169,7 @@ impl DecodeSchedule {
 pub fn workspace_bytes(p: &AttentionParams, lengths: Lengths) -> usize {
     // The SM count only sets the CTA count, never the splits: any value gives the same size.
     variant_for(p, lengths)
-        .and_then(|v| DecodeSchedule::new(p, &v.tile(), 1).ok())
+        .and_then(|v| DecodeSchedule::new(p, &v.tile(), 1, lengths).ok())
         .map_or(0, |s| s.workspace_bytes(p))
 }
 
@@ -211,8 +223,8 @@ mod tests {
         one.heads_kv = 8;
         let mut many = p(64);
         many.heads_kv = 8;
-        let a = DecodeSchedule::new(&one, &tile, 132).unwrap();
-        let b = DecodeSchedule::new(&many, &tile, 7).unwrap();
+        let a = DecodeSchedule::new(&one, &tile, 132, Lengths::None).unwrap();
+        let b = DecodeSchedule::new(&many, &tile, 7, Lengths::None).unwrap();
         assert_eq!((a.pack, a.split_blocks, a.num_splits), (4, 4, 16));
         assert_eq!(
             (b.pack, b.split_blocks, b.num_splits),
@@ -222,6 +234,25 @@ mod tests {
         assert_eq!(b.units, 64 * a.units);
         assert_eq!(b.ctas, 7);
         assert_eq!(a.workspace_bytes(&one), 32 * 16 * 130 * 4);
+    }
+
+    #[test]
+    fn prefill_consistent_mode_runs_one_unit_per_tile() {
+        let tile = crate::kernels::Variant::decode(DType::Bf16, 128, true).tile();
+        let mut p = AttentionParams::new(3, 32, 4, 128).seqlen_k(8192 + 5);
+        p.heads_kv = 8;
+        let kv = Lengths::kv_cache(false, None);
+        let split = DecodeSchedule::new(&p, &tile, 132, kv).unwrap();
+        let whole = DecodeSchedule::new(&p, &tile, 132, kv.prefill_consistent()).unwrap();
+        assert!(split.num_splits > 1);
+        assert_eq!((whole.num_splits, whole.split_blocks), (1, 65));
+        assert_eq!(whole.units, split.units / split.num_splits);
+        assert_eq!(whole.workspace_bytes(&p), 0);
+        assert_eq!(workspace_bytes(&p, kv.prefill_consistent()), 0);
+        assert!(kv.prefill_consistent().is_prefill_consistent());
+        assert!(!kv.is_prefill_consistent());
+        // Only KV-cache modes have the option.
+        assert_eq!(Lengths::None.prefill_consistent(), Lengths::None);
     }
 
     #[test]

@@ -103,6 +103,9 @@ pub struct ExternalCall {
     pub kv_lengths: u64,
     /// Keep the KV-cache counts secret (the kernel walks the capacity).
     pub kv_secret: bool,
+    /// KV-cache mode, prefill-consistent: no key splits, each row the bits of the causal
+    /// prefill's ([`Lengths::prefill_consistent`]).
+    pub prefill_consistent: bool,
     /// A paged cache: i32 `[batch, seqlen_k / page_size]` page indices (public), with the pool's
     /// geometry in `pages`; K and V are then `[num_pages, page_size, heads_kv, head_dim]` pools
     /// (their strides: page, row, head). 0 for a contiguous cache.
@@ -133,6 +136,7 @@ impl ExternalCall {
             lengths: 0,
             kv_lengths: 0,
             kv_secret: false,
+            prefill_consistent: false,
             block_table: 0,
             pages: None,
             workspace: 0,
@@ -141,6 +145,11 @@ impl ExternalCall {
     /// Keep the KV-cache counts secret.
     pub fn kv_secret(mut self, secret: bool) -> Self {
         self.kv_secret = secret;
+        self
+    }
+    /// Read the KV cache in the prefill-consistent mode.
+    pub fn prefill_consistent(mut self, on: bool) -> Self {
+        self.prefill_consistent = on;
         self
     }
     /// A paged cache's block table and geometry.
@@ -152,7 +161,12 @@ impl ExternalCall {
     /// The lengths mode this call runs in.
     pub fn lengths_mode(&self) -> Lengths {
         if self.kv_lengths != 0 {
-            Lengths::kv_cache(self.kv_secret, self.pages)
+            let kv = Lengths::kv_cache(self.kv_secret, self.pages);
+            if self.prefill_consistent {
+                kv.prefill_consistent()
+            } else {
+                kv
+            }
         } else if self.lengths != 0 {
             Lengths::SecretPadded
         } else {

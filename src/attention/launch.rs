@@ -211,14 +211,48 @@ pub enum Lengths {
     /// aligned to the count). The counts are public metadata (the walk ends at each count), or
     /// with `secret` kept secret (the kernel walks the capacity and masks by select). `pages`:
     /// a paged cache, K and V pools of `[num_pages, page_size, Hkv, D]` read through a block
-    /// table of `[batch, Sk / page_size]` page indices (public).
-    KvCache { secret: bool, pages: Option<Pages> },
+    /// table of `[batch, Sk / page_size]` page indices (public). `prefill_consistent`: one work
+    /// unit per tile over the whole key range instead of capacity-sized splits, so each query
+    /// row gets exactly the bits of the same row of a causal prefill over the same keys
+    /// ([`super::decode::DecodeSchedule::new`]).
+    KvCache {
+        secret: bool,
+        pages: Option<Pages>,
+        prefill_consistent: bool,
+    },
 }
 
 impl Lengths {
-    /// A KV-cache mode.
+    /// A KV-cache mode (split-KV, not prefill-consistent).
     pub fn kv_cache(secret: bool, pages: Option<Pages>) -> Lengths {
-        Lengths::KvCache { secret, pages }
+        Lengths::KvCache {
+            secret,
+            pages,
+            prefill_consistent: false,
+        }
+    }
+
+    /// The same KV-cache mode, prefill-consistent (no effect on other modes).
+    pub fn prefill_consistent(self) -> Lengths {
+        match self {
+            Lengths::KvCache { secret, pages, .. } => Lengths::KvCache {
+                secret,
+                pages,
+                prefill_consistent: true,
+            },
+            other => other,
+        }
+    }
+
+    /// Whether decode runs one unit per tile (bits of the causal prefill's rows).
+    pub fn is_prefill_consistent(self) -> bool {
+        matches!(
+            self,
+            Lengths::KvCache {
+                prefill_consistent: true,
+                ..
+            }
+        )
     }
 
     /// The paged cache's geometry, if any.
@@ -290,7 +324,7 @@ impl Plan {
         let tile = variant.tile();
         let schedule = Schedule::new(&params, &tile, ctx.num_sms())?;
         let decode = if variant.decode {
-            Some(DecodeSchedule::new(&params, &tile, ctx.num_sms())?)
+            Some(DecodeSchedule::new(&params, &tile, ctx.num_sms(), lengths)?)
         } else {
             None
         };
