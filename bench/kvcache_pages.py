@@ -1,4 +1,5 @@
-"""KV-cache decode time by cache layout (contiguous, paged 16/64/256, secret counts), bf16, Sq=1,
+"""KV-cache decode time by cache layout (contiguous, paged 16/64/256, secret counts) and in the
+prefill-consistent mode (num_splits=1), bf16, Sq=1,
 CUDA-graph replay of 20 calls per sample, caches rotated past L2. Prints a table; a benchmark, not
 a test. Usage: python3 bench/kvcache_pages.py [--out FILE.json]"""
 import json
@@ -44,6 +45,8 @@ def main():
         res["contiguous"] = timed(lambda: flashcore.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens))
         flashcore.kvcache.prepare(q, kc, secret_lengths=True)
         res["secret"] = timed(lambda: flashcore.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, secret_lengths=True))
+        flashcore.kvcache.prepare(q, kc, num_splits=1)
+        res["consistent"] = timed(lambda: flashcore.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, num_splits=1))
         for page in (16, 64, 256):
             slots = sk // page
             perm = torch.randperm(b * slots, device="cuda").to(torch.int32)
@@ -63,7 +66,7 @@ def main():
         except Exception as e:  # noqa: BLE001
             res["sdpa"] = None
         rows.append(res)
-        cols = ["contiguous", "secret", "paged16", "paged64", "paged256", "sdpa"]
+        cols = ["contiguous", "secret", "consistent", "paged16", "paged64", "paged256", "sdpa"]
         print(f"B={b} Sk={sk} {hq}/{hkv} d{d} ({res['kv_mb']:.0f} MB): "
               + "  ".join(f"{c} {res[c]:.1f}us ({res['kv_mb'] / res[c]:.2f} TB/s)" if res[c] else f"{c} -" for c in cols),
               flush=True)

@@ -59,7 +59,8 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
                              t.m_block, t.head,    t.batch,
                              lane,      tile_row0 + wg * 64 + warp * 16 + lane / 4,
                              2 * (lane % 4), smem_u32(&s.q[q_load % QBUF][0][wg * 64][0]),
-                             key_limit, kv.begin,  g};
+                             key_limit, kv.begin,  g,
+                             key_start_of(p, t.batch)};
             float o[D / 2];
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;

@@ -24,6 +24,9 @@
 #define FC_PAGED 0
 #endif
 static_assert(!(FC_KV_PUBLIC || FC_PAGED) || FC_DECODE, "KV-cache builds are decode builds");
+// Every KV-cache build (key counts public or secret): these also take per-sequence first keys
+// (flash-attn's cache_leftpad) in starts_ptr.
+#define FC_KV_CACHE (FC_DECODE && (FC_KV_PUBLIC || FC_SECRET_LEN))
 static_assert(!(FC_KV_PUBLIC && FC_SECRET_LEN), "key counts are either public or secret");
 
 namespace cfg {
@@ -81,6 +84,9 @@ struct Params {
     int32_t num_pages;       // pages in the pool (entries are clamped into it)
     int32_t page_shift;      // log2(page size)
     int32_t box_rows;        // rows per K/V TMA box: min(page size, BN), or BN when contiguous
+    // KV-cache builds (FC_KV_CACHE): i32 [B] first key of each sequence (left padding: keys
+    // before it are masked by select, never skipped), as public or secret as the counts; 0: none.
+    uint64_t starts_ptr;
 };
 
 struct Shared {

@@ -19,6 +19,7 @@ struct Consumer {
     int key_limit;  // keys at or past this are masked: Sk, or the (secret) true length
     int kv_begin;   // first K/V block of this CTA's range (split mode), else 0
     int g0;         // ring position of this tile's first K/V block
+    int key_start;  // KV-cache builds: keys before this are masked (left padding), else 0
 
     // S = Q Kᵀ over the head dim, 16 at a time (32 bytes inside a 128-byte swizzle row).
     FC_DEVICE void issue_qk(float (&sacc)[cfg::BN / 2], int stage) const {
@@ -57,6 +58,9 @@ struct Consumer {
         // half h sees keys up to diag + 8h.
         const int key_base = n_block * BN + col0;
         const int limit = key_limit - key_base;
+#if FC_KV_CACHE
+        const int start = key_start - key_base;
+#endif
 #if FC_CAUSAL && FC_DECODE
         // The queries are the last Sq positions of the visible keys: bottom-right aligned to
         // the sequence's own key count (KV-cache mode: its length, secret), else to Sk.
@@ -69,6 +73,9 @@ struct Consumer {
         for (int i = 0; i < BN / 2; ++i) {
             const int key = 8 * (i / 4) + (i % 2);
             bool visible = key < limit;
+#if FC_KV_CACHE
+            visible = visible && key >= start;
+#endif
 #if FC_CAUSAL && FC_DECODE
             visible = visible && (key <= diag_h[(i / 2) % 2]);
 #elif FC_CAUSAL

@@ -88,6 +88,7 @@ FC_DEVICE int num_kv_blocks(const Params& p, int m_block, int keys) {
 // the mask inside one loop would make ptxas wait for the in-flight wgmma at the join).
 FC_DEVICE int first_masked_block(const Params& p, int m_block, int n_blocks, int keys) {
     if (FC_SECRET_LEN) return 0;  // the true length is secret: every block is masked
+    if (FC_KV_CACHE && p.starts_ptr != 0) return 0;  // left padding: masked wherever it ends
     int first = keys / cfg::BN;
 #if FC_CAUSAL
     // Block n is clean iff its last key (n+1)·BN − 1 <= m_block·BM + keys − Sq.
@@ -107,6 +108,19 @@ FC_DEVICE int key_limit_of(const Params& p, int batch) {
     key_limit = max(0, min(p.seqlen_k, reinterpret_cast<const int32_t*>(p.lens_ptr)[batch]));
 #endif
     return key_limit;
+}
+
+// The first key of the batch entry's range (KV-cache builds with starts_ptr: flash-attn's
+// cache_leftpad, clamped into [0, Sk]); keys before it are masked by select. 0 otherwise. It
+// never shapes the walk: the blocks before it are read and masked, so neither a secret start nor
+// a public one reaches a loop bound or an address.
+FC_DEVICE int key_start_of(const Params& p, int batch) {
+#if FC_KV_CACHE
+    if (p.starts_ptr != 0) {
+        return max(0, min(p.seqlen_k, reinterpret_cast<const int32_t*>(p.starts_ptr)[batch]));
+    }
+#endif
+    return 0;
 }
 
 // This CTA's share of a tile's K/V blocks: all of them, or its split's (a cluster rank's share,

@@ -99,16 +99,19 @@ fn run<T: Element>(
     counts: &[usize],
     secret: bool,
 ) -> flashcore::Result<(Vec<T>, Vec<f32>)> {
-    run_mode(ctx, p, q, c, counts, secret, false)
+    run_mode(ctx, p, q, c, counts, None, secret, false)
 }
 
-/// [`run`], optionally in the prefill-consistent mode.
+/// [`run`], optionally with left padding (each sequence's first key) and in the
+/// prefill-consistent mode.
+#[allow(clippy::too_many_arguments)]
 fn run_mode<T: Element>(
     ctx: &Context,
     p: &AttentionParams,
     q: &[T],
     c: &Layouted<T>,
     counts: &[usize],
+    starts: Option<&[usize]>,
     secret: bool,
     consistent: bool,
 ) -> flashcore::Result<(Vec<T>, Vec<f32>)> {
@@ -129,6 +132,13 @@ fn run_mode<T: Element>(
     if consistent {
         cache = cache.prefill_consistent();
     }
+    let ds = match starts {
+        Some(st) => Some(ctx.upload(&st.iter().map(|&n| n as i32).collect::<Vec<_>>())?),
+        None => None,
+    };
+    if let Some(ds) = &ds {
+        cache = cache.leftpad(ds);
+    }
     let mut dout = ctx.upload(&vec![poison::<T>(); p.q_len()])?;
     let mut dlse = ctx.upload(&vec![f32::NAN; p.lse_len()])?;
     ctx.attention_kv_cache(p, &dq, &cache, &mut dout, Some(&mut dlse))?;
@@ -148,6 +158,7 @@ fn modes_match_reference<T: Element>(name: &str, dtype: DType) {
     let mut rng = rng_from(s);
     let cap = 3072; // a whole number of 16-, 64- and 256-row pages
     let counts = [0usize, 7, 1999, 3072, 129, 2048];
+    let starts = [0usize, 3, 1000, 3000, 129, 17];
     let tol = tolerance(dtype);
     for d in [64, 128] {
         for (sq, causal, hq, hkv) in [(1, false, 8, 2), (4, true, 8, 1), (3, false, 4, 4)] {
@@ -155,51 +166,76 @@ fn modes_match_reference<T: Element>(name: &str, dtype: DType) {
             let q: Vec<T> = randn(&mut rng, p.q_len());
             let kc: Vec<T> = randn(&mut rng, p.kv_len());
             let vc: Vec<T> = randn(&mut rng, p.kv_len());
-            let r =
-                flashcore::reference::kv_cache_f64(&p, &f64s(&q), &f64s(&kc), &f64s(&vc), &counts);
-            let mut first: Option<Vec<u64>> = None;
-            for (page, secret) in [(0, false), (0, true), (16, false), (64, true), (256, false)] {
-                let c = layout(&mut rng, &p, &kc, &vc, page, 3);
-                let (out, lse) = run(&ctx, &p, &q, &c, &counts, secret).unwrap();
-                let row = p.seqlen_q * p.heads_q * p.head_dim;
-                let per = p.heads_q * p.seqlen_q;
-                for (b, &len) in counts.iter().enumerate() {
-                    let got = f64s(&out[b * row..(b + 1) * row]);
-                    let got_lse = &lse[b * per..(b + 1) * per];
-                    let what = format!("seed {s}: d{d} sq{sq} causal {causal} page {page} secret {secret} sequence {b} (len {len})");
-                    assert!(
-                        got.iter().all(|x| x.is_finite()),
-                        "{what}: non-finite output"
-                    );
-                    if len == 0 {
+            // Left padding (flash-attn's cache_leftpad): keys before each start are masked; a
+            // start at the count leaves no key.
+            for starts in [None, Some(&starts[..])] {
+                let zero = [0usize; 6];
+                let st: &[usize] = starts.unwrap_or(&zero);
+                let r = flashcore::reference::kv_cache_leftpad_f64(
+                    &p,
+                    &f64s(&q),
+                    &f64s(&kc),
+                    &f64s(&vc),
+                    st,
+                    &counts,
+                );
+                let mut first: Option<Vec<u64>> = None;
+                for (page, secret) in [(0, false), (0, true), (16, false), (64, true), (256, false)]
+                {
+                    let c = layout(&mut rng, &p, &kc, &vc, page, 3);
+                    let (out, lse) = run_mode(
+                        &ctx,
+                        &p,
+                        &q,
+                        &c,
+                        &counts,
+                        starts.map(|s| &s[..]),
+                        secret,
+                        false,
+                    )
+                    .unwrap();
+                    let row = p.seqlen_q * p.heads_q * p.head_dim;
+                    let per = p.heads_q * p.seqlen_q;
+                    for (b, &len) in counts.iter().enumerate() {
+                        let got = f64s(&out[b * row..(b + 1) * row]);
+                        let got_lse = &lse[b * per..(b + 1) * per];
+                        let what = format!("seed {s}: d{d} sq{sq} causal {causal} page {page} secret {secret} sequence {b} (keys {}..{len})", st[b]);
                         assert!(
-                            got.iter().all(|&x| x == 0.0),
-                            "{what}: an empty cache gives O = 0"
+                            got.iter().all(|x| x.is_finite()),
+                            "{what}: non-finite output"
                         );
-                        assert!(
-                            got_lse.iter().all(|&x| x == f32::NEG_INFINITY),
-                            "{what}: LSE −inf"
-                        );
-                        continue;
+                        if len == st[b] {
+                            assert!(
+                                got.iter().all(|&x| x == 0.0),
+                                "{what}: an empty cache gives O = 0"
+                            );
+                            assert!(
+                                got_lse.iter().all(|&x| x == f32::NEG_INFINITY),
+                                "{what}: LSE −inf"
+                            );
+                            continue;
+                        }
+                        let err =
+                            flashcore::reference::rel_l2(&got, &r.out[b * row..(b + 1) * row]);
+                        assert!(err <= tol, "{what}: err {err:.3e}");
+                        let gl: Vec<f64> = got_lse.iter().map(|&x| x as f64).collect();
+                        let lerr =
+                            flashcore::reference::rel_l2(&gl, &r.lse[b * per..(b + 1) * per]);
+                        assert!(lerr <= 1e-3, "{what}: LSE err {lerr:.3e}");
                     }
-                    let err = flashcore::reference::rel_l2(&got, &r.out[b * row..(b + 1) * row]);
-                    assert!(err <= tol, "{what}: err {err:.3e}");
-                    let gl: Vec<f64> = got_lse.iter().map(|&x| x as f64).collect();
-                    let lerr = flashcore::reference::rel_l2(&gl, &r.lse[b * per..(b + 1) * per]);
-                    assert!(lerr <= 1e-3, "{what}: LSE err {lerr:.3e}");
-                }
-                // Public counts: the bits do not depend on where the pages live.
-                if !secret {
-                    match &first {
-                        None => first = Some(bits(&out)),
-                        Some(f) => assert_eq!(
-                            f,
-                            &bits(&out),
-                            "seed {s}: d{d} page {page}: bits depend on the cache's layout"
-                        ),
+                    // Public counts: the bits do not depend on where the pages live.
+                    if !secret {
+                        match &first {
+                            None => first = Some(bits(&out)),
+                            Some(f) => assert_eq!(
+                                f,
+                                &bits(&out),
+                                "seed {s}: d{d} page {page}: bits depend on the cache's layout"
+                            ),
+                        }
                     }
+                    eprintln!("ok kv {name} d{d} sq{sq} causal {causal} page {page:3} secret {secret} leftpad {}", starts.is_some());
                 }
-                eprintln!("ok kv {name} d{d} sq{sq} causal {causal} page {page:3} secret {secret}");
             }
         }
     }
@@ -331,7 +367,7 @@ fn prefill_consistent<T: Element>(name: &str, dtype: DType, d: usize, hq: usize,
         for page in [0, 64] {
             let c = layout(&mut rng, &p, &kc, &vc, page, 3);
             for secret in [false, true] {
-                let (out, _) = run_mode(&ctx, &p, &qd, &c, &steps, secret, true).unwrap();
+                let (out, _) = run_mode(&ctx, &p, &qd, &c, &steps, None, secret, true).unwrap();
                 for (i, &t) in steps.iter().enumerate() {
                     assert_eq!(
                         bits(&out[i * sq * qrow..(i + 1) * sq * qrow]),
@@ -476,6 +512,20 @@ fn kv_cache_append_and_bad_inputs() {
     };
     expect(run(&ctx, &p, &q, &cont, &[1], false), "seqlens_k"); // one count for two sequences
     expect(run(&ctx, &p, &q, &cont, &[1, 65], false), "seqlens_k"); // past the capacity
+                                                                    // Left padding: one start per sequence, each within [0, its public count].
+    let leftpad = |starts: &[usize], secret| {
+        run_mode(&ctx, &p, &q, &cont, &[5, 9], Some(starts), secret, false)
+    };
+    expect(leftpad(&[0], false), "cache_leftpad");
+    expect(leftpad(&[6, 0], false), "cache_leftpad");
+    assert!(
+        leftpad(&[6, 0], true).is_ok(),
+        "secret counts: starts are clamped on the device"
+    );
+    assert!(
+        leftpad(&[5, 9], false).is_ok(),
+        "a start at the count leaves no key"
+    );
     expect(
         run(
             &ctx,

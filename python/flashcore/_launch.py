@@ -88,7 +88,7 @@ def _workspace(n, dev, stream):
 
 
 def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=False, kv_secret=False,
-           block_table=None, prefill_consistent=False):
+           block_table=None, prefill_consistent=False, kv_starts=None):
     """O = attention(q, k, v) into `out`. All four tensors are in [B, S, H, D] index order (or
     all four [B, H, S, D] with `bhsd`), with any strides (inputs that TMA cannot read in place
     are copied); `lse` is an fp32 contiguous [B, Hq, Sq] tensor or None; `lengths` int32 [B] or
@@ -136,11 +136,11 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=Fals
         lengths.data_ptr() if lengths is not None else 0,
         ws,
         kv_lengths.data_ptr() if kv_lengths is not None else 0,
-        **_kv_extras(kv_secret, block_table, page_size, num_pages, prefill_consistent),
+        **_kv_extras(kv_secret, block_table, page_size, num_pages, prefill_consistent, kv_starts),
     )
 
 
-def _kv_extras(kv_secret, block_table, page_size, num_pages, prefill_consistent=False):
+def _kv_extras(kv_secret, block_table, page_size, num_pages, prefill_consistent=False, kv_starts=None):
     """The KV-cache keywords of a launch, only where they differ from the defaults (secret
     counts, a paged cache, the prefill-consistent mode), so a plain call's launch is the same
     whichever path made it."""
@@ -149,6 +149,8 @@ def _kv_extras(kv_secret, block_table, page_size, num_pages, prefill_consistent=
         extra["kv_secret"] = True
     if prefill_consistent:
         extra["kv_prefill_consistent"] = True
+    if kv_starts is not None:
+        extra["kv_starts"] = kv_starts.data_ptr()
     if block_table is not None:
         extra.update(block_table=block_table.data_ptr(), page_size=page_size, num_pages=num_pages)
     return extra

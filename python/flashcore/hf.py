@@ -18,7 +18,12 @@ values that change nothing flashcore computes — ``position_ids``, ``use_cache`
 ``encoder_hidden_states`` (any value), ``sliding_window`` (None, or at least the number of keys:
 then every key lies in the window), ``softcap`` (None or 0), ``s_aux``, ``position_bias`` (None),
 ``output_attentions`` (false). Served calls run with SDPA's semantics
-(causal top-left aligned when Sq ≠ Sk). Every other call goes to a path that computes it:
+(causal top-left aligned when Sq ≠ Sk). A call with a mask is served too when it is a decode step
+(Sq <= 16) whose mask says "key j is visible from each sequence's first key on" (and causal
+bottom-right): every step of a batched, left-padded ``generate()``, and sliding windows in decode,
+look like that. ``leftpad_of`` finds the first keys (one host read per mask tensor; never under
+torch.compile) and the KV-cache kernel masks the keys before them (``cache_leftpad``). Every other
+call goes to a path that computes it:
 
 - transformers' SDPA function where SDPA expresses the call: a mask (padding, or a sliding window
   shorter than the keys: the mask carries the window, as on transformers' own SDPA and eager
@@ -37,6 +42,7 @@ why calls fell back; ``fallback_reason`` and ``fallback_path`` give them for one
 
 import inspect
 import sys
+import weakref
 
 import torch
 
@@ -87,9 +93,10 @@ def _nonzero(x):
     return not isinstance(x, (int, float)) or x != 0
 
 
-def fallback_reason(query, key, value, attention_mask, dropout=0.0, scaling=None, kwargs=None):
+def fallback_reason(query, key, value, attention_mask, dropout=0.0, scaling=None, kwargs=None, mask_served=False):
     """Why flashcore does not serve this call (a short string), or None when it does. Reasons that
-    SDPA cannot express (an argument flashcore does not implement) come first."""
+    SDPA cannot express (an argument flashcore does not implement) come first. `mask_served`: the
+    mask is one flashcore computes (``leftpad_of`` found its first keys)."""
     kwargs = kwargs or {}
     for name in kwargs:
         if name not in _ALLOWED:
@@ -113,7 +120,7 @@ def fallback_reason(query, key, value, attention_mask, dropout=0.0, scaling=None
             return "sliding_window"
     if kwargs.get("position_bias") is not None:
         return "position_bias"
-    if attention_mask is not None:
+    if attention_mask is not None and not mask_served:
         return "attention_mask"
     if dropout != 0.0:
         return "dropout"
@@ -138,6 +145,57 @@ def fallback_reason(query, key, value, attention_mask, dropout=0.0, scaling=None
         return "scaling"
     if not _gpu_ok(query.device):
         return "gpu"
+    return None
+
+
+# Masks leftpad_of has analysed: id -> (weak reference, version, result). transformers builds one
+# mask per forward (per layer type) and hands the same tensor to every layer, so the host read
+# below happens once per forward, not once per layer.
+_LEFTPAD = {}
+
+
+def leftpad_of(mask, query, key):
+    """For a decode call (Sq <= 16) whose boolean mask [B or 1, 1, Sq, Sk] is exactly "query i
+    sees key j iff j >= start[b]" — and, causal, "j <= Sk - Sq + i" — returns (start int32 [B],
+    causal); else None. That is the mask of every step of a batched left-padded generate (and a
+    sliding window shows the same way: its first visible key). Reads the mask on the host once per
+    mask tensor; never under torch.compile or with fake tensors (None: the call falls back)."""
+    from .kvcache import MAX_SEQLEN_Q
+    from .ops import eager
+
+    b, sq, sk = query.shape[0], query.shape[2], key.shape[2]
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4:
+        return None
+    if mask.shape[0] not in (1, b) or mask.shape[1] != 1 or tuple(mask.shape[2:]) != (sq, sk):
+        return None
+    if sq > MAX_SEQLEN_Q or mask.device != query.device or not eager(mask):
+        return None
+    hit = _LEFTPAD.get(id(mask))
+    if hit is not None and hit[0]() is mask and hit[1] == mask._version:
+        found = hit[2]
+    else:
+        found = _analyse(mask)
+        if len(_LEFTPAD) >= 16:
+            _LEFTPAD.clear()
+        _LEFTPAD[id(mask)] = (weakref.ref(mask), mask._version, found)
+    if found is None:
+        return None
+    start, causal = found
+    return start.expand(b).contiguous(), causal
+
+
+def _analyse(mask):
+    m = mask[:, 0]
+    sq, sk = m.shape[1], m.shape[2]
+    last = m[:, -1, :]
+    start = torch.where(last.any(-1), last.int().argmax(-1), torch.full_like(last[:, 0], sk, dtype=torch.long))
+    j = torch.arange(sk, device=m.device)
+    after = j[None, None, :] >= start[:, None, None]
+    i = torch.arange(sq, device=m.device)[:, None]
+    diagonal = (j[None, :] <= i + (sk - sq))[None]
+    for causal, want in ((True, after & diagonal), (False, after.expand_as(m))):
+        if torch.equal(m, want):  # the host read
+            return start.to(torch.int32), causal and sq > 1
     return None
 
 
@@ -200,6 +258,12 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     # As transformers' SDPA path: a single query token attends to every key.
     causal = bool(is_causal) and query.shape[2] > 1
     reason = fallback_reason(query, key, value, attention_mask, dropout, scaling, kwargs)
+    leftpad = None
+    if reason == "attention_mask":
+        # A decode step of a padded batch: served over the keys from each sequence's first.
+        leftpad = leftpad_of(attention_mask, query, key)
+        if leftpad is not None:
+            reason = fallback_reason(query, key, value, attention_mask, dropout, scaling, kwargs, mask_served=True)
     if reason is not None:
         path = fallback_path(reason)
         stats["fallback"] += 1
@@ -217,6 +281,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     # layout on the transposed views (read in place), so the output needs no transposing copy.
     q, k, v = (t.transpose(1, 2) for t in (query, key, value))
     _checks.split_shape(q, k, v, "bshd")
+    if leftpad is not None:
+        from .kvcache import _attention_kvcache
+
+        start, causal = leftpad
+        ends = torch.full_like(start, key.shape[2])
+        out, _ = _attention_kvcache(q, k, v, ends, None, causal, scaling, False, False, False, start)
+        return out, None
     return top_left(q, k, v, causal, _checks.check_scale(scaling), bhsd=False), None
 
 

@@ -51,6 +51,20 @@ def _outputs(q, return_lse):
     return out, lse
 
 
+def _check_leftpad(q, leftpad):
+    """cache_leftpad: None or int32 [B] on q's device (its values are the caller's to keep within
+    [0, cache_seqlens], as in flash-attn; the kernel clamps them into the cache)."""
+    if leftpad is None:
+        return
+    if not isinstance(leftpad, torch.Tensor) or leftpad.dtype != torch.int32:
+        raise TypeError("flashcore: cache_leftpad must be an int32 tensor")
+    if tuple(leftpad.shape) != (q.shape[0],) or leftpad.device != q.device or not leftpad.is_contiguous():
+        raise ValueError(
+            f"flashcore: cache_leftpad must be contiguous, of shape ({q.shape[0]},) on {q.device}, got "
+            f"{tuple(leftpad.shape)} on {leftpad.device}"
+        )
+
+
 def _check(q, k_cache, v_cache, seqlens_k, block_table):
     if block_table is not None:
         # Paged: the pools' first two dims are (pages, page rows); check the rest as a cache of
@@ -101,23 +115,27 @@ def attention_kvcache_op(
     return_lse: bool,
     secret_lengths: bool,
     prefill_consistent: bool,
+    cache_leftpad: Optional[torch.Tensor],
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q [B, Sq, Hq, D] over the first seqlens_k[b] rows of each sequence's cache
     ([B, S_cache, Hkv, D], or pages through `block_table`); q's positions are the last Sq of
     those keys (causal: bottom-right aligned to each count). Returns (out, lse); lse fp32
-    [B, Hq, Sq], empty unless asked."""
+    [B, Hq, Sq], empty unless asked. `cache_leftpad`: each sequence's first key (keys before it
+    are masked)."""
     _check(q, k_cache, v_cache, seqlens_k, block_table)
+    _check_leftpad(q, cache_leftpad)
     out, lse = _outputs(q, return_lse)
     launch(q, k_cache, v_cache, out, lse if return_lse else None, None, causal, _checks.check_scale(scale),
            kv_lengths=seqlens_k, kv_secret=secret_lengths, block_table=block_table,
-           prefill_consistent=prefill_consistent)
+           prefill_consistent=prefill_consistent, kv_starts=cache_leftpad)
     return out, lse
 
 
 @attention_kvcache_op.register_fake
 def _attention_kvcache_fake(q, k_cache, v_cache, seqlens_k, block_table, causal, scale, return_lse, secret_lengths,
-                            prefill_consistent):
+                            prefill_consistent, cache_leftpad):
     _check(q, k_cache, v_cache, seqlens_k, block_table)
+    _check_leftpad(q, cache_leftpad)
     return _outputs(q, return_lse)
 
 
@@ -154,7 +172,9 @@ def flash_attn_with_kvcache(
     Attention then runs over the first ``cache_seqlens[b] + n`` rows; with `causal`, q's Sq
     positions are the last ones of those keys. At most 16 query positions per sequence.
     flash-attn arguments flashcore does not implement (rotary embedding, `cache_batch_idx`,
-    `cache_leftpad`, windows, softcap, ALiBi) raise ValueError. `num_splits`: 0 (the default)
+    windows, softcap, ALiBi) raise ValueError. `cache_leftpad` (int32 [B]): sequence b's keys
+    are rows ``cache_leftpad[b] .. cache_seqlens[b] + n`` (left padding: the rows before are
+    masked, still read; new k/v still go at ``cache_seqlens[b]``). `num_splits`: 0 (the default)
     splits each sequence's keys over work units of a size fixed by the capacity (batch-invariant
     bits); 1 does not split, and then each query row gets exactly the bits of the same row of a
     causal prefill over the same keys (``flash_attn_func(..., causal=True)`` on the whole
@@ -170,7 +190,6 @@ def flash_attn_with_kvcache(
         "rotary_cos": rotary_cos is not None,
         "rotary_sin": rotary_sin is not None,
         "cache_batch_idx": cache_batch_idx is not None,
-        "cache_leftpad": cache_leftpad is not None,
         "window_size": tuple(window_size) != (-1, -1),
         "softcap": softcap != 0.0,
         "alibi_slopes": alibi_slopes is not None,
@@ -207,29 +226,31 @@ def flash_attn_with_kvcache(
                 )
         seqlens = append_kv(k_cache, v_cache, k, v, seqlens, block_table)
     out, lse = _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, bool(causal), softmax_scale,
-                                  bool(return_softmax_lse), bool(secret_lengths), num_splits == 1)
+                                  bool(return_softmax_lse), bool(secret_lengths), num_splits == 1, cache_leftpad)
     return (out, lse) if return_softmax_lse else out
 
 
 def _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret,
-                       prefill_consistent=False):
+                       prefill_consistent=False, leftpad=None):
     """The op on these arguments: its body directly in plain eager mode (skipping the
     dispatcher's ~20 µs, as `api._call` does; lse None unless asked), through
     torch.ops.flashcore.attention_kvcache whenever torch is tracing or faking tensors."""
-    if block_table is None and not secret and not prefill_consistent:
+    if block_table is None and not secret and not prefill_consistent and leftpad is None:
         r = fast(q, k_cache, v_cache, causal, scale, False, return_lse, kv_lengths=seqlens)
         if r is not None:  # plain eager call, served in one pass (_launch.fast)
             return r
-    if ops.eager(q, k_cache, v_cache, seqlens, block_table):
+    if ops.eager(q, k_cache, v_cache, seqlens, block_table, leftpad):
         _check(q, k_cache, v_cache, seqlens, block_table)
+        _check_leftpad(q, leftpad)
         b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if return_lse else None
         launch(q, k_cache, v_cache, out, lse, None, causal, _checks.check_scale(scale), kv_lengths=seqlens,
-               kv_secret=secret, block_table=block_table, prefill_consistent=prefill_consistent)
+               kv_secret=secret, block_table=block_table, prefill_consistent=prefill_consistent,
+               kv_starts=leftpad)
         return out, lse
     out, lse = attention_kvcache_op(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret,
-                                    prefill_consistent)
+                                    prefill_consistent, leftpad)
     return out, (lse if return_lse else None)
 
 

@@ -78,6 +78,7 @@ fn call(
         .kv_lengths(kv_lengths)
         .kv_secret(kv.secret)
         .prefill_consistent(kv.prefill_consistent)
+        .kv_starts(kv.starts)
         .workspace(workspace);
     Ok(match kv.pages() {
         Some(pg) => c.paged(kv.block_table, pg),
@@ -86,7 +87,8 @@ fn call(
 }
 
 /// A KV-cache call's extras: secret counts, a paged cache's block table and geometry
-/// (`page_size` 0: contiguous), the prefill-consistent mode (no key splits).
+/// (`page_size` 0: contiguous), the prefill-consistent mode (no key splits), each sequence's
+/// first key (`cache_leftpad`; 0: none).
 #[derive(Clone, Copy, Default)]
 struct KvArgs {
     secret: bool,
@@ -94,6 +96,7 @@ struct KvArgs {
     page_size: usize,
     num_pages: usize,
     prefill_consistent: bool,
+    starts: u64,
 }
 
 impl KvArgs {
@@ -123,7 +126,7 @@ fn context(device: usize) -> PyResult<Arc<ExternalContext>> {
 
 /// Checks a call's shapes, alignment and strides without touching a GPU.
 #[pyfunction]
-#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false))]
+#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false, kv_starts=0))]
 #[allow(clippy::too_many_arguments)]
 fn validate(
     dtype: &str,
@@ -143,6 +146,7 @@ fn validate(
     page_size: usize,
     num_pages: usize,
     kv_prefill_consistent: bool,
+    kv_starts: u64,
 ) -> PyResult<()> {
     let kv = KvArgs {
         secret: kv_secret,
@@ -150,6 +154,7 @@ fn validate(
         page_size,
         num_pages,
         prefill_consistent: kv_prefill_consistent,
+        starts: kv_starts,
     };
     let c = call(
         dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths, kv,
@@ -162,7 +167,7 @@ fn validate(
 /// device memory covering what the strides reach; the Python package guarantees that by
 /// passing tensors it holds until the op returns (the stream orders their reuse).
 #[pyfunction]
-#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false))]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false, kv_starts=0))]
 #[allow(clippy::too_many_arguments)]
 fn attention(
     py: Python<'_>,
@@ -185,6 +190,7 @@ fn attention(
     page_size: usize,
     num_pages: usize,
     kv_prefill_consistent: bool,
+    kv_starts: u64,
 ) -> PyResult<()> {
     let kv = KvArgs {
         secret: kv_secret,
@@ -192,6 +198,7 @@ fn attention(
         page_size,
         num_pages,
         prefill_consistent: kv_prefill_consistent,
+        starts: kv_starts,
     };
     let c = call(
         dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths, kv,

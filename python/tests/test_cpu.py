@@ -503,7 +503,6 @@ def test_kvcache_op_fake_shapes_and_append(fake):
         (dict(window_size=(16, 0)), "window_size"),
         (dict(softcap=30.0), "softcap"),
         (dict(rotary_cos=torch.zeros(1), rotary_sin=torch.zeros(1)), "rotary_cos"),
-        (dict(cache_leftpad=torch.zeros(1)), "cache_leftpad"),
     ],
 )
 def test_kvcache_unsupported_arguments_raise(fake, kwargs, message):
@@ -527,6 +526,11 @@ def test_kvcache_bad_inputs(fake):
         flashcore.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=torch.zeros(3, dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="`k` must be"):
         flashcore.flash_attn_with_kvcache(q, kc, kc, k=cuda(2, 1, 4, 64), v=cuda(2, 1, 4, 64), cache_seqlens=3)
+    with pytest.raises(TypeError, match="cache_leftpad must be an int32"):
+        flashcore.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=3, cache_leftpad=torch.zeros(2, device="cuda"))
+    with pytest.raises(ValueError, match="cache_leftpad must be contiguous, of shape"):
+        flashcore.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=3,
+                                          cache_leftpad=torch.zeros(3, dtype=torch.int32, device="cuda"))
     for n in (2, -1, True):
         with pytest.raises(ValueError, match="num_splits must be 0"):
             flashcore.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=3, num_splits=n)

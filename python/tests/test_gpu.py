@@ -364,6 +364,51 @@ def test_hf_model_families(family, dtype):
     assert fcore <= hf_models.BOUND * best, (family, dtype, fcore, errors)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_hf_left_padded_generate_serves_every_decode_step(family, dtype):
+    """A batched generate() over left-padded prompts: every decode step of every layer on flashcore
+    (windowed layers too: a window is a first key), only the padded prefill falls back; each
+    step's logits as close to an fp32 eager model on the same (sharpened) weights, fed the same
+    tokens, as transformers' "sdpa" backend's are (hf_models.BOUND)."""
+    pytest.importorskip("transformers")
+    import flashcore.hf
+    import hf_models
+
+    name = flashcore.hf.register()
+    cfg = hf_models.configs()[family]
+    torch.manual_seed(0)
+    ref = hf_models.build(family, "eager", cfg, device="cuda")
+    state = ref.state_dict()
+    prompt, new = 24, 10
+    ids = torch.randint(3, hf_models.VOCAB, (3, prompt), device="cuda")
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding
+    mask[2, :17] = 0
+    ids = ids.masked_fill(mask == 0, cfg.pad_token_id)
+    errors = {}
+    for impl in ("sdpa", name):
+        model = hf_models.build(family, impl, cfg, state, dtype, "cuda")
+        before, stats = dict(flashcore.hf.reasons), dict(flashcore.hf.stats)
+        with torch.inference_mode():
+            gen = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True, pad_token_id=cfg.pad_token_id)
+            got = torch.stack(gen.logits, 1).float()  # [B, new, vocab]
+            # The fp32 model on the same tokens, with generate's positions for left padding.
+            full_mask = torch.cat([mask, torch.ones(3, new, dtype=mask.dtype, device="cuda")], 1)
+            pos = (full_mask.cumsum(-1) - 1).clamp(min=0)
+            want = ref(gen.sequences, attention_mask=full_mask, position_ids=pos).logits[:, prompt - 1:-1].float()
+        errors[impl] = hf_models.rel_l2(got, want)
+        if impl == name:
+            layers = cfg.num_hidden_layers
+            served = flashcore.hf.stats["flashcore"] - stats["flashcore"]
+            fell = {r: n - before.get(r, 0) for r, n in flashcore.hf.reasons.items() if n != before.get(r, 0)}
+            assert served == (new - 1) * layers, (served, fell)
+            assert fell == {"attention_mask": layers}, fell  # the padded prefill (issue 22)
+    print(f"hf left-padded generate {family} {dtype}: {errors}")
+    assert errors[name] <= hf_models.BOUND * errors["sdpa"], errors
+
+
 # --- KV cache ---------------------------------------------------------------------------------
 
 
@@ -478,6 +523,42 @@ def test_flash_attn_with_kvcache_prefill_consistent(dtype, hq, hkv, d):
             assert rel_l2(split, want) < TOL[dtype]
             differs += not torch.equal(split, want)
     print(f"prefill-consistent {dtype} {hq}/{hkv} d{d}: the split mode differed from prefill in {differs} calls")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sq, causal", [(1, False), (3, True)])
+def test_flash_attn_with_kvcache_leftpad(dtype, sq, causal):
+    """cache_leftpad: sequence b attends to cache rows leftpad[b] .. cache_seqlens[b] + n, new
+    rows appended at cache_seqlens[b] — contiguous and paged, public and secret counts."""
+    b, cap, hq, hkv, d, page = 4, 512, 8, 2, 128, 64
+    kc, vc = randn(b, cap, hkv, d, dtype=dtype), randn(b, cap, hkv, d, dtype=dtype)
+    q, k, v = randn(b, sq, hq, d, dtype=dtype), randn(b, sq, hkv, d, dtype=dtype), randn(b, sq, hkv, d, dtype=dtype)
+    lens = torch.tensor([5, 100, 300, cap - sq], dtype=torch.int32, device="cuda")
+    pad = torch.tensor([0, 37, 300 + sq, 128], dtype=torch.int32, device="cuda")
+    slots = cap // page
+    table = torch.randperm(b * slots, device="cuda").view(b, slots).to(torch.int32)
+    pool_k, pool_v = randn(b * slots, page, hkv, d, dtype=dtype), randn(b * slots, page, hkv, d, dtype=dtype)
+    pool_k[table.long()], pool_v[table.long()] = kc.view(b, slots, page, hkv, d), vc.view(b, slots, page, hkv, d)
+    out = flashcore.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, cache_leftpad=pad, causal=causal)
+    paged = flashcore.flash_attn_with_kvcache(q, pool_k, pool_v, k, v, cache_seqlens=lens, cache_leftpad=pad,
+                                              block_table=table, causal=causal)
+    assert torch.equal(paged, out), "paged and contiguous must give the same bits"
+    secret = flashcore.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens + sq, cache_leftpad=pad, causal=causal,
+                                               secret_lengths=True)
+    assert torch.isfinite(out).all() and torch.isfinite(secret).all()
+    for i, (n, s) in enumerate(zip(lens.tolist(), pad.tolist())):
+        total = n + sq
+        assert torch.equal(kc[i, n:total], k[i]), "the append goes at cache_seqlens"
+        if s >= total:
+            assert (out[i] == 0).all(), "no key left: O = 0"
+            continue
+        ref, _ = reference(q[i:i + 1], kc[i:i + 1, s:total], vc[i:i + 1, s:total], causal)
+        assert rel_l2(out[i:i + 1], ref) < TOL[dtype], (i, n, s)
+        assert rel_l2(secret[i:i + 1], ref) < TOL[dtype], ("secret", i, n, s)
+    fn = torch.compile(lambda q_, l_, p_: flashcore.flash_attn_with_kvcache(q_, kc, vc, cache_seqlens=l_,
+                                                                           cache_leftpad=p_, causal=causal),
+                       fullgraph=True)
+    assert torch.equal(fn(q, lens + sq, pad), out)
 
 
 def test_decode_workspace_shared_per_stream_stays_correct():

@@ -253,3 +253,62 @@ def test_models_that_add_the_mask_themselves_get_eager_masks():
     with torch.no_grad():
         assert torch.equal(model(ids).logits, eager(ids).logits)
         assert torch.equal(model(ids, attention_mask=mask).logits, eager(ids, attention_mask=mask).logits)
+
+
+# --- masks flashcore serves: decode steps of left-padded batches ----------------------------
+
+
+def _pad_mask(starts, sq, sk, causal=True):
+    j = torch.arange(sk)
+    after = j[None, None, :] >= torch.tensor(starts)[:, None, None]
+    i = torch.arange(sq)[:, None]
+    visible = after & (j[None, :] <= i + (sk - sq))[None] if causal else after.expand(len(starts), sq, sk)
+    return visible[:, None].clone()
+
+
+def test_leftpad_of_finds_first_keys_and_rejects_other_masks():
+    q = torch.empty(3, 4, 1, 64)
+    k = torch.empty(3, 2, 40, 64)
+    start, causal = fh.leftpad_of(_pad_mask([0, 5, 39], 1, 40), q, k)
+    assert start.dtype == torch.int32 and start.tolist() == [0, 5, 39] and causal is False
+    # A fully masked row (no key visible) starts past the last key.
+    assert fh.leftpad_of(_pad_mask([0, 40, 2], 1, 40), q, k)[0].tolist() == [0, 40, 2]
+    # Speculative steps: Sq = 3 with the causal diagonal (bottom-right), or without it.
+    q3 = torch.empty(3, 4, 3, 64)
+    start, causal = fh.leftpad_of(_pad_mask([1, 2, 3], 3, 40), q3, k)
+    assert start.tolist() == [1, 2, 3] and causal is True
+    start, causal = fh.leftpad_of(_pad_mask([1, 2, 3], 3, 40, causal=False), q3, k)
+    assert causal is False
+    # One mask row for the whole batch is broadcast.
+    assert fh.leftpad_of(_pad_mask([7], 1, 40), q, k)[0].tolist() == [7, 7, 7]
+    # Not served: a hole in the keys, top-left causal with Sq > 1, a float mask, the wrong shape,
+    # too many queries for decode.
+    holed = _pad_mask([0, 5, 1], 1, 40)
+    holed[1, 0, 0, 20] = False
+    assert fh.leftpad_of(holed, q, k) is None
+    top_left = torch.ones(3, 40, dtype=torch.bool).tril()[None, None, :, :].expand(3, 1, 3, 40).clone()
+    assert fh.leftpad_of(top_left, q3, k) is None
+    assert fh.leftpad_of(_pad_mask([0, 1, 2], 1, 40).float(), q, k) is None
+    assert fh.leftpad_of(_pad_mask([0, 1, 2], 1, 39), q, k) is None
+    q17, k17 = torch.empty(3, 4, 17, 64), torch.empty(3, 2, 40, 64)
+    assert fh.leftpad_of(_pad_mask([0, 1, 2], 17, 40), q17, k17) is None
+
+
+def test_leftpad_of_reads_each_mask_once_and_sees_changes():
+    q, k = torch.empty(2, 4, 1, 64), torch.empty(2, 2, 10, 64)
+    mask = _pad_mask([2, 3], 1, 10)
+    assert fh.leftpad_of(mask, q, k)[0].tolist() == [2, 3]
+    mask[0, 0, 0, 2] = False  # an in-place change bumps the version: analysed again
+    assert fh.leftpad_of(mask, q, k)[0].tolist() == [3, 3]
+    mask[1, 0, 0, 7] = False
+    assert fh.leftpad_of(mask, q, k) is None
+
+
+def test_a_left_padded_decode_step_is_served(gpu):
+    # With fake tensors the mask cannot be read: the call falls back, as under torch.compile.
+    q, k, v = qkv(sq=1, sk=40)
+    mask = torch.ones(2, 1, 1, 40, dtype=torch.bool, device="cuda")
+    assert fh.leftpad_of(mask, q, k) is None
+    assert reason(q, k, v, mask) == "attention_mask"
+    assert fh.fallback_reason(q, k, v, mask, 0.1, 0.125, {}, mask_served=True) == "dropout"
+    assert fh.fallback_reason(q, k, v, mask, 0.0, 0.125, {}, mask_served=True) is None

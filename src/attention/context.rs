@@ -253,11 +253,12 @@ impl Context {
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
         let plan = self.plan(params)?;
-        self.launch_checked(&plan, params, q, k, v, out, lse, 0, 0)
+        self.launch_checked(&plan, params, q, k, v, out, lse, [0; 3])
     }
 
     /// Checks every buffer against the plan's shape (K and V against a paged plan's pools),
-    /// then launches (with `lens` in a lengths mode, else 0; `table` for a paged plan, else 0).
+    /// then launches (with `lens` in a lengths mode, else 0; `table` for a paged plan, else 0;
+    /// `starts` a KV cache's first keys, or 0).
     #[allow(clippy::too_many_arguments)]
     fn launch_checked<T: Element>(
         &self,
@@ -268,8 +269,7 @@ impl Context {
         v: &CudaSlice<T>,
         out: &mut CudaSlice<T>,
         lse: Option<&mut CudaSlice<f32>>,
-        lens: u64,
-        table: u64,
+        [lens, table, starts]: [u64; 3],
     ) -> Result<()> {
         if params.dtype != T::DTYPE {
             return Err(Error::invalid(
@@ -307,8 +307,8 @@ impl Context {
         };
         // SAFETY: every buffer's length and alignment was checked against the plan's shape.
         unsafe {
-            if plan.lengths().pages().is_some() {
-                plan.launch_raw_paged(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, lens, table)
+            if matches!(plan.lengths(), Lengths::KvCache { .. }) {
+                plan.launch_raw_kv_cache(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, lens, table, starts)
             } else if plan.secret_len() {
                 plan.launch_raw_with_lengths(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, lens)
             } else {
@@ -340,7 +340,7 @@ impl Context {
         }
         let plan = self.plan_secret_len(params)?;
         let (lens_ptr, _g) = lengths.device_ptr(&self.stream);
-        self.launch_checked(&plan, params, q, k, v, out, lse, lens_ptr, 0)
+        self.launch_checked(&plan, params, q, k, v, out, lse, [lens_ptr, 0, 0])
     }
 
     /// Attention of a few new queries over a KV cache ([`Lengths::KvCache`], flash-attn's
@@ -384,12 +384,24 @@ impl Context {
             table.as_deref().zip(pages.as_ref()),
             cache.secret_lengths,
         )?;
+        if let Some(starts) = cache.leftpad {
+            validate::check_kv_starts(&counts, &self.download(starts)?, cache.secret_lengths)?;
+        }
         let (lens_ptr, _g) = cache.seqlens_k.device_ptr(&self.stream);
         let table = cache.block_table.map(|(t, _)| t.device_ptr(&self.stream));
         let t_ptr = table.as_ref().map_or(0, |(p, _)| *p);
+        let starts = cache.leftpad.map(|s| s.device_ptr(&self.stream));
+        let s_ptr = starts.as_ref().map_or(0, |(p, _)| *p);
         // The table's entries were checked against the pool above (and are clamped on the device).
         self.launch_checked(
-            &plan, params, q, cache.k, cache.v, out, lse, lens_ptr, t_ptr,
+            &plan,
+            params,
+            q,
+            cache.k,
+            cache.v,
+            out,
+            lse,
+            [lens_ptr, t_ptr, s_ptr],
         )
     }
 
@@ -566,6 +578,9 @@ pub struct KvCache<'a, T> {
     pub block_table: Option<(&'a CudaSlice<i32>, Pages)>,
     /// Keep the counts secret: the kernel walks the capacity and masks by select.
     pub secret_lengths: bool,
+    /// i32 per sequence: its first key (flash-attn's `cache_leftpad`, left padding): keys before
+    /// it are masked; `seqlens_k` stays the end of the range. None: every sequence starts at 0.
+    pub leftpad: Option<&'a CudaSlice<i32>>,
     /// Prefill-consistent: one work unit per query tile over the whole cache instead of splits,
     /// so a query row gets exactly the bits of that row of a causal prefill over the same keys
     /// (what RL rollouts need to match the training forward). Slower where the splits would
@@ -586,6 +601,7 @@ impl<'a, T> KvCache<'a, T> {
             seqlens_k,
             block_table: None,
             secret_lengths: false,
+            leftpad: None,
             prefill_consistent: false,
         }
     }
@@ -606,6 +622,13 @@ impl<'a, T> KvCache<'a, T> {
     pub fn secret(self) -> Self {
         KvCache {
             secret_lengths: true,
+            ..self
+        }
+    }
+    /// The same cache with each sequence's keys starting at `leftpad[b]` (left padding).
+    pub fn leftpad(self, leftpad: &'a CudaSlice<i32>) -> Self {
+        KvCache {
+            leftpad: Some(leftpad),
             ..self
         }
     }

@@ -103,6 +103,10 @@ pub struct ExternalCall {
     pub kv_lengths: u64,
     /// Keep the KV-cache counts secret (the kernel walks the capacity).
     pub kv_secret: bool,
+    /// KV-cache mode: i32 `[batch]` first key of each sequence (flash-attn's `cache_leftpad`:
+    /// keys before it are masked, the count stays the end of the range), as public or secret as
+    /// the counts; 0 for none.
+    pub kv_starts: u64,
     /// KV-cache mode, prefill-consistent: no key splits, each row the bits of the causal
     /// prefill's ([`Lengths::prefill_consistent`]).
     pub prefill_consistent: bool,
@@ -136,6 +140,7 @@ impl ExternalCall {
             lengths: 0,
             kv_lengths: 0,
             kv_secret: false,
+            kv_starts: 0,
             prefill_consistent: false,
             block_table: 0,
             pages: None,
@@ -145,6 +150,11 @@ impl ExternalCall {
     /// Keep the KV-cache counts secret.
     pub fn kv_secret(mut self, secret: bool) -> Self {
         self.kv_secret = secret;
+        self
+    }
+    /// Each sequence's first key in the KV cache (left padding).
+    pub fn kv_starts(mut self, ptr: u64) -> Self {
+        self.kv_starts = ptr;
         self
     }
     /// Read the KV cache in the prefill-consistent mode.
@@ -287,6 +297,17 @@ pub fn validate(call: &ExternalCall) -> Result<()> {
                 "device address is not 4-byte aligned",
             ));
         }
+        if call.kv_starts % 4 != 0 {
+            return Err(Error::invalid(
+                "cache_leftpad",
+                "device address is not 4-byte aligned",
+            ));
+        }
+    } else if call.kv_starts != 0 {
+        return Err(Error::invalid(
+            "cache_leftpad",
+            "first keys (left padding) need KV-cache key counts",
+        ));
     }
     match (call.pages, call.block_table) {
         (None, 0) => {}
@@ -527,6 +548,7 @@ impl ExternalContext {
             },
             call.workspace,
             call.block_table,
+            call.kv_starts,
         ];
         let _pair = if call.workspace != 0 {
             Some(

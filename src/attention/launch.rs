@@ -82,13 +82,15 @@ struct KernelParams {
     num_pages: i32,
     page_shift: i32,
     box_rows: i32,
+    starts_ptr: u64,
 }
 
-// The device's `Params` ends at byte 536 (576 with its 64-byte alignment); cudarc's CUtensorMap is
+// The device's `Params` ends at byte 544 (576 with its 64-byte alignment); cudarc's CUtensorMap is
 // 128-aligned, so this mirror pads to 640. The launch copies the kernel's declared size: the
 // offsets are what must agree.
 const _: () = assert!(std::mem::offset_of!(KernelParams, table_ptr) == 512);
 const _: () = assert!(std::mem::offset_of!(KernelParams, box_rows) == 532);
+const _: () = assert!(std::mem::offset_of!(KernelParams, starts_ptr) == 536);
 
 /// Byte offsets in the parameter block of the pointers to public metadata: the key counts of
 /// `FC_KV_PUBLIC` builds and the block table of `FC_PAGED` ones. The audit treats what is read
@@ -265,7 +267,7 @@ impl Lengths {
 }
 
 /// Buffers and element strides (q, k, v, o) a parameter block was built for.
-type LaunchKey = ([u64; 8], [Strides; 4]);
+type LaunchKey = ([u64; 9], [Strides; 4]);
 
 /// Everything one shape needs to launch, prepared once: the loaded kernel, grid, and the
 /// parameter block of the last buffers seen (rebuilt only when the pointers change), so
@@ -396,7 +398,7 @@ impl Plan {
         maps: Option<[sys::CUtensorMap; 3]>,
     ) -> Result<KernelParams> {
         let p = &self.params;
-        let [q, k, v, o, lse, lens, ws, table] = ptrs;
+        let [q, k, v, o, lse, lens, ws, table, starts] = ptrs;
         let [q_st, k_st, v_st, o_st] = strides;
         let (ws_o_ptr, ws_ml_ptr) = self.decode.map_or((0, 0), |d| d.workspace_parts(p, ws));
         let [q_map, k_map, v_map] = match maps {
@@ -441,6 +443,11 @@ impl Plan {
             num_pages: pages.map_or(0, |pg| pg.num_pages as i32),
             page_shift: pages.map_or(0, |pg| pg.page_size.trailing_zeros() as i32),
             box_rows: box_rows as i32,
+            starts_ptr: if matches!(self.lengths, Lengths::KvCache { .. }) {
+                starts
+            } else {
+                0
+            },
         })
     }
 
@@ -508,7 +515,7 @@ impl Plan {
                 "this plan is in secret-length mode: use launch_raw_with_lengths",
             ));
         }
-        self.launch(q, k, v, o, lse, 0, 0)
+        self.launch(q, k, v, o, lse, 0, 0, 0)
     }
 
     /// Secret-length mode: as [`Plan::launch_raw`], plus `lens`, a device buffer of `batch` i32
@@ -538,7 +545,7 @@ impl Plan {
                 "this plan reads a paged cache: use launch_raw_paged",
             ));
         }
-        self.launch(q, k, v, o, lse, lens, 0)
+        self.launch(q, k, v, o, lse, lens, 0, 0)
     }
 
     /// A paged KV-cache plan: as [`Plan::launch_raw_with_lengths`], with `k` and `v` the page
@@ -566,7 +573,41 @@ impl Plan {
                 "needs a paged KV-cache plan, a lengths buffer and a block table",
             ));
         }
-        self.launch(q, k, v, o, lse, lens, table)
+        self.launch(q, k, v, o, lse, lens, table, 0)
+    }
+
+    /// Any KV-cache plan: `lens` the key counts, `table` the block table of a paged plan (0 for
+    /// a contiguous one), `starts` each sequence's first key (i32 `[batch]`, flash-attn's
+    /// `cache_leftpad`: keys before it are masked; clamped into [0, capacity] on the device) or 0.
+    ///
+    /// # Safety
+    /// As for [`Plan::launch_raw_paged`] (paged) or [`Plan::launch_raw_with_lengths`]; `starts`,
+    /// unless 0, must hold `params().batch` i32s.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn launch_raw_kv_cache(
+        &self,
+        q: u64,
+        k: u64,
+        v: u64,
+        o: u64,
+        lse: u64,
+        lens: u64,
+        table: u64,
+        starts: u64,
+    ) -> Result<()> {
+        if !matches!(self.lengths, Lengths::KvCache { .. }) || lens == 0 {
+            return Err(Error::invalid(
+                "lengths",
+                "needs a KV-cache plan (Context::plan_kv_cache) and a key-count buffer",
+            ));
+        }
+        if self.lengths.pages().is_some() != (table != 0) {
+            return Err(Error::invalid(
+                "block_table",
+                "a paged plan needs its block table, a contiguous one none",
+            ));
+        }
+        self.launch(q, k, v, o, lse, lens, table, starts)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -579,6 +620,7 @@ impl Plan {
         lse: u64,
         lens: u64,
         table: u64,
+        starts: u64,
     ) -> Result<()> {
         let p = &self.params;
         let q_st = Strides::contiguous(p.layout, p.seqlen_q, p.heads_q, p.head_dim);
@@ -592,14 +634,15 @@ impl Plan {
             .as_ref()
             .map_or(0, |w| w.device_ptr(&self.stream).0);
         self.launch_on(
-            [q, k, v, o, lse, lens, ws, table],
+            [q, k, v, o, lse, lens, ws, table, starts],
             strides,
             self.stream.cu_stream(),
         )
     }
 
     /// Enqueues the kernel on `stream` for tensors with explicit element strides (q, k, v, o);
-    /// `ptrs` = (q, k, v, o, lse, lengths, workspace, block table), 0 for an absent one.
+    /// `ptrs` = (q, k, v, o, lse, lengths, workspace, block table, KV-cache starts), 0 for an
+    /// absent one.
     ///
     /// # Safety
     /// As for [`Plan::launch_raw`], with each buffer covering what its strides reach, the
@@ -608,7 +651,7 @@ impl Plan {
     /// [`super::external::validate`].
     pub(crate) unsafe fn launch_on(
         &self,
-        ptrs: [u64; 8],
+        ptrs: [u64; 9],
         strides: [Strides; 4],
         stream: sys::CUstream,
     ) -> Result<()> {

@@ -149,6 +149,28 @@ pub fn check_pages(p: &AttentionParams, pages: &super::decode::Pages) -> Result<
 /// capacity, and every block-table entry a sequence's keys use inside the pool (all entries when
 /// the counts are secret, since the kernel then walks the whole table). `counts` are the key
 /// counts after any append; `table` is `[batch, seqlen_k / page_size]`.
+/// A KV cache's first keys (flash-attn's `cache_leftpad`): one per sequence; with public counts
+/// each within [0, its count] (the kernel clamps whatever a secret one holds).
+pub fn check_kv_starts(counts: &[i32], starts: &[i32], secret: bool) -> Result<()> {
+    if starts.len() != counts.len() {
+        return Err(Error::invalid(
+            "cache_leftpad",
+            format!("has {} entries, batch is {}", starts.len(), counts.len()),
+        ));
+    }
+    if !secret {
+        for (b, (&s, &n)) in starts.iter().zip(counts).enumerate() {
+            if s < 0 || s > n {
+                return Err(Error::invalid(
+                    "cache_leftpad",
+                    format!("sequence {b} starts at key {s}, outside [0, its count {n}]"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn check_kv_metadata(
     p: &AttentionParams,
     counts: &[i32],

@@ -17,17 +17,32 @@ pub fn kv_cache_f64(
     v_cache: &[f64],
     counts: &[usize],
 ) -> RefOutput {
+    kv_cache_leftpad_f64(p, q, k_cache, v_cache, &vec![0; counts.len()], counts)
+}
+
+/// [`kv_cache_f64`] with left padding (flash-attn's `cache_leftpad`): sequence b's keys are rows
+/// `starts[b]..counts[b]` of its cache (none when the start is at or past the count).
+pub fn kv_cache_leftpad_f64(
+    p: &AttentionParams,
+    q: &[f64],
+    k_cache: &[f64],
+    v_cache: &[f64],
+    starts: &[usize],
+    counts: &[usize],
+) -> RefOutput {
     assert_eq!(counts.len(), p.batch, "reference: one count per sequence");
+    assert_eq!(starts.len(), p.batch, "reference: one start per sequence");
     let (row_q, row_k) = (p.seqlen_q * p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
     let mut out = Vec::with_capacity(p.q_len());
     let mut lse = Vec::with_capacity(p.lse_len());
-    for (b, &n) in counts.iter().enumerate() {
+    for (b, (&n, &start)) in counts.iter().zip(starts).enumerate() {
         assert!(
             n <= p.seqlen_k,
             "reference: count {n} past the capacity {}",
             p.seqlen_k
         );
-        if n == 0 {
+        let start = start.min(n);
+        if n == start {
             out.extend(std::iter::repeat_n(0.0, row_q));
             lse.extend(std::iter::repeat_n(
                 f64::NEG_INFINITY,
@@ -37,15 +52,15 @@ pub fn kv_cache_f64(
         }
         let one = AttentionParams {
             batch: 1,
-            seqlen_k: n,
+            seqlen_k: n - start,
             ..p.clone()
         };
-        let base = b * p.seqlen_k * row_k;
+        let base = (b * p.seqlen_k + start) * row_k;
         let r = attention_f64(
             &one,
             &q[b * row_q..(b + 1) * row_q],
-            &k_cache[base..base + n * row_k],
-            &v_cache[base..base + n * row_k],
+            &k_cache[base..base + (n - start) * row_k],
+            &v_cache[base..base + (n - start) * row_k],
         );
         out.extend(r.out);
         lse.extend(r.lse);

@@ -12,7 +12,7 @@ use rayon::prelude::*;
 mod backward;
 mod kv_cache;
 pub use backward::{attention_backward_f64, RefGrads};
-pub use kv_cache::kv_cache_f64;
+pub use kv_cache::{kv_cache_f64, kv_cache_leftpad_f64};
 
 /// Output of [`attention_f64`].
 #[derive(Debug, Clone, PartialEq)]
