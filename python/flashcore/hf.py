@@ -159,7 +159,8 @@ def leftpad_of(mask, query, key):
     sees key j iff j >= start[b]" — and, causal, "j <= Sk - Sq + i" — returns (start int32 [B],
     causal); else None. That is the mask of every step of a batched left-padded generate (and a
     sliding window shows the same way: its first visible key). Reads the mask on the host once per
-    mask tensor; never under torch.compile or with fake tensors (None: the call falls back)."""
+    mask tensor (at every call for inference tensors, which have no version counter: generate()
+    runs under no_grad, not inference_mode); never under torch.compile or with fake tensors (None: the call falls back)."""
     from .kvcache import MAX_SEQLEN_Q
     from .ops import eager
 
@@ -170,14 +171,18 @@ def leftpad_of(mask, query, key):
         return None
     if sq > MAX_SEQLEN_Q or mask.device != query.device or not eager(mask):
         return None
-    hit = _LEFTPAD.get(id(mask))
-    if hit is not None and hit[0]() is mask and hit[1] == mask._version:
-        found = hit[2]
-    else:
+    if mask.is_inference():
+        # No version counter to notice an in-place change by: read it at every call.
         found = _analyse(mask)
-        if len(_LEFTPAD) >= 16:
-            _LEFTPAD.clear()
-        _LEFTPAD[id(mask)] = (weakref.ref(mask), mask._version, found)
+    else:
+        hit = _LEFTPAD.get(id(mask))
+        if hit is not None and hit[0]() is mask and hit[1] == mask._version:
+            found = hit[2]
+        else:
+            found = _analyse(mask)
+            if len(_LEFTPAD) >= 16:
+                _LEFTPAD.clear()
+            _LEFTPAD[id(mask)] = (weakref.ref(mask), mask._version, found)
     if found is None:
         return None
     start, causal = found

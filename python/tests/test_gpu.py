@@ -390,7 +390,7 @@ def test_hf_left_padded_generate_serves_every_decode_step(family, dtype):
     for impl in ("sdpa", name):
         model = hf_models.build(family, impl, cfg, state, dtype, "cuda")
         before, stats = dict(flashcore.hf.reasons), dict(flashcore.hf.stats)
-        with torch.inference_mode():
+        with torch.no_grad():  # as generate() itself: masks keep their version counters
             gen = model.generate(ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
                                  output_logits=True, return_dict_in_generate=True, pad_token_id=cfg.pad_token_id)
             got = torch.stack(gen.logits, 1).float()  # [B, new, vocab]

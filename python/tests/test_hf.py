@@ -302,6 +302,11 @@ def test_leftpad_of_reads_each_mask_once_and_sees_changes():
     assert fh.leftpad_of(mask, q, k)[0].tolist() == [3, 3]
     mask[1, 0, 0, 7] = False
     assert fh.leftpad_of(mask, q, k) is None
+    with torch.inference_mode():  # no version counter: read at every call
+        mask = _pad_mask([2, 3], 1, 10)
+        assert fh.leftpad_of(mask, q, k)[0].tolist() == [2, 3]
+        mask[0, 0, 0, 2] = False
+        assert fh.leftpad_of(mask, q, k)[0].tolist() == [3, 3]
 
 
 def test_a_left_padded_decode_step_is_served(gpu):
