@@ -542,47 +542,23 @@ impl Plan {
         if self.lengths.pages().is_some() {
             return Err(Error::invalid(
                 "block_table",
-                "this plan reads a paged cache: use launch_raw_paged",
+                "this plan reads a paged cache: use launch_raw_kv_cache",
             ));
         }
         self.launch(q, k, v, o, lse, lens, 0, 0)
     }
 
-    /// A paged KV-cache plan: as [`Plan::launch_raw_with_lengths`], with `k` and `v` the page
-    /// pools (`[num_pages, page_size, heads_kv, head_dim]`, contiguous) and `table` the block
-    /// table (`[batch, seqlen_k / page_size]` i32 page indices; entries are clamped into the
-    /// pool on the device).
-    ///
-    /// # Safety
-    /// As for [`Plan::launch_raw_with_lengths`], with `k` and `v` holding the pools and `table`
-    /// the table's `batch · seqlen_k / page_size` i32s.
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn launch_raw_paged(
-        &self,
-        q: u64,
-        k: u64,
-        v: u64,
-        o: u64,
-        lse: u64,
-        lens: u64,
-        table: u64,
-    ) -> Result<()> {
-        if self.lengths.pages().is_none() || lens == 0 || table == 0 {
-            return Err(Error::invalid(
-                "block_table",
-                "needs a paged KV-cache plan, a lengths buffer and a block table",
-            ));
-        }
-        self.launch(q, k, v, o, lse, lens, table, 0)
-    }
-
     /// Any KV-cache plan: `lens` the key counts, `table` the block table of a paged plan (0 for
     /// a contiguous one), `starts` each sequence's first key (i32 `[batch]`, flash-attn's
     /// `cache_leftpad`: keys before it are masked; clamped into [0, capacity] on the device) or 0.
+    /// A paged plan's `k` and `v` are the page pools (`[num_pages, page_size, heads_kv,
+    /// head_dim]`, contiguous) and `table` its block table (`[batch, seqlen_k / page_size]` i32
+    /// page indices; entries are clamped into the pool on the device).
     ///
     /// # Safety
-    /// As for [`Plan::launch_raw_paged`] (paged) or [`Plan::launch_raw_with_lengths`]; `starts`,
-    /// unless 0, must hold `params().batch` i32s.
+    /// As for [`Plan::launch_raw_with_lengths`], with a paged plan's `k` and `v` holding the pools
+    /// and `table` the table's `batch · seqlen_k / page_size` i32s; `starts`, unless 0, must hold
+    /// `params().batch` i32s.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn launch_raw_kv_cache(
         &self,
