@@ -171,6 +171,7 @@ fn table_and_json() {
         cycles: false,
         floor: false,
         floor_cycles: false,
+        decode: None,
     };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("leak.json");
@@ -181,7 +182,11 @@ fn table_and_json() {
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).expect("valid JSON");
     assert_eq!(v["schema"], "flashcore-leakage");
     assert_eq!(v["leak_threshold"], 4.5);
-    assert_eq!(v["version"], 3);
+    assert_eq!(v["version"], 4);
+    assert!(
+        v["run"].get("decode").is_none(),
+        "no decode key outside decode mode"
+    );
     assert_eq!(v["run"]["queue_us"], 20.0);
     assert_eq!(v["results"][0]["attribution"], "no_leak");
     assert_eq!(v["results"][1]["attribution"], "unattributed");

@@ -43,6 +43,40 @@ fn usage_errors_exit_2() {
     );
 }
 
+/// Decode mode (issue 21): each refusal exits 2 with what to do, before any device is touched.
+#[test]
+fn decode_usage_errors_exit_2() {
+    let d = ["--decode", "--secret-len"];
+    let with = |extra: &[&'static str]| -> Vec<&'static str> {
+        d.iter().chain(extra.iter()).copied().collect()
+    };
+    usage_error(&["--decode"], "add --secret-len");
+    for flag in [
+        &["--seqlen-q", "4"][..],
+        &["--kv-heads", "2"][..],
+        &["--public-counts"][..],
+        &["--page-size", "64"][..],
+        &["--page-order", "identity"][..],
+    ] {
+        usage_error(flag, "belongs to decode mode: add --decode --secret-len");
+    }
+    usage_error(&with(&["--page-order", "identity"]), "add --page-size");
+    usage_error(&with(&["--page-order", "sideways"]), "invalid value");
+    for control in ["early-exit", "skip-past-length", "floor"] {
+        usage_error(&with(&["--control", control]), "--public-counts");
+    }
+    usage_error(&with(&["--class", "zeros"]), "in decode mode");
+    usage_error(&with(&["--seqlen-q", "17"]), "at most 16");
+    usage_error(&with(&["--kv-heads", "3"]), "heads_kv");
+    usage_error(&with(&["--page-size", "24"]), "power of two");
+    usage_error(
+        &with(&["--seqlen", "500", "--page-size", "64"]),
+        "not a multiple of 64",
+    );
+    usage_error(&with(&["--page-size", "64", "--layout", "bhsd"]), "bshd");
+    usage_error(&with(&["--measurements", "10"]), "--measurements");
+}
+
 #[test]
 fn no_gpu_exits_2_with_a_message() {
     if std::path::Path::new("/dev/nvidia0").exists() {
@@ -56,6 +90,16 @@ fn no_gpu_exits_2_with_a_message() {
         &["--secret-len"][..],
         &["--control", "floor", "--queue-us", "0"][..],
         &["--control", "early-exit", "--no-floor"][..],
+        &["--decode", "--secret-len"][..],
+        &[
+            "--decode",
+            "--secret-len",
+            "--public-counts",
+            "--page-size",
+            "64",
+            "--kv-heads",
+            "2",
+        ][..],
     ] {
         let o = flashcore(args);
         let err = String::from_utf8_lossy(&o.stderr);
@@ -89,6 +133,12 @@ fn help_lists_the_options() {
         "--no-floor",
         "--queue-us",
         "floor",
+        "--decode",
+        "--seqlen-q",
+        "--kv-heads",
+        "--public-counts",
+        "--page-size",
+        "--page-order",
     ] {
         assert!(out.contains(flag), "{flag} missing from --help");
     }

@@ -8,6 +8,9 @@
 //! Issue 13's instruments too: the cycle timer reads plausible clocks and catches the
 //! skip-past-length control in cycles (its power check), the floor control runs with its own
 //! cycle count, and queued timing keeps the one-random self-check quiet.
+//!
+//! Decode mode (issue 21): the KV-cache call with secret counts passes, contiguous and paged;
+//! the same call with public counts (the walk ends at each count) is caught.
 
 mod common;
 use common::gpu;
@@ -15,8 +18,8 @@ use flashcore::attention::{AttentionParams, Context};
 use flashcore::kernels::LeakyControl;
 use flashcore::leakage::report::{format_table, format_verdict_table};
 use flashcore::leakage::{
-    Attribution, ClassResult, CycleResult, FixedClass, Harness, LeakageConfig, LengthClass,
-    ValueClass,
+    Attribution, ClassResult, CycleResult, DecodeConfig, FixedClass, Harness, LeakageConfig,
+    LengthClass, ValueClass,
 };
 use std::sync::Mutex;
 
@@ -246,4 +249,77 @@ fn secret_length_shipped_passes_and_control_is_caught() {
     assert!(control.floor.is_none() && control.evidence().floor_cycles_t.is_none());
     assert_eq!(control.attribution, Attribution::CycleLeak);
     assert!(!control.attribution.passes());
+}
+
+/// Decode mode: B = 2, 8 query heads over 2 K/V heads, one new query, a cache of 4096, D = 128
+/// (two kernels per call: 4096 keys split in 16).
+fn measure_decode(ctx: &Context, decode: DecodeConfig, class: LengthClass) -> ClassResult {
+    let mut p = AttentionParams::new(2, 8, 4096, 128);
+    p.seqlen_q = 1;
+    p.heads_kv = 2;
+    let mut cfg = LeakageConfig::new(p);
+    cfg.secret_len = true;
+    cfg.decode = Some(decode);
+    cfg.cycles = false;
+    cfg.floor = false;
+    cfg.measurements = MEASUREMENTS;
+    cfg.warmup = 500;
+    let mut h = Harness::new(ctx, cfg).expect("decode harness");
+    let r = h
+        .run_class(FixedClass::Length(class))
+        .expect("decode measurement");
+    eprintln!(
+        "decode {}:\n{}",
+        decode.describe(),
+        format_table(std::slice::from_ref(&r))
+    );
+    assert_eq!(r.measurements, MEASUREMENTS);
+    let (f, rnd) = (r.fixed_us.unwrap(), r.random_us.unwrap());
+    assert!(
+        f.n > MEASUREMENTS / 3 && rnd.n > MEASUREMENTS / 3,
+        "interleaving"
+    );
+    assert!(f.min > 0.0 && f.median < 10_000.0, "{f:?} {rnd:?}");
+    assert!(r.cycles.is_none() && r.floor.is_none());
+    r
+}
+
+#[test]
+fn decode_secret_counts_pass_and_public_counts_are_caught() {
+    let _g = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(ctx) = gpu("decode_secret_counts_pass_and_public_counts_are_caught") else {
+        return;
+    };
+    let secret = measure_decode(&ctx, DecodeConfig::secret(), LengthClass::Zero);
+    assert!(
+        max_t(&secret) < 10.0,
+        "secret counts: max |t| {} ({:?})",
+        max_t(&secret),
+        secret.analysis
+    );
+    let paged = DecodeConfig {
+        page_size: Some(64),
+        shuffled_pages: true,
+        ..DecodeConfig::secret()
+    };
+    let r = measure_decode(&ctx, paged, LengthClass::Zero);
+    assert!(
+        max_t(&r) < 10.0,
+        "paged secret counts: max |t| {}",
+        max_t(&r)
+    );
+    // The power check: public counts end the walk at each count, so empty caches are faster.
+    let public = DecodeConfig {
+        secret_counts: false,
+        ..DecodeConfig::secret()
+    };
+    let r = measure_decode(&ctx, public, LengthClass::Zero);
+    assert!(
+        max_t(&r) > 10.0,
+        "public counts not caught: max |t| {}",
+        max_t(&r)
+    );
+    assert!(r.fixed_us.unwrap().median < r.random_us.unwrap().median);
+    assert_eq!(r.attribution, Attribution::Unattributed);
+    assert!(!r.attribution.passes());
 }

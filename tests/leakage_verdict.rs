@@ -447,6 +447,7 @@ fn json_round_trip_keeps_the_floor_cycles() {
         cycles: true,
         floor: true,
         floor_cycles: true,
+        decode: None,
     };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("leak.json");
@@ -456,7 +457,7 @@ fn json_round_trip_keeps_the_floor_cycles() {
     let text = std::fs::read_to_string(&path).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(v["version"], SCHEMA_VERSION);
-    assert_eq!(SCHEMA_VERSION, 3);
+    assert_eq!(SCHEMA_VERSION, 4);
     assert_eq!(v["floor_slack"], FLOOR_SLACK);
     assert_eq!(v["run"]["floor_cycles"], true);
     let r0 = &v["results"][0];

@@ -6,6 +6,10 @@
 //! ([`crate::leakage::verdict`]): leak in cycles (fail), cycles within the floor's (pass), time
 //! only within the floor (pass), above the floor (fail), unattributed (fail), no leak (pass).
 //!
+//! Decode mode (`--decode --secret-len`, issue 21, [`crate::leakage::decode`]): the KV-cache
+//! decode call with secret key counts (or, `--public-counts`, public ones: the comparison that
+//! must fail), timed without the cycle timer and the floor, which do not apply to it.
+//!
 //! Exit codes: 0 every class passes; 1 some class fails; 2 usage errors, device errors (no GPU
 //! included), or too few measurements for any test.
 
@@ -14,11 +18,11 @@ use crate::bench::{device, env};
 use crate::kernels::LeakyControl;
 use crate::leakage::report::{
     format_cycles_table, format_floor_cycles_table, format_floor_table, format_table,
-    format_verdict_table, summary_line, EnvInfo, LeakageFile, RunInfo,
+    format_verdict_table, summary_line, DecodeRun, EnvInfo, LeakageFile, RunInfo,
 };
 use crate::leakage::run::{DEFAULT_QUEUE_NS, MIN_POOL};
 use crate::leakage::verdict::Attribution;
-use crate::leakage::{FixedClass, Harness, LeakageConfig};
+use crate::leakage::{DecodeConfig, FixedClass, Harness, LeakageConfig, LengthClass};
 use std::path::PathBuf;
 
 /// The deliberately leaky control kernels.
@@ -50,6 +54,15 @@ impl ControlArg {
     }
 }
 
+/// The order of a paged cache's block table (decode mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PageOrder {
+    /// Sequence b's pages are b·P … b·P + P − 1 of the pool, in order.
+    Identity,
+    /// A fixed random permutation of the pool (drawn from --seed), the same for every launch.
+    Shuffled,
+}
+
 /// Time a kernel on a fixed input class against random inputs, interleaved at random, and run
 /// Welch's t-test on the timings (raw, cropped at 100 percentiles, second order).
 #[derive(clap::Args, Debug, Clone)]
@@ -57,10 +70,11 @@ pub struct LeakageArgs {
     /// Batch size.
     #[arg(long, default_value_t = 1, value_name = "B")]
     pub batch: usize,
-    /// Heads (query and key/value).
+    /// Heads (query heads; key/value heads too, unless --kv-heads).
     #[arg(long, default_value_t = 8, value_name = "H")]
     pub heads: usize,
-    /// Sequence length (queries and keys; the padded length in --secret-len mode).
+    /// Sequence length (queries and keys; the padded length in --secret-len mode; the cache's
+    /// capacity with --decode).
     #[arg(long, default_value_t = 512, value_name = "S")]
     pub seqlen: usize,
     /// Head dimension.
@@ -90,6 +104,30 @@ pub struct LeakageArgs {
     /// length vs uniform random in [0, S]).
     #[arg(long)]
     pub secret_len: bool,
+    /// Decode mode (needs --secret-len): the KV-cache decode call — --seqlen-q new queries per
+    /// sequence over a cache of capacity --seqlen, the split-KV kernel and its combine timed
+    /// together — with each sequence's key count as the secret: a fixed count (len-0, len-1,
+    /// len-half, len-full) against counts uniform in [0, S]. No cycle timer and no floor (they
+    /// do not apply to the decode call): a time difference fails.
+    #[arg(long)]
+    pub decode: bool,
+    /// Decode mode: new query positions per sequence (1 to 16).
+    #[arg(long, value_name = "N")]
+    pub seqlen_q: Option<usize>,
+    /// Decode mode: key/value heads (a divisor of --heads; default --heads).
+    #[arg(long, value_name = "H")]
+    pub kv_heads: Option<usize>,
+    /// Decode mode: give the kernel the counts as public metadata (its walk ends at each count)
+    /// — a deliberately leaky comparison, which the test must fail.
+    #[arg(long)]
+    pub public_counts: bool,
+    /// Decode mode: a paged cache of pages of N rows (a power of two ≥ 16 dividing --seqlen);
+    /// K and V are pools of batch · S / N pages read through a block table (public, fixed).
+    #[arg(long, value_name = "N")]
+    pub page_size: Option<usize>,
+    /// Decode mode with --page-size: the block table's order (default shuffled).
+    #[arg(long, value_enum, value_name = "ORDER")]
+    pub page_order: Option<PageOrder>,
     /// Time a control kernel instead of the shipped one: a deliberately leaky one (the test's
     /// power check: it must report a leak) or the hardware floor.
     #[arg(long, value_enum)]
@@ -107,8 +145,9 @@ pub struct LeakageArgs {
     /// event interval holds the kernel alone (0: no wait, launch latency inside the interval).
     #[arg(long, default_value_t = DEFAULT_QUEUE_NS as f64 / 1000.0, value_name = "US")]
     pub queue_us: f64,
-    /// Write the results to this JSON file (schema flashcore-leakage, version 3: version 2 plus
-    /// the floor's cycle-timer build, `floor.cycles`, and the verdict `cycles_within_floor`).
+    /// Write the results to this JSON file (schema flashcore-leakage, version 4: version 2 plus
+    /// the floor's cycle-timer build, `floor.cycles`, and the verdict `cycles_within_floor`
+    /// (version 3), plus `run.decode` in decode mode).
     #[arg(long, value_name = "FILE.json")]
     pub json: Option<PathBuf>,
     /// Buffer sets per class (at least 16).
@@ -127,10 +166,15 @@ pub struct LeakageArgs {
 
 /// The configuration and the classes the arguments ask for, or a usage error.
 pub fn config(args: &LeakageArgs) -> Result<(LeakageConfig, Vec<FixedClass>), String> {
-    let params = AttentionParams::new(args.batch, args.heads, args.seqlen, args.headdim)
+    let mut params = AttentionParams::new(args.batch, args.heads, args.seqlen, args.headdim)
         .dtype(args.dtype)
         .layout(args.layout)
         .causal(args.causal);
+    let decode = decode_config(args)?;
+    if decode.is_some() {
+        params.seqlen_q = args.seqlen_q.unwrap_or(1);
+        params.heads_kv = args.kv_heads.unwrap_or(args.heads);
+    }
     let control = args.control.and_then(ControlArg::control);
     let secret_len = args.secret_len || control == Some(LeakyControl::SkipPastSecretLength);
     if !(args.queue_us.is_finite() && args.queue_us >= 0.0) {
@@ -141,13 +185,14 @@ pub fn config(args: &LeakageArgs) -> Result<(LeakageConfig, Vec<FixedClass>), St
     }
     let mut cfg = LeakageConfig::new(params);
     cfg.secret_len = secret_len;
+    cfg.decode = decode;
     cfg.control = control;
     cfg.floor_kernel = args.control == Some(ControlArg::Floor);
     // The floor comparison is for the shipped kernel in value mode (in secret-length mode the
     // floor build masks by the secret length too); the early-exit control's CTAs leave before
-    // their cycle record.
-    cfg.floor = !args.no_floor && args.control.is_none() && !secret_len;
-    cfg.cycles = !args.no_cycles && args.control != Some(ControlArg::EarlyExit);
+    // their cycle record; decode mode has neither (crate::leakage::decode).
+    cfg.floor = !args.no_floor && args.control.is_none() && !secret_len && decode.is_none();
+    cfg.cycles = !args.no_cycles && args.control != Some(ControlArg::EarlyExit) && decode.is_none();
     cfg.queue_ns = (args.queue_us * 1000.0).round() as u64;
     cfg.measurements = args.measurements;
     cfg.budget_s = args.budget_s;
@@ -156,10 +201,50 @@ pub fn config(args: &LeakageArgs) -> Result<(LeakageConfig, Vec<FixedClass>), St
     cfg.seed = args.seed;
     cfg.validate()?;
     let classes = match &args.class {
+        Some(name) if decode.is_some() => vec![LengthClass::from_name(name)
+            .map(FixedClass::Length)
+            .ok_or_else(|| {
+                let names: Vec<&str> = LengthClass::ALL.iter().map(|c| c.name()).collect();
+                format!(
+                    "unknown class `{name}` in decode mode (the key counts are the secret); \
+                     expected one of: {}",
+                    names.join(", ")
+                )
+            })?],
         Some(name) => vec![FixedClass::parse(name, secret_len)?],
         None => FixedClass::all(secret_len),
     };
     Ok((cfg, classes))
+}
+
+/// Decode mode's configuration from the arguments (`None` without --decode), or the usage
+/// error of a decode-only flag given without it.
+fn decode_config(args: &LeakageArgs) -> Result<Option<DecodeConfig>, String> {
+    if !args.decode {
+        for (given, flag) in [
+            (args.seqlen_q.is_some(), "--seqlen-q"),
+            (args.kv_heads.is_some(), "--kv-heads"),
+            (args.public_counts, "--public-counts"),
+            (args.page_size.is_some(), "--page-size"),
+            (args.page_order.is_some(), "--page-order"),
+        ] {
+            if given {
+                return Err(format!(
+                    "{flag} belongs to decode mode: add --decode --secret-len"
+                ));
+            }
+        }
+        return Ok(None);
+    }
+    if args.page_order.is_some() && args.page_size.is_none() {
+        return Err("--page-order orders a paged cache's block table: add --page-size N".into());
+    }
+    Ok(Some(DecodeConfig {
+        secret_counts: !args.public_counts,
+        page_size: args.page_size,
+        shuffled_pages: args.page_size.is_some()
+            && args.page_order.unwrap_or(PageOrder::Shuffled) == PageOrder::Shuffled,
+    }))
 }
 
 fn env_info(ctx: &Context, device_ordinal: usize) -> EnvInfo {
@@ -210,28 +295,51 @@ pub fn run(args: LeakageArgs) -> i32 {
         cycles: cfg.cycles,
         floor: cfg.floor,
         floor_cycles: cfg.floor && cfg.cycles,
+        decode: cfg.decode.map(|config| DecodeRun {
+            seqlen_q: p.seqlen_q,
+            heads_kv: p.heads_kv,
+            config,
+        }),
     };
     let mut harness = match Harness::new(&ctx, cfg) {
         Ok(h) => h,
         Err(e) => return super::fail(2, e),
     };
     let env = env_info(&ctx, args.device);
-    let title = format!(
-        "flashcore leakage: {kernel} kernel, {} {},{},{},{} {}{}{} on {}",
-        p.dtype.name(),
-        p.batch,
-        p.heads_q,
-        p.seqlen_q,
-        p.head_dim,
-        p.layout.name(),
-        if p.causal { " causal" } else { "" },
-        if run_info.secret_len {
-            " secret-length"
-        } else {
-            ""
-        },
-        env.gpu.as_deref().unwrap_or("?"),
-    );
+    let title = match &run_info.decode {
+        Some(d) => format!(
+            "flashcore leakage: {kernel} kernel, {} decode: batch {}, heads {}/{}, {} new \
+             quer{} over a cache of {}, head dim {}, {}{}, {}; on {}",
+            p.dtype.name(),
+            p.batch,
+            p.heads_q,
+            p.heads_kv,
+            p.seqlen_q,
+            if p.seqlen_q == 1 { "y" } else { "ies" },
+            p.seqlen_k,
+            p.head_dim,
+            p.layout.name(),
+            if p.causal { " causal" } else { "" },
+            d.config.describe(),
+            env.gpu.as_deref().unwrap_or("?"),
+        ),
+        None => format!(
+            "flashcore leakage: {kernel} kernel, {} {},{},{},{} {}{}{} on {}",
+            p.dtype.name(),
+            p.batch,
+            p.heads_q,
+            p.seqlen_q,
+            p.head_dim,
+            p.layout.name(),
+            if p.causal { " causal" } else { "" },
+            if run_info.secret_len {
+                " secret-length"
+            } else {
+                ""
+            },
+            env.gpu.as_deref().unwrap_or("?"),
+        ),
+    };
     eprintln!("{title}");
     let mut results = Vec::with_capacity(classes.len());
     for (i, class) in classes.iter().enumerate() {
@@ -279,8 +387,17 @@ pub fn run(args: LeakageArgs) -> i32 {
         println!("\nfloor cycles: the floor's cycle-timer build (SM cycles per CTA), the same way");
         print!("{}", format_floor_cycles_table(&results));
     }
-    if run_info.secret_len && args.control.is_none() && !args.no_floor {
-        println!("\nfloor: none in secret-length mode (the floor build masks by the secret length like the shipped kernel, so it carries the secret and cannot clear a difference)");
+    match &run_info.decode {
+        Some(d) => {
+            println!("\ndecode: the whole call (split-KV kernel and combine) between the events; no cycle timer and no floor for it, so a time difference fails unattributed");
+            if !d.config.secret_counts {
+                println!("public counts: the kernel's walk ends at each count, so the counts show in its time: this comparison must fail (the test's power check)");
+            }
+        }
+        None if run_info.secret_len && args.control.is_none() && !args.no_floor => {
+            println!("\nfloor: none in secret-length mode (the floor build masks by the secret length like the shipped kernel, so it carries the secret and cannot clear a difference)");
+        }
+        None => {}
     }
     println!("\nverdict");
     print!("{}", format_verdict_table(&results));

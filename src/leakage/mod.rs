@@ -11,11 +11,13 @@
 //!
 //! * [`stats`]: the statistics (online Welch, cropping, second order), GPU-free.
 //! * [`classes`]: the fixed classes, GPU-free.
+//! * [`decode`]: decode mode (the KV-cache call, secret key counts), GPU-free.
 //! * [`run`]: the measurement loop on the device ([`run::Harness`]).
 //! * [`report`]: the table and the JSON file.
 
 pub mod classes;
 pub mod cycles;
+pub mod decode;
 pub mod device;
 pub mod report;
 pub mod run;
@@ -23,6 +25,7 @@ pub mod stats;
 pub mod verdict;
 
 pub use classes::{FixedClass, LengthClass, ValueClass};
+pub use decode::DecodeConfig;
 pub use run::{ClassResult, CycleResult, Harness, LeakageConfig};
 pub use stats::{Analysis, Class, Measurement, Verdict, Welch, Welford, CERTAIN_T, LEAK_T};
 pub use verdict::{attribute, Attribution, Evidence};

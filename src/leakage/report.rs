@@ -4,8 +4,9 @@
 //! Versions: 2 added each class's `cycles`, `floor` and `attribution`, and the run's
 //! queued-timing wait; 3 adds the floor's cycle-timer build (`floor.cycles`, the same fields as
 //! `cycles`), the attribution `cycles_within_floor`, and `run.floor_cycles`; secret-length runs
-//! have no floor.
+//! have no floor. 4 adds `run.decode` (decode mode: the KV-cache call; absent otherwise).
 
+use super::decode::DecodeConfig;
 use super::run::ClassResult;
 use super::stats::{Analysis, TestResult, CERTAIN_T, LEAK_T};
 use super::verdict::{Attribution, FLOOR_SLACK};
@@ -39,6 +40,20 @@ pub struct RunInfo {
     pub floor: bool,
     #[serde(default)]
     pub floor_cycles: bool,
+    /// Decode mode (version 4): the KV-cache call timed; `seqlen` is then the cache's capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode: Option<DecodeRun>,
+}
+
+/// The KV-cache decode call of a decode-mode run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DecodeRun {
+    /// New queries per sequence.
+    pub seqlen_q: usize,
+    pub heads_kv: usize,
+    /// Secret or public counts, the paging.
+    #[serde(flatten)]
+    pub config: DecodeConfig,
 }
 
 /// Where and when.
@@ -54,7 +69,7 @@ pub struct EnvInfo {
 }
 
 /// The JSON schema version [`LeakageFile::new`] writes.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct LeakageFile {

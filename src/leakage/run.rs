@@ -15,7 +15,12 @@
 //!   for a leak.
 //! * Secret-length mode: both classes launch on the same `pool` random input sets; they differ
 //!   only in the lengths buffer. The random class's lengths are drawn afresh, uniform in [0, S]
-//!   per batch entry, after every synchronisation (outside the timed region).
+//!   per batch entry, after every synchronisation (outside the timed region). Each input set
+//!   has two plans and two lengths slots (two halves); which half serves the fixed class is
+//!   drawn again at each synchronisation, so each plan (and a decode plan's workspace) serves
+//!   both classes equally often.
+//! * Decode mode ([`super::decode`]): secret-length mode on a KV-cache decode call, the key
+//!   counts in the lengths buffer, K and V the cache (or the page pools and a block table).
 //!
 //! Each class is measured on up to four builds of the kernel, one after the other, over the same
 //! buffers, with the same interleaving and statistics (issue 13): the kernel itself (shipped, or
@@ -25,6 +30,7 @@
 
 use super::classes::{FixedClass, ValueClass};
 use super::cycles::LaunchCycles;
+use super::decode::{block_table, DecodeConfig};
 use super::device::{CycleTimer, Spin};
 use super::stats::{analyze, Analysis, Class, Measurement, Verdict, CROPS};
 use super::verdict::{attribute, Attribution, Evidence};
@@ -42,8 +48,13 @@ use std::time::Instant;
 #[derive(Debug, Clone)]
 pub struct LeakageConfig {
     pub params: AttentionParams,
-    /// Secret-length mode (classes differ only in true lengths); needs Sq = Sk.
+    /// Secret-length mode (classes differ only in true lengths); needs Sq = Sk, except in
+    /// decode mode.
     pub secret_len: bool,
+    /// Decode mode ([`super::decode`]): the KV-cache decode call with the key counts as the
+    /// secret; needs `secret_len` (the length classes), no control, no cycle timer, no floor.
+    /// `params.seqlen_k` is the cache's capacity.
+    pub decode: Option<DecodeConfig>,
     /// Time this deliberately leaky control kernel instead of the shipped one.
     /// `SkipPastSecretLength` needs `secret_len`, `EarlyExitOnZeroQ` needs it off.
     pub control: Option<LeakyControl>,
@@ -93,6 +104,7 @@ impl LeakageConfig {
         LeakageConfig {
             params,
             secret_len: false,
+            decode: None,
             control: None,
             floor_kernel: false,
             cycles: true,
@@ -140,12 +152,17 @@ impl LeakageConfig {
                 self.queue_ns as f64 / 1000.0
             ));
         }
+        if let Some(d) = &self.decode {
+            self.validate_decode(d)?;
+        }
         if self.floor && (self.control.is_some() || self.floor_kernel) {
             return Err("the floor comparison is for the shipped kernel, not a control".into());
         }
         if self.floor && self.secret_len {
             return Err(
-                "no floor in secret-length mode: the floor build masks by the secret length as                  the shipped kernel does, so it carries the secret and cannot clear a difference                  (use --no-floor)"
+                "no floor in secret-length mode: the floor build masks by the secret length as \
+                 the shipped kernel does, so it carries the secret and cannot clear a difference \
+                 (use --no-floor)"
                     .into(),
             );
         }
@@ -168,10 +185,51 @@ impl LeakageConfig {
             }
             _ => {}
         }
+        if let Some(d) = &self.decode {
+            return d.validate(&self.params);
+        }
         crate::attention::validate::check_params(&self.params).map_err(|e| e.to_string())?;
         if self.secret_len {
             crate::attention::validate::check_secret_len(&self.params)
                 .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// What decode mode cannot combine with ([`super::decode`]).
+    fn validate_decode(&self, d: &DecodeConfig) -> std::result::Result<(), String> {
+        if !self.secret_len {
+            return Err(
+                "--decode times the length classes (the key counts are the secret): add \
+                 --secret-len (with --public-counts for the leaky comparison)"
+                    .into(),
+            );
+        }
+        if self.control.is_some() || self.floor_kernel {
+            return Err(
+                "--control times prefill builds; there is none for the decode call: its leaky \
+                 comparison is --public-counts"
+                    .into(),
+            );
+        }
+        if self.cycles {
+            return Err(
+                "no cycle timer in decode mode: the decode call is two kernels (split-KV main \
+                 and combine), the cycle-timer build has records for one and no decode variant \
+                 (use --no-cycles; `flashcore leakage --decode` leaves it off)"
+                    .into(),
+            );
+        }
+        if self.floor {
+            return Err(
+                "no floor in decode mode: a floor build would mask by the secret counts like the \
+                 shipped kernel, so it carries the secret and cannot clear a difference (use \
+                 --no-floor; `flashcore leakage --decode` leaves it off)"
+                    .into(),
+            );
+        }
+        if d.page_size.is_none() && d.shuffled_pages {
+            return Err("shuffled pages need a paged cache (--page-size)".into());
         }
         Ok(())
     }
@@ -315,6 +373,8 @@ struct PlanSet {
 struct Slot {
     ptrs: [u64; 4],
     lens: u64,
+    /// Decode mode with a paged cache: the block table (0 otherwise).
+    table: u64,
 }
 
 struct Tensors {
@@ -337,16 +397,22 @@ pub struct Harness<'a> {
     random_host: Vec<[Vec<u16>; 3]>,
     /// Value mode: the fixed class's q and k/v contents.
     fixed_host: Option<(Vec<u16>, Vec<u16>)>,
-    /// Which pool holds the fixed class now (always 0 in secret-length mode).
+    /// Which pool holds the fixed class now. Secret-length mode: which half of the slots (their
+    /// plans and lengths) serves the fixed class, drawn again at each synchronisation.
     fixed_pool: usize,
-    /// `2 · pool` slots: pool 0's, then pool 1's. Secret-length mode: fixed slots, then random.
+    /// Secret-length mode: the fixed class's length (or key count), set per class.
+    fixed_len: i32,
+    /// `2 · pool` slots: pool 0's, then pool 1's. Secret-length mode: two halves over the same
+    /// input sets, each with its own lengths (and plans).
     slots: Vec<Slot>,
     /// The builds measured per class, the kernel's first.
     sets: Vec<PlanSet>,
     /// The queued-timing wait (when `queue_ns` > 0).
     spin: Option<Spin>,
-    /// Secret-length mode: `2 · pool · batch` i32 lengths, fixed slots first.
+    /// Secret-length mode: `2 · pool · batch` i32 lengths, half 0's slots first.
     lens: Option<(CudaSlice<i32>, Vec<i32>)>,
+    /// Decode mode with a paged cache: the block table every slot reads (public, fixed).
+    _table: Option<CudaSlice<i32>>,
     events: Vec<CudaEvent>,
     rng: rand::rngs::StdRng,
 }
@@ -398,6 +464,15 @@ impl<'a> Harness<'a> {
                     ..TestBuild::default()
                 },
             };
+            if let Some(d) = &cfg.decode {
+                // Validated: decode mode measures the shipped KV-cache build alone.
+                if !b.is_shipped() {
+                    return Err(Error::Other(
+                        "decode mode times the shipped KV-cache build only".into(),
+                    ));
+                }
+                return ctx.plan_kv_cache(p, d.secret_counts, d.pages(p));
+            }
             match b {
                 b if b.is_shipped() && cfg.secret_len => ctx.plan_secret_len(p),
                 b if b.is_shipped() => ctx.plan(p),
@@ -429,6 +504,24 @@ impl<'a> Harness<'a> {
                 ptrs,
             });
         }
+        let pages = cfg.decode.and_then(|d| d.pages(p).map(|pg| (d, pg)));
+        let table = match pages {
+            Some((d, pg)) => {
+                // One pool per input set, `batch · capacity / page_size` pages: K and V as
+                // allocated above (the same element count as a contiguous cache).
+                if pg.pool_len(p) != p.kv_len() {
+                    return Err(Error::Other(format!(
+                        "paged cache: a pool of {} elements, the sets hold {}",
+                        pg.pool_len(p),
+                        p.kv_len()
+                    )));
+                }
+                let t = block_table(p.batch, pg.num_pages / p.batch, d.shuffled_pages, cfg.seed);
+                Some(ctx.upload(&t)?)
+            }
+            None => None,
+        };
+        let table_ptr = table.as_ref().map_or(0, |t| t.device_ptr(ctx.stream()).0);
         let mut slots = Vec::with_capacity(2 * cfg.pool);
         let mut lens = None;
         if cfg.secret_len {
@@ -441,6 +534,7 @@ impl<'a> Harness<'a> {
                     slots.push(Slot {
                         ptrs: t.ptrs,
                         lens: base + offset,
+                        table: table_ptr,
                     });
                 }
             }
@@ -450,6 +544,7 @@ impl<'a> Harness<'a> {
                 slots.push(Slot {
                     ptrs: t.ptrs,
                     lens: 0,
+                    table: 0,
                 });
             }
         }
@@ -501,10 +596,12 @@ impl<'a> Harness<'a> {
             random_host,
             fixed_host: None,
             fixed_pool: 0,
+            fixed_len: 0,
             slots,
             sets,
             spin,
             lens,
+            _table: table,
             events,
             rng,
         })
@@ -520,11 +617,7 @@ impl<'a> Harness<'a> {
         match (class, self.cfg.secret_len) {
             (FixedClass::Values(v), false) => self.fill_fixed(v, &p),
             (FixedClass::Length(l), true) => {
-                let fixed = l.length(p.seqlen_k);
-                let n = self.cfg.pool * p.batch;
-                if let Some((_, host)) = &mut self.lens {
-                    host[..n].iter_mut().for_each(|x| *x = fixed);
-                }
+                self.fixed_len = l.length(p.seqlen_k);
                 self.refresh_random_lengths()
             }
             (c, secret) => Err(Error::Other(format!(
@@ -590,14 +683,22 @@ impl<'a> Harness<'a> {
         self.ctx.synchronize()
     }
 
-    /// Secret-length mode: fresh uniform lengths in [0, S] for every random slot, uploaded with
-    /// the fixed ones (one copy, outside the timed region).
+    /// Secret-length mode: a fresh draw of the half that serves the fixed class, its slots
+    /// given the fixed length, the other half's fresh uniform lengths in [0, S], all uploaded in
+    /// one copy (outside the timed region).
     fn refresh_random_lengths(&mut self) -> Result<()> {
         let s = self.cfg.params.seqlen_k as i32;
         let n = self.cfg.pool * self.cfg.params.batch;
         if let Some((dev, host)) = &mut self.lens {
-            for x in &mut host[n..] {
-                *x = self.rng.random_range(0..=s);
+            self.fixed_pool = self.rng.random_range(0..2);
+            for (half, lens) in host.chunks_mut(n).enumerate() {
+                for x in lens {
+                    *x = if half == self.fixed_pool {
+                        self.fixed_len
+                    } else {
+                        self.rng.random_range(0..=s)
+                    };
+                }
             }
             self.ctx.stream().memcpy_htod(host.as_slice(), dev)?;
             self.ctx.synchronize()?;
@@ -606,9 +707,7 @@ impl<'a> Harness<'a> {
     }
 
     fn launch(&self, set: usize, class: Class, slot: usize) -> Result<()> {
-        let pool = if self.cfg.secret_len {
-            class.index()
-        } else if class == Class::Fixed {
+        let pool = if class == Class::Fixed {
             self.fixed_pool
         } else {
             1 - self.fixed_pool
@@ -618,11 +717,15 @@ impl<'a> Harness<'a> {
         let plan = &self.sets[set].plans[index];
         let [q, k, v, o] = s.ptrs;
         // SAFETY: every slot's buffers were allocated for exactly this plan's shape and dtype
-        // (q_len / kv_len 16-bit elements, batch i32 lengths at a 4-byte-aligned offset of one
-        // allocation), cudarc allocations are 256-byte aligned, they live as long as `self`, and
-        // every use is on the context's one stream.
+        // (q_len / kv_len 16-bit elements — a paged plan's pools hold as many —, batch i32
+        // lengths at a 4-byte-aligned offset of one allocation, the block table's batch ·
+        // capacity / page_size i32 entries, every one inside the pool), cudarc allocations are
+        // 256-byte aligned, they live as long as `self`, and every use is on the context's one
+        // stream.
         unsafe {
-            if s.lens != 0 {
+            if s.table != 0 {
+                plan.launch_raw_paged(q, k, v, o, 0, s.lens, s.table)
+            } else if s.lens != 0 {
                 plan.launch_raw_with_lengths(q, k, v, o, 0, s.lens)
             } else {
                 plan.launch_raw(q, k, v, o, 0)

@@ -138,7 +138,7 @@ impl Attribution {
             Attribution::Unattributed => {
                 "the time differs; without the cycle timer and the floor control it cannot be \
                  told apart from a kernel leak (drop --no-cycles / --no-floor; there is no floor \
-                 for a control or in secret-length mode)"
+                 for a control or in secret-length mode, and neither in decode mode)"
             }
             Attribution::Inconclusive => "too few measurements for a test",
         }
