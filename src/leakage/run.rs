@@ -724,7 +724,7 @@ impl<'a> Harness<'a> {
         // stream.
         unsafe {
             if s.table != 0 {
-                plan.launch_raw_paged(q, k, v, o, 0, s.lens, s.table)
+                plan.launch_raw_kv_cache(q, k, v, o, 0, s.lens, s.table, 0)
             } else if s.lens != 0 {
                 plan.launch_raw_with_lengths(q, k, v, o, 0, s.lens)
             } else {
