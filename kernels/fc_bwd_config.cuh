@@ -1,0 +1,97 @@
+// The backward kernels' compile-time configuration, their shared parameter block and the small
+// helpers only they need. Values come from NVRTC -D options (BwdVariant::options in
+// src/kernels/backward.rs), so host and device agree by construction. Independent of the
+// forward's fc_config.cuh: the two kernels evolve separately.
+#pragma once
+#include "fc_common.cuh"
+#include "fc_mbarrier.cuh"
+#include "fc_wgmma.cuh"
+
+#if !defined(FC_HEAD_DIM) || !defined(FC_BF16) || !defined(FC_CAUSAL)
+#error "the backward variant's defines are missing (see BwdVariant::options)"
+#endif
+
+namespace bw {
+constexpr int D = FC_HEAD_DIM;
+constexpr int CHUNKS = D / 64;       // 128-byte swizzle atoms across the head dim
+constexpr int ROW_BYTES = 128;       // one swizzled row of 64 two-byte elements
+constexpr int CONSUMERS = 2;         // consumer warpgroups, 64 rows each
+constexpr int THREADS = 128 * (1 + CONSUMERS);
+// setmaxnreg split: 128·40 + 256·232 = 64512, what launch_bounds(384, 1) gives the block (at 24
+// the producer's address arithmetic spills).
+constexpr int PRODUCER_REGS = 40;
+constexpr int CONSUMER_REGS = 232;
+// dK/dV kernel: a CTA owns KV_BN keys (64 per consumer) and streams KV_BM-row Q/dO tiles.
+constexpr int KV_BN = 128;
+constexpr int KV_BM = 64;
+constexpr int KV_STAGES = 2;
+// dQ kernel: a CTA owns Q_BM query rows (64 per consumer) and streams Q_BN-key K/V tiles.
+constexpr int Q_BM = 128;
+constexpr int Q_BN = 64;
+constexpr int Q_STAGES = 2;
+// Rows of the preprocess workspace per (batch, head) are padded to a multiple of this, so every
+// tile of either kernel reads its LSE/D values without a bounds check.
+constexpr int ROW_PAD = 128;
+static_assert(KV_BN == 64 * CONSUMERS && Q_BM == 64 * CONSUMERS, "64 rows per consumer warpgroup");
+static_assert(ROW_PAD % KV_BM == 0 && ROW_PAD % Q_BM == 0, "padding covers every query tile");
+}  // namespace bw
+
+// Must match `BwdKernelParams` in src/attention/backward.rs byte for byte. One block serves all
+// three kernels; the host fills the tensor maps with each kernel's box heights.
+struct BwdParams {
+    TensorMap q_map, k_map, v_map, do_map;  // 4-D maps over (dim, seq, head, batch)
+    uint64_t o_ptr, do_ptr, lse_ptr;         // preprocess inputs (O, dO: Q's strides; LSE fp32 [B, Hq, Sq])
+    uint64_t dq_ptr, dk_ptr, dv_ptr;         // outputs (dQ: Q's strides; dK, dV: K's strides)
+    uint64_t lse2_ptr, dvec_ptr;             // workspace fp32 [B·Hq][sq_pad]: LSE·log2(e) (+inf masked), rowsum(dO∘O)
+    int64_t q_stride_b, q_stride_s, q_stride_h;  // elements
+    int64_t k_stride_b, k_stride_s, k_stride_h;
+    int32_t batch, seqlen_q, seqlen_k, heads_q;
+    int32_t group, sq_pad;                   // group = Hq / Hkv; sq_pad = Sq rounded up to ROW_PAD
+    float scale_log2, scale;                 // softmax scale · log2(e), softmax scale
+    int32_t kv_m_blocks;                     // ceil(Sq / KV_BM)
+    int32_t q_n_blocks;                      // ceil(Sk / Q_BN)
+    int32_t pad0, pad1;
+};
+
+FC_DEVICE float pos_inf() { return __int_as_float(0x7f800000); }
+
+// A packed pair of 16-bit elements → two floats (lo, hi).
+FC_DEVICE void unpack_elem2(uint32_t x, float& lo, float& hi) {
+#if FC_BF16
+    lo = __int_as_float(x << 16);
+    hi = __int_as_float(x & 0xffff0000u);
+#else
+    asm("{\n.reg .f16 a, b;\nmov.b32 {a, b}, %2;\ncvt.f32.f16 %0, a;\ncvt.f32.f16 %1, b;\n}\n"
+        : "=f"(lo), "=f"(hi)
+        : "r"(x));
+#endif
+}
+
+// fp32 accumulator tile (m64nN wgmma layout) → 16-bit A fragments for a following GEMM whose K
+// dimension is the tile's N: k-slice kk is accumulator columns 16kk..16kk+15.
+template <int N>
+FC_DEVICE void acc_to_frags(const float (&acc)[N / 2], uint32_t (&f)[N / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) f[kk][r] = pack_elem2(acc[8 * kk + 2 * r], acc[8 * kk + 2 * r + 1]);
+}
+
+// Stores row half `h` of an m64nD accumulator times `mul` at `out` (the row's first element plus
+// this thread's column).
+FC_DEVICE void bwd_store_row(uint16_t* out, const float (&acc)[bw::D / 2], int h, float mul) {
+#pragma unroll
+    for (int j = 0; j < bw::D / 8; ++j)
+        *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_elem2(acc[4 * j + 2 * h] * mul, acc[4 * j + 2 * h + 1] * mul);
+}
+
+// The stage and parity of ring slot g.
+template <int STAGES>
+FC_DEVICE int bwd_stage(int g) { return g % STAGES; }
+template <int STAGES>
+FC_DEVICE uint32_t bwd_phase(int g) { return (g / STAGES) & 1; }
+
+FC_DEVICE void bwd_release(uint64_t* bar) {
+    __syncwarp();
+    if (lane_id() == 0) mbar_arrive(bar);
+}
