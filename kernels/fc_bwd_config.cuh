@@ -50,8 +50,11 @@ struct BwdParams {
     float scale_log2, scale;                 // softmax scale · log2(e), softmax scale
     int32_t kv_m_blocks;                     // ceil(Sq / KV_BM)
     int32_t q_n_blocks;                      // ceil(Sk / Q_BN)
-    int32_t pad0, pad1;
+    // To 768 bytes: the host's CUtensorMap is 128-byte aligned (CUDA 13 headers), so its copy of
+    // this block is a multiple of 128 bytes long.
+    int32_t reserved[26];
 };
+static_assert(sizeof(BwdParams) == 768, "BwdKernelParams in src/attention/backward.rs is 768 bytes");
 
 FC_DEVICE float pos_inf() { return __int_as_float(0x7f800000); }
 

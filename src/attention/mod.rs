@@ -1,5 +1,6 @@
 //! The public attention API: parameters, validation, context, launch.
 
+pub mod backward;
 pub mod context;
 pub mod decode;
 pub mod external;

@@ -1,0 +1,492 @@
+//! The backward pass (issue 23): dQ, dK, dV of `O = softmax(scale · Q Kᵀ + mask) V` from Q, K, V,
+//! the forward's O and LSE, and dO. Three launches on the context's stream
+//! (`kernels/attention_bwd.cu`): a preprocess into a padded fp32 workspace, the dK/dV kernel and
+//! the dQ kernel. Every gradient element is summed by one CTA in an order fixed by the shape: the
+//! result is bitwise deterministic and a sequence's bits do not depend on its batch.
+//!
+//! Every rule is checked on the host before anything is launched ([`check_backward`]).
+
+use super::context::{Context, Element};
+use super::external::Strides;
+use super::params::{AttentionParams, DType};
+use super::{tensor_map, validate};
+use crate::error::{Error, Result};
+use crate::kernels::backward::{self as kb, BwdVariant};
+use cudarc::driver::{sys, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use std::sync::Arc;
+
+/// The kernels' `BwdParams` (kernels/fc_bwd_config.cuh), byte for byte.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct BwdKernelParams {
+    q_map: sys::CUtensorMap,
+    k_map: sys::CUtensorMap,
+    v_map: sys::CUtensorMap,
+    do_map: sys::CUtensorMap,
+    o_ptr: u64,
+    do_ptr: u64,
+    lse_ptr: u64,
+    dq_ptr: u64,
+    dk_ptr: u64,
+    dv_ptr: u64,
+    lse2_ptr: u64,
+    dvec_ptr: u64,
+    q_stride_b: i64,
+    q_stride_s: i64,
+    q_stride_h: i64,
+    k_stride_b: i64,
+    k_stride_s: i64,
+    k_stride_h: i64,
+    batch: i32,
+    seqlen_q: i32,
+    seqlen_k: i32,
+    heads_q: i32,
+    group: i32,
+    sq_pad: i32,
+    scale_log2: f32,
+    scale: f32,
+    kv_m_blocks: i32,
+    q_n_blocks: i32,
+    reserved: [i32; 26],
+}
+
+const _: () = assert!(std::mem::size_of::<BwdKernelParams>() == 768);
+
+/// Grid dimensions y and z (heads, batch) are at most 65535.
+const MAX_GRID_YZ: usize = 65_535;
+
+/// The shape rules of the backward: the forward's, plus the launch grid's limits.
+pub fn check_backward_params(p: &AttentionParams) -> Result<()> {
+    validate::check_params(p)?;
+    if p.batch > MAX_GRID_YZ {
+        return Err(Error::invalid(
+            "batch",
+            format!("the backward launches one grid row per sequence: at most {MAX_GRID_YZ}, got {}", p.batch),
+        ));
+    }
+    if p.heads_q > MAX_GRID_YZ {
+        return Err(Error::invalid(
+            "heads_q",
+            format!("the backward launches one grid row per head: at most {MAX_GRID_YZ}, got {}", p.heads_q),
+        ));
+    }
+    // The padded workspace's row count must fit the kernels' i32 row indices.
+    if padded_rows(p.seqlen_q) >= i32::MAX as usize {
+        return Err(Error::invalid("seqlen_q", "too long for the backward's workspace indices"));
+    }
+    Ok(())
+}
+
+fn padded_rows(seqlen_q: usize) -> usize {
+    seqlen_q.div_ceil(kb::ROW_PAD) * kb::ROW_PAD
+}
+
+/// What one backward call brings, as the host sees it: each buffer's element type, length and
+/// device address (`None`: not given). Checked by [`check_backward`] without touching the GPU.
+#[derive(Debug, Clone, Copy)]
+pub struct BackwardBuffers {
+    pub q: (DType, usize, u64),
+    pub k: (DType, usize, u64),
+    pub v: (DType, usize, u64),
+    pub o: (DType, usize, u64),
+    pub d_o: (DType, usize, u64),
+    /// The forward's log-sum-exp, f32 `[batch, heads_q, seqlen_q]`.
+    pub lse: Option<(usize, u64)>,
+    pub dq: (DType, usize, u64),
+    pub dk: (DType, usize, u64),
+    pub dv: (DType, usize, u64),
+}
+
+/// Every rule of one backward call, before any launch: the shape, each buffer's dtype, length and
+/// alignment (16 bytes where TMA or vector loads read it), and the LSE's presence.
+pub fn check_backward(p: &AttentionParams, b: &BackwardBuffers) -> Result<()> {
+    check_backward_params(p)?;
+    let align = validate::TENSOR_ALIGN;
+    let tensors: [(&'static str, (DType, usize, u64), usize, usize); 8] = [
+        ("q", b.q, p.q_len(), align),
+        ("k", b.k, p.kv_len(), align),
+        ("v", b.v, p.kv_len(), align),
+        ("o", b.o, p.q_len(), align),
+        ("d_o", b.d_o, p.q_len(), align),
+        ("dq", b.dq, p.q_len(), 4),
+        ("dk", b.dk, p.kv_len(), 4),
+        ("dv", b.dv, p.kv_len(), 4),
+    ];
+    for (name, (dtype, len, addr), want, al) in tensors {
+        if dtype != p.dtype {
+            return Err(Error::invalid(
+                name,
+                format!("holds {} but the call's dtype is {}", dtype.name(), p.dtype.name()),
+            ));
+        }
+        validate::check_buffer(name, len, want, addr, al)?;
+    }
+    match b.lse {
+        None => Err(Error::invalid(
+            "lse",
+            "the backward needs the forward's log-sum-exp (f32 [batch, heads_q, seqlen_q]): pass the `lse` the forward wrote",
+        )),
+        Some((len, addr)) => validate::check_buffer("lse", len, p.lse_len(), addr, 4),
+    }
+}
+
+/// A backward pass prepared for one shape: the variant's three kernels loaded, the grids, and the
+/// workspace (LSE in base 2 and D = rowsum(dO ∘ O), fp32, `batch · heads_q · padded Sq` each).
+pub struct BackwardPlan {
+    params: AttentionParams,
+    variant: BwdVariant,
+    _module: Arc<CudaModule>,
+    preprocess: CudaFunction,
+    dkdv: CudaFunction,
+    dq: CudaFunction,
+    workspace: CudaSlice<f32>,
+    stream: Arc<CudaStream>,
+}
+
+/// Device addresses of one backward call's buffers (contiguous in the plan's layout).
+#[derive(Debug, Clone, Copy)]
+pub struct BackwardPtrs {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub d_o: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+}
+
+impl BackwardPlan {
+    pub fn params(&self) -> &AttentionParams {
+        &self.params
+    }
+
+    pub fn variant(&self) -> BwdVariant {
+        self.variant
+    }
+
+    fn block(&self, ptrs: &BackwardPtrs, dq_kernel: bool) -> Result<BwdKernelParams> {
+        let p = &self.params;
+        let q_st = Strides::contiguous(p.layout, p.seqlen_q, p.heads_q, p.head_dim);
+        let k_st = Strides::contiguous(p.layout, p.seqlen_k, p.heads_kv, p.head_dim);
+        // Box heights: the dQ kernel holds 128 query rows and streams 64-key blocks; the dK/dV
+        // kernel holds 128 keys and streams 64-row query tiles.
+        let (q_rows, k_rows) = if dq_kernel {
+            (kb::Q_BLOCK_M, kb::Q_BLOCK_N)
+        } else {
+            (kb::KV_BLOCK_M, kb::KV_BLOCK_N)
+        };
+        let qm = |ptr| {
+            tensor_map::encode(ptr, p.dtype, q_st, p.batch, p.seqlen_q, p.heads_q, p.head_dim, q_rows as u32)
+        };
+        let km = |ptr| {
+            tensor_map::encode(ptr, p.dtype, k_st, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, k_rows as u32)
+        };
+        let scale = p.softmax_scale();
+        let ws = self.workspace.device_ptr(&self.stream).0;
+        let ws_half = (p.batch * p.heads_q * padded_rows(p.seqlen_q) * 4) as u64;
+        Ok(BwdKernelParams {
+            q_map: qm(ptrs.q)?,
+            k_map: km(ptrs.k)?,
+            v_map: km(ptrs.v)?,
+            do_map: qm(ptrs.d_o)?,
+            o_ptr: ptrs.o,
+            do_ptr: ptrs.d_o,
+            lse_ptr: ptrs.lse,
+            dq_ptr: ptrs.dq,
+            dk_ptr: ptrs.dk,
+            dv_ptr: ptrs.dv,
+            lse2_ptr: ws,
+            dvec_ptr: ws + ws_half,
+            q_stride_b: q_st.batch,
+            q_stride_s: q_st.seq,
+            q_stride_h: q_st.head,
+            k_stride_b: k_st.batch,
+            k_stride_s: k_st.seq,
+            k_stride_h: k_st.head,
+            batch: p.batch as i32,
+            seqlen_q: p.seqlen_q as i32,
+            seqlen_k: p.seqlen_k as i32,
+            heads_q: p.heads_q as i32,
+            group: (p.heads_q / p.heads_kv) as i32,
+            sq_pad: padded_rows(p.seqlen_q) as i32,
+            scale_log2: scale * std::f32::consts::LOG2_E,
+            scale,
+            kv_m_blocks: p.seqlen_q.div_ceil(kb::KV_BLOCK_M) as i32,
+            q_n_blocks: p.seqlen_k.div_ceil(kb::Q_BLOCK_N) as i32,
+            reserved: [0; 26],
+        })
+    }
+
+    /// Enqueues the three kernels on the context's stream.
+    ///
+    /// # Safety
+    /// Every pointer must be a live device allocation of this context holding what
+    /// [`check_backward`] demands of it (checked there from lengths the caller states), and stay
+    /// alive until the kernels finish.
+    pub unsafe fn launch_raw(&self, ptrs: &BackwardPtrs) -> Result<()> {
+        let p = &self.params;
+        let stream = self.stream.cu_stream();
+        let mut kv_block = self.block(ptrs, false)?;
+        let mut q_block = self.block(ptrs, true)?;
+        let launch = |f: &CudaFunction, grid: (u32, u32, u32), threads: u32, smem: usize, block: &mut BwdKernelParams| {
+            let mut args: [*mut std::ffi::c_void; 1] = [block as *mut BwdKernelParams as *mut std::ffi::c_void];
+            cudarc::driver::result::launch_kernel(f.cu_function(), grid, (threads, 1, 1), smem as u32, stream, &mut args)
+        };
+        let (hq, hkv, b) = (p.heads_q as u32, p.heads_kv as u32, p.batch as u32);
+        let pre_grid = ((padded_rows(p.seqlen_q) / kb::PREPROCESS_ROWS) as u32, hq, b);
+        launch(&self.preprocess, pre_grid, kb::PREPROCESS_THREADS, 0, &mut kv_block)?;
+        let kv_grid = (p.seqlen_k.div_ceil(kb::KV_BLOCK_N) as u32, hkv, b);
+        launch(&self.dkdv, kv_grid, kb::GEMM_THREADS, self.variant.dkdv_smem_bytes(), &mut kv_block)?;
+        let q_grid = (p.seqlen_q.div_ceil(kb::Q_BLOCK_M) as u32, hq, b);
+        launch(&self.dq, q_grid, kb::GEMM_THREADS, self.variant.dq_smem_bytes(), &mut q_block)?;
+        Ok(())
+    }
+}
+
+impl Context {
+    /// Prepares the backward for one shape (checks it, loads the variant's kernels, allocates the
+    /// workspace).
+    pub fn plan_backward(&self, params: &AttentionParams) -> Result<BackwardPlan> {
+        check_backward_params(params)?;
+        let variant = BwdVariant {
+            dtype: params.dtype,
+            head_dim: params.head_dim,
+            causal: params.causal,
+        };
+        let module = self
+            .cuda()
+            .load_module(cudarc::nvrtc::Ptx::from_binary(variant.cubin()?))?;
+        let preprocess = module.load_function(kb::PREPROCESS_SYMBOL)?;
+        let dkdv = module.load_function(kb::DKDV_SYMBOL)?;
+        let dq = module.load_function(kb::DQ_SYMBOL)?;
+        let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        dkdv.set_attribute(attr, variant.dkdv_smem_bytes() as i32)?;
+        dq.set_attribute(attr, variant.dq_smem_bytes() as i32)?;
+        let workspace = self.alloc::<f32>(2 * params.batch * params.heads_q * padded_rows(params.seqlen_q))?;
+        Ok(BackwardPlan {
+            params: params.clone(),
+            variant,
+            _module: module,
+            preprocess,
+            dkdv,
+            dq,
+            workspace,
+            stream: self.stream().clone(),
+        })
+    }
+
+    /// dQ, dK, dV of attention (the forward of [`Context::attention`] with the same `params`)
+    /// from q, k, v, the forward's output `o` and log-sum-exp `lse`, and the output gradient `d_o`
+    /// (q's shape). Every buffer is contiguous in `params.layout`; dq has q's shape, dk and dv
+    /// k's (GQA: summed over each K/V head's query heads). Bitwise deterministic and
+    /// batch-invariant. Every rule is checked before launch ([`check_backward`]): a wrong dtype
+    /// (`d_o` included), a wrong length or a missing `lse` is an [`Error::InvalidArgument`]
+    /// naming the argument.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_backward<T: Element, U: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        o: &CudaSlice<T>,
+        lse: Option<&CudaSlice<f32>>,
+        d_o: &CudaSlice<U>,
+        dq: &mut CudaSlice<T>,
+        dk: &mut CudaSlice<T>,
+        dv: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let s = self.stream();
+        let t = T::DTYPE;
+        let (q_ptr, _g1) = q.device_ptr(s);
+        let (k_ptr, _g2) = k.device_ptr(s);
+        let (v_ptr, _g3) = v.device_ptr(s);
+        let (o_ptr, _g4) = o.device_ptr(s);
+        let (do_ptr, _g5) = d_o.device_ptr(s);
+        let lse_info = lse.map(|l| (l.len(), l.device_ptr(s).0));
+        let (dq_len, dk_len, dv_len) = (dq.len(), dk.len(), dv.len());
+        let (dq_ptr, _g6) = dq.device_ptr_mut(s);
+        let (dk_ptr, _g7) = dk.device_ptr_mut(s);
+        let (dv_ptr, _g8) = dv.device_ptr_mut(s);
+        let bufs = BackwardBuffers {
+            q: (t, q.len(), q_ptr),
+            k: (t, k.len(), k_ptr),
+            v: (t, v.len(), v_ptr),
+            o: (t, o.len(), o_ptr),
+            d_o: (U::DTYPE, d_o.len(), do_ptr),
+            lse: lse_info,
+            dq: (t, dq_len, dq_ptr),
+            dk: (t, dk_len, dk_ptr),
+            dv: (t, dv_len, dv_ptr),
+        };
+        check_backward(params, &bufs)?;
+        let plan = self.plan_backward(params)?;
+        let ptrs = BackwardPtrs {
+            q: q_ptr,
+            k: k_ptr,
+            v: v_ptr,
+            o: o_ptr,
+            lse: lse_info.map_or(0, |l| l.1),
+            d_o: do_ptr,
+            dq: dq_ptr,
+            dk: dk_ptr,
+            dv: dv_ptr,
+        };
+        // SAFETY: every buffer's dtype, length and alignment was checked against the shape.
+        unsafe { plan.launch_raw(&ptrs) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> AttentionParams {
+        let mut p = AttentionParams::new(2, 4, 100, 64);
+        p.heads_kv = 2;
+        p.seqlen_k = 80;
+        p
+    }
+
+    fn good(p: &AttentionParams) -> BackwardBuffers {
+        let d = p.dtype;
+        let a = 0x1000u64;
+        BackwardBuffers {
+            q: (d, p.q_len(), a),
+            k: (d, p.kv_len(), a),
+            v: (d, p.kv_len(), a),
+            o: (d, p.q_len(), a),
+            d_o: (d, p.q_len(), a),
+            lse: Some((p.lse_len(), a)),
+            dq: (d, p.q_len(), a),
+            dk: (d, p.kv_len(), a),
+            dv: (d, p.kv_len(), a),
+        }
+    }
+
+    fn arg_of(r: Result<()>) -> &'static str {
+        match r {
+            Err(Error::InvalidArgument { arg, .. }) => arg,
+            other => panic!("expected an invalid-argument error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_well_formed_call_passes() {
+        let p = params();
+        check_backward(&p, &good(&p)).unwrap();
+    }
+
+    #[test]
+    fn d_o_of_the_wrong_shape_is_rejected() {
+        let p = params();
+        let mut b = good(&p);
+        b.d_o.1 = p.q_len() - p.head_dim;
+        assert_eq!(arg_of(check_backward(&p, &b)), "d_o");
+    }
+
+    #[test]
+    fn d_o_of_the_wrong_dtype_is_rejected() {
+        let p = params();
+        let mut b = good(&p);
+        b.d_o.0 = DType::Bf16;
+        let e = check_backward(&p, &b).unwrap_err().to_string();
+        assert!(e.contains("d_o") && e.contains("bf16") && e.contains("f16"), "{e}");
+    }
+
+    #[test]
+    fn missing_lse_is_rejected_with_what_to_pass() {
+        let p = params();
+        let mut b = good(&p);
+        b.lse = None;
+        let e = check_backward(&p, &b).unwrap_err();
+        assert!(e.to_string().contains("log-sum-exp"), "{e}");
+        assert_eq!(arg_of(Err(e)), "lse");
+    }
+
+    #[test]
+    fn lse_of_the_wrong_length_is_rejected() {
+        let p = params();
+        let mut b = good(&p);
+        b.lse = Some((p.lse_len() + 1, 0x1000));
+        assert_eq!(arg_of(check_backward(&p, &b)), "lse");
+    }
+
+    #[test]
+    fn outputs_of_the_wrong_shape_or_dtype_are_rejected() {
+        let p = params();
+        let mut b = good(&p);
+        b.dk.1 = p.q_len();
+        assert_eq!(arg_of(check_backward(&p, &b)), "dk");
+        let mut b = good(&p);
+        b.dv.1 = 0;
+        assert_eq!(arg_of(check_backward(&p, &b)), "dv");
+        let mut b = good(&p);
+        b.dq.0 = DType::Bf16;
+        assert_eq!(arg_of(check_backward(&p, &b)), "dq");
+        let mut b = good(&p);
+        b.o.1 += 1;
+        assert_eq!(arg_of(check_backward(&p, &b)), "o");
+    }
+
+    #[test]
+    fn misaligned_tma_operands_are_rejected() {
+        let p = params();
+        for which in 0..4 {
+            let mut b = good(&p);
+            let name = match which {
+                0 => {
+                    b.q.2 += 8;
+                    "q"
+                }
+                1 => {
+                    b.k.2 += 2;
+                    "k"
+                }
+                2 => {
+                    b.o.2 += 4;
+                    "o"
+                }
+                _ => {
+                    b.d_o.2 += 8;
+                    "d_o"
+                }
+            };
+            assert_eq!(arg_of(check_backward(&p, &b)), name);
+        }
+    }
+
+    #[test]
+    fn shapes_past_the_grid_limits_are_rejected() {
+        let mut p = params();
+        p.batch = MAX_GRID_YZ + 1;
+        assert_eq!(arg_of(check_backward_params(&p)), "batch");
+        let mut p = params();
+        p.heads_q = MAX_GRID_YZ + 1;
+        p.heads_kv = 1;
+        assert_eq!(arg_of(check_backward_params(&p)), "heads_q");
+        // The forward's rules apply too.
+        let mut p = params();
+        p.head_dim = 96;
+        assert_eq!(arg_of(check_backward_params(&p)), "head_dim");
+    }
+
+    #[test]
+    fn parameter_block_offsets_match_the_kernel() {
+        // kernels/fc_bwd_config.cuh: four 128-byte maps, eight pointers, six strides, then i32s.
+        let b = std::mem::MaybeUninit::<BwdKernelParams>::uninit();
+        let base = b.as_ptr() as usize;
+        // SAFETY: only field addresses are taken, nothing is read.
+        let off = |f: *const u8| f as usize - base;
+        unsafe {
+            let p = b.as_ptr();
+            assert_eq!(off(std::ptr::addr_of!((*p).o_ptr) as *const u8), 512);
+            assert_eq!(off(std::ptr::addr_of!((*p).q_stride_b) as *const u8), 576);
+            assert_eq!(off(std::ptr::addr_of!((*p).batch) as *const u8), 624);
+            assert_eq!(off(std::ptr::addr_of!((*p).scale_log2) as *const u8), 648);
+            assert_eq!(off(std::ptr::addr_of!((*p).kv_m_blocks) as *const u8), 656);
+        }
+    }
+}
