@@ -19,17 +19,36 @@ struct Grads<T> {
 }
 
 /// Forward (for O and LSE) then backward on the given inputs, outputs poisoned first.
-fn backward<T: Element>(ctx: &Context, p: &AttentionParams, q: &[T], k: &[T], v: &[T], d_o: &[T]) -> Grads<T> {
+fn backward<T: Element>(
+    ctx: &Context,
+    p: &AttentionParams,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+) -> Grads<T> {
     let up = |x: &[T]| ctx.upload(x).unwrap();
     let (dq_, dk_, dv_, ddo) = (up(q), up(k), up(v), up(d_o));
     let mut o = up(&vec![poison::<T>(); p.q_len()]);
     let mut lse = ctx.upload(&vec![f32::NAN; p.lse_len()]).unwrap();
-    ctx.attention(p, &dq_, &dk_, &dv_, &mut o, Some(&mut lse)).unwrap();
+    ctx.attention(p, &dq_, &dk_, &dv_, &mut o, Some(&mut lse))
+        .unwrap();
     let mut gq = up(&vec![poison::<T>(); p.q_len()]);
     let mut gk = up(&vec![poison::<T>(); p.kv_len()]);
     let mut gv = up(&vec![poison::<T>(); p.kv_len()]);
-    ctx.attention_backward(p, &dq_, &dk_, &dv_, &o, Some(&lse), &ddo, &mut gq, &mut gk, &mut gv)
-        .unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    ctx.attention_backward(
+        p,
+        &dq_,
+        &dk_,
+        &dv_,
+        &o,
+        Some(&lse),
+        &ddo,
+        &mut gq,
+        &mut gk,
+        &mut gv,
+    )
+    .unwrap_or_else(|e| panic!("{p:?}: {e}"));
     Grads {
         dq: ctx.download(&gq).unwrap(),
         dk: ctx.download(&gk).unwrap(),
@@ -42,7 +61,11 @@ fn f64s<T: Element>(x: &[T]) -> Vec<f64> {
 }
 
 /// One case with fresh inputs: each gradient's relative L2 against the reference, or why it failed.
-fn check_case<T: Element>(ctx: &Context, p: &AttentionParams, rng: &mut impl rand::Rng) -> Result<[f64; 3], String> {
+fn check_case<T: Element>(
+    ctx: &Context,
+    p: &AttentionParams,
+    rng: &mut impl rand::Rng,
+) -> Result<[f64; 3], String> {
     let q: Vec<T> = randn(rng, p.q_len());
     let k: Vec<T> = randn(rng, p.kv_len());
     let v: Vec<T> = randn(rng, p.kv_len());
@@ -51,9 +74,13 @@ fn check_case<T: Element>(ctx: &Context, p: &AttentionParams, rng: &mut impl ran
     let want = reference::attention_backward_f64(p, &f64s(&q), &f64s(&k), &f64s(&v), &f64s(&d_o));
     let tol = tolerance(p.dtype);
     let mut errs = [0.0; 3];
-    for (i, (name, got, want)) in [("dq", &g.dq, &want.dq), ("dk", &g.dk, &want.dk), ("dv", &g.dv, &want.dv)]
-        .into_iter()
-        .enumerate()
+    for (i, (name, got, want)) in [
+        ("dq", &g.dq, &want.dq),
+        ("dk", &g.dk, &want.dk),
+        ("dv", &g.dv, &want.dv),
+    ]
+    .into_iter()
+    .enumerate()
     {
         let got = f64s(got);
         if let Some(j) = got.iter().position(|x| !x.is_finite()) {
@@ -61,13 +88,23 @@ fn check_case<T: Element>(ctx: &Context, p: &AttentionParams, rng: &mut impl ran
         }
         // dQ rows of fully masked queries (causal, Sq > Sk) must be exactly zero.
         if name == "dq" {
-            if let Some(j) = masked_rows(p).into_iter().flatten().find(|&j| got[j] != 0.0) {
-                return Err(format!("{p:?}: dq[{j}] = {}, its query row is fully masked (want 0)", got[j]));
+            if let Some(j) = masked_rows(p)
+                .into_iter()
+                .flatten()
+                .find(|&j| got[j] != 0.0)
+            {
+                return Err(format!(
+                    "{p:?}: dq[{j}] = {}, its query row is fully masked (want 0)",
+                    got[j]
+                ));
             }
         }
         errs[i] = reference::rel_l2(&got, want);
         if errs[i] > tol {
-            return Err(format!("{p:?}: {name} relative L2 {:.3e} > {tol:.0e}", errs[i]));
+            return Err(format!(
+                "{p:?}: {name} relative L2 {:.3e} > {tol:.0e}",
+                errs[i]
+            ));
         }
     }
     Ok(errs)
@@ -123,7 +160,11 @@ fn sweep<T: Element>(name: &str, dtype: DType) {
     let mut cases = 0;
     for d in [64, 128] {
         for &(b, hq, hkv, sq, sk, causal, layout) in &shapes() {
-            let mut p = AttentionParams::new(b, hq, sq, d).seqlen_k(sk).causal(causal).dtype(dtype).layout(layout);
+            let mut p = AttentionParams::new(b, hq, sq, d)
+                .seqlen_k(sk)
+                .causal(causal)
+                .dtype(dtype)
+                .layout(layout);
             p.heads_kv = hkv;
             cases += 1;
             match check_case::<T>(&ctx, &p, &mut rng) {
@@ -143,7 +184,11 @@ fn sweep<T: Element>(name: &str, dtype: DType) {
         worst[1],
         worst[2]
     );
-    assert!(failures.is_empty(), "seed {seed}:\n  {}", failures.join("\n  "));
+    assert!(
+        failures.is_empty(),
+        "seed {seed}:\n  {}",
+        failures.join("\n  ")
+    );
 }
 
 #[test]
@@ -163,12 +208,18 @@ fn custom_scale_gradients_match_reference() {
     };
     let seed = seed();
     let mut rng = rng_from(seed);
-    let p = AttentionParams::new(1, 2, 150, 64).causal(true).scale(0.3).dtype(DType::F16);
+    let p = AttentionParams::new(1, 2, 150, 64)
+        .causal(true)
+        .scale(0.3)
+        .dtype(DType::F16);
     check_case::<half::f16>(&ctx, &p, &mut rng).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
 }
 
 fn same_bits<T: Element>(a: &[T], b: &[T]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits())
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits())
 }
 
 #[test]
@@ -177,7 +228,9 @@ fn gradient_bits_are_identical_run_to_run() {
         return;
     };
     let mut rng = rng_from(seed());
-    let mut p = AttentionParams::new(2, 8, 1500, 128).causal(true).dtype(DType::Bf16);
+    let mut p = AttentionParams::new(2, 8, 1500, 128)
+        .causal(true)
+        .dtype(DType::Bf16);
     p.heads_kv = 2;
     let q: Vec<half::bf16> = randn(&mut rng, p.q_len());
     let k: Vec<half::bf16> = randn(&mut rng, p.kv_len());
@@ -186,9 +239,18 @@ fn gradient_bits_are_identical_run_to_run() {
     let first = backward(&ctx, &p, &q, &k, &v, &d_o);
     for _ in 0..3 {
         let again = backward(&ctx, &p, &q, &k, &v, &d_o);
-        assert!(same_bits(&first.dq, &again.dq), "dq bits differ between runs");
-        assert!(same_bits(&first.dk, &again.dk), "dk bits differ between runs");
-        assert!(same_bits(&first.dv, &again.dv), "dv bits differ between runs");
+        assert!(
+            same_bits(&first.dq, &again.dq),
+            "dq bits differ between runs"
+        );
+        assert!(
+            same_bits(&first.dk, &again.dk),
+            "dk bits differ between runs"
+        );
+        assert!(
+            same_bits(&first.dv, &again.dv),
+            "dv bits differ between runs"
+        );
     }
 }
 
@@ -201,7 +263,10 @@ fn gradient_bits_are_batch_invariant() {
     };
     let mut rng = rng_from(seed());
     for (d, causal, hq, hkv, sq, sk) in [(128, false, 4, 4, 700, 700), (64, true, 8, 2, 513, 300)] {
-        let mut one = AttentionParams::new(1, hq, sq, d).seqlen_k(sk).causal(causal).dtype(DType::F16);
+        let mut one = AttentionParams::new(1, hq, sq, d)
+            .seqlen_k(sk)
+            .causal(causal)
+            .dtype(DType::F16);
         one.heads_kv = hkv;
         let mut three = one.clone();
         three.batch = 3;
@@ -220,12 +285,26 @@ fn gradient_bits_are_batch_invariant() {
             all.extend(inputs(x.len(), rng));
             all
         };
-        let (q3, k3, v3, o3) = (embed(&q1, &mut rng), embed(&k1, &mut rng), embed(&v1, &mut rng), embed(&o1, &mut rng));
+        let (q3, k3, v3, o3) = (
+            embed(&q1, &mut rng),
+            embed(&k1, &mut rng),
+            embed(&v1, &mut rng),
+            embed(&o1, &mut rng),
+        );
         let batch = backward(&ctx, &three, &q3, &k3, &v3, &o3);
         let mid = |x: &[half::f16], n: usize| x[n..2 * n].to_vec();
-        assert!(same_bits(&alone.dq, &mid(&batch.dq, one.q_len())), "dq bits depend on the batch ({one:?})");
-        assert!(same_bits(&alone.dk, &mid(&batch.dk, one.kv_len())), "dk bits depend on the batch ({one:?})");
-        assert!(same_bits(&alone.dv, &mid(&batch.dv, one.kv_len())), "dv bits depend on the batch ({one:?})");
+        assert!(
+            same_bits(&alone.dq, &mid(&batch.dq, one.q_len())),
+            "dq bits depend on the batch ({one:?})"
+        );
+        assert!(
+            same_bits(&alone.dk, &mid(&batch.dk, one.kv_len())),
+            "dk bits depend on the batch ({one:?})"
+        );
+        assert!(
+            same_bits(&alone.dv, &mid(&batch.dv, one.kv_len())),
+            "dv bits depend on the batch ({one:?})"
+        );
     }
 }
 
@@ -242,14 +321,36 @@ fn bad_backward_input_is_rejected_before_launch() {
     // dO of the wrong shape.
     let short = z(p.q_len() - 64);
     let e = ctx
-        .attention_backward(&p, &q, &k, &v, &o, Some(&lse), &short, &mut dq, &mut dk, &mut dv)
+        .attention_backward(
+            &p,
+            &q,
+            &k,
+            &v,
+            &o,
+            Some(&lse),
+            &short,
+            &mut dq,
+            &mut dk,
+            &mut dv,
+        )
         .unwrap_err()
         .to_string();
     assert!(e.contains("d_o"), "{e}");
     // dO of the wrong dtype.
     let bf = ctx.alloc::<half::bf16>(p.q_len()).unwrap();
     let e = ctx
-        .attention_backward(&p, &q, &k, &v, &o, Some(&lse), &bf, &mut dq, &mut dk, &mut dv)
+        .attention_backward(
+            &p,
+            &q,
+            &k,
+            &v,
+            &o,
+            Some(&lse),
+            &bf,
+            &mut dq,
+            &mut dk,
+            &mut dv,
+        )
         .unwrap_err()
         .to_string();
     assert!(e.contains("d_o") && e.contains("bf16"), "{e}");
@@ -276,13 +377,30 @@ fn backward_throughput_report() {
         return;
     };
     let mut rng = rng_from(1);
-    for (b, h, s, d, causal) in [(2, 16, 8192, 128, false), (2, 16, 8192, 128, true), (8, 16, 2048, 128, false), (8, 32, 2048, 64, false), (2, 32, 8192, 64, true), (32, 16, 512, 128, true)] {
-        let p = AttentionParams::new(b, h, s, d).causal(causal).dtype(DType::Bf16);
-        let up = |n: usize, rng: &mut rand::rngs::StdRng| ctx.upload(&randn::<half::bf16>(rng, n)).unwrap();
-        let (q, k, v, d_o) = (up(p.q_len(), &mut rng), up(p.kv_len(), &mut rng), up(p.kv_len(), &mut rng), up(p.q_len(), &mut rng));
+    for (b, h, s, d, causal) in [
+        (2, 16, 8192, 128, false),
+        (2, 16, 8192, 128, true),
+        (8, 16, 2048, 128, false),
+        (8, 32, 2048, 64, false),
+        (2, 32, 8192, 64, true),
+        (32, 16, 512, 128, true),
+    ] {
+        let p = AttentionParams::new(b, h, s, d)
+            .causal(causal)
+            .dtype(DType::Bf16);
+        let up = |n: usize, rng: &mut rand::rngs::StdRng| {
+            ctx.upload(&randn::<half::bf16>(rng, n)).unwrap()
+        };
+        let (q, k, v, d_o) = (
+            up(p.q_len(), &mut rng),
+            up(p.kv_len(), &mut rng),
+            up(p.kv_len(), &mut rng),
+            up(p.q_len(), &mut rng),
+        );
         let mut o = ctx.alloc::<half::bf16>(p.q_len()).unwrap();
         let mut lse = ctx.alloc::<f32>(p.lse_len()).unwrap();
-        ctx.attention(&p, &q, &k, &v, &mut o, Some(&mut lse)).unwrap();
+        ctx.attention(&p, &q, &k, &v, &mut o, Some(&mut lse))
+            .unwrap();
         let (mut dq, mut dk, mut dv) = (
             ctx.alloc::<half::bf16>(p.q_len()).unwrap(),
             ctx.alloc::<half::bf16>(p.kv_len()).unwrap(),
@@ -315,7 +433,7 @@ fn backward_throughput_report() {
         }
         times.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let t = times[times.len() / 2];
-        let flops = 2.5 * p.flops() as f64;
+        let flops = 2.5 * p.flops();
         eprintln!(
             "BENCH bwd {b},{h},{s},{d}{}: {:.3} ms, {:.0} TFLOPS",
             if causal { " causal" } else { "" },

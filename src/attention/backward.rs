@@ -12,7 +12,9 @@ use super::params::{AttentionParams, DType};
 use super::{tensor_map, validate};
 use crate::error::{Error, Result};
 use crate::kernels::backward::{self as kb, BwdVariant};
-use cudarc::driver::{sys, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{
+    sys, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+};
 use std::sync::Arc;
 
 /// The kernels' `BwdParams` (kernels/fc_bwd_config.cuh), byte for byte.
@@ -61,18 +63,27 @@ pub fn check_backward_params(p: &AttentionParams) -> Result<()> {
     if p.batch > MAX_GRID_YZ {
         return Err(Error::invalid(
             "batch",
-            format!("the backward launches one grid row per sequence: at most {MAX_GRID_YZ}, got {}", p.batch),
+            format!(
+                "the backward launches one grid row per sequence: at most {MAX_GRID_YZ}, got {}",
+                p.batch
+            ),
         ));
     }
     if p.heads_q > MAX_GRID_YZ {
         return Err(Error::invalid(
             "heads_q",
-            format!("the backward launches one grid row per head: at most {MAX_GRID_YZ}, got {}", p.heads_q),
+            format!(
+                "the backward launches one grid row per head: at most {MAX_GRID_YZ}, got {}",
+                p.heads_q
+            ),
         ));
     }
     // The padded workspace's row count must fit the kernels' i32 row indices.
     if padded_rows(p.seqlen_q) >= i32::MAX as usize {
-        return Err(Error::invalid("seqlen_q", "too long for the backward's workspace indices"));
+        return Err(Error::invalid(
+            "seqlen_q",
+            "too long for the backward's workspace indices",
+        ));
     }
     Ok(())
 }
@@ -102,7 +113,9 @@ pub struct BackwardBuffers {
 pub fn check_backward(p: &AttentionParams, b: &BackwardBuffers) -> Result<()> {
     check_backward_params(p)?;
     let align = validate::TENSOR_ALIGN;
-    let tensors: [(&'static str, (DType, usize, u64), usize, usize); 8] = [
+    // (name, (dtype, length, address) given, length wanted, alignment)
+    type Rule = (&'static str, (DType, usize, u64), usize, usize);
+    let tensors: [Rule; 8] = [
         ("q", b.q, p.q_len(), align),
         ("k", b.k, p.kv_len(), align),
         ("v", b.v, p.kv_len(), align),
@@ -116,7 +129,11 @@ pub fn check_backward(p: &AttentionParams, b: &BackwardBuffers) -> Result<()> {
         if dtype != p.dtype {
             return Err(Error::invalid(
                 name,
-                format!("holds {} but the call's dtype is {}", dtype.name(), p.dtype.name()),
+                format!(
+                    "holds {} but the call's dtype is {}",
+                    dtype.name(),
+                    p.dtype.name()
+                ),
             ));
         }
         validate::check_buffer(name, len, want, addr, al)?;
@@ -178,10 +195,28 @@ impl BackwardPlan {
             (kb::KV_BLOCK_M, kb::KV_BLOCK_N)
         };
         let qm = |ptr| {
-            tensor_map::encode(ptr, p.dtype, q_st, p.batch, p.seqlen_q, p.heads_q, p.head_dim, q_rows as u32)
+            tensor_map::encode(
+                ptr,
+                p.dtype,
+                q_st,
+                p.batch,
+                p.seqlen_q,
+                p.heads_q,
+                p.head_dim,
+                q_rows as u32,
+            )
         };
         let km = |ptr| {
-            tensor_map::encode(ptr, p.dtype, k_st, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, k_rows as u32)
+            tensor_map::encode(
+                ptr,
+                p.dtype,
+                k_st,
+                p.batch,
+                p.seqlen_k,
+                p.heads_kv,
+                p.head_dim,
+                k_rows as u32,
+            )
         };
         let scale = p.softmax_scale();
         let ws = self.workspace.device_ptr(&self.stream).0;
@@ -230,17 +265,51 @@ impl BackwardPlan {
         let stream = self.stream.cu_stream();
         let mut kv_block = self.block(ptrs, false)?;
         let mut q_block = self.block(ptrs, true)?;
-        let launch = |f: &CudaFunction, grid: (u32, u32, u32), threads: u32, smem: usize, block: &mut BwdKernelParams| {
-            let mut args: [*mut std::ffi::c_void; 1] = [block as *mut BwdKernelParams as *mut std::ffi::c_void];
-            cudarc::driver::result::launch_kernel(f.cu_function(), grid, (threads, 1, 1), smem as u32, stream, &mut args)
+        let launch = |f: &CudaFunction,
+                      grid: (u32, u32, u32),
+                      threads: u32,
+                      smem: usize,
+                      block: &mut BwdKernelParams| {
+            let mut args: [*mut std::ffi::c_void; 1] =
+                [block as *mut BwdKernelParams as *mut std::ffi::c_void];
+            cudarc::driver::result::launch_kernel(
+                f.cu_function(),
+                grid,
+                (threads, 1, 1),
+                smem as u32,
+                stream,
+                &mut args,
+            )
         };
         let (hq, hkv, b) = (p.heads_q as u32, p.heads_kv as u32, p.batch as u32);
-        let pre_grid = ((padded_rows(p.seqlen_q) / kb::PREPROCESS_ROWS) as u32, hq, b);
-        launch(&self.preprocess, pre_grid, kb::PREPROCESS_THREADS, 0, &mut kv_block)?;
+        let pre_grid = (
+            (padded_rows(p.seqlen_q) / kb::PREPROCESS_ROWS) as u32,
+            hq,
+            b,
+        );
+        launch(
+            &self.preprocess,
+            pre_grid,
+            kb::PREPROCESS_THREADS,
+            0,
+            &mut kv_block,
+        )?;
         let kv_grid = (p.seqlen_k.div_ceil(kb::KV_BLOCK_N) as u32, hkv, b);
-        launch(&self.dkdv, kv_grid, kb::GEMM_THREADS, self.variant.dkdv_smem_bytes(), &mut kv_block)?;
+        launch(
+            &self.dkdv,
+            kv_grid,
+            kb::GEMM_THREADS,
+            self.variant.dkdv_smem_bytes(),
+            &mut kv_block,
+        )?;
         let q_grid = (p.seqlen_q.div_ceil(kb::Q_BLOCK_M) as u32, hq, b);
-        launch(&self.dq, q_grid, kb::GEMM_THREADS, self.variant.dq_smem_bytes(), &mut q_block)?;
+        launch(
+            &self.dq,
+            q_grid,
+            kb::GEMM_THREADS,
+            self.variant.dq_smem_bytes(),
+            &mut q_block,
+        )?;
         Ok(())
     }
 }
@@ -264,7 +333,8 @@ impl Context {
         let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
         dkdv.set_attribute(attr, variant.dkdv_smem_bytes() as i32)?;
         dq.set_attribute(attr, variant.dq_smem_bytes() as i32)?;
-        let workspace = self.alloc::<f32>(2 * params.batch * params.heads_q * padded_rows(params.seqlen_q))?;
+        let workspace =
+            self.alloc::<f32>(2 * params.batch * params.heads_q * padded_rows(params.seqlen_q))?;
         Ok(BackwardPlan {
             params: params.clone(),
             variant,
@@ -393,7 +463,10 @@ mod tests {
         let mut b = good(&p);
         b.d_o.0 = DType::Bf16;
         let e = check_backward(&p, &b).unwrap_err().to_string();
-        assert!(e.contains("d_o") && e.contains("bf16") && e.contains("f16"), "{e}");
+        assert!(
+            e.contains("d_o") && e.contains("bf16") && e.contains("f16"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -127,8 +127,16 @@ mod tests {
         let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), vs.len());
         for v in &vs {
-            assert!(v.dkdv_smem_bytes() <= super::super::MAX_SMEM_BYTES, "{}", v.name());
-            assert!(v.dq_smem_bytes() <= super::super::MAX_SMEM_BYTES, "{}", v.name());
+            assert!(
+                v.dkdv_smem_bytes() <= super::super::MAX_SMEM_BYTES,
+                "{}",
+                v.name()
+            );
+            assert!(
+                v.dq_smem_bytes() <= super::super::MAX_SMEM_BYTES,
+                "{}",
+                v.name()
+            );
         }
     }
 }
