@@ -7,7 +7,8 @@
 #include "fc_mbarrier.cuh"
 #include "fc_wgmma.cuh"
 
-#if !defined(FC_HEAD_DIM) || !defined(FC_BF16) || !defined(FC_CAUSAL)
+#if !defined(FC_HEAD_DIM) || !defined(FC_BF16) || !defined(FC_CAUSAL) || !defined(FC_KV_BM) || \
+    !defined(FC_KV_STAGES) || !defined(FC_Q_BN) || !defined(FC_Q_STAGES)
 #error "the backward variant's defines are missing (see BwdVariant::options)"
 #endif
 
@@ -22,13 +23,15 @@ constexpr int THREADS = 128 * (1 + CONSUMERS);
 constexpr int PRODUCER_REGS = 40;
 constexpr int CONSUMER_REGS = 232;
 // dK/dV kernel: a CTA owns KV_BN keys (64 per consumer) and streams KV_BM-row Q/dO tiles.
-constexpr int KV_BN = 128;
-constexpr int KV_BM = 64;
-constexpr int KV_STAGES = 2;
 // dQ kernel: a CTA owns Q_BM query rows (64 per consumer) and streams Q_BN-key K/V tiles.
+// The streamed tile heights and ring depths come from the host (BwdVariant::tiles).
+constexpr int KV_BN = 128;
+constexpr int KV_BM = FC_KV_BM;
+constexpr int KV_STAGES = FC_KV_STAGES;
 constexpr int Q_BM = 128;
-constexpr int Q_BN = 64;
-constexpr int Q_STAGES = 2;
+constexpr int Q_BN = FC_Q_BN;
+constexpr int Q_STAGES = FC_Q_STAGES;
+static_assert((KV_BM == 64 || KV_BM == 128) && (Q_BN == 64 || Q_BN == 128), "wgmma N of the score GEMMs");
 // Rows of the preprocess workspace per (batch, head) are padded to a multiple of this, so every
 // tile of either kernel reads its LSE/D values without a bounds check.
 constexpr int ROW_PAD = 128;

@@ -189,10 +189,11 @@ impl BackwardPlan {
         let k_st = Strides::contiguous(p.layout, p.seqlen_k, p.heads_kv, p.head_dim);
         // Box heights: the dQ kernel holds 128 query rows and streams 64-key blocks; the dK/dV
         // kernel holds 128 keys and streams 64-row query tiles.
+        let t = self.variant.tiles();
         let (q_rows, k_rows) = if dq_kernel {
-            (kb::Q_BLOCK_M, kb::Q_BLOCK_N)
+            (t.q_block_m, t.q_block_n)
         } else {
-            (kb::KV_BLOCK_M, kb::KV_BLOCK_N)
+            (t.kv_block_m, t.kv_block_n)
         };
         let qm = |ptr| {
             tensor_map::encode(
@@ -248,8 +249,8 @@ impl BackwardPlan {
             sq_pad: padded_rows(p.seqlen_q) as i32,
             scale_log2: scale * std::f32::consts::LOG2_E,
             scale,
-            kv_m_blocks: p.seqlen_q.div_ceil(kb::KV_BLOCK_M) as i32,
-            q_n_blocks: p.seqlen_k.div_ceil(kb::Q_BLOCK_N) as i32,
+            kv_m_blocks: p.seqlen_q.div_ceil(t.kv_block_m) as i32,
+            q_n_blocks: p.seqlen_k.div_ceil(t.q_block_n) as i32,
             reserved: [0; 26],
         })
     }
@@ -294,7 +295,8 @@ impl BackwardPlan {
             0,
             &mut kv_block,
         )?;
-        let kv_grid = (p.seqlen_k.div_ceil(kb::KV_BLOCK_N) as u32, hkv, b);
+        let t = self.variant.tiles();
+        let kv_grid = (p.seqlen_k.div_ceil(t.kv_block_n) as u32, hkv, b);
         launch(
             &self.dkdv,
             kv_grid,
@@ -302,7 +304,7 @@ impl BackwardPlan {
             self.variant.dkdv_smem_bytes(),
             &mut kv_block,
         )?;
-        let q_grid = (p.seqlen_q.div_ceil(kb::Q_BLOCK_M) as u32, hq, b);
+        let q_grid = (p.seqlen_q.div_ceil(t.q_block_m) as u32, hq, b);
         launch(
             &self.dq,
             q_grid,

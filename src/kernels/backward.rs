@@ -28,13 +28,10 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_bwd_dq.cuh",
 );
 
-/// Tile constants of `kernels/fc_bwd_config.cuh` (namespace `bw`), mirrored for the host.
+/// Keys per dK/dV CTA and query rows per dQ CTA: 64 per consumer warpgroup, two consumers
+/// (`kernels/fc_bwd_config.cuh`).
 pub const KV_BLOCK_N: usize = 128;
-pub const KV_BLOCK_M: usize = 64;
-pub const KV_STAGES: usize = 2;
 pub const Q_BLOCK_M: usize = 128;
-pub const Q_BLOCK_N: usize = 64;
-pub const Q_STAGES: usize = 2;
 /// Query rows per (batch, head) of the preprocess workspace are padded to a multiple of this.
 pub const ROW_PAD: usize = 128;
 /// Threads of the GEMM kernels (a producer warpgroup and two consumers) and of the preprocess.
@@ -42,6 +39,20 @@ pub const GEMM_THREADS: u32 = 384;
 pub const PREPROCESS_THREADS: u32 = 256;
 /// Query rows per preprocess block (one warp each).
 pub const PREPROCESS_ROWS: usize = 8;
+
+/// The streamed tile heights and ring depths of a variant, passed to the kernels as defines so
+/// host and device agree by construction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BwdTiles {
+    /// dK/dV kernel: keys per CTA, query rows per streamed (Q, dO) tile, ring depth.
+    pub kv_block_n: usize,
+    pub kv_block_m: usize,
+    pub kv_stages: usize,
+    /// dQ kernel: query rows per CTA, keys per streamed (K, V) block, ring depth.
+    pub q_block_m: usize,
+    pub q_block_n: usize,
+    pub q_stages: usize,
+}
 
 /// One compiled specialisation of the backward. Everything that distinguishes variants is public.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -62,8 +73,29 @@ impl BwdVariant {
         )
     }
 
+    /// Tile shapes. The score GEMMs' N is 128 where the registers allow it (wider wgmma reads
+    /// less shared memory per FLOP): the dK/dV kernel at d128 holds dK, dV, Sᵀ and dPᵀ in fp32
+    /// (192 registers at N = 64), so it streams 64-row query tiles there and 128-row ones at d64.
+    /// Ring depths: what fits in 227 KiB.
+    pub fn tiles(&self) -> BwdTiles {
+        let d64 = self.head_dim == 64;
+        BwdTiles {
+            kv_block_n: KV_BLOCK_N,
+            kv_block_m: if d64 { 128 } else { 64 },
+            kv_stages: 3,
+            q_block_m: Q_BLOCK_M,
+            q_block_n: 128,
+            q_stages: if d64 { 3 } else { 2 },
+        }
+    }
+
     pub fn options(&self) -> Vec<String> {
+        let t = self.tiles();
         let mut o = jit::base_options();
+        o.push(format!("-DFC_KV_BM={}", t.kv_block_m));
+        o.push(format!("-DFC_KV_STAGES={}", t.kv_stages));
+        o.push(format!("-DFC_Q_BN={}", t.q_block_n));
+        o.push(format!("-DFC_Q_STAGES={}", t.q_stages));
         o.push(format!("-DFC_HEAD_DIM={}", self.head_dim));
         o.push(format!("-DFC_BF16={}", (self.dtype == DType::Bf16) as u8));
         o.push(format!("-DFC_CAUSAL={}", self.causal as u8));
@@ -82,14 +114,14 @@ impl BwdVariant {
     /// Dynamic shared memory of the dK/dV kernel: K and V blocks, the (Q, dO) ring, mbarriers,
     /// plus 1 KiB of alignment slack.
     pub fn dkdv_smem_bytes(&self) -> usize {
-        let d = self.head_dim;
-        2 * KV_BLOCK_N * d * 2 + 2 * KV_STAGES * KV_BLOCK_M * d * 2 + (1 + 2 * KV_STAGES) * 8 + 1024
+        let (d, t) = (self.head_dim, self.tiles());
+        2 * t.kv_block_n * d * 2 + 2 * t.kv_stages * t.kv_block_m * d * 2 + (1 + 2 * t.kv_stages) * 8 + 1024
     }
 
     /// Dynamic shared memory of the dQ kernel: Q and dO tiles, the (K, V) ring, mbarriers, slack.
     pub fn dq_smem_bytes(&self) -> usize {
-        let d = self.head_dim;
-        2 * Q_BLOCK_M * d * 2 + 2 * Q_STAGES * Q_BLOCK_N * d * 2 + (1 + 2 * Q_STAGES) * 8 + 1024
+        let (d, t) = (self.head_dim, self.tiles());
+        2 * t.q_block_m * d * 2 + 2 * t.q_stages * t.q_block_n * d * 2 + (1 + 2 * t.q_stages) * 8 + 1024
     }
 
     /// Ordinals of kernel parameters that hold secrets (none: Q, K, V, O, dO and the LSE reach
