@@ -106,6 +106,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, int wg, int n_bl
             const uint32_t qin = (kk / 4) * (KV_BM * ROW_BYTES) + (kk % 4) * 32;
             Mma<KV_BM>::ss(sacc, wgmma_desc_sw128(k_base + kin, 16, 1024), wgmma_desc_sw128(q_base + qin, 16, 1024), kk > 0);
         }
+        wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const uint32_t vin = (kk / 4) * (KV_BN * ROW_BYTES) + (kk % 4) * 32;
@@ -113,9 +114,10 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, int wg, int n_bl
             Mma<KV_BM>::ss(dpacc, wgmma_desc_sw128(v_base + vin, 16, 1024), wgmma_desc_sw128(do_base + din, 16, 1024), kk > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
+        // Sᵀ is ready while dPᵀ may still run: Pᵀ's exponentials overlap that GEMM, and dSᵀ
+        // overlaps dV += Pᵀ dO.
+        wgmma_wait<1>();
         fence_regs(sacc);
-        fence_regs(dpacc);
 
         // Causal: query − key ≥ Sq − Sk; relative to this thread's first (key, query) pair.
         const int rel = m_block * KV_BM + col0 - key0 - (p.seqlen_q - p.seqlen_k);
@@ -131,20 +133,35 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, int wg, int n_bl
             (void)rel;
 #endif
             const float l2 = lse2_p[8 * (i / 4) + (i % 2)];
-            const float dd = dvec_p[8 * (i / 4) + (i % 2)];
-            const float pr = select_f(visible, fast_exp2(fmaf(sacc[i], p.scale_log2, -l2)), 0.0f);
-            sacc[i] = pr;
-            dpacc[i] = pr * (dpacc[i] - dd);
+            sacc[i] = select_f(visible, fast_exp2(fmaf(sacc[i], p.scale_log2, -l2)), 0.0f);
         }
         uint32_t pf[KV_BM / 16][4], sf[KV_BM / 16][4];
         acc_to_frags<KV_BM>(sacc, pf);
-        acc_to_frags<KV_BM>(dpacc, sf);
-
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KV_BM / 16; ++kk) {
             Mma<D>::rs_tb(dv, pf[kk], wgmma_desc_sw128(do_base + kk * 16 * ROW_BYTES, KV_BM * ROW_BYTES, 1024), 1);
         }
+        wgmma_commit();
+
+        wgmma_wait<1>();  // dPᵀ is ready; dV += Pᵀ dO may still run
+        fence_regs(dpacc);
+        // dSᵀ = Pᵀ ∘ (dPᵀ − D) with Pᵀ as the 16-bit fragments dV used: holding the fp32 Pᵀ too
+        // would spill (dK, dV, dPᵀ and the fragments already take ~200 registers at d128).
+#pragma unroll
+        for (int kk = 0; kk < KV_BM / 16; ++kk) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                float p0, p1;
+                unpack_elem2(pf[kk][r], p0, p1);
+                const int i = 8 * kk + 2 * r;
+                const float2 dd = *reinterpret_cast<const float2*>(dvec_p + 8 * (i / 4));
+                dpacc[i] = p0 * (dpacc[i] - dd.x);
+                dpacc[i + 1] = p1 * (dpacc[i + 1] - dd.y);
+            }
+        }
+        acc_to_frags<KV_BM>(dpacc, sf);
+        wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KV_BM / 16; ++kk) {
             Mma<D>::rs_tb(dk, sf[kk], wgmma_desc_sw128(q_base + kk * 16 * ROW_BYTES, KV_BM * ROW_BYTES, 1024), 1);

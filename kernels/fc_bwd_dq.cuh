@@ -95,6 +95,7 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
             const uint32_t kin = (kk / 4) * (Q_BN * ROW_BYTES) + (kk % 4) * 32;
             Mma<Q_BN>::ss(sacc, wgmma_desc_sw128(q_base + qin, 16, 1024), wgmma_desc_sw128(k_base + kin, 16, 1024), kk > 0);
         }
+        wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const uint32_t din = (kk / 4) * (Q_BM * ROW_BYTES) + (kk % 4) * 32;
@@ -102,9 +103,9 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
             Mma<Q_BN>::ss(dpacc, wgmma_desc_sw128(do_base + din, 16, 1024), wgmma_desc_sw128(v_base + vin, 16, 1024), kk > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
+        // S is ready while dP may still run: P's exponentials overlap that GEMM.
+        wgmma_wait<1>();
         fence_regs(sacc);
-        fence_regs(dpacc);
 
         // Keys past Sk are masked; causal: key − query ≤ Sk − Sq. Relative to this thread's
         // first (query, key) pair.
@@ -121,9 +122,12 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
 #else
             (void)rel;
 #endif
-            const float pr = select_f(visible, fast_exp2(fmaf(sacc[i], p.scale_log2, -lse2[h])), 0.0f);
-            dpacc[i] = pr * (dpacc[i] - dvec[h]);
+            sacc[i] = select_f(visible, fast_exp2(fmaf(sacc[i], p.scale_log2, -lse2[h])), 0.0f);
         }
+        wgmma_wait<0>();
+        fence_regs(dpacc);
+#pragma unroll
+        for (int i = 0; i < Q_BN / 2; ++i) dpacc[i] = sacc[i] * (dpacc[i] - dvec[(i / 2) % 2]);
         uint32_t sf[Q_BN / 16][4];
         acc_to_frags<Q_BN>(dpacc, sf);
 

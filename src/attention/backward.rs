@@ -262,6 +262,16 @@ impl BackwardPlan {
     /// [`check_backward`] demands of it (checked there from lengths the caller states), and stay
     /// alive until the kernels finish.
     pub unsafe fn launch_raw(&self, ptrs: &BackwardPtrs) -> Result<()> {
+        self.launch_kernels(ptrs, [true; 3])
+    }
+
+    /// Measurement only: enqueues the chosen kernels of [`BackwardPlan::launch_raw`] (preprocess,
+    /// dK/dV, dQ), so each can be timed alone once a full launch has filled the workspace.
+    ///
+    /// # Safety
+    /// As [`BackwardPlan::launch_raw`].
+    #[doc(hidden)]
+    pub unsafe fn launch_kernels(&self, ptrs: &BackwardPtrs, which: [bool; 3]) -> Result<()> {
         let p = &self.params;
         let stream = self.stream.cu_stream();
         let mut kv_block = self.block(ptrs, false)?;
@@ -283,35 +293,31 @@ impl BackwardPlan {
             )
         };
         let (hq, hkv, b) = (p.heads_q as u32, p.heads_kv as u32, p.batch as u32);
-        let pre_grid = (
-            (padded_rows(p.seqlen_q) / kb::PREPROCESS_ROWS) as u32,
-            hq,
-            b,
-        );
-        launch(
-            &self.preprocess,
-            pre_grid,
-            kb::PREPROCESS_THREADS,
-            0,
-            &mut kv_block,
-        )?;
         let t = self.variant.tiles();
-        let kv_grid = (p.seqlen_k.div_ceil(t.kv_block_n) as u32, hkv, b);
-        launch(
-            &self.dkdv,
-            kv_grid,
-            kb::GEMM_THREADS,
-            self.variant.dkdv_smem_bytes(),
-            &mut kv_block,
-        )?;
-        let q_grid = (p.seqlen_q.div_ceil(t.q_block_m) as u32, hq, b);
-        launch(
-            &self.dq,
-            q_grid,
-            kb::GEMM_THREADS,
-            self.variant.dq_smem_bytes(),
-            &mut q_block,
-        )?;
+        if which[0] {
+            let grid = (
+                (padded_rows(p.seqlen_q) / kb::PREPROCESS_ROWS) as u32,
+                hq,
+                b,
+            );
+            launch(
+                &self.preprocess,
+                grid,
+                kb::PREPROCESS_THREADS,
+                0,
+                &mut kv_block,
+            )?;
+        }
+        if which[1] {
+            let grid = (p.seqlen_k.div_ceil(t.kv_block_n) as u32, hkv, b);
+            let smem = self.variant.dkdv_smem_bytes();
+            launch(&self.dkdv, grid, kb::GEMM_THREADS, smem, &mut kv_block)?;
+        }
+        if which[2] {
+            let grid = (p.seqlen_q.div_ceil(t.q_block_m) as u32, hq, b);
+            let smem = self.variant.dq_smem_bytes();
+            launch(&self.dq, grid, kb::GEMM_THREADS, smem, &mut q_block)?;
+        }
         Ok(())
     }
 }

@@ -115,13 +115,19 @@ impl BwdVariant {
     /// plus 1 KiB of alignment slack.
     pub fn dkdv_smem_bytes(&self) -> usize {
         let (d, t) = (self.head_dim, self.tiles());
-        2 * t.kv_block_n * d * 2 + 2 * t.kv_stages * t.kv_block_m * d * 2 + (1 + 2 * t.kv_stages) * 8 + 1024
+        2 * t.kv_block_n * d * 2
+            + 2 * t.kv_stages * t.kv_block_m * d * 2
+            + (1 + 2 * t.kv_stages) * 8
+            + 1024
     }
 
     /// Dynamic shared memory of the dQ kernel: Q and dO tiles, the (K, V) ring, mbarriers, slack.
     pub fn dq_smem_bytes(&self) -> usize {
         let (d, t) = (self.head_dim, self.tiles());
-        2 * t.q_block_m * d * 2 + 2 * t.q_stages * t.q_block_n * d * 2 + (1 + 2 * t.q_stages) * 8 + 1024
+        2 * t.q_block_m * d * 2
+            + 2 * t.q_stages * t.q_block_n * d * 2
+            + (1 + 2 * t.q_stages) * 8
+            + 1024
     }
 
     /// Ordinals of kernel parameters that hold secrets (none: Q, K, V, O, dO and the LSE reach
