@@ -58,6 +58,9 @@ extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_dkdv(
 
 extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_dq(const __grid_constant__ BwdParams p) {
     DqShared& s = bwd_shared<DqShared>();
+    // Causal: the last query tiles see the most keys; launching them first shortens the tail.
+    // Which CTA computes a tile never changes what it computes.
+    const int m_block = FC_CAUSAL ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
     if (threadIdx.x == 0) {
         mbar_init(&s.q_full, 1);
 #pragma unroll
@@ -71,9 +74,9 @@ extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_dq(co
     const int warp = warp_id_in_block();
     if (warp < 4) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(bw::PRODUCER_REGS));
-        if (threadIdx.x == 0) dq_producer(p, s, blockIdx.x, blockIdx.y, blockIdx.z);
+        if (threadIdx.x == 0) dq_producer(p, s, m_block, blockIdx.y, blockIdx.z);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(bw::CONSUMER_REGS));
-        dq_consumer(p, s, warp / 4 - 1, blockIdx.x, blockIdx.y, blockIdx.z);
+        dq_consumer(p, s, warp / 4 - 1, m_block, blockIdx.y, blockIdx.z);
     }
 }

@@ -97,6 +97,28 @@ FC_DEVICE int bwd_stage(int g) { return g % STAGES; }
 template <int STAGES>
 FC_DEVICE uint32_t bwd_phase(int g) { return (g / STAGES) & 1; }
 
+// Ping-pong between the two consumer warpgroups (FC_PINGPONG): a warpgroup issues its score
+// GEMMs only on its turn and then hands the turn over, so one's exponentials run while the
+// other's GEMMs occupy the tensor cores instead of both waiting on the same stage in lockstep.
+// Named barrier 1 + w is warpgroup w's turn; the turn count depends on block counts only.
+#ifndef FC_PINGPONG
+#define FC_PINGPONG 0
+#endif
+struct Turns {
+    int wg, count;  // this warpgroup, turns per warpgroup (the same for both)
+    // Warpgroup 1 hands warpgroup 0 the first turn.
+    FC_DEVICE void start() const {
+        if (FC_PINGPONG && wg == 1 && count > 0) named_bar_arrive(1, 2 * 128);
+    }
+    FC_DEVICE void wait(int) const {
+        if (FC_PINGPONG) named_bar_sync(1 + wg, 2 * 128);
+    }
+    // Warpgroup 1's last hand-over would have no taker.
+    FC_DEVICE void pass(int it) const {
+        if (FC_PINGPONG && !(wg == 1 && it == count - 1)) named_bar_arrive(1 + (wg ^ 1), 2 * 128);
+    }
+};
+
 FC_DEVICE void bwd_release(uint64_t* bar) {
     __syncwarp();
     if (lane_id() == 0) mbar_arrive(bar);

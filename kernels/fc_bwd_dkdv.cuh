@@ -83,6 +83,8 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, int wg, int n_bl
     const int per_head = p.kv_m_blocks - first_m;
     const int total = per_head * p.group;
     mbar_wait(&s.kv_full, 0);
+    const Turns turns{wg, total};
+    turns.start();
 
     for (int it = 0; it < total; ++it) {
         const int head = kv_head * p.group + it / per_head;
@@ -99,6 +101,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, int wg, int n_bl
 
         mbar_wait(&s.full[st], bwd_phase<KV_STAGES>(it));
         float sacc[KV_BM / 2], dpacc[KV_BM / 2];
+        turns.wait(it);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
@@ -114,6 +117,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, int wg, int n_bl
             Mma<KV_BM>::ss(dpacc, wgmma_desc_sw128(v_base + vin, 16, 1024), wgmma_desc_sw128(do_base + din, 16, 1024), kk > 0);
         }
         wgmma_commit();
+        turns.pass(it);
         // Sᵀ is ready while dPᵀ may still run: Pᵀ's exponentials overlap that GEMM, and dSᵀ
         // overlaps dV += Pᵀ dO.
         wgmma_wait<1>();

@@ -81,6 +81,8 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
     const uint32_t q_base = smem_u32(&s.q[0][wg * 64][0]);
     const uint32_t do_base = smem_u32(&s.d_o[0][wg * 64][0]);
     if (count > 0) mbar_wait(&s.q_full, 0);
+    const Turns turns{wg, count};
+    turns.start();
 
     for (int it = 0; it < count; ++it) {
         const int st = bwd_stage<Q_STAGES>(it);
@@ -88,6 +90,7 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
         const uint32_t v_base = smem_u32(&s.v[st][0][0][0]);
         mbar_wait(&s.full[st], bwd_phase<Q_STAGES>(it));
         float sacc[Q_BN / 2], dpacc[Q_BN / 2];
+        turns.wait(it);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
@@ -103,6 +106,7 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
             Mma<Q_BN>::ss(dpacc, wgmma_desc_sw128(do_base + din, 16, 1024), wgmma_desc_sw128(v_base + vin, 16, 1024), kk > 0);
         }
         wgmma_commit();
+        turns.pass(it);
         // S is ready while dP may still run: P's exponentials overlap that GEMM.
         wgmma_wait<1>();
         fence_regs(sacc);

@@ -327,11 +327,7 @@ impl Context {
     /// workspace).
     pub fn plan_backward(&self, params: &AttentionParams) -> Result<BackwardPlan> {
         check_backward_params(params)?;
-        let variant = BwdVariant {
-            dtype: params.dtype,
-            head_dim: params.head_dim,
-            causal: params.causal,
-        };
+        let variant = BwdVariant::for_call(params.dtype, params.head_dim, params.causal);
         let module = self
             .cuda()
             .load_module(cudarc::nvrtc::Ptx::from_binary(variant.cubin()?))?;

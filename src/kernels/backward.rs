@@ -60,17 +60,33 @@ pub struct BwdVariant {
     pub dtype: DType,
     pub head_dim: usize,
     pub causal: bool,
+    /// The two consumer warpgroups take turns issuing their score GEMMs (`FC_PINGPONG`,
+    /// kernels/fc_bwd_config.cuh). Changes the schedule, never the arithmetic.
+    pub pingpong: bool,
 }
 
 impl BwdVariant {
     /// A stable, human-readable name, e.g. `bwd_bf16_d128_causal`.
     pub fn name(&self) -> String {
         format!(
-            "bwd_{}_d{}_{}",
+            "bwd_{}_d{}_{}{}",
             self.dtype.name(),
             self.head_dim,
-            if self.causal { "causal" } else { "full" }
+            if self.causal { "causal" } else { "full" },
+            if self.pingpong { "" } else { "_lockstep" }
         )
+    }
+
+    /// The variant a call of this dtype, head dim and mask runs: ping-pong unless
+    /// `FLASHCORE_BWD_PINGPONG=0` (a measurement knob; both schedules are shipped and audited).
+    pub fn for_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant {
+        let pingpong = std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0");
+        BwdVariant {
+            dtype,
+            head_dim,
+            causal,
+            pingpong,
+        }
     }
 
     /// Tile shapes. The score GEMMs' N is 128 where the registers allow it (wider wgmma reads
@@ -96,6 +112,7 @@ impl BwdVariant {
         o.push(format!("-DFC_KV_STAGES={}", t.kv_stages));
         o.push(format!("-DFC_Q_BN={}", t.q_block_n));
         o.push(format!("-DFC_Q_STAGES={}", t.q_stages));
+        o.push(format!("-DFC_PINGPONG={}", self.pingpong as u8));
         o.push(format!("-DFC_HEAD_DIM={}", self.head_dim));
         o.push(format!("-DFC_BF16={}", (self.dtype == DType::Bf16) as u8));
         o.push(format!("-DFC_CAUSAL={}", self.causal as u8));
@@ -143,11 +160,14 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
     for dtype in [DType::F16, DType::Bf16] {
         for head_dim in [64, 128] {
             for causal in [false, true] {
-                v.push(BwdVariant {
-                    dtype,
-                    head_dim,
-                    causal,
-                });
+                for pingpong in [true, false] {
+                    v.push(BwdVariant {
+                        dtype,
+                        head_dim,
+                        causal,
+                        pingpong,
+                    });
+                }
             }
         }
     }
@@ -161,7 +181,7 @@ mod tests {
     #[test]
     fn shared_memory_fits_and_names_are_distinct() {
         let vs = shipped_bwd_variants();
-        assert_eq!(vs.len(), 8);
+        assert_eq!(vs.len(), 16);
         let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), vs.len());
         for v in &vs {
