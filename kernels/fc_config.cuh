@@ -14,6 +14,17 @@
 #ifndef FC_DECODE
 #define FC_DECODE 0
 #endif
+// KV-cache builds of decode mode (fc_decode.cuh): FC_KV_PUBLIC reads each sequence's key count
+// from lens_ptr as public metadata (FC_SECRET_LEN: as a secret); FC_PAGED reads K/V pages
+// through a block table (fc_producer.cuh). Other builds do not pass them.
+#ifndef FC_KV_PUBLIC
+#define FC_KV_PUBLIC 0
+#endif
+#ifndef FC_PAGED
+#define FC_PAGED 0
+#endif
+static_assert(!(FC_KV_PUBLIC || FC_PAGED) || FC_DECODE, "KV-cache builds are decode builds");
+static_assert(!(FC_KV_PUBLIC && FC_SECRET_LEN), "key counts are either public or secret");
 
 namespace cfg {
 constexpr int D = FC_HEAD_DIM;
@@ -63,6 +74,13 @@ struct Params {
     int32_t pack_shift;      // log2(pack)
     int32_t split_blocks;    // K/V blocks per split (a function of Sk alone)
     int32_t num_splits;      // splits per row: ceil(key blocks / split_blocks)
+    // Paged KV caches (FC_PAGED, fc_producer.cuh): the block table is public metadata
+    // (allocator state, DESIGN.md §1), and so are FC_KV_PUBLIC's key counts in lens_ptr.
+    uint64_t table_ptr;      // paged cache: i32 [B][table_stride] page indices; 0: contiguous K/V
+    int32_t table_stride;    // the table's row length (pages per sequence)
+    int32_t num_pages;       // pages in the pool (entries are clamped into it)
+    int32_t page_shift;      // log2(page size)
+    int32_t box_rows;        // rows per K/V TMA box: min(page size, BN), or BN when contiguous
 };
 
 struct Shared {

@@ -7,6 +7,46 @@
 #include "fc_mbarrier.cuh"
 #include "fc_tma.cuh"
 
+#if FC_PAGED
+// A paged KV cache (decode mode): K and V are pools of pages; a K/V block of BN keys is one TMA
+// box of box_rows = min(page size, BN) rows per page it spans, each page looked up in the block
+// table (public metadata, DESIGN.md §1) and clamped into the pool, so no entry can address
+// outside it. Boxes land 16-row aligned, so the 128-byte swizzle matches a whole-block load's.
+constexpr int MAX_BOXES = cfg::BN / 16;  // the smallest page is 16 rows
+
+struct BlockPages {
+    int page[MAX_BOXES];  // the pool index of each box
+};
+
+// Every entry is read (slots clamped into the table's row), used or not: unconditional loads
+// from the table's own pointer, which the audit proves public.
+FC_DEVICE BlockPages block_pages(const Params& p, int batch, int key_row) {
+    BlockPages bp;
+    const int32_t* table = reinterpret_cast<const int32_t*>(p.table_ptr) + (int64_t)batch * p.table_stride;
+#pragma unroll
+    for (int i = 0; i < MAX_BOXES; ++i) {
+        const int slot = min((key_row + i * p.box_rows) >> p.page_shift, p.table_stride - 1);
+        bp.page[i] = min(max(table[slot], 0), p.num_pages - 1);
+    }
+    return bp;
+}
+
+FC_DEVICE void load_kv_block(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][64], const TensorMap* map, uint64_t* bar,
+                             const Params& p, const BlockPages& bp, int key_row, int kv_head) {
+    const int row_mask = (1 << p.page_shift) - 1;
+#pragma unroll
+    for (int i = 0; i < MAX_BOXES; ++i) {
+        if (i * p.box_rows < cfg::BN) {
+            const int row = (key_row + i * p.box_rows) & row_mask;  // the row inside its page
+#pragma unroll
+            for (int c = 0; c < cfg::CHUNKS; ++c) {
+                tma_load_4d(&dst[c][i * p.box_rows][0], map, bar, c * 64, row, kv_head, bp.page[i]);
+            }
+        }
+    }
+}
+#endif
+
 FC_DEVICE void producer(const Params& p, Shared& s) {
     const Scheduler sched{p};
     tma_prefetch_desc(&p.q_map);
@@ -39,6 +79,15 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
                 const int stage = ring_stage(g);
                 const uint32_t phase = ring_phase(g);
                 const int key_row = (kv.begin + it) * cfg::BN;
+#if FC_PAGED
+                const BlockPages bp = block_pages(p, t.batch, key_row);
+                mbar_wait(&s.k_empty[stage], phase ^ 1);
+                mbar_arrive_expect_tx(&s.k_full[stage], cfg::KV_BYTES);
+                load_kv_block(s.k[stage], &p.k_map, &s.k_full[stage], p, bp, key_row, kv_head);
+                mbar_wait(&s.v_empty[stage], phase ^ 1);
+                mbar_arrive_expect_tx(&s.v_full[stage], cfg::KV_BYTES);
+                load_kv_block(s.v[stage], &p.v_map, &s.v_full[stage], p, bp, key_row, kv_head);
+#else
                 mbar_wait(&s.k_empty[stage], phase ^ 1);
                 mbar_arrive_expect_tx(&s.k_full[stage], cfg::KV_BYTES);
 #pragma unroll
@@ -51,6 +100,7 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
                 for (int c = 0; c < cfg::CHUNKS; ++c) {
                     tma_load_4d(&s.v[stage][c][0][0], &p.v_map, &s.v_full[stage], c * 64, key_row, kv_head, t.batch);
                 }
+#endif
             }
         }
     }

@@ -68,13 +68,15 @@ struct Scheduler {
     }
 };
 
-// Number of K/V blocks query tile `m_block` must visit (public: shapes and block index only).
-FC_DEVICE int num_kv_blocks(const Params& p, int m_block) {
-    int n = ceil_div(p.seqlen_k, cfg::BN);
+// Number of K/V blocks query tile `m_block` must visit when `keys` keys are walked (Sk; in
+// decode mode with public KV-cache counts, the sequence's count). Public: shapes, block index
+// and public counts only.
+FC_DEVICE int num_kv_blocks(const Params& p, int m_block, int keys) {
+    int n = ceil_div(keys, cfg::BN);
 #if FC_CAUSAL
-    // Bottom-right alignment: query row r sees keys j <= r + (Sk - Sq).
+    // Bottom-right alignment: query row r sees keys j <= r + (keys - Sq).
     const int last_row = min((m_block + 1) * qrows_per_tile(p), p.seqlen_q) - 1;
-    const int visible = min(p.seqlen_k, last_row + p.seqlen_k - p.seqlen_q + 1);
+    const int visible = min(keys, last_row + keys - p.seqlen_q + 1);
     n = visible <= 0 ? 0 : min(n, ceil_div(visible, cfg::BN));
 #endif
     return n;
@@ -84,51 +86,70 @@ FC_DEVICE int num_kv_blocks(const Params& p, int m_block) {
 // block crossing the diagonal of the tile's first row. Every later block needs them too, so the
 // main loop runs unmasked blocks, then masked ones, each as straight-line code (a branch around
 // the mask inside one loop would make ptxas wait for the in-flight wgmma at the join).
-FC_DEVICE int first_masked_block(const Params& p, int m_block, int n_blocks) {
+FC_DEVICE int first_masked_block(const Params& p, int m_block, int n_blocks, int keys) {
     if (FC_SECRET_LEN) return 0;  // the true length is secret: every block is masked
-    int first = p.seqlen_k / cfg::BN;
+    int first = keys / cfg::BN;
 #if FC_CAUSAL
-    // Block n is clean iff its last key (n+1)·BN − 1 <= m_block·BM + Sk − Sq.
-    const int limit = m_block * qrows_per_tile(p) + p.seqlen_k - p.seqlen_q + 1;
+    // Block n is clean iff its last key (n+1)·BN − 1 <= m_block·BM + keys − Sq.
+    const int limit = m_block * qrows_per_tile(p) + keys - p.seqlen_q + 1;
     first = min(first, limit <= 0 ? 0 : limit / cfg::BN);
 #endif
     return min(first, n_blocks);
 }
 
+// Keys at or past this are masked: Sk, or in secret-length mode the batch entry's true length,
+// clamped with min/max (ALU selects) so any stored value is safe and nothing branches on it. In
+// decode mode with public KV-cache counts (FC_KV_PUBLIC), the sequence's key count, public
+// metadata: it also bounds the walk (kv_range).
+FC_DEVICE int key_limit_of(const Params& p, int batch) {
+    int key_limit = p.seqlen_k;
+#if FC_SECRET_LEN || FC_KV_PUBLIC
+    key_limit = max(0, min(p.seqlen_k, reinterpret_cast<const int32_t*>(p.lens_ptr)[batch]));
+#endif
+    return key_limit;
+}
+
 // This CTA's share of a tile's K/V blocks: all of them, or its split's (a cluster rank's share,
-// or in decode mode blocks [split · split_blocks, (split + 1) · split_blocks)).
-FC_DEVICE KvRange kv_range(const Params& p, Tile t) {
+// or in decode mode blocks [split · split_blocks, (split + 1) · split_blocks)). `key_limit` is
+// key_limit_of's value; only public counts shape the range.
+FC_DEVICE KvRange kv_range(const Params& p, Tile t, int key_limit) {
     const int m_block = t.m_block;
-    const int n_total = num_kv_blocks(p, m_block);
+#if FC_KV_PUBLIC
+    const int keys = key_limit;  // public: the walk ends at the sequence's own count
+#else
+    const int keys = p.seqlen_k;
+#endif
+    const int n_total = num_kv_blocks(p, m_block, keys);
 #if FC_DECODE
     const int split_rank = t.split;
+    // Splits of split_blocks blocks, a function of Sk (a KV cache's capacity) alone: the host's
+    // rule. Public counts only end the walk early, so a sequence's bits do not depend on its
+    // batch, its neighbours or where its pages live. (Splitting a public count by its own size
+    // would feed the metadata into the block-table offsets, which the audit cannot prove.)
     const int per_split = p.split_blocks;
 #else
     const int split_rank = cfg::SPLIT > 1 ? (int)blockIdx.x % cfg::SPLIT : 0;
     const int per_split = ceil_div(n_total, cfg::SPLIT);
 #endif
     KvRange kv;
+#if FC_DECODE
+    // The split's first block whatever the count (an empty split has count 0): its K/V
+    // addresses — a paged cache's block-table offsets — then never derive from the counts.
+    kv.begin = split_rank * per_split;
+    kv.count = max(0, min(n_total, kv.begin + per_split) - kv.begin);
+#else
     kv.begin = min(n_total, split_rank * per_split);
     kv.count = min(n_total, kv.begin + per_split) - kv.begin;
-    kv.first_masked = max(0, min(kv.count, first_masked_block(p, m_block, n_total) - kv.begin));
-    return kv;
-}
-
-// Keys at or past this are masked: Sk, or in secret-length mode the batch entry's true length,
-// clamped with min/max (ALU selects) so any stored value is safe and nothing branches on it.
-FC_DEVICE int key_limit_of(const Params& p, int batch) {
-    int key_limit = p.seqlen_k;
-#if FC_SECRET_LEN
-    key_limit = max(0, min(p.seqlen_k, reinterpret_cast<const int32_t*>(p.lens_ptr)[batch]));
 #endif
-    return key_limit;
+    kv.first_masked = max(0, min(kv.count, first_masked_block(p, m_block, n_total, keys) - kv.begin));
+    return kv;
 }
 
 // The K/V range a tile's producer and consumers agree on. FC_LEAKY_CONTROL == 2 (never shipped;
 // the timing test's control) walks only the blocks below the secret true length: a loop bound
 // from a secret, exactly what the audit forbids.
 FC_DEVICE KvRange tile_kv(const Params& p, Tile t, int key_limit) {
-    KvRange kv = kv_range(p, t);
+    KvRange kv = kv_range(p, t, key_limit);
 #if FC_LEAKY_CONTROL == 2
     kv.count = min(kv.count, ceil_div(key_limit, cfg::BN));
     kv.first_masked = min(kv.first_masked, kv.count);

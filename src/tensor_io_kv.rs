@@ -1,9 +1,10 @@
 //! The KV-cache form of `flashcore attn`'s input file: `q`, `k_cache`, `v_cache` (bshd, F16 or
 //! BF16), `cache_seqlens` (I32 `[B]`) and optionally this step's `k`, `v` (`[B, n, Hkv, D]`),
 //! which are appended at each sequence's length before the attention (flash-attn's
-//! `flash_attn_with_kvcache`).
+//! `flash_attn_with_kvcache`). With a `block_table` (I32 `[B, max_pages]`) the caches are page
+//! pools `[num_pages, page_size, Hkv, D]` and the capacity is `max_pages · page_size`.
 
-use crate::attention::{AttentionParams, Layout};
+use crate::attention::{validate, AttentionParams, Layout, Pages};
 use crate::error::{Error, Result};
 use crate::tensor_io::{self, Tensor, TensorData};
 use std::collections::BTreeMap;
@@ -20,6 +21,24 @@ pub struct KvInput {
     pub new_kv: Option<(TensorData, TensorData, usize)>,
     /// Each sequence's cached rows before the append.
     pub cache_seqlens: Vec<usize>,
+    /// A paged cache: the block table (`[B, max_pages]`, row-major) and the pools' geometry.
+    pub block_table: Option<(Vec<i32>, Pages)>,
+}
+
+impl KvInput {
+    /// Element offset of sequence b's cache row r in `k_cache` / `v_cache`.
+    pub fn row_offset(&self, b: usize, r: usize) -> usize {
+        let p = &self.params;
+        let row = p.heads_kv * p.head_dim;
+        match &self.block_table {
+            Some((table, pg)) => {
+                let stride = p.seqlen_k / pg.page_size;
+                let page = table[b * stride + r / pg.page_size] as usize;
+                (page * pg.page_size + r % pg.page_size) * row
+            }
+            None => (b * p.seqlen_k + r) * row,
+        }
+    }
 }
 
 fn bad(path: &Path, msg: impl std::fmt::Display) -> Error {
@@ -36,14 +55,17 @@ pub fn has_kv_cache(path: &Path) -> Result<bool> {
 /// Reads and checks the KV-cache form (bshd only). Shape rules of the kernels are left to
 /// [`check_params`](crate::attention::validate::check_params).
 pub fn read_kv_input(path: &Path) -> Result<KvInput> {
-    if tensor_io::tensor_names(path)?
+    let paged = tensor_io::tensor_names(path)?
         .iter()
-        .any(|n| n == "block_table")
-    {
-        return Err(bad(path, "`block_table` (a paged KV cache) is not supported yet; give contiguous k_cache/v_cache"));
-    }
+        .any(|n| n == "block_table");
     let lens = tensor_io::read_i32(path, "cache_seqlens")?;
-    let mut t: BTreeMap<String, Tensor> = tensor_io::read_file_except(path, &["cache_seqlens"])?;
+    let table = if paged {
+        Some(tensor_io::read_i32(path, "block_table")?)
+    } else {
+        None
+    };
+    let mut t: BTreeMap<String, Tensor> =
+        tensor_io::read_file_except(path, &["cache_seqlens", "block_table"])?;
     let mut take = |n: &str| {
         t.remove(n)
             .ok_or_else(|| bad(path, format!("a KV-cache input needs a tensor `{n}`")))
@@ -99,8 +121,28 @@ pub fn read_kv_input(path: &Path) -> Result<KvInput> {
         ));
     }
     let (b, sq, hq, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-    let (bc, cap, hkv, dc) = (kc.shape[0], kc.shape[1], kc.shape[2], kc.shape[3]);
-    if bc != b || dc != d {
+    let (bc, rows, hkv, dc) = (kc.shape[0], kc.shape[1], kc.shape[2], kc.shape[3]);
+    // Paged: k_cache is the pool, and the table's row length sets the capacity.
+    let (cap, block_table) = match table {
+        Some(t) => {
+            if t.shape.len() != 2 || t.shape[0] != b {
+                return Err(bad(
+                    path,
+                    format!(
+                        "`block_table` has shape {:?}; expected [{b}, max_pages]",
+                        t.shape
+                    ),
+                ));
+            }
+            let pages = Pages {
+                page_size: rows,
+                num_pages: bc,
+            };
+            (t.shape[1] * rows, Some((t.values, pages)))
+        }
+        None => (rows, None),
+    };
+    if (block_table.is_none() && bc != b) || dc != d {
         return Err(bad(
             path,
             format!(
@@ -155,6 +197,12 @@ pub fn read_kv_input(path: &Path) -> Result<KvInput> {
         causal: false,
         scale: None,
     };
+    if let Some((t, pg)) = &block_table {
+        validate::check_pages(&params, pg).map_err(|e| bad(path, e))?;
+        let counts: Vec<i32> = cache_seqlens.iter().map(|&l| (l + n) as i32).collect();
+        validate::check_kv_metadata(&params, &counts, Some((t, pg)), false)
+            .map_err(|e| bad(path, e))?;
+    }
     Ok(KvInput {
         params,
         q: q.data,
@@ -162,5 +210,6 @@ pub fn read_kv_input(path: &Path) -> Result<KvInput> {
         v_cache: vc.data,
         new_kv: new.map(|(k, v)| (k.data, v.data, n)),
         cache_seqlens,
+        block_table,
     })
 }

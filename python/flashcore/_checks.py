@@ -29,15 +29,65 @@ def check_tensor(name, t):
 
 
 def check_no_grad(*tensors):
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    if torch.is_grad_enabled() and _any_requires_grad(tensors):
         raise RuntimeError(
             "flashcore: an input requires grad, but flashcore has no backward pass yet (training is "
             "not supported): call it under torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
         )
 
 
+def _any_requires_grad(tensors):
+    for t in tensors:
+        if t.requires_grad:
+            return True
+    return False
+
+
 def split_shape(q, k, v, layout):
     """(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim) after every shape rule."""
+    shape = _valid_shape(q, k, v, layout)
+    if shape is not None:
+        return shape
+    return _split_shape_checked(q, k, v, layout)
+
+
+_Tensor = torch.Tensor
+
+
+def _valid_shape(q, k, v, layout):
+    """The fast accept of `split_shape` (host time: ~1 µs instead of ~5): the split shape when
+    q, k, v are plain CUDA tensors that meet every rule, None for anything else — which then goes
+    through `_split_shape_checked`, the rules one by one with their messages. Every call this
+    accepts, `_split_shape_checked` accepts with the same result."""
+    if type(q) is not _Tensor or type(k) is not _Tensor or type(v) is not _Tensor:
+        return None  # subclasses (fake tensors, parameters, ...): the full checks
+    dt = q.dtype
+    if not (q.is_cuda and k.is_cuda and v.is_cuda and k.dtype is dt and v.dtype is dt):
+        return None
+    if dt is not torch.float16 and dt is not torch.bfloat16:
+        return None
+    dev = q.get_device()
+    if k.get_device() != dev or v.get_device() != dev:
+        return None
+    qs, ks = q.shape, k.shape
+    if len(qs) != 4 or len(ks) != 4 or v.shape != ks:
+        return None
+    if layout == "bshd":
+        b, sq, hq, d = qs
+        bk, sk, hkv, dk = ks
+    elif layout == "bhsd":
+        b, hq, sq, d = qs
+        bk, hkv, sk, dk = ks
+    else:
+        return None
+    if bk != b or dk != d or d not in SUPPORTED_HEAD_DIMS:
+        return None
+    if not (b and sq and sk and hq and hkv) or hq % hkv != 0:
+        return None
+    return b, sq, sk, hq, hkv, d
+
+
+def _split_shape_checked(q, k, v, layout):
     if layout not in LAYOUTS:
         raise ValueError(f"flashcore: layout must be 'bshd' or 'bhsd', got {layout!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):

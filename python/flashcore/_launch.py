@@ -5,7 +5,7 @@ import functools
 
 import torch
 
-from . import _native
+from . import _checks, _native
 
 _DTYPES = {torch.float16: "f16", torch.bfloat16: "bf16"}
 _DECODE_MAX_SEQLEN_Q = _native.DECODE_MAX_SEQLEN_Q
@@ -45,40 +45,109 @@ def _desc(t):
     return (t.data_ptr(), (st[0], st[1], st[2]))
 
 
-def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None):
-    """O = attention(q, k, v) into `out`. All four tensors are views in [B, S, H, D] index order
-    (any strides; inputs that TMA cannot read in place are copied); `lse` is an fp32 contiguous
-    [B, Hq, Sq] tensor or None; `lengths` int32 [B] or None (secret-length prefill);
-    `kv_lengths` int32 [B] or None (KV-cache mode: each sequence's key count in k, v)."""
-    q, k, v = readable(q), readable(k), readable(v)
-    b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    dev = q.device
-    stream = current_stream(dev.index)
+def _out_desc(t, bhsd):
+    """`_desc` of `t` read in [B, S, H, D] index order (`bhsd`: `t` is [B, H, S, D])."""
+    st = t.stride()
+    return (t.data_ptr(), (st[0], st[2], st[1]) if bhsd else (st[0], st[1], st[2]))
+
+
+def _in_desc(t, bhsd):
+    """(tensor, `_desc`) of an input read in [B, S, H, D] index order (`bhsd`: `t` is
+    [B, H, S, D]; its dims 1 and 2 are swapped here without making a view). The tensor is `t`
+    when TMA can read it in place, else a contiguous copy, which the caller keeps alive until
+    the launch is enqueued."""
+    st = t.stride()
+    ptr = t.data_ptr()
+    b, s, h = (st[0], st[2], st[1]) if bhsd else (st[0], st[1], st[2])
+    # Positive multiples of 16 bytes (2-byte dtypes) and a contiguous head dim: what `tma_ready`
+    # accepts whatever the extents are (its fast accept; the rest takes the exact rule).
+    if st[3] == 1 and ptr % 16 == 0 and b > 0 and s > 0 and h > 0 and not (b % 8 or s % 8 or h % 8):
+        return t, (ptr, (b, s, h))
+    t = readable(t.transpose(1, 2) if bhsd else t)
+    return t, _desc(t)
+
+
+# Decode workspaces kept per (device, stream). A call's split partials are written by its first
+# launch and read by its second, both on the call's stream, and the next call on that stream
+# starts after both have finished: one buffer per stream serves every eager call there, with no
+# allocation per call. While a CUDA graph is captured, each call takes a fresh buffer from torch's
+# allocator instead (the graph's private pool: its replays may run on other streams, concurrently
+# with eager calls).
+_workspaces = {}
+
+
+def _workspace(n, dev, stream):
+    """A device buffer of at least `n` bytes for one call on `stream` of device `dev`."""
+    w = _workspaces.get((dev, stream))
+    if w is not None and w.numel() >= n and not torch.cuda.is_current_stream_capturing():
+        return w
+    w = torch.empty(n, dtype=torch.uint8, device=torch.device("cuda", dev))
+    if not torch.cuda.is_current_stream_capturing():
+        _workspaces[(dev, stream)] = w  # the one it replaces is freed in stream order
+    return w
+
+
+def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=False, kv_secret=False,
+           block_table=None):
+    """O = attention(q, k, v) into `out`. All four tensors are in [B, S, H, D] index order (or
+    all four [B, H, S, D] with `bhsd`), with any strides (inputs that TMA cannot read in place
+    are copied); `lse` is an fp32 contiguous [B, Hq, Sq] tensor or None; `lengths` int32 [B] or
+    None (secret-length prefill); `kv_lengths` int32 [B] or None (KV-cache mode: each sequence's
+    key count in k, v; public metadata unless `kv_secret`). `block_table` int32 [B, max_pages]
+    (contiguous) or None: k, v are then page pools [num_pages, page_size, Hkv, D] and the
+    capacity is max_pages · page_size."""
+    if bhsd:
+        b, hq, sq, d = q.shape
+        hkv, sk = k.shape[1], k.shape[2]
+    else:
+        b, sq, hq, d = q.shape
+        sk, hkv = k.shape[1], k.shape[2]
+    page_size = num_pages = 0
+    if block_table is not None:
+        page_size, num_pages = k.shape[1], k.shape[0]
+        sk = block_table.shape[1] * page_size
+    q, qd = _in_desc(q, bhsd)
+    k, kd = _in_desc(k, bhsd)
+    v, vd = _in_desc(v, bhsd)
+    dev = q.get_device()
+    stream = current_stream(dev)
+    dtype = _DTYPES[q.dtype]
     shape = (b, sq, sk, hq, hkv, d)
-    workspace = None
+    causal = bool(causal)
+    ws = 0
     if sq <= _DECODE_MAX_SEQLEN_Q and lengths is None:
-        # Decode mode's split partials: scratch from torch's allocator on this stream (reused
-        # only by work ordered after this call).
-        n = _workspace_bytes(_DTYPES[q.dtype], shape, bool(causal), kv_lengths is not None)
+        # Decode mode's split partials (most decode shapes need some; prefill never does).
+        n = _workspace_bytes(dtype, shape, causal, kv_lengths is not None)
         if n:
-            workspace = torch.empty(n, dtype=torch.uint8, device=dev)
+            ws = _workspace(n, dev, stream).data_ptr()
     _native.attention(
-        dev.index,
+        dev,
         stream,
-        _DTYPES[q.dtype],
+        dtype,
         shape,
-        bool(causal),
+        causal,
         scale,
-        _desc(q),
-        _desc(k),
-        _desc(v),
-        _desc(out),
+        qd,
+        kd,
+        vd,
+        _out_desc(out, bhsd),
         lse.data_ptr() if lse is not None else 0,
         lengths.data_ptr() if lengths is not None else 0,
-        workspace.data_ptr() if workspace is not None else 0,
+        ws,
         kv_lengths.data_ptr() if kv_lengths is not None else 0,
+        **_kv_extras(kv_secret, block_table, page_size, num_pages),
     )
+
+
+def _kv_extras(kv_secret, block_table, page_size, num_pages):
+    """The KV-cache keywords of a launch, only where they differ from the defaults (secret
+    counts, a paged cache), so a plain call's launch is the same whichever path made it."""
+    extra = {}
+    if kv_secret:
+        extra["kv_secret"] = True
+    if block_table is not None:
+        extra.update(block_table=block_table.data_ptr(), page_size=page_size, num_pages=num_pages)
+    return extra
 
 
 @functools.lru_cache(maxsize=1024)
@@ -87,9 +156,105 @@ def _workspace_bytes(dtype, shape, causal, kv_lengths):
     return _native.workspace_bytes(dtype, shape, causal, kv_lengths=kv_lengths)
 
 
-def prepare_kv(device, dtype, shape, causal, scale):
-    _native.prepare(torch.device(device).index or 0, _DTYPES[dtype], shape, bool(causal), scale, kv_lengths=True)
+def prepare_kv(device, dtype, shape, causal, scale, secret=False, pages=(0, 0)):
+    _native.prepare(torch.device(device).index or 0, _DTYPES[dtype], shape, bool(causal), scale, kv_lengths=True,
+                    kv_secret=bool(secret), page_size=pages[0], num_pages=pages[1])
 
 
 def prepare(device, dtype, shape, causal, scale, secret_lengths=False):
     _native.prepare(torch.device(device).index or 0, _DTYPES[dtype], shape, bool(causal), scale, secret_lengths)
+
+
+_Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
+_is_compiling = torch.compiler.is_compiling
+_dispatch_mode = torch.utils._python_dispatch._get_current_dispatch_mode
+_CONTIGUOUS = torch.contiguous_format
+_F32 = torch.float32
+_I32 = torch.int32
+
+
+def fast(q, k, v, causal, scale, bhsd, return_lse, kv_lengths=None, gqa=True, top_left=False):
+    """The whole eager call in one pass, for the common case: returns (out, lse) — lse None
+    unless `return_lse` — after launching, or None, having done nothing, when anything is not
+    plain (a tensor subclass or mode, torch.compile tracing, grad needed, a shape or dtype rule
+    broken, strides TMA cannot read in place, a bad `kv_lengths`, Hq ≠ Hkv without `gqa`, a
+    non-square causal call under SDPA's `top_left` convention). The caller then takes the
+    checked path, which raises each rule's own error or copies what it must. Every call this
+    serves, the checked path would serve with the same launch (each attribute is read once here:
+    host time, not semantics). `causal` and `return_lse` are bools."""
+    if type(q) is not _Tensor or type(k) is not _Tensor or type(v) is not _Tensor:
+        return None
+    dt = q.dtype
+    tag = _DTYPES.get(dt)
+    if tag is None or k.dtype is not dt or v.dtype is not dt or not (q.is_cuda and k.is_cuda and v.is_cuda):
+        return None
+    dev = q.get_device()
+    if k.get_device() != dev or v.get_device() != dev:
+        return None
+    if _grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return None
+    if _is_compiling() or _dispatch_mode() is not None:
+        return None
+    qs, ks = q.shape, k.shape
+    if len(qs) != 4 or len(ks) != 4 or v.shape != ks:
+        return None
+    if bhsd:
+        b, hq, sq, d = qs
+        bk, hkv, sk, dk = ks
+    else:
+        b, sq, hq, d = qs
+        bk, sk, hkv, dk = ks
+    if bk != b or dk != d or (d != 64 and d != 128) or not (b and sq and sk and hq and hkv) or hq % hkv:
+        return None
+    if (hq != hkv and not gqa) or (top_left and causal and sq != sk):
+        return None
+    if kv_lengths is not None:
+        if (type(kv_lengths) is not _Tensor or kv_lengths.dtype is not _I32 or sq > _DECODE_MAX_SEQLEN_Q
+                or kv_lengths.shape != (b,) or not kv_lengths.is_cuda or kv_lengths.get_device() != dev):
+            return None
+    # Strides as [B, S, H, D]: positive multiples of 16 bytes, a contiguous head dim, 16-byte
+    # aligned bases (what TMA reads in place; anything else takes the checked path's copy).
+    qt, kt, vt = q.stride(), k.stride(), v.stride()
+    if qt[3] != 1 or kt[3] != 1 or vt[3] != 1:
+        return None
+    if bhsd:
+        qd = (q.data_ptr(), (qt[0], qt[2], qt[1]))
+        kd = (k.data_ptr(), (kt[0], kt[2], kt[1]))
+        vd = (v.data_ptr(), (vt[0], vt[2], vt[1]))
+    else:
+        qd = (q.data_ptr(), (qt[0], qt[1], qt[2]))
+        kd = (k.data_ptr(), (kt[0], kt[1], kt[2]))
+        vd = (v.data_ptr(), (vt[0], vt[1], vt[2]))
+    for ptr, (x, y, z) in (qd, kd, vd):
+        if ptr % 16 or x <= 0 or y <= 0 or z <= 0 or x % 8 or y % 8 or z % 8:
+            return None
+    if scale is not None:
+        scale = _checks.check_scale(scale)  # raises what the checked path would, at this point
+    out = torch.empty_like(q, memory_format=_CONTIGUOUS)
+    lse = torch.empty((b, hq, sq), dtype=_F32, device=out.device) if return_lse else None
+    stream = current_stream(dev)
+    shape = (b, sq, sk, hq, hkv, d)
+    ws = 0
+    if sq <= _DECODE_MAX_SEQLEN_Q:
+        n = _workspace_bytes(tag, shape, causal, kv_lengths is not None)
+        if n:
+            ws = _workspace(n, dev, stream).data_ptr()
+    ot = out.stride()
+    _native.attention(
+        dev,
+        stream,
+        tag,
+        shape,
+        causal,
+        scale,
+        qd,
+        kd,
+        vd,
+        (out.data_ptr(), (ot[0], ot[2], ot[1]) if bhsd else (ot[0], ot[1], ot[2])),
+        lse.data_ptr() if lse is not None else 0,
+        0,
+        ws,
+        kv_lengths.data_ptr() if kv_lengths is not None else 0,
+    )
+    return out, lse

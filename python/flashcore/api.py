@@ -3,6 +3,7 @@
 import torch
 
 from . import _checks
+from ._launch import fast as _fast
 from ._launch import prepare as _prepare
 from . import ops
 
@@ -28,6 +29,10 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=Fa
     otherwise. Returns `out` (contiguous, in `layout`), or `(out, lse)` with lse fp32 [B, Hq, Sq]
     (natural log) when `return_lse`.
     """
+    if secret_lengths is None and (layout == "bshd" or layout == "bhsd"):
+        r = _fast(q, k, v, bool(causal), scale, layout == "bhsd", bool(return_lse))
+        if r is not None:  # plain eager call, served in one pass (_launch.fast)
+            return r if return_lse else r[0]
     b, sq, sk, hq, hkv, d = _checks.split_shape(q, k, v, layout)
     _checks.check_no_grad(q, k, v)
     scale = _checks.check_scale(scale)
@@ -67,6 +72,9 @@ def flash_attn_func(
         raise ValueError("flashcore: alibi_slopes is not supported")
     if return_attn_probs:
         raise ValueError("flashcore: return_attn_probs is not supported (use return_lse=True for the log-sum-exp)")
+    r = _fast(q, k, v, bool(causal), softmax_scale, False, bool(return_lse))
+    if r is not None:  # plain eager call, served in one pass (_launch.fast)
+        return r if return_lse else r[0]
     return attention(q, k, v, causal=causal, scale=softmax_scale, layout="bshd", return_lse=return_lse)
 
 
@@ -88,6 +96,9 @@ def scaled_dot_product_attention(
         )
     if dropout_p != 0.0:
         raise ValueError(f"flashcore: dropout_p={dropout_p} is not supported (inference only: use 0.0)")
+    r = _fast(query, key, value, bool(is_causal), scale, True, False, gqa=enable_gqa, top_left=True)
+    if r is not None:  # plain eager call, served in one pass (_launch.fast)
+        return r[0]
     b, sq, sk, hq, hkv, d = _checks.split_shape(query, key, value, "bhsd")
     _checks.check_no_grad(query, key, value)
     if hq != hkv and not enable_gqa:

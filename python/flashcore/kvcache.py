@@ -1,32 +1,46 @@
 """Decoding over a KV cache with flash-attn's conventions: ``flash_attn_with_kvcache``.
 
-The cache is caller-owned, contiguous ``[B, S_cache, Hkv, D]`` (paged caches and ``block_table``
-are not supported yet). New keys/values are written into the cache in place at each sequence's
-``cache_seqlens`` (torch indexing on the device: no host synchronisation), then the custom op
-``torch.ops.flashcore.attention_kvcache`` runs over the cache's whole capacity with each
-sequence's key count masked by select — the counts are kept secret from timing (DESIGN.md §1,
-secret-length mode), at the cost of reading the full capacity.
+The cache is caller-owned: contiguous ``[B, S_cache, Hkv, D]``, or paged — pools of
+``[num_pages, page_size, Hkv, D]`` read through ``block_table`` (int32 ``[B, max_pages]``), as
+vLLM and flash-attn lay them out. New keys/values are written into the cache in place at each
+sequence's ``cache_seqlens`` (torch indexing on the device: no host synchronisation), then the
+custom op ``torch.ops.flashcore.attention_kvcache`` attends over each sequence's keys. The
+counts and the block table are public metadata (DESIGN.md §1): the walk ends at each count.
+With ``secret_lengths=True`` the counts stay secret from timing instead — the kernel walks the
+whole capacity and masks by select, at the cost of reading it all.
 """
 
 from typing import Optional, Tuple
 
 import torch
 
-from . import _checks, _native
-from ._launch import launch, prepare_kv
+from . import _checks, _native, ops
+from ._launch import fast, launch, prepare_kv
 
 MAX_SEQLEN_Q = _native.DECODE_MAX_SEQLEN_Q  # query positions per sequence (16)
 
 
-def append_kv(k_cache, v_cache, k, v, cache_seqlens):
+def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None):
     """Writes `k`, `v` ([B, n, Hkv, D]) into the caches at rows cache_seqlens[b] .. + n of each
     sequence b, in place (index_put_ on the caches' device; rows past the capacity are the
-    caller's error, as in flash-attn). Returns the key counts after the append, int32 [B]."""
-    b, n = k.shape[0], k.shape[1]
-    pos = cache_seqlens.to(torch.long)[:, None] + torch.arange(n, device=k.device)[None, :]
-    rows = torch.arange(b, device=k.device)[:, None].expand(b, n)
-    k_cache.index_put_((rows, pos), k)
-    v_cache.index_put_((rows, pos), v)
+    caller's error, as in flash-attn). Paged: row r of sequence b goes to page
+    block_table[b, r // page_size], row r % page_size. Returns the key counts after the append,
+    int32 [B]."""
+    b, n, h, d = k.shape
+    if block_table is not None:
+        pos = cache_seqlens.to(torch.long)[:, None] + torch.arange(n, device=k.device)[None, :]
+        page = k_cache.shape[1]
+        rows = block_table.to(torch.long).gather(1, pos // page)
+        k_cache.index_put_((rows, pos % page), k)
+        v_cache.index_put_((rows, pos % page), v)
+        return (cache_seqlens + n).to(torch.int32)
+    # One scatter along the sequence dim per cache (index [B, n, Hkv, D], expanded: no copy):
+    # the rows index_put_ would write, at a third of its host time (~4 launches per call, not 9).
+    pos = cache_seqlens.to(torch.long)
+    pos = pos.view(b, 1, 1, 1) if n == 1 else pos.view(b, 1, 1, 1) + torch.arange(n, device=k.device).view(1, n, 1, 1)
+    index = pos.expand(b, n, h, d)
+    k_cache.scatter_(1, index, k)
+    v_cache.scatter_(1, index, v)
     return (cache_seqlens + n).to(torch.int32)
 
 
@@ -37,8 +51,29 @@ def _outputs(q, return_lse):
     return out, lse
 
 
-def _check(q, k_cache, v_cache, seqlens_k):
-    b, sq, sk, hq, hkv, d = _checks.split_shape(q, k_cache, v_cache, "bshd")
+def _check(q, k_cache, v_cache, seqlens_k, block_table):
+    if block_table is not None:
+        # Paged: the pools' first two dims are (pages, page rows); check the rest as a cache of
+        # the batch's shape, then the table.
+        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+            raise TypeError("flashcore: block_table must be an int32 tensor")
+        if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or block_table.device != q.device:
+            raise ValueError(
+                f"flashcore: block_table must be [B, max_pages] = [{q.shape[0]}, max_pages] on {q.device}, "
+                f"got {tuple(block_table.shape)} on {block_table.device}"
+            )
+        page = k_cache.shape[1] if k_cache.dim() == 4 else 0
+        if page < 16 or page & (page - 1):
+            raise ValueError(f"flashcore: the page size must be a power of two of at least 16 rows, got {page}")
+        view = k_cache[:1].expand(q.shape[0], *k_cache.shape[1:])
+        b, sq, _, hq, hkv, d = _checks.split_shape(q, view, view, "bshd")
+        if tuple(v_cache.shape) != tuple(k_cache.shape) or v_cache.dtype != k_cache.dtype:
+            raise ValueError(f"flashcore: v_cache must have k_cache's shape {tuple(k_cache.shape)}")
+        sk = block_table.shape[1] * page
+        if not block_table.is_contiguous():
+            raise ValueError("flashcore: block_table must be contiguous")
+    else:
+        b, sq, sk, hq, hkv, d = _checks.split_shape(q, k_cache, v_cache, "bshd")
     if sq > MAX_SEQLEN_Q:
         raise ValueError(
             f"flashcore: flash_attn_with_kvcache takes at most {MAX_SEQLEN_Q} query positions per "
@@ -60,23 +95,26 @@ def attention_kvcache_op(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     seqlens_k: torch.Tensor,
+    block_table: Optional[torch.Tensor],
     causal: bool,
     scale: Optional[float],
     return_lse: bool,
+    secret_lengths: bool,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q [B, Sq, Hq, D] over the first seqlens_k[b] rows of each sequence's cache
-    [B, S_cache, Hkv, D]; q's positions are the last Sq of those keys (causal: bottom-right
-    aligned to each count). Returns (out, lse); lse fp32 [B, Hq, Sq], empty unless asked."""
-    _check(q, k_cache, v_cache, seqlens_k)
+    ([B, S_cache, Hkv, D], or pages through `block_table`); q's positions are the last Sq of
+    those keys (causal: bottom-right aligned to each count). Returns (out, lse); lse fp32
+    [B, Hq, Sq], empty unless asked."""
+    _check(q, k_cache, v_cache, seqlens_k, block_table)
     out, lse = _outputs(q, return_lse)
     launch(q, k_cache, v_cache, out, lse if return_lse else None, None, causal, _checks.check_scale(scale),
-           kv_lengths=seqlens_k)
+           kv_lengths=seqlens_k, kv_secret=secret_lengths, block_table=block_table)
     return out, lse
 
 
 @attention_kvcache_op.register_fake
-def _attention_kvcache_fake(q, k_cache, v_cache, seqlens_k, causal, scale, return_lse):
-    _check(q, k_cache, v_cache, seqlens_k)
+def _attention_kvcache_fake(q, k_cache, v_cache, seqlens_k, block_table, causal, scale, return_lse, secret_lengths):
+    _check(q, k_cache, v_cache, seqlens_k, block_table)
     return _outputs(q, return_lse)
 
 
@@ -100,17 +138,24 @@ def flash_attn_with_kvcache(
     alibi_slopes=None,
     num_splits=0,
     return_softmax_lse=False,
+    *,
+    secret_lengths=False,
 ):
     """flash-attn's ``flash_attn_with_kvcache`` on [B, S, H, D] tensors (inference).
 
-    `k_cache`, `v_cache`: [B, S_cache, Hkv, D], contiguous enough for TMA. `k`, `v` (optional,
+    `k_cache`, `v_cache`: [B, S_cache, Hkv, D], contiguous enough for TMA; or with `block_table`
+    (int32 [B, max_pages]) page pools [num_pages, page_size, Hkv, D], page_size a power of two
+    of at least 16 (capacity max_pages · page_size). `k`, `v` (optional,
     [B, n, Hkv, D]): written into the caches in place at rows ``cache_seqlens[b] ..`` (the caller
     keeps n within the capacity). `cache_seqlens`: int or int32 [B] (None: the caches are full).
     Attention then runs over the first ``cache_seqlens[b] + n`` rows; with `causal`, q's Sq
     positions are the last ones of those keys. At most 16 query positions per sequence.
     flash-attn arguments flashcore does not implement (rotary embedding, `cache_batch_idx`,
-    `cache_leftpad`, `block_table` — paged caches —, windows, softcap, ALiBi) raise ValueError;
-    `num_splits` is ignored (the split is fixed by the key length, for batch invariance).
+    `cache_leftpad`, windows, softcap, ALiBi) raise ValueError; `num_splits` is ignored (the
+    split is fixed by the capacity, for batch invariance). The counts and the table are public
+    metadata: values past the capacity or pages outside the pool are the caller's error, as in
+    flash-attn (the kernel clamps them, so no access leaves the cache). `secret_lengths=True`
+    (flashcore's own) keeps the counts secret from timing: the kernel walks the full capacity.
     Returns `out`, or ``(out, softmax_lse)`` with `return_softmax_lse`.
     """
     unsupported = {
@@ -118,7 +163,6 @@ def flash_attn_with_kvcache(
         "rotary_sin": rotary_sin is not None,
         "cache_batch_idx": cache_batch_idx is not None,
         "cache_leftpad": cache_leftpad is not None,
-        "block_table": block_table is not None,
         "window_size": tuple(window_size) != (-1, -1),
         "softcap": softcap != 0.0,
         "alibi_slopes": alibi_slopes is not None,
@@ -129,7 +173,8 @@ def flash_attn_with_kvcache(
     if (k is None) != (v is None):
         raise ValueError("flashcore: give both k and v to append, or neither")
     _checks.check_no_grad(q, k_cache, v_cache)
-    b, s_cache = k_cache.shape[0], k_cache.shape[1]
+    b = q.shape[0]
+    s_cache = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
     if cache_seqlens is None:
         if k is not None:
             raise ValueError("flashcore: appending k/v needs cache_seqlens (where to write)")
@@ -147,13 +192,36 @@ def flash_attn_with_kvcache(
                     f"flashcore: `{name}` must be [B, n, Hkv, D] = [{b}, n, {c.shape[2]}, {c.shape[3]}] "
                     f"of {c.dtype}, got {tuple(t.shape)} of {t.dtype}"
                 )
-        seqlens = append_kv(k_cache, v_cache, k, v, seqlens)
-    out, lse = attention_kvcache_op(q, k_cache, v_cache, seqlens, bool(causal), softmax_scale,
-                                    bool(return_softmax_lse))
+        seqlens = append_kv(k_cache, v_cache, k, v, seqlens, block_table)
+    out, lse = _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, bool(causal), softmax_scale,
+                                  bool(return_softmax_lse), bool(secret_lengths))
     return (out, lse) if return_softmax_lse else out
 
 
-def prepare(q, k_cache, *, causal=False, softmax_scale=None):
+def _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret):
+    """The op on these arguments: its body directly in plain eager mode (skipping the
+    dispatcher's ~20 µs, as `api._call` does; lse None unless asked), through
+    torch.ops.flashcore.attention_kvcache whenever torch is tracing or faking tensors."""
+    if block_table is None and not secret:
+        r = fast(q, k_cache, v_cache, causal, scale, False, return_lse, kv_lengths=seqlens)
+        if r is not None:  # plain eager call, served in one pass (_launch.fast)
+            return r
+    if ops.eager(q, k_cache, v_cache, seqlens, block_table):
+        _check(q, k_cache, v_cache, seqlens, block_table)
+        b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if return_lse else None
+        launch(q, k_cache, v_cache, out, lse, None, causal, _checks.check_scale(scale), kv_lengths=seqlens,
+               kv_secret=secret, block_table=block_table)
+        return out, lse
+    out, lse = attention_kvcache_op(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret)
+    return out, (lse if return_lse else None)
+
+
+def prepare(q, k_cache, *, causal=False, softmax_scale=None, block_table=None, secret_lengths=False):
     """Loads the kernel of a KV-cache call of this shape (before capturing a CUDA graph)."""
-    b, sq, sk, hq, hkv, d = _checks.split_shape(q, k_cache, k_cache, "bshd")
-    prepare_kv(q.device, q.dtype, (b, sq, sk, hq, hkv, d), causal, _checks.check_scale(softmax_scale))
+    seqlens = torch.zeros(q.shape[0], dtype=torch.int32, device=q.device)
+    b, sq, sk, hq, hkv, d = _check(q, k_cache, k_cache, seqlens, block_table)
+    pages = (k_cache.shape[1], k_cache.shape[0]) if block_table is not None else (0, 0)
+    prepare_kv(q.device, q.dtype, (b, sq, sk, hq, hkv, d), causal, _checks.check_scale(softmax_scale),
+               secret=bool(secret_lengths), pages=pages)

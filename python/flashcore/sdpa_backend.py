@@ -14,7 +14,7 @@ kernel instead (exact semantics kept; counted in ``stats``), and inputs that req
 import torch
 
 from . import _checks
-from ._launch import launch
+from ._launch import fast, launch
 
 NAME = "flashcore"
 
@@ -45,9 +45,20 @@ def _fallback_reason(query, key, value, dropout_p):
         return "heads"
     if min(query.shape) == 0 or min(key.shape) == 0:
         return "empty"
-    if torch.cuda.get_device_capability(query.device) != (9, 0):
+    if _capability(query.get_device()) != (9, 0):
         return "device"
     return None
+
+
+_capabilities = {}
+
+
+def _capability(index):
+    """torch.cuda.get_device_capability, asked once per device (a few µs per call)."""
+    cap = _capabilities.get(index)
+    if cap is None:
+        cap = _capabilities[index] = torch.cuda.get_device_capability(index)
+    return cap
 
 
 def _fallback(query, key, value, dropout_p, is_causal, scale):
@@ -71,6 +82,14 @@ def _flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return_deb
     _checks.check_no_grad(query, key, value)
     if return_debug_mask:
         raise RuntimeError("flashcore SDPA backend: return_debug_mask is not supported")
+    if dropout_p == 0.0 and query.is_cuda and query.is_contiguous() and _capability(query.get_device()) == (9, 0):
+        # The common call in one pass (_launch.fast; it declines everything else). The output
+        # of a contiguous query is contiguous, as PyTorch's kernel gives it.
+        r = fast(query, key, value, bool(is_causal), scale, True, True)
+        if r is not None:
+            stats["flashcore"] += 1
+            rng_state, unused, debug = _placeholders(query)
+            return r[0], r[1], None, None, query.shape[2], key.shape[2], rng_state, unused, debug
     b, hq, sq, d = query.shape
     reason = _fallback_reason(query, key, value, dropout_p)
     if reason is None:
@@ -78,16 +97,29 @@ def _flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return_deb
         # The output has the query's memory layout, as PyTorch's own kernel (and its meta function) give.
         out = torch.empty_like(query)
         lse = torch.empty((b, hq, sq), dtype=torch.float32, device=query.device)
-        q, k, v, o = (t.transpose(1, 2) for t in (query, key, value, out))
-        launch(q, k, v, o, lse, None, is_causal, _checks.check_scale(scale))
+        launch(query, key, value, out, lse, None, is_causal, _checks.check_scale(scale), bhsd=True)
     else:
         stats["fallback"] += 1
         out, lse = _fallback(query, key, value, dropout_p, is_causal, scale)
         out = torch.empty_like(query).copy_(out)
-    rng_state = torch.zeros((2,), dtype=torch.uint64, device=query.device)
-    unused = torch.zeros((), dtype=torch.uint64, device=query.device)
-    debug = torch.empty(0, dtype=query.dtype, device=query.device)
+    rng_state, unused, debug = _placeholders(query)
     return out, lse, None, None, sq, key.shape[2], rng_state, unused, debug
+
+
+_debug_masks = {}
+
+
+def _placeholders(query):
+    """The op's RNG state, `unused` and debug-mask outputs. Without dropout nothing reads them
+    (the meta function gives only their shapes): the first two are left unfilled (no fill
+    launches per call), and the empty debug mask — no storage to share — is one per (device,
+    dtype)."""
+    dev = query.device
+    debug = _debug_masks.get((dev, query.dtype))
+    if debug is None:
+        debug = _debug_masks[(dev, query.dtype)] = torch.empty(0, dtype=query.dtype, device=dev)
+    return (torch.empty((2,), dtype=torch.uint64, device=dev), torch.empty((), dtype=torch.uint64, device=dev),
+            debug)
 
 
 def _register():

@@ -5,6 +5,7 @@
 
 use flashcore::attention::external::{self, DeviceTensor, ExternalCall, ExternalContext, Strides};
 use flashcore::attention::launch::Lengths;
+use flashcore::attention::Pages;
 use flashcore::attention::{AttentionParams, DType, Layout};
 use flashcore::Error;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -68,15 +69,38 @@ fn call(
     lengths: u64,
     workspace: u64,
     kv_lengths: u64,
+    kv: KvArgs,
 ) -> PyResult<ExternalCall> {
     let p = params(dtype, shape, causal, scale)?;
-    Ok(
-        ExternalCall::new(p, tensor(q), tensor(k), tensor(v), tensor(out))
-            .lse(lse)
-            .lengths(lengths)
-            .kv_lengths(kv_lengths)
-            .workspace(workspace),
-    )
+    let c = ExternalCall::new(p, tensor(q), tensor(k), tensor(v), tensor(out))
+        .lse(lse)
+        .lengths(lengths)
+        .kv_lengths(kv_lengths)
+        .kv_secret(kv.secret)
+        .workspace(workspace);
+    Ok(match kv.pages() {
+        Some(pg) => c.paged(kv.block_table, pg),
+        None => c,
+    })
+}
+
+/// A KV-cache call's extras: secret counts, and a paged cache's block table and geometry
+/// (`page_size` 0: contiguous).
+#[derive(Clone, Copy, Default)]
+struct KvArgs {
+    secret: bool,
+    block_table: u64,
+    page_size: usize,
+    num_pages: usize,
+}
+
+impl KvArgs {
+    fn pages(&self) -> Option<Pages> {
+        (self.page_size != 0).then_some(Pages {
+            page_size: self.page_size,
+            num_pages: self.num_pages,
+        })
+    }
 }
 
 /// One context per device, kept for the life of the process (torch keeps the same primary
@@ -97,7 +121,7 @@ fn context(device: usize) -> PyResult<Arc<ExternalContext>> {
 
 /// Checks a call's shapes, alignment and strides without touching a GPU.
 #[pyfunction]
-#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0))]
+#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0))]
 #[allow(clippy::too_many_arguments)]
 fn validate(
     dtype: &str,
@@ -112,9 +136,19 @@ fn validate(
     lengths: u64,
     workspace: u64,
     kv_lengths: u64,
+    kv_secret: bool,
+    block_table: u64,
+    page_size: usize,
+    num_pages: usize,
 ) -> PyResult<()> {
+    let kv = KvArgs {
+        secret: kv_secret,
+        block_table,
+        page_size,
+        num_pages,
+    };
     let c = call(
-        dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths,
+        dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths, kv,
     )?;
     external::validate(&c).map_err(to_py)
 }
@@ -124,7 +158,7 @@ fn validate(
 /// device memory covering what the strides reach; the Python package guarantees that by
 /// passing tensors it holds until the op returns (the stream orders their reuse).
 #[pyfunction]
-#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0))]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0))]
 #[allow(clippy::too_many_arguments)]
 fn attention(
     py: Python<'_>,
@@ -142,9 +176,19 @@ fn attention(
     lengths: u64,
     workspace: u64,
     kv_lengths: u64,
+    kv_secret: bool,
+    block_table: u64,
+    page_size: usize,
+    num_pages: usize,
 ) -> PyResult<()> {
+    let kv = KvArgs {
+        secret: kv_secret,
+        block_table,
+        page_size,
+        num_pages,
+    };
     let c = call(
-        dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths,
+        dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths, kv,
     )?;
     let ctx = context(device)?;
     // The first call of a shape may compile a kernel (NVRTC, seconds): let other threads run.
@@ -158,7 +202,7 @@ fn attention(
 /// Loads (compiling on first use) the kernel for a shape without launching: the warm-up to do
 /// before capturing a CUDA graph.
 #[pyfunction]
-#[pyo3(signature = (device, dtype, shape, causal, scale, secret_lengths=false, kv_lengths=false))]
+#[pyo3(signature = (device, dtype, shape, causal, scale, secret_lengths=false, kv_lengths=false, kv_secret=false, page_size=0, num_pages=0))]
 #[allow(clippy::too_many_arguments)]
 fn prepare(
     py: Python<'_>,
@@ -169,17 +213,26 @@ fn prepare(
     scale: Option<f64>,
     secret_lengths: bool,
     kv_lengths: bool,
+    kv_secret: bool,
+    page_size: usize,
+    num_pages: usize,
 ) -> PyResult<()> {
     let p = params(dtype, shape, causal, scale)?;
     let ctx = context(device)?;
-    let lengths = lengths_mode(secret_lengths, kv_lengths);
+    let kv = KvArgs {
+        secret: kv_secret,
+        page_size,
+        num_pages,
+        ..Default::default()
+    };
+    let lengths = lengths_mode(secret_lengths, kv_lengths, kv);
     py.detach(move || ctx.prepare_lengths(&p, lengths))
         .map_err(to_py)
 }
 
-fn lengths_mode(secret_lengths: bool, kv_lengths: bool) -> Lengths {
+fn lengths_mode(secret_lengths: bool, kv_lengths: bool, kv: KvArgs) -> Lengths {
     if kv_lengths {
-        Lengths::KvCache
+        Lengths::kv_cache(kv.secret, kv.pages())
     } else if secret_lengths {
         Lengths::SecretPadded
     } else {
@@ -201,7 +254,9 @@ fn workspace_bytes(
     let p = params(dtype, shape, causal, None)?;
     Ok(flashcore::attention::decode::workspace_bytes(
         &p,
-        lengths_mode(secret_lengths, kv_lengths),
+        // Splits come from the capacity in every KV-cache mode: secrecy and paging do not
+        // change the size.
+        lengths_mode(secret_lengths, kv_lengths, KvArgs::default()),
     ))
 }
 

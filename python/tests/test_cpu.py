@@ -202,10 +202,11 @@ def test_sdpa_backend_handles_every_argument_of_the_aten_op(monkeypatch):
     # is_causal and scale: passed to the launch.
     launches = []
     monkeypatch.setattr(flashcore.sdpa_backend, "_fallback_reason", lambda *a: None)
-    monkeypatch.setattr(flashcore.sdpa_backend, "launch", lambda *a: launches.append(a))
+    monkeypatch.setattr(flashcore.sdpa_backend, "launch", lambda *a, **kw: launches.append((a, kw)))
     flashcore.sdpa_backend._flash_forward(q, q, q, 0.0, True, False, scale=0.25)
     flashcore.sdpa_backend._flash_forward(q, q, q)
-    assert [a[6:] for a in launches] == [(True, 0.25), (False, None)]
+    assert [a[6:] for a, _ in launches] == [(True, 0.25), (False, None)]
+    assert all(kw == {"bhsd": True} for _, kw in launches)  # SDPA's [B, H, S, D] tensors
 
 
 def test_sdpa_rejects_what_it_does_not_do(fake):
@@ -353,7 +354,7 @@ def mock_launch(monkeypatch):
 
     monkeypatch.setattr(flashcore._checks, "check_tensor", check_tensor)
     monkeypatch.setattr(flashcore._launch, "current_stream", lambda index: 1234)
-    monkeypatch.setattr(flashcore._launch._native, "attention", lambda *a: calls.append(a))
+    monkeypatch.setattr(flashcore._launch._native, "attention", lambda *a, **kw: calls.append(a + tuple(sorted(kw.items()))))
     return calls
 
 
@@ -442,6 +443,46 @@ def test_append_kv_writes_each_sequence_at_its_length():
     after = append_kv(kc, vc, k, v, lens)
     assert torch.equal(kc, want_k) and torch.equal(vc, want_v)
     assert after.dtype == torch.int32 and after.tolist() == [2, 7, 10]
+    # One new row per sequence (decode's case, its own branch).
+    k1, v1 = torch.randn(3, 1, 2, 8), torch.randn(3, 1, 2, 8)
+    for b, n in enumerate(after.tolist()[:2]):
+        want_k[b, n], want_v[b, n] = k1[b, 0], v1[b, 0]
+    want_k[2, 0], want_v[2, 0] = k1[2, 0], v1[2, 0]
+    after = append_kv(kc, vc, k1, v1, torch.tensor([2, 7, 0], dtype=torch.int32))
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v) and after.tolist() == [3, 8, 1]
+
+
+def test_append_kv_paged_writes_through_the_block_table():
+    from flashcore.kvcache import append_kv
+
+    pool_k, pool_v = torch.randn(6, 4, 2, 8), torch.randn(6, 4, 2, 8)
+    table = torch.tensor([[5, 0, 3], [1, 4, 2]], dtype=torch.int32)  # 2 sequences, 3 pages of 4 rows
+    k, v = torch.randn(2, 3, 2, 8), torch.randn(2, 3, 2, 8)
+    lens = torch.tensor([3, 8], dtype=torch.int32)  # sequence 0 crosses from page 5 into page 0
+    want_k, want_v = pool_k.clone(), pool_v.clone()
+    for b, n in enumerate(lens.tolist()):
+        for i in range(3):
+            r = n + i
+            page = table[b, r // 4].item()
+            want_k[page, r % 4], want_v[page, r % 4] = k[b, i], v[b, i]
+    after = append_kv(pool_k, pool_v, k, v, lens, table)
+    assert torch.equal(pool_k, want_k) and torch.equal(pool_v, want_v)
+    assert after.tolist() == [6, 11]
+
+
+def test_kvcache_paged_fake_shapes_and_bad_tables(fake):
+    q = cuda(2, 1, 8, 64, dtype=torch.bfloat16)
+    pool = cuda(10, 16, 2, 64, dtype=torch.bfloat16)
+    table = torch.zeros(2, 4, dtype=torch.int32, device="cuda")
+    out = flashcore.flash_attn_with_kvcache(q, pool, pool, cache_seqlens=20, block_table=table)
+    assert out.shape == q.shape
+    with pytest.raises(TypeError, match="int32"):
+        flashcore.flash_attn_with_kvcache(q, pool, pool, cache_seqlens=3, block_table=table.long())
+    with pytest.raises(ValueError, match=r"\[B, max_pages\]"):
+        flashcore.flash_attn_with_kvcache(q, pool, pool, cache_seqlens=3, block_table=table[:1])
+    odd = cuda(10, 24, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="power of two"):
+        flashcore.flash_attn_with_kvcache(q, odd, odd, cache_seqlens=3, block_table=table)
 
 
 def test_kvcache_op_fake_shapes_and_append(fake):
@@ -459,7 +500,6 @@ def test_kvcache_op_fake_shapes_and_append(fake):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(block_table=torch.zeros(1)), "block_table"),
         (dict(window_size=(16, 0)), "window_size"),
         (dict(softcap=30.0), "softcap"),
         (dict(rotary_cos=torch.zeros(1), rotary_sin=torch.zeros(1)), "rotary_cos"),
@@ -487,3 +527,85 @@ def test_kvcache_bad_inputs(fake):
         flashcore.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=torch.zeros(3, dtype=torch.int32, device="cuda"))
     with pytest.raises(ValueError, match="`k` must be"):
         flashcore.flash_attn_with_kvcache(q, kc, kc, k=cuda(2, 1, 4, 64), v=cuda(2, 1, 4, 64), cache_seqlens=3)
+
+
+# --- the one-pass eager path (_launch.fast) launches what the checked path launches ----------
+
+
+class _OnGpu(torch.Tensor):
+    """A CPU tensor that says it is on cuda:0, so _launch.fast takes it (with _Tensor patched)."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+    def get_device(self):
+        return 0
+
+
+@pytest.fixture
+def fast_mock(monkeypatch):
+    calls = []
+    monkeypatch.setattr(_launch, "_Tensor", _OnGpu)
+    monkeypatch.setattr(_launch, "current_stream", lambda index: 1234)
+    monkeypatch.setattr(_launch._native, "attention", lambda *a: calls.append(a))
+    monkeypatch.setattr(_launch, "_workspace", lambda n, dev, stream: torch.empty(n, dtype=torch.uint8))
+    return calls
+
+
+def _gpu(*shape, dtype=F16):
+    return torch.randn(*shape).to(dtype).as_subclass(_OnGpu)
+
+
+@pytest.mark.parametrize("bhsd", [False, True])
+@pytest.mark.parametrize("sq, sk, hq, hkv", [(64, 96, 4, 2), (1, 8192, 32, 8), (3, 100, 8, 8)])
+def test_fast_path_launches_what_the_checked_path_does(fast_mock, bhsd, sq, sk, hq, hkv):
+    def mk(s, h):
+        return _gpu(2, h, s, 64) if bhsd else _gpu(2, s, h, 64)
+
+    q, k, v = mk(sq, hq), mk(sk, hkv), mk(sk, hkv)
+    with torch.no_grad():
+        out, lse = _launch.fast(q, k, v, True, 0.5, bhsd, True)
+    assert out.shape == q.shape and out.is_contiguous() and lse.shape == (2, hq, sq)
+    # The checked path's launch on the same tensors: identical but for the fresh buffers.
+    out2 = torch.empty(q.shape, dtype=q.dtype)
+    lse2 = torch.empty(2, hq, sq, dtype=torch.float32)
+    _launch.launch(q, k, v, out2, lse2, None, True, 0.5, bhsd=bhsd)
+    a, b = fast_mock
+    assert a[:9] == b[:9] and a[9][1] == b[9][1] and a[11] == b[11] == 0 and a[13] == b[13] == 0
+    assert (a[12] == 0) == (b[12] == 0)  # a workspace exactly when the checked path gives one
+    assert (a[12] != 0) == (_native.workspace_bytes("f16", a[3], True) > 0)
+    # A KV-cache call: its key counts reach the launch.
+    fast_mock.clear()
+    if sq <= 16 and not bhsd:
+        lens = torch.full((2,), 5, dtype=torch.int32).as_subclass(_OnGpu)
+        _launch.fast(q, k, v, False, None, False, False, kv_lengths=lens)
+        assert fast_mock[0][13] == lens.data_ptr() and fast_mock[0][5] is None
+
+
+def test_fast_path_declines_what_it_does_not_serve(fast_mock):
+    q, kv = _gpu(1, 64, 4, 64), _gpu(1, 64, 2, 64)
+    lens = torch.full((1,), 5, dtype=torch.int32).as_subclass(_OnGpu)
+    with torch.no_grad():
+        declined = [
+            _launch.fast(q.as_subclass(torch.Tensor), kv, kv, False, None, False, False),  # not on a GPU
+            _launch.fast(q.float(), kv, kv, False, None, False, False),  # dtype
+            _launch.fast(q, kv.bfloat16(), kv.bfloat16(), False, None, False, False),  # mixed dtypes
+            _launch.fast(q, kv, kv, False, None, False, False, gqa=False),  # GQA not allowed
+            _launch.fast(q, kv[:, :32], kv[:, :32], True, None, False, False, top_left=True),  # Sq ≠ Sk causal
+            _launch.fast(q, kv[..., :32], kv[..., :32], False, None, False, False),  # head dim 32
+            _launch.fast(q, kv[:, :, :, ::2].repeat(1, 1, 1, 2)[:, :, :1].expand(1, 64, 2, 64), kv, False, None,
+                         False, False),  # broadcast (stride 0)
+            _launch.fast(_gpu(1, 64, 4, 68)[..., :64], kv, kv, False, None, False, False),  # 136-byte rows
+            _launch.fast(q, kv, kv, False, None, False, False, kv_lengths=lens.long()),  # int64 counts
+            _launch.fast(q, kv, kv, False, None, False, False, kv_lengths=lens),  # Sq 64 > 16 for a KV cache
+            _launch.fast(q[:1, :1], kv, kv, False, None, False, False,
+                         kv_lengths=torch.ones(2, dtype=torch.int32).as_subclass(_OnGpu)),  # counts' shape
+        ]
+    assert declined == [None] * len(declined) and not fast_mock
+    g = q.clone().requires_grad_()
+    assert _launch.fast(g, kv, kv, False, None, False, False) is None  # grad mode and an input needing grad
+    with pytest.raises(ValueError, match="scale must be positive"):  # the checked path's error, same point
+        with torch.no_grad():
+            _launch.fast(q, kv, kv, False, -1.0, False, False)
+    assert not fast_mock

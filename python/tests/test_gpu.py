@@ -403,3 +403,104 @@ def test_flash_attn_with_kvcache_appends_and_matches_float64(dtype, sq, causal, 
         g.replay()
     torch.cuda.synchronize()
     assert torch.equal(static_out, out)
+
+
+@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_attn_with_kvcache_paged_and_secret(page, dtype):
+    """A paged cache (shuffled pages, spare pages of noise) gives the contiguous cache's bits, the
+    append lands in the right pages, and secret counts stay within the float64 bounds; under
+    torch.compile and a CUDA graph too."""
+    b, cap, hq, hkv, d, sq = 3, 1024, 8, 2, 128, 1
+    kc, vc = randn(b, cap, hkv, d, dtype=dtype), randn(b, cap, hkv, d, dtype=dtype)
+    q, k, v = randn(b, sq, hq, d, dtype=dtype), randn(b, sq, hkv, d, dtype=dtype), randn(b, sq, hkv, d, dtype=dtype)
+    lens = torch.tensor([0, 300, cap - sq], dtype=torch.int32, device="cuda")
+    slots = cap // page
+    num_pages = b * slots + 5
+    order = torch.randperm(num_pages, device="cuda")[: b * slots]
+    table = order.view(b, slots).to(torch.int32)
+    pool_k, pool_v = randn(num_pages, page, hkv, d, dtype=dtype), randn(num_pages, page, hkv, d, dtype=dtype)
+    pool_k[table.long()] = kc.view(b, slots, page, hkv, d)
+    pool_v[table.long()] = vc.view(b, slots, page, hkv, d)
+    want = flashcore.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
+    got = flashcore.flash_attn_with_kvcache(q, pool_k, pool_v, k, v, cache_seqlens=lens, block_table=table, causal=True)
+    assert torch.equal(pool_k[table.long()].view(b, cap, hkv, d), kc), "the paged append wrote the wrong rows"
+    assert torch.equal(got, want), "a paged cache must give the contiguous cache's bits"
+    for i, n in enumerate(lens.tolist()):
+        ref, _ = reference(q[i:i + 1], kc[i:i + 1, :n + sq], vc[i:i + 1, :n + sq], True)
+        assert rel_l2(got[i:i + 1], ref) < TOL[dtype], (i, n)
+        secret = flashcore.flash_attn_with_kvcache(q[i:i + 1], pool_k, pool_v, cache_seqlens=lens[i:i + 1] + sq,
+                                                   block_table=table[i:i + 1], causal=True, secret_lengths=True)
+        assert torch.isfinite(secret).all()
+        assert rel_l2(secret, ref) < TOL[dtype], ("secret", i, n)
+    fn = torch.compile(lambda q_, l_: flashcore.flash_attn_with_kvcache(q_, pool_k, pool_v, cache_seqlens=l_,
+                                                                       block_table=table, causal=True), fullgraph=True)
+    assert torch.equal(fn(q, lens + sq), got)
+    static_out = torch.empty_like(got)
+    flashcore.kvcache.prepare(q, pool_k, causal=True, block_table=table)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out.copy_(flashcore.flash_attn_with_kvcache(q, pool_k, pool_v, cache_seqlens=lens + sq,
+                                                           block_table=table, causal=True))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, got)
+
+
+def test_decode_workspace_shared_per_stream_stays_correct():
+    # Decode calls that split their keys share one workspace per (device, stream) in eager mode
+    # (host time); graph captures take their own. Interleaved streams, threads and graph replays
+    # must all give each call's own bits.
+    import threading
+
+    def inputs(b, sk):
+        return randn(b, 1, 32, 128), randn(b, sk, 8, 128), randn(b, sk, 8, 128)
+
+    shapes = [(2, 8192), (1, 4096), (3, 2048)]
+    calls = [inputs(*s) for s in shapes for _ in range(2)]
+    assert all(flashcore._native.workspace_bytes("f16", (b, 1, sk, 32, 8, 128), False) for b, sk in shapes)
+    want = [flashcore.attention(*c) for c in calls]
+    torch.cuda.synchronize()
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for s in streams:
+        s.wait_stream(torch.cuda.current_stream())
+    got = [None] * len(calls)
+    for rep in range(20):
+        for i, c in enumerate(calls):
+            with torch.cuda.stream(streams[(i + rep) % 2]):
+                got[i] = flashcore.attention(*c)
+        for s in streams:
+            torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        assert all(torch.equal(g, w) for g, w in zip(got, want)), rep
+
+    # Two threads on one stream, different shapes, many calls each.
+    errors = []
+
+    def worker(i):
+        for _ in range(50):
+            out = flashcore.attention(*calls[i])
+            torch.cuda.current_stream().synchronize()
+            if not torch.equal(out, want[i]):
+                errors.append(i)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in (0, 2, 4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+    # A captured decode call replayed on a side stream while eager calls run on the default one.
+    q, k, v = calls[0]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=side):
+        static = flashcore.attention(q, k, v)
+    for _ in range(10):
+        with torch.cuda.stream(side):
+            g.replay()
+        other = flashcore.attention(*calls[2])
+        torch.cuda.synchronize()
+        assert torch.equal(static, want[0]) and torch.equal(other, want[2])

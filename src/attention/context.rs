@@ -1,5 +1,6 @@
 //! `Context`: one CUDA device, its stream, and the kernels loaded on it.
 
+use super::decode::Pages;
 use super::launch::Lengths;
 use super::launch::{LoadedKernel, Plan};
 use super::params::{AttentionParams, DType};
@@ -147,18 +148,19 @@ impl Context {
 
     /// A KV-cache plan ([`Lengths::KvCache`]): `params.seqlen_k` is the cache's capacity,
     /// `params.seqlen_q` ≤ [`super::decode::MAX_SEQLEN_Q`] the new queries; each launch gives
-    /// every sequence's key count in a device buffer (secret: the kernel walks the capacity).
-    pub fn plan_kv_cache(&self, params: &AttentionParams) -> Result<Plan> {
-        self.plan_lengths(params, Lengths::KvCache, true)
-    }
-
-    /// [`Context::plan_kv_cache`] for callers that bring their own decode workspace.
-    pub(crate) fn plan_kv_cache_external(&self, params: &AttentionParams) -> Result<Plan> {
-        self.plan_lengths(params, Lengths::KvCache, false)
+    /// every sequence's key count in a device buffer — public metadata, or with `secret` kept
+    /// secret (the kernel walks the capacity). `pages`: a paged cache.
+    pub fn plan_kv_cache(
+        &self,
+        params: &AttentionParams,
+        secret: bool,
+        pages: Option<Pages>,
+    ) -> Result<Plan> {
+        self.plan_lengths(params, Lengths::kv_cache(secret, pages), true)
     }
 
     /// Checks `params` for the lengths mode and makes the plan (shipped kernels only).
-    fn plan_lengths(
+    pub(crate) fn plan_lengths(
         &self,
         params: &AttentionParams,
         lengths: Lengths,
@@ -168,7 +170,12 @@ impl Context {
         match lengths {
             Lengths::None => {}
             Lengths::SecretPadded => validate::check_secret_len(params)?,
-            Lengths::KvCache => validate::check_kv_cache(params)?,
+            Lengths::KvCache { pages, .. } => {
+                validate::check_kv_cache(params)?;
+                if let Some(pg) = pages {
+                    validate::check_pages(params, &pg)?;
+                }
+            }
         }
         Plan::new(
             self,
@@ -246,11 +253,11 @@ impl Context {
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
         let plan = self.plan(params)?;
-        self.launch_checked(&plan, params, q, k, v, out, lse, 0)
+        self.launch_checked(&plan, params, q, k, v, out, lse, 0, 0)
     }
 
-    /// Checks every buffer against the plan's shape, then launches (with `lens` in
-    /// secret-length mode, else 0).
+    /// Checks every buffer against the plan's shape (K and V against a paged plan's pools),
+    /// then launches (with `lens` in a lengths mode, else 0; `table` for a paged plan, else 0).
     #[allow(clippy::too_many_arguments)]
     fn launch_checked<T: Element>(
         &self,
@@ -262,6 +269,7 @@ impl Context {
         out: &mut CudaSlice<T>,
         lse: Option<&mut CudaSlice<f32>>,
         lens: u64,
+        table: u64,
     ) -> Result<()> {
         if params.dtype != T::DTYPE {
             return Err(Error::invalid(
@@ -278,8 +286,13 @@ impl Context {
         let (k_ptr, _g2) = k.device_ptr(&self.stream);
         let (v_ptr, _g3) = v.device_ptr(&self.stream);
         validate::check_buffer("q", q.len(), params.q_len(), q_ptr, align)?;
-        validate::check_buffer("k", k.len(), params.kv_len(), k_ptr, align)?;
-        validate::check_buffer("v", v.len(), params.kv_len(), v_ptr, align)?;
+        // A paged plan's K and V are the page pools.
+        let kv_len = match plan.lengths().pages() {
+            Some(pg) => pg.num_pages * pg.page_size * params.heads_kv * params.head_dim,
+            None => params.kv_len(),
+        };
+        validate::check_buffer("k", k.len(), kv_len, k_ptr, align)?;
+        validate::check_buffer("v", v.len(), kv_len, v_ptr, align)?;
         let out_len = out.len();
         let (o_ptr, _g4) = out.device_ptr_mut(&self.stream);
         validate::check_buffer("out", out_len, params.q_len(), o_ptr, 4)?;
@@ -294,7 +307,9 @@ impl Context {
         };
         // SAFETY: every buffer's length and alignment was checked against the plan's shape.
         unsafe {
-            if plan.secret_len() {
+            if plan.lengths().pages().is_some() {
+                plan.launch_raw_paged(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, lens, table)
+            } else if plan.secret_len() {
                 plan.launch_raw_with_lengths(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, lens)
             } else {
                 plan.launch_raw(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr)
@@ -325,50 +340,71 @@ impl Context {
         }
         let plan = self.plan_secret_len(params)?;
         let (lens_ptr, _g) = lengths.device_ptr(&self.stream);
-        self.launch_checked(&plan, params, q, k, v, out, lse, lens_ptr)
+        self.launch_checked(&plan, params, q, k, v, out, lse, lens_ptr, 0)
     }
 
-    /// Attention of a few new queries over a KV cache ([`Lengths::KvCache`]): `k_cache` and
-    /// `v_cache` hold `[batch, seqlen_k (the capacity), heads_kv, head_dim]` in `params.layout`,
-    /// `seqlens_k` (i32 per sequence, on the device) how many of a sequence's cache rows are
-    /// keys (clamped to [0, capacity]). The queries are the last `seqlen_q` positions of those
-    /// keys: causal masks are aligned to each sequence's count (flash-attn's
-    /// `flash_attn_with_kvcache` after its append). The counts stay secret: time, control flow and
-    /// addresses are those of the full capacity. Append this step's keys first
+    /// Attention of a few new queries over a KV cache ([`Lengths::KvCache`], flash-attn's
+    /// `flash_attn_with_kvcache` after its append): the queries are the last `params.seqlen_q`
+    /// positions of each sequence's `cache.seqlens_k` keys, causal masks aligned to that count.
+    /// `params.seqlen_k` is the capacity. Contiguous caches hold `[batch, seqlen_k, heads_kv,
+    /// head_dim]` in `params.layout`; paged ones are pools read through a block table. The counts
+    /// and the table are public metadata, checked on the host before the launch (counts within
+    /// the capacity, pages inside the pool); with `cache.secret_lengths` the counts stay secret:
+    /// time, control flow and addresses are those of the full capacity, and each count is
+    /// clamped to [0, capacity] on the device. Append this step's keys first
     /// ([`Context::append_kv`]).
-    #[allow(clippy::too_many_arguments)]
     pub fn attention_kv_cache<T: Element>(
         &self,
         params: &AttentionParams,
         q: &CudaSlice<T>,
-        k_cache: &CudaSlice<T>,
-        v_cache: &CudaSlice<T>,
-        seqlens_k: &CudaSlice<i32>,
+        cache: &KvCache<'_, T>,
         out: &mut CudaSlice<T>,
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
-        if seqlens_k.len() != params.batch {
+        if cache.seqlens_k.len() != params.batch {
             return Err(Error::invalid(
                 "seqlens_k",
-                format!("has {} entries, batch is {}", seqlens_k.len(), params.batch),
+                format!(
+                    "has {} entries, batch is {}",
+                    cache.seqlens_k.len(),
+                    params.batch
+                ),
             ));
         }
-        let plan = self.plan_kv_cache(params)?;
-        let (lens_ptr, _g) = seqlens_k.device_ptr(&self.stream);
-        self.launch_checked(&plan, params, q, k_cache, v_cache, out, lse, lens_ptr)
+        let pages = cache.block_table.map(|(_, pg)| pg);
+        let plan = self.plan_kv_cache(params, cache.secret_lengths, pages)?;
+        let counts = self.download(cache.seqlens_k)?;
+        let table = match cache.block_table {
+            Some((t, _)) => Some(self.download(t)?),
+            None => None,
+        };
+        validate::check_kv_metadata(
+            params,
+            &counts,
+            table.as_deref().zip(pages.as_ref()),
+            cache.secret_lengths,
+        )?;
+        let (lens_ptr, _g) = cache.seqlens_k.device_ptr(&self.stream);
+        let table = cache.block_table.map(|(t, _)| t.device_ptr(&self.stream));
+        let t_ptr = table.as_ref().map_or(0, |(p, _)| *p);
+        // The table's entries were checked against the pool above (and are clamped on the device).
+        self.launch_checked(&plan, params, q, cache.k, cache.v, out, lse, lens_ptr, t_ptr)
     }
 
     /// Writes `new` (`[batch, n, heads_kv, head_dim]`, bshd) into a bshd `cache` of capacity
     /// `params.seqlen_k` at rows `cache_seqlens[b]..cache_seqlens[b] + n` of each sequence b
-    /// (one device copy per sequence, on this context's stream). The lengths are host values:
-    /// where a row goes is public here (DESIGN.md §1: cache lengths are metadata); a row past
-    /// the capacity is an error before any copy.
+    /// (device copies on this context's stream). With `pages` (the host copy of the block table
+    /// and the pool's geometry) `cache` is a page pool and row r of sequence b goes to page
+    /// `table[b][r / page_size]`. The lengths and the table are host values: where a row goes is
+    /// public here (DESIGN.md §1: cache lengths are metadata); a row past the capacity or a page
+    /// outside the pool is an error before any copy.
     pub fn append_kv<T: Element>(
         &self,
         params: &AttentionParams,
         cache: &mut CudaSlice<T>,
         new: &CudaSlice<T>,
         cache_seqlens: &[usize],
+        pages: Option<(&[i32], Pages)>,
     ) -> Result<()> {
         if params.layout != super::params::Layout::Bshd {
             return Err(Error::invalid(
@@ -387,14 +423,17 @@ impl Context {
             ));
         }
         let row = params.heads_kv * params.head_dim;
-        if cache.len() != params.kv_len() {
+        let cache_len = match pages {
+            Some((_, pg)) => {
+                validate::check_pages(params, &pg)?;
+                pg.num_pages * pg.page_size * row
+            }
+            None => params.kv_len(),
+        };
+        if cache.len() != cache_len {
             return Err(Error::invalid(
                 "cache",
-                format!(
-                    "has {} elements, the shape needs {}",
-                    cache.len(),
-                    params.kv_len()
-                ),
+                format!("has {} elements, the shape needs {cache_len}", cache.len(),),
             ));
         }
         if new.len() % (params.batch * row) != 0 || new.is_empty() {
@@ -418,11 +457,34 @@ impl Context {
                 ));
             }
         }
+        // Destination of sequence b's cache row r, as an element offset; pages checked first.
+        let counts: Vec<i32> = cache_seqlens.iter().map(|&l| (l + n) as i32).collect();
+        if let Some((table, pg)) = pages {
+            validate::check_kv_metadata(params, &counts, Some((table, &pg)), false)?;
+        }
+        let dest = |b: usize, r: usize| match pages {
+            Some((table, pg)) => {
+                let stride = params.seqlen_k / pg.page_size;
+                let page = table[b * stride + r / pg.page_size] as usize;
+                (page * pg.page_size + r % pg.page_size) * row
+            }
+            None => (b * params.seqlen_k + r) * row,
+        };
+        // Rows that stay contiguous in the cache (a sequence's, or a page's) go in one copy.
         for (b, &len) in cache_seqlens.iter().enumerate() {
-            let src = new.slice(b * n * row..(b + 1) * n * row);
-            let start = (b * params.seqlen_k + len) * row;
-            let mut dst = cache.slice_mut(start..start + n * row);
-            self.stream.memcpy_dtod(&src, &mut dst)?;
+            let mut i = 0;
+            while i < n {
+                let r = len + i;
+                let count = match pages {
+                    Some((_, pg)) => (n - i).min(pg.page_size - r % pg.page_size),
+                    None => n - i,
+                };
+                let src = new.slice((b * n + i) * row..(b * n + i + count) * row);
+                let start = dest(b, r);
+                let mut dst = cache.slice_mut(start..start + count * row);
+                self.stream.memcpy_dtod(&src, &mut dst)?;
+                i += count;
+            }
         }
         Ok(())
     }
@@ -490,5 +552,57 @@ impl Context {
     }
     pub fn synchronize(&self) -> Result<()> {
         Ok(self.stream.synchronize()?)
+    }
+}
+
+/// A KV cache on the device, as [`Context::attention_kv_cache`] reads it.
+#[derive(Clone, Copy)]
+pub struct KvCache<'a, T> {
+    /// Contiguous: `[batch, seqlen_k, heads_kv, head_dim]` in the call's layout; paged: the pool,
+    /// `[num_pages, page_size, heads_kv, head_dim]`.
+    pub k: &'a CudaSlice<T>,
+    pub v: &'a CudaSlice<T>,
+    /// i32 per sequence: how many of its cache rows are keys (after this step's append).
+    pub seqlens_k: &'a CudaSlice<i32>,
+    /// Paged: the block table (i32 `[batch, seqlen_k / page_size]`) and the pool's geometry.
+    pub block_table: Option<(&'a CudaSlice<i32>, Pages)>,
+    /// Keep the counts secret: the kernel walks the capacity and masks by select.
+    pub secret_lengths: bool,
+}
+
+impl<'a, T> KvCache<'a, T> {
+    /// A contiguous cache with public counts.
+    pub fn contiguous(
+        k: &'a CudaSlice<T>,
+        v: &'a CudaSlice<T>,
+        seqlens_k: &'a CudaSlice<i32>,
+    ) -> Self {
+        KvCache {
+            k,
+            v,
+            seqlens_k,
+            block_table: None,
+            secret_lengths: false,
+        }
+    }
+    /// A paged cache with public counts.
+    pub fn paged(
+        k: &'a CudaSlice<T>,
+        v: &'a CudaSlice<T>,
+        seqlens_k: &'a CudaSlice<i32>,
+        block_table: &'a CudaSlice<i32>,
+        pages: Pages,
+    ) -> Self {
+        KvCache {
+            block_table: Some((block_table, pages)),
+            ..KvCache::contiguous(k, v, seqlens_k)
+        }
+    }
+    /// The same cache with its counts kept secret.
+    pub fn secret(self) -> Self {
+        KvCache {
+            secret_lengths: true,
+            ..self
+        }
     }
 }

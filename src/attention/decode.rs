@@ -15,16 +15,34 @@ use crate::kernels::{Tile, Variant};
 /// Calls with at most this many query positions per sequence run in decode mode.
 pub const MAX_SEQLEN_Q: usize = 16;
 
+/// A paged KV cache's geometry: K and V are pools of `num_pages` pages of `page_size` rows
+/// (`[num_pages, page_size, heads_kv, head_dim]`); sequence b's row r lives in page
+/// `block_table[b][r / page_size]`, row `r % page_size`. The capacity `seqlen_k` is the table's
+/// row length times `page_size`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Pages {
+    /// Rows per page: a power of two, at least [`MIN_PAGE_SIZE`].
+    pub page_size: usize,
+    pub num_pages: usize,
+}
+
+/// The smallest page: one TMA box of 16 rows keeps the 128-byte swizzle of a whole block.
+pub const MIN_PAGE_SIZE: usize = 16;
+
 /// The decode variant a call runs, or `None` for the prefill kernel: every KV-cache call
-/// (validated to Sq ≤ [`MAX_SEQLEN_Q`]), and calls without lengths of at most that many query
-/// positions; secret-length prefill keeps the prefill kernel. The one place that decides.
+/// (validated to Sq ≤ [`MAX_SEQLEN_Q`]; secret counts in the secret-length build), and calls
+/// without lengths of at most that many query positions; secret-length prefill keeps the prefill
+/// kernel. The one place that decides.
 pub fn variant_for(p: &AttentionParams, lengths: Lengths) -> Option<Variant> {
     let v = Variant::decode(p.dtype, p.head_dim, p.causal);
     match lengths {
-        Lengths::KvCache => Some(Variant {
-            secret_len: true,
-            ..v
-        }),
+        Lengths::KvCache { secret, pages } => Some(Variant::kv_cache(
+            p.dtype,
+            p.head_dim,
+            p.causal,
+            secret,
+            pages.is_some(),
+        )),
         Lengths::SecretPadded => None,
         Lengths::None => (p.seqlen_q <= MAX_SEQLEN_Q).then_some(v),
     }
@@ -64,6 +82,9 @@ pub struct DecodeSchedule {
 }
 
 impl DecodeSchedule {
+    /// The grid. Splits come from Sk (a KV cache's capacity) in every mode; with public
+    /// KV-cache counts a short sequence's units past its count get no blocks and write empty
+    /// partials.
     pub fn new(p: &AttentionParams, tile: &Tile, num_sms: usize) -> Result<DecodeSchedule> {
         let pack = pack_for(p.heads_q / p.heads_kv);
         let m_blocks = p.seqlen_q.div_ceil(tile.block_m / pack);

@@ -98,11 +98,20 @@ pub struct ExternalCall {
     /// Secret-length mode: i32 `[batch]` true lengths (needs seqlen_q == seqlen_k); 0 for none.
     pub lengths: u64,
     /// KV-cache mode ([`super::launch::Lengths::KvCache`]): i32 `[batch]` key counts in K/V
-    /// caches of capacity `seqlen_k` (secret), with `seqlen_q` ≤ 16 new queries; 0 for none.
+    /// caches of capacity `seqlen_k`, with `seqlen_q` ≤ 16 new queries; 0 for none. Public
+    /// metadata unless `kv_secret`.
     pub kv_lengths: u64,
+    /// Keep the KV-cache counts secret (the kernel walks the capacity).
+    pub kv_secret: bool,
+    /// A paged cache: i32 `[batch, seqlen_k / page_size]` page indices (public), with the pool's
+    /// geometry in `pages`; K and V are then `[num_pages, page_size, heads_kv, head_dim]` pools
+    /// (their strides: page, row, head). 0 for a contiguous cache.
+    pub block_table: u64,
+    pub pages: Option<super::decode::Pages>,
     /// Decode mode's scratch: [`super::decode::workspace_bytes`] bytes, 16-byte aligned, used by
-    /// no other launch in flight (a framework allocates it per call on the call's stream); 0
-    /// when that size is 0.
+    /// no other launch that may run at the same time (a framework allocates it per call on the
+    /// call's stream, or keeps one per stream: launches on one stream run in order); 0 when that
+    /// size is 0.
     pub workspace: u64,
 }
 
@@ -123,7 +132,31 @@ impl ExternalCall {
             lse: 0,
             lengths: 0,
             kv_lengths: 0,
+            kv_secret: false,
+            block_table: 0,
+            pages: None,
             workspace: 0,
+        }
+    }
+    /// Keep the KV-cache counts secret.
+    pub fn kv_secret(mut self, secret: bool) -> Self {
+        self.kv_secret = secret;
+        self
+    }
+    /// A paged cache's block table and geometry.
+    pub fn paged(mut self, block_table: u64, pages: super::decode::Pages) -> Self {
+        self.block_table = block_table;
+        self.pages = Some(pages);
+        self
+    }
+    /// The lengths mode this call runs in.
+    pub fn lengths_mode(&self) -> Lengths {
+        if self.kv_lengths != 0 {
+            Lengths::kv_cache(self.kv_secret, self.pages)
+        } else if self.lengths != 0 {
+            Lengths::SecretPadded
+        } else {
+            Lengths::None
         }
     }
     pub fn kv_lengths(mut self, ptr: u64) -> Self {
@@ -241,6 +274,22 @@ pub fn validate(call: &ExternalCall) -> Result<()> {
             ));
         }
     }
+    match (call.pages, call.block_table) {
+        (None, 0) => {}
+        (Some(pg), table) if call.kv_lengths != 0 && table != 0 => {
+            validate::check_pages(p, &pg)?;
+            if table % 4 != 0 {
+                return Err(Error::invalid(
+                    "block_table",
+                    "device address is not 4-byte aligned",
+                ));
+            }
+        }
+        _ => return Err(Error::invalid(
+            "block_table",
+            "a paged cache needs KV-cache key counts, a block table and its page geometry together",
+        )),
+    }
     if call.lengths != 0 {
         validate::check_secret_len(p)?;
         if call.lengths % 4 != 0 {
@@ -264,13 +313,22 @@ pub fn validate(call: &ExternalCall) -> Result<()> {
     }
     let esize = p.dtype.size() as i64;
     let q_ext = [p.batch, p.seqlen_q, p.heads_q];
-    let kv_ext = [p.batch, p.seqlen_k, p.heads_kv];
+    let kv_ext = kv_extents(call);
     check_tensor("q", &call.q, q_ext, esize)?;
     check_tensor("k", &call.k, kv_ext, esize)?;
     check_tensor("v", &call.v, kv_ext, esize)?;
     check_tensor("out", &call.out, q_ext, esize)?;
     check_no_self_overlap(&call.out, q_ext, p.head_dim)?;
     Ok(())
+}
+
+/// K/V's (batch, seq, head) extents: the cache's, or a paged pool's (pages, page rows, heads).
+fn kv_extents(call: &ExternalCall) -> [usize; 3] {
+    let p = &call.params;
+    match call.pages {
+        Some(pg) => [pg.num_pages, pg.page_size, p.heads_kv],
+        None => [p.batch, p.seqlen_k, p.heads_kv],
+    }
 }
 
 /// What distinguishes one plan from another (the layout is not used here: strides are).
@@ -311,6 +369,10 @@ impl Drop for RestoreCurrent {
 pub struct ExternalContext {
     ctx: Context,
     plans: Mutex<HashMap<PlanKey, Arc<Plan>>>,
+    /// Held across the two launches of a call with a workspace, so that calls from several
+    /// threads that share one workspace per stream (the Python package does) enqueue their
+    /// pairs whole, never interleaved on that stream.
+    workspace_launch: Mutex<()>,
 }
 
 impl ExternalContext {
@@ -323,6 +385,7 @@ impl ExternalContext {
         Ok(ExternalContext {
             ctx: Context::new(ordinal)?,
             plans: Mutex::new(HashMap::new()),
+            workspace_launch: Mutex::new(()),
         })
     }
 
@@ -354,7 +417,7 @@ impl ExternalContext {
         };
         let plan = Arc::new(match lengths {
             Lengths::SecretPadded => self.ctx.plan_secret_len(&params)?,
-            Lengths::KvCache => self.ctx.plan_kv_cache_external(&params)?,
+            kv @ Lengths::KvCache { .. } => self.ctx.plan_lengths(&params, kv, false)?,
             Lengths::None => self.ctx.plan_external(&params)?,
         });
         if plans.len() >= MAX_PLANS {
@@ -397,17 +460,21 @@ impl ExternalContext {
     /// - `out` and `lse` overlap neither each other nor any input.
     pub unsafe fn attention(&self, call: &ExternalCall, stream: sys::CUstream) -> Result<()> {
         validate(call)?;
-        let lengths = if call.kv_lengths != 0 {
-            Lengths::KvCache
-        } else if call.lengths != 0 {
-            Lengths::SecretPadded
-        } else {
-            Lengths::None
-        };
+        let lengths = call.lengths_mode();
         // Make this device's primary context current for the launch, and give the thread back
-        // the context it had: the CUDA runtime (torch) reads its current device from it.
-        let _restore = RestoreCurrent::save()?;
-        self.ctx.cuda().bind_to_thread()?;
+        // the context it had: the CUDA runtime (torch) reads its current device from it. When
+        // it is current already (torch's calls on its current device), nothing to switch.
+        let cuda = self.ctx.cuda();
+        cuda.check_err()?;
+        let before = cudarc::driver::result::ctx::get_current()?;
+        let _restore = if before == Some(cuda.cu_ctx()) {
+            None
+        } else {
+            let restore = RestoreCurrent(before);
+            // SAFETY: the context is this device's primary context, retained by `self`.
+            unsafe { cudarc::driver::result::ctx::set_current(cuda.cu_ctx()) }?;
+            Some(restore)
+        };
         self.launch_current(call, lengths, stream)
     }
 
@@ -425,7 +492,7 @@ impl ExternalContext {
         let plan = self.plan(p, lengths)?;
         let hd = p.head_dim;
         let q_ext = [p.batch, p.seqlen_q, p.heads_q];
-        let kv_ext = [p.batch, p.seqlen_k, p.heads_kv];
+        let kv_ext = kv_extents(call);
         let strides = [
             call.q.strides.normalized(q_ext, hd),
             call.k.strides.normalized(kv_ext, hd),
@@ -445,7 +512,17 @@ impl ExternalContext {
                 call.lengths
             },
             call.workspace,
+            call.block_table,
         ];
+        let _pair = if call.workspace != 0 {
+            Some(
+                self.workspace_launch
+                    .lock()
+                    .map_err(|_| Error::Other("launch lock poisoned".into()))?,
+            )
+        } else {
+            None
+        };
         // SAFETY: the caller's contract above; shapes, alignment and strides validated.
         unsafe { plan.launch_on(ptrs, strides, stream) }
     }

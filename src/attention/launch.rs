@@ -1,7 +1,7 @@
 //! Loading a kernel variant and launching it: the parameter block, grid, shared memory.
 
 use super::context::Context;
-use super::decode::{self, CombineParams, DecodeSchedule, COMBINE_THREADS};
+use super::decode::{self, CombineParams, DecodeSchedule, Pages, COMBINE_THREADS};
 use super::external::Strides;
 use super::params::AttentionParams;
 use super::tensor_map;
@@ -77,9 +77,24 @@ struct KernelParams {
     pack_shift: i32,
     split_blocks: i32,
     num_splits: i32,
+    table_ptr: u64,
+    table_stride: i32,
+    num_pages: i32,
+    page_shift: i32,
+    box_rows: i32,
 }
 
-const _: () = assert!(std::mem::size_of::<KernelParams>() == 512);
+// The device's `Params` ends at byte 536 (576 with its 64-byte alignment); cudarc's CUtensorMap is
+// 128-aligned, so this mirror pads to 640. The launch copies the kernel's declared size: the
+// offsets are what must agree.
+const _: () = assert!(std::mem::offset_of!(KernelParams, table_ptr) == 512);
+const _: () = assert!(std::mem::offset_of!(KernelParams, box_rows) == 532);
+
+/// Byte offsets in the parameter block of the pointers to public metadata: the key counts of
+/// `FC_KV_PUBLIC` builds and the block table of `FC_PAGED` ones. The audit treats what is read
+/// through them as public (DESIGN.md §1, [`crate::kernels::Variant::declared`]).
+pub(crate) const LENS_FIELD: u32 = std::mem::offset_of!(KernelParams, lens_ptr) as u32;
+pub(crate) const TABLE_FIELD: u32 = std::mem::offset_of!(KernelParams, table_ptr) as u32;
 
 /// How the persistent grid walks the query tiles (kernels/fc_scheduler.cuh): the work units and
 /// the number of CTAs. A function of the shape and the device's SM count only; it decides which
@@ -192,13 +207,31 @@ pub enum Lengths {
     /// query rows and keys past it are masked.
     SecretPadded,
     /// KV cache (decode, Sq ≤ [`decode::MAX_SEQLEN_Q`]): each sequence's key count in a cache of
-    /// capacity Sk, kept secret (the kernel walks the capacity and masks by select); the Sq
-    /// queries are the last positions of those keys (a causal mask is aligned to the count).
-    KvCache,
+    /// capacity Sk; the Sq queries are the last positions of those keys (a causal mask is
+    /// aligned to the count). The counts are public metadata (the walk ends at each count), or
+    /// with `secret` kept secret (the kernel walks the capacity and masks by select). `pages`:
+    /// a paged cache, K and V pools of `[num_pages, page_size, Hkv, D]` read through a block
+    /// table of `[batch, Sk / page_size]` page indices (public).
+    KvCache { secret: bool, pages: Option<Pages> },
+}
+
+impl Lengths {
+    /// A KV-cache mode.
+    pub fn kv_cache(secret: bool, pages: Option<Pages>) -> Lengths {
+        Lengths::KvCache { secret, pages }
+    }
+
+    /// The paged cache's geometry, if any.
+    pub fn pages(self) -> Option<Pages> {
+        match self {
+            Lengths::KvCache { pages, .. } => pages,
+            _ => None,
+        }
+    }
 }
 
 /// Buffers and element strides (q, k, v, o) a parameter block was built for.
-type LaunchKey = ([u64; 7], [Strides; 4]);
+type LaunchKey = ([u64; 8], [Strides; 4]);
 
 /// Everything one shape needs to launch, prepared once: the loaded kernel, grid, and the
 /// parameter block of the last buffers seen (rebuilt only when the pointers change), so
@@ -231,7 +264,7 @@ impl Plan {
     ) -> Result<Plan> {
         let variant = match decode::variant_for(&params, lengths) {
             // The leakage test's builds time the prefill kernel.
-            Some(v) if lengths == Lengths::KvCache || build.is_shipped() => v,
+            Some(v) if matches!(lengths, Lengths::KvCache { .. }) || build.is_shipped() => v,
             _ => {
                 let v = Variant::for_shape(
                     params.dtype,
@@ -321,35 +354,23 @@ impl Plan {
         self.decode.map_or(0, |d| d.workspace_bytes(&self.params))
     }
 
-    fn build(&self, (ptrs, strides): LaunchKey) -> Result<KernelParams> {
+    /// The parameter block for `key`; `maps` are the q, k, v tensor maps when an earlier block of
+    /// the same q, k, v (pointers and strides) already encoded them.
+    fn build(
+        &self,
+        (ptrs, strides): LaunchKey,
+        maps: Option<[sys::CUtensorMap; 3]>,
+    ) -> Result<KernelParams> {
         let p = &self.params;
-        let [q, k, v, o, lse, lens, ws] = ptrs;
+        let [q, k, v, o, lse, lens, ws, table] = ptrs;
         let [q_st, k_st, v_st, o_st] = strides;
-        let rows = self.tile.block_m as u32;
-        let keys = self.tile.block_n as u32;
-        let q_map = match self.decode {
-            Some(d) => tensor_map::encode_packed(
-                q,
-                p.dtype,
-                q_st,
-                p.batch,
-                p.seqlen_q,
-                p.heads_q,
-                p.head_dim,
-                d.pack as u32,
-                rows,
-            )?,
-            None => tensor_map::encode(
-                q, p.dtype, q_st, p.batch, p.seqlen_q, p.heads_q, p.head_dim, rows,
-            )?,
-        };
         let (ws_o_ptr, ws_ml_ptr) = self.decode.map_or((0, 0), |d| d.workspace_parts(p, ws));
-        let k_map = tensor_map::encode(
-            k, p.dtype, k_st, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, keys,
-        )?;
-        let v_map = tensor_map::encode(
-            v, p.dtype, v_st, p.batch, p.seqlen_k, p.heads_kv, p.head_dim, keys,
-        )?;
+        let [q_map, k_map, v_map] = match maps {
+            Some(m) => m,
+            None => self.encode_maps(q, k, v, q_st, k_st, v_st)?,
+        };
+        let pages = self.lengths.pages();
+        let box_rows = self.kv_box_rows();
         let [sb, ss, sh] = o_st.as_array();
         let scale = p.softmax_scale();
         Ok(KernelParams {
@@ -381,7 +402,63 @@ impl Plan {
             pack_shift: self.decode.map_or(0, |d| d.pack.trailing_zeros() as i32),
             split_blocks: self.decode.map_or(0, |d| d.split_blocks as i32),
             num_splits: self.decode.map_or(1, |d| d.num_splits as i32),
+            table_ptr: if pages.is_some() { table } else { 0 },
+            table_stride: pages.map_or(0, |pg| (p.seqlen_k / pg.page_size) as i32),
+            num_pages: pages.map_or(0, |pg| pg.num_pages as i32),
+            page_shift: pages.map_or(0, |pg| pg.page_size.trailing_zeros() as i32),
+            box_rows: box_rows as i32,
         })
+    }
+
+    /// The q, k, v tensor maps (most of a parameter block's host time: three driver calls).
+    fn encode_maps(
+        &self,
+        q: u64,
+        k: u64,
+        v: u64,
+        q_st: Strides,
+        k_st: Strides,
+        v_st: Strides,
+    ) -> Result<[sys::CUtensorMap; 3]> {
+        let p = &self.params;
+        let rows = self.tile.block_m as u32;
+        let q_map = match self.decode {
+            Some(d) => tensor_map::encode_packed(
+                q,
+                p.dtype,
+                q_st,
+                p.batch,
+                p.seqlen_q,
+                p.heads_q,
+                p.head_dim,
+                d.pack as u32,
+                rows,
+            )?,
+            None => tensor_map::encode(
+                q, p.dtype, q_st, p.batch, p.seqlen_q, p.heads_q, p.head_dim, rows,
+            )?,
+        };
+        // A paged cache's K/V maps span the pool, one box per page a block spans.
+        let (kv_batch, kv_seq) = match self.lengths.pages() {
+            Some(pg) => (pg.num_pages, pg.page_size),
+            None => (p.batch, p.seqlen_k),
+        };
+        let box_rows = self.kv_box_rows();
+        let k_map = tensor_map::encode(
+            k, p.dtype, k_st, kv_batch, kv_seq, p.heads_kv, p.head_dim, box_rows,
+        )?;
+        let v_map = tensor_map::encode(
+            v, p.dtype, v_st, kv_batch, kv_seq, p.heads_kv, p.head_dim, box_rows,
+        )?;
+        Ok([q_map, k_map, v_map])
+    }
+
+    /// Rows per K/V TMA box: a whole block, or a page when pages are shorter.
+    fn kv_box_rows(&self) -> u32 {
+        let keys = self.tile.block_n as u32;
+        self.lengths
+            .pages()
+            .map_or(keys, |pg| keys.min(pg.page_size as u32))
     }
 
     /// Enqueues the kernel on the context's stream.
@@ -397,7 +474,7 @@ impl Plan {
                 "this plan is in secret-length mode: use launch_raw_with_lengths",
             ));
         }
-        self.launch(q, k, v, o, lse, 0)
+        self.launch(q, k, v, o, lse, 0, 0)
     }
 
     /// Secret-length mode: as [`Plan::launch_raw`], plus `lens`, a device buffer of `batch` i32
@@ -421,27 +498,74 @@ impl Plan {
                 "needs a plan made by Context::plan_secret_len and a lengths buffer",
             ));
         }
-        self.launch(q, k, v, o, lse, lens)
+        if self.lengths.pages().is_some() {
+            return Err(Error::invalid(
+                "block_table",
+                "this plan reads a paged cache: use launch_raw_paged",
+            ));
+        }
+        self.launch(q, k, v, o, lse, lens, 0)
     }
 
-    unsafe fn launch(&self, q: u64, k: u64, v: u64, o: u64, lse: u64, lens: u64) -> Result<()> {
+    /// A paged KV-cache plan: as [`Plan::launch_raw_with_lengths`], with `k` and `v` the page
+    /// pools (`[num_pages, page_size, heads_kv, head_dim]`, contiguous) and `table` the block
+    /// table (`[batch, seqlen_k / page_size]` i32 page indices; entries are clamped into the
+    /// pool on the device).
+    ///
+    /// # Safety
+    /// As for [`Plan::launch_raw_with_lengths`], with `k` and `v` holding the pools and `table`
+    /// the table's `batch · seqlen_k / page_size` i32s.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn launch_raw_paged(
+        &self,
+        q: u64,
+        k: u64,
+        v: u64,
+        o: u64,
+        lse: u64,
+        lens: u64,
+        table: u64,
+    ) -> Result<()> {
+        if self.lengths.pages().is_none() || lens == 0 || table == 0 {
+            return Err(Error::invalid(
+                "block_table",
+                "needs a paged KV-cache plan, a lengths buffer and a block table",
+            ));
+        }
+        self.launch(q, k, v, o, lse, lens, table)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn launch(
+        &self,
+        q: u64,
+        k: u64,
+        v: u64,
+        o: u64,
+        lse: u64,
+        lens: u64,
+        table: u64,
+    ) -> Result<()> {
         let p = &self.params;
         let q_st = Strides::contiguous(p.layout, p.seqlen_q, p.heads_q, p.head_dim);
-        let kv_st = Strides::contiguous(p.layout, p.seqlen_k, p.heads_kv, p.head_dim);
+        let kv_st = match self.lengths.pages() {
+            Some(pg) => Strides::contiguous(p.layout, pg.page_size, p.heads_kv, p.head_dim),
+            None => Strides::contiguous(p.layout, p.seqlen_k, p.heads_kv, p.head_dim),
+        };
         let strides = [q_st, kv_st, kv_st, q_st];
         let ws = self
             .own_workspace
             .as_ref()
             .map_or(0, |w| w.device_ptr(&self.stream).0);
         self.launch_on(
-            [q, k, v, o, lse, lens, ws],
+            [q, k, v, o, lse, lens, ws, table],
             strides,
             self.stream.cu_stream(),
         )
     }
 
     /// Enqueues the kernel on `stream` for tensors with explicit element strides (q, k, v, o);
-    /// `ptrs` = (q, k, v, o, lse, lengths, workspace), 0 for an absent one.
+    /// `ptrs` = (q, k, v, o, lse, lengths, workspace, block table), 0 for an absent one.
     ///
     /// # Safety
     /// As for [`Plan::launch_raw`], with each buffer covering what its strides reach, the
@@ -450,10 +574,16 @@ impl Plan {
     /// [`super::external::validate`].
     pub(crate) unsafe fn launch_on(
         &self,
-        ptrs: [u64; 7],
+        ptrs: [u64; 8],
         strides: [Strides; 4],
         stream: sys::CUstream,
     ) -> Result<()> {
+        if self.lengths.pages().is_some() && ptrs[7] == 0 {
+            return Err(Error::invalid(
+                "block_table",
+                "this plan reads a paged cache and needs its block table",
+            ));
+        }
         if self.workspace_bytes() > 0 && ptrs[6] == 0 {
             return Err(Error::invalid(
                 "workspace",
@@ -467,7 +597,15 @@ impl Plan {
             .map_err(|_| Error::Other("plan lock poisoned".into()))?;
         let stale = !matches!(cached.as_ref(), Some((k, _)) if *k == key);
         if stale {
-            *cached = Some((key, Box::new(self.build(key)?)));
+            // A fresh output (or LSE, workspace) per call is the usual change: the q, k, v maps
+            // of the last block still hold then, and encoding them is most of a rebuild.
+            let maps = match cached.as_ref() {
+                Some(((p, s), b)) if p[..3] == ptrs[..3] && s[..3] == strides[..3] => {
+                    Some([b.q_map, b.k_map, b.v_map])
+                }
+                _ => None,
+            };
+            *cached = Some((key, Box::new(self.build(key, maps)?)));
         }
         let block = cached.as_mut().map(|(_, b)| b).expect("filled above");
         let mut args: [*mut std::ffi::c_void; 1] =

@@ -9,6 +9,7 @@ pub mod params;
 pub mod tensor_map;
 pub mod validate;
 
-pub use context::{Context, Element};
+pub use context::{Context, Element, KvCache};
+pub use decode::Pages;
 pub use launch::Plan;
 pub use params::{AttentionParams, DType, Layout};

@@ -104,6 +104,110 @@ pub fn check_kv_cache(p: &AttentionParams) -> Result<()> {
     Ok(())
 }
 
+/// A paged cache's geometry against the shape: pages of a power-of-two size of at least 16
+/// rows, a capacity (`seqlen_k`) that is a whole number of pages, a pool the kernel can index
+/// in i32, and the bshd layout (pools are `[num_pages, page_size, heads_kv, head_dim]`).
+pub fn check_pages(p: &AttentionParams, pages: &super::decode::Pages) -> Result<()> {
+    let min = super::decode::MIN_PAGE_SIZE;
+    if pages.page_size < min || !pages.page_size.is_power_of_two() {
+        return Err(Error::invalid(
+            "page_size",
+            format!(
+                "must be a power of two of at least {min} rows, got {}",
+                pages.page_size
+            ),
+        ));
+    }
+    if p.seqlen_k % pages.page_size != 0 {
+        return Err(Error::invalid(
+            "seqlen_k",
+            format!(
+                "a paged cache's capacity is its block table's row length times the page size: {} is not a multiple of {}",
+                p.seqlen_k, pages.page_size
+            ),
+        ));
+    }
+    if pages.num_pages == 0 || pages.num_pages > i32::MAX as usize {
+        return Err(Error::invalid(
+            "num_pages",
+            format!(
+                "the pool must hold 1 to 2^31 - 1 pages, got {}",
+                pages.num_pages
+            ),
+        ));
+    }
+    if p.layout != super::params::Layout::Bshd {
+        return Err(Error::invalid(
+            "layout",
+            "paged caches are [num_pages, page_size, heads_kv, head_dim] (bshd)",
+        ));
+    }
+    Ok(())
+}
+
+/// The public metadata of a KV-cache call, read back on the host: every key count within the
+/// capacity, and every block-table entry a sequence's keys use inside the pool (all entries when
+/// the counts are secret, since the kernel then walks the whole table). `counts` are the key
+/// counts after any append; `table` is `[batch, seqlen_k / page_size]`.
+pub fn check_kv_metadata(
+    p: &AttentionParams,
+    counts: &[i32],
+    table: Option<(&[i32], &super::decode::Pages)>,
+    secret: bool,
+) -> Result<()> {
+    if counts.len() != p.batch {
+        return Err(Error::invalid(
+            "seqlens_k",
+            format!("has {} entries, batch is {}", counts.len(), p.batch),
+        ));
+    }
+    if !secret {
+        for (b, &n) in counts.iter().enumerate() {
+            if n < 0 || n as usize > p.seqlen_k {
+                return Err(Error::invalid(
+                    "seqlens_k",
+                    format!(
+                        "sequence {b} has {n} keys, outside [0, the capacity {}]",
+                        p.seqlen_k
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some((table, pages)) = table {
+        let stride = p.seqlen_k / pages.page_size;
+        if table.len() != p.batch * stride {
+            return Err(Error::invalid(
+                "block_table",
+                format!(
+                    "has {} entries, [batch, seqlen_k / page_size] needs {}",
+                    table.len(),
+                    p.batch * stride
+                ),
+            ));
+        }
+        for (b, row) in table.chunks(stride.max(1)).enumerate() {
+            let used = if secret {
+                stride
+            } else {
+                (counts[b].max(0) as usize).div_ceil(pages.page_size)
+            };
+            for (slot, &page) in row.iter().take(used).enumerate() {
+                if page < 0 || page as usize >= pages.num_pages {
+                    return Err(Error::invalid(
+                        "block_table",
+                        format!(
+                            "sequence {b}, slot {slot}: page {page} is outside the pool of {} pages",
+                            pages.num_pages
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks one buffer's length and its base address alignment.
 pub fn check_buffer(
     arg: &'static str,

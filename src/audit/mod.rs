@@ -385,10 +385,25 @@ pub fn audit_cubin_with(cubin: &[u8], decl: &Declared) -> Result<Vec<KernelAudit
 /// pointers to public metadata as `public_buffers` (constant-bank-0 ranges) or `public_fields`
 /// (`(0, offset_of!(KernelParams, block_table))`).
 pub fn audit_variant(cubin: &[u8], variant: &str, decl: &Declared) -> Result<Vec<KernelAudit>> {
-    let mut out = audit_cubin_with(cubin, decl)?;
-    for k in &mut out {
+    audit_variant_per_kernel(cubin, variant, |_| decl.clone())
+}
+
+/// [`audit_variant`] with each kernel's own declaration (`decl_of(kernel name)`): a cubin whose
+/// kernels take different parameter blocks (decode mode's main and combine kernels) declares
+/// each one's metadata pointers against its own layout.
+pub fn audit_variant_per_kernel(
+    cubin: &[u8],
+    variant: &str,
+    decl_of: impl Fn(&str) -> Declared,
+) -> Result<Vec<KernelAudit>> {
+    let mut out = Vec::new();
+    for (sec, info) in kernel_sections(cubin)? {
+        let decl = decl_of(&sec.kernel);
+        let mut k = audit_section_with(&sec, info.as_ref(), &decl)?;
         k.variant = Some(variant.to_string());
+        out.push(k);
     }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
 }
 
@@ -495,13 +510,13 @@ pub fn audit_listing_selected(listing: &str, sel: &Selection) -> Result<Vec<Kern
 pub fn audit_shipped() -> Result<Vec<KernelAudit>> {
     let mut out = Vec::new();
     for v in crate::kernels::shipped_variants() {
-        // No shipped variant reads metadata from device memory yet; a decode variant declares
-        // its metadata pointers here (`public_buffers` or `public_fields`).
-        let decl = Declared {
-            secret_params: v.secret_params(),
-            ..Default::default()
-        };
-        out.extend(audit_variant(&v.cubin()?, &v.name(), &decl)?);
+        // Decode variants with public KV-cache metadata declare its pointers (cache_seqlens,
+        // the block table) in the forward kernel's parameter block; nothing else reads metadata.
+        out.extend(audit_variant_per_kernel(
+            &v.cubin()?,
+            &v.name(),
+            |kernel| v.declared(kernel),
+        )?);
     }
     // The backward kernels (issue 23): Q, K, V, O, dO and the LSE are read from device memory
     // (secret); no parameter is secret and no buffer is public metadata.

@@ -46,9 +46,10 @@
 //! which reads under the same guard see, as the taint analysis does for predicated code). So a
 //! register that is X's pointer on one path (or lane) and K's on another is not X's.
 //!
-//! **Writes.** A store, atomic, reduction, bulk/tensor copy, surface write or call to code
+//! **Writes.** A store, atomic, reduction, bulk copy, tensor store, surface write or call to code
 //! outside the kernel whose address (or argument) may derive from X's pointer (`May` ∋ X) makes
-//! every read of X secret: a buffer the kernel writes is not metadata.
+//! every read of X secret: a buffer the kernel writes is not metadata. Tensor loads (`UTMALDG`)
+//! and `LDGSTS` write shared memory only, whatever their coordinates derive from.
 //!
 //! **What this does not prove** (SECURITY.md, "Metadata"): that the offset stays inside X (an
 //! out-of-range block-table entry or index, or an offset that reaches another buffer, reads
@@ -631,7 +632,10 @@ fn write_locs(step: &Step) -> Option<Vec<usize>> {
         Class::Store(Space::Global | Space::Generic)
         | Class::Atomic(Space::Global | Space::Generic)
         | Class::AsyncFromShared => Some(mem_locs()),
-        Class::AsyncToShared if insn.op() != "LDGSTS" => Some(mem_locs()),
+        // A tensor load (UTMALDG) and LDGSTS write shared memory only: their coordinates and
+        // offsets may derive from metadata (a paged cache's TMA coordinates are block-table
+        // entries) without writing it. A bulk copy (UBLKCP) may run either way: a write.
+        Class::AsyncToShared if !matches!(insn.op(), "LDGSTS" | "UTMALDG") => Some(mem_locs()),
         Class::Texture => Some(step.e.srcs.clone()),
         _ if step.e.external_call => Some(step.e.srcs.clone()),
         _ => None,

@@ -1,10 +1,10 @@
 //! `flashcore attn` on a KV-cache input (`k_cache`, `v_cache`, `cache_seqlens`, optional new
 //! `k`, `v`; `src/tensor_io_kv.rs`): append the new rows at each sequence's length, then attend
 //! with the new queries to the first `cache_seqlens[b] + n` rows. Writes `out` (and `lse`) and
-//! the updated caches, so steps can be chained.
+//! the updated caches, so steps can be chained. A `block_table` makes the caches page pools.
 
 use super::attn::AttnArgs;
-use crate::attention::{validate, AttentionParams, Context, Element, Layout};
+use crate::attention::{validate, AttentionParams, Context, Element, KvCache, Layout};
 use crate::error::{Error, Result};
 use crate::reference;
 use crate::tensor_io::{self, Tensor, TensorData};
@@ -43,12 +43,17 @@ pub fn attn_kv(args: &AttnArgs) -> Result<()> {
         shape: vec![p.batch, p.heads_q, p.seqlen_q],
         data: TensorData::F32(lse),
     };
+    // The caches as they came: [B, capacity, ...], or the pools.
+    let cache_shape = match &input.block_table {
+        Some((_, pg)) => vec![pg.num_pages, pg.page_size, p.heads_kv, p.head_dim],
+        None => shape(p.seqlen_k, p.heads_kv),
+    };
     let kc = Tensor {
-        shape: shape(p.seqlen_k, p.heads_kv),
+        shape: cache_shape.clone(),
         data: input.k_cache,
     };
     let vc = Tensor {
-        shape: shape(p.seqlen_k, p.heads_kv),
+        shape: cache_shape,
         data: input.v_cache,
     };
     let mut tensors = vec![("out", &out), ("k_cache", &kc), ("v_cache", &vc)];
@@ -78,13 +83,34 @@ fn append_host(input: &mut KvInput, p: &AttentionParams) {
         return;
     };
     let row = p.heads_kv * p.head_dim;
-    for (cache, new) in [(&mut input.k_cache, &k), (&mut input.v_cache, &v)] {
-        for (b, &len) in input.cache_seqlens.iter().enumerate() {
-            let dst = (b * p.seqlen_k + len) * row;
-            let src = b * n * row;
-            cache.copy_range(dst, new, src, n * row);
+    for b in 0..p.batch {
+        for i in 0..n {
+            let dst = input.row_offset(b, input.cache_seqlens[b] + i);
+            let src = (b * n + i) * row;
+            input.k_cache.copy_range(dst, &k, src, row);
+            input.v_cache.copy_range(dst, &v, src, row);
         }
     }
+}
+
+/// A paged cache gathered into the contiguous `[B, capacity, Hkv, D]` form (rows past the table's
+/// pages read as they are in the pool; only the first `counts[b]` rows matter).
+fn contiguous_f64(input: &KvInput, pool: &TensorData) -> Vec<f64> {
+    let p = &input.params;
+    let row = p.heads_kv * p.head_dim;
+    let all = pool.to_f64();
+    if input.block_table.is_none() {
+        return all;
+    }
+    let mut out = vec![0.0; p.batch * p.seqlen_k * row];
+    for b in 0..p.batch {
+        for r in 0..p.seqlen_k {
+            let src = input.row_offset(b, r);
+            let dst = (b * p.seqlen_k + r) * row;
+            out[dst..dst + row].copy_from_slice(&all[src..src + row]);
+        }
+    }
+    out
 }
 
 /// The float64 reference ([`reference::kv_cache_f64`]), written as f32.
@@ -92,8 +118,8 @@ fn cpu(p: &AttentionParams, input: &KvInput, counts: &[usize]) -> (Vec<f32>, Vec
     let r = reference::kv_cache_f64(
         p,
         &input.q.to_f64(),
-        &input.k_cache.to_f64(),
-        &input.v_cache.to_f64(),
+        &contiguous_f64(input, &input.k_cache),
+        &contiguous_f64(input, &input.v_cache),
         counts,
     );
     let f32s = |x: Vec<f64>| x.into_iter().map(|v| v as f32).collect();
@@ -110,6 +136,7 @@ fn gpu(
     let name = format!("GPU {ordinal} ({})", ctx.device_name());
     let new = input.new_kv.take();
     let lens = input.cache_seqlens.clone();
+    let table = input.block_table.clone();
     macro_rules! run {
         ($variant:ident) => {{
             let (TensorData::$variant(q), TensorData::$variant(kc), TensorData::$variant(vc)) =
@@ -124,7 +151,7 @@ fn gpu(
                 Some(_) => return Err(Error::TensorFile("k and v must have q's dtype".into())),
                 None => None,
             };
-            let (o, l) = launch(&ctx, p, q, kc, vc, new, &lens, counts)?;
+            let (o, l) = launch(&ctx, p, q, kc, vc, new, &lens, counts, table.as_ref())?;
             (TensorData::$variant(o), l)
         }};
     }
@@ -148,17 +175,27 @@ fn launch<T: Element>(
     new: Option<(&Vec<T>, &Vec<T>)>,
     lens: &[usize],
     counts: &[usize],
+    table: Option<&(Vec<i32>, crate::attention::Pages)>,
 ) -> Result<(Vec<T>, Vec<f32>)> {
     let dq = ctx.upload(q)?;
     let (mut dk, mut dv) = (ctx.upload(kc)?, ctx.upload(vc)?);
+    let host_pages = table.map(|(t, pg)| (t.as_slice(), *pg));
     if let Some((k, v)) = new {
-        ctx.append_kv(p, &mut dk, &ctx.upload(k)?, lens)?;
-        ctx.append_kv(p, &mut dv, &ctx.upload(v)?, lens)?;
+        ctx.append_kv(p, &mut dk, &ctx.upload(k)?, lens, host_pages)?;
+        ctx.append_kv(p, &mut dv, &ctx.upload(v)?, lens, host_pages)?;
     }
     let dl = ctx.upload(&counts.iter().map(|&c| c as i32).collect::<Vec<_>>())?;
+    let dt = match table {
+        Some((t, _)) => Some(ctx.upload(t)?),
+        None => None,
+    };
     let mut out = ctx.alloc::<T>(p.q_len())?;
     let mut lse = ctx.alloc::<f32>(p.lse_len())?;
-    ctx.attention_kv_cache(p, &dq, &dk, &dv, &dl, &mut out, Some(&mut lse))?;
+    let cache = match (&dt, table) {
+        (Some(dt), Some((_, pg))) => KvCache::paged(&dk, &dv, &dl, dt, *pg),
+        _ => KvCache::contiguous(&dk, &dv, &dl),
+    };
+    ctx.attention_kv_cache(p, &dq, &cache, &mut out, Some(&mut lse))?;
     *kc = ctx.download(&dk)?;
     *vc = ctx.download(&dv)?;
     Ok((ctx.download(&out)?, ctx.download(&lse)?))

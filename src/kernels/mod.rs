@@ -125,6 +125,11 @@ pub struct Variant {
     /// clock and global-timer readings to a buffer the host names. Public-only, audited; never
     /// shipped.
     pub cycle_timer: bool,
+    /// KV-cache decode with public key counts (`FC_KV_PUBLIC`): each sequence's count, read from
+    /// device memory as public metadata, bounds its walk ([`Variant::kv_cache`]).
+    pub kv_public: bool,
+    /// A paged KV cache (`FC_PAGED`): K/V pages read through a block table.
+    pub paged: bool,
 }
 
 /// The deliberately leaky kernels that prove `flashcore leakage` can fail (and that the audit
@@ -188,7 +193,11 @@ impl Variant {
             format!("_n{}", self.block_n)
         };
         let split = if self.decode {
-            format!("{split}_decode")
+            format!(
+                "{split}_decode{}{}",
+                if self.kv_public { "_kvpub" } else { "" },
+                if self.paged { "_paged" } else { "" }
+            )
         } else {
             split
         };
@@ -216,6 +225,8 @@ impl Variant {
             leaky_control: None,
             floor_control: false,
             cycle_timer: false,
+            kv_public: false,
+            paged: false,
         }
     }
 
@@ -225,6 +236,23 @@ impl Variant {
         Variant {
             decode: true,
             ..Variant::basic(dtype, head_dim, causal, 64)
+        }
+    }
+
+    /// The KV-cache decode variant: key counts public ([`Variant::kv_public`]) or secret (the
+    /// secret-length build walks the capacity), contiguous or `paged`.
+    pub fn kv_cache(
+        dtype: DType,
+        head_dim: usize,
+        causal: bool,
+        secret: bool,
+        paged: bool,
+    ) -> Variant {
+        Variant {
+            secret_len: secret,
+            kv_public: !secret,
+            paged,
+            ..Variant::decode(dtype, head_dim, causal)
         }
     }
 
@@ -263,6 +291,8 @@ impl Variant {
             leaky_control: None,
             floor_control: false,
             cycle_timer: false,
+            kv_public: false,
+            paged: false,
         }
     }
 
@@ -342,6 +372,13 @@ impl Variant {
         if self.decode {
             o.push("-DFC_DECODE=1".into());
         }
+        // KV-cache builds only: the other decode variants keep theirs.
+        if self.kv_public {
+            o.push("-DFC_KV_PUBLIC=1".into());
+        }
+        if self.paged {
+            o.push("-DFC_PAGED=1".into());
+        }
         // Measurement builds only: shipped variants pass neither define (both default to 0).
         if self.floor_control {
             o.push("-DFC_FLOOR_CONTROL=1".into());
@@ -361,6 +398,28 @@ impl Variant {
     /// through device memory).
     pub fn secret_params(&self) -> Vec<usize> {
         Vec::new()
+    }
+
+    /// What the audit is told about kernel `kernel` of this variant's cubin: its secret
+    /// parameters and, for the forward kernel of a decode variant without secret lengths, the
+    /// pointers to public KV-cache metadata (`cache_seqlens`, the block table: DESIGN.md §1).
+    /// Everything else read from device memory stays secret.
+    pub fn declared(&self, kernel: &str) -> crate::audit::Declared {
+        use crate::attention::launch::{LENS_FIELD, TABLE_FIELD};
+        let mut public_fields = Vec::new();
+        if kernel == FORWARD_SYMBOL {
+            if self.kv_public {
+                public_fields.push((0, LENS_FIELD));
+            }
+            if self.paged {
+                public_fields.push((0, TABLE_FIELD));
+            }
+        }
+        crate::audit::Declared {
+            secret_params: self.secret_params(),
+            public_fields,
+            ..Default::default()
+        }
     }
 }
 
@@ -400,18 +459,22 @@ pub fn shipped_variants() -> Vec<Variant> {
                             leaky_control: None,
                             floor_control: false,
                             cycle_timer: false,
+                            kv_public: false,
+                            paged: false,
                         });
                     }
                 }
                 // Light tiles for launches that cannot fill the GPU (Variant::with_light_tiles).
                 v.push(Variant::basic(dtype, head_dim, causal, 64));
                 // Decode: few query positions over long key ranges (Variant::decode), and over a
-                // KV cache whose per-sequence key counts are secret (the capacity is walked).
+                // KV cache, contiguous or paged, whose per-sequence key counts are public
+                // metadata or secret (the capacity is walked).
                 v.push(Variant::decode(dtype, head_dim, causal));
-                v.push(Variant {
-                    secret_len: true,
-                    ..Variant::decode(dtype, head_dim, causal)
-                });
+                for secret in [false, true] {
+                    for paged in [false, true] {
+                        v.push(Variant::kv_cache(dtype, head_dim, causal, secret, paged));
+                    }
+                }
                 if head_dim == 64 {
                     v.push(Variant {
                         dtype,
@@ -425,6 +488,8 @@ pub fn shipped_variants() -> Vec<Variant> {
                         leaky_control: None,
                         floor_control: false,
                         cycle_timer: false,
+                        kv_public: false,
+                        paged: false,
                     });
                 }
             }
