@@ -454,3 +454,92 @@ fn backward_throughput_report() {
         );
     }
 }
+
+/// The external entry point (caller's stream and workspace, strided Q): the same bits as
+/// `Context::attention_backward` on a contiguous copy of Q.
+#[test]
+fn external_backward_with_strided_q_matches_the_context_bits() {
+    use cudarc::driver::{DevicePtr, DevicePtrMut};
+    use flashcore::attention::backward::workspace_bytes;
+    use flashcore::attention::backward_external::ExternalBackwardCall;
+    use flashcore::attention::external::{DeviceTensor, ExternalContext, Strides};
+    if gpu("external_backward_with_strided_q_matches_the_context_bits").is_none() {
+        return;
+    }
+    let ext = ExternalContext::new(0).unwrap();
+    let ctx = ext.context();
+    let mut rng = rng_from(seed());
+    let mut p = AttentionParams::new(2, 4, 300, 64)
+        .seqlen_k(200)
+        .causal(true)
+        .dtype(DType::Bf16);
+    p.heads_kv = 2;
+    let (s, h, d) = (p.seqlen_q, p.heads_q, p.head_dim);
+    let q: Vec<half::bf16> = randn(&mut rng, p.q_len());
+    let k: Vec<half::bf16> = randn(&mut rng, p.kv_len());
+    let v: Vec<half::bf16> = randn(&mut rng, p.kv_len());
+    let d_o: Vec<half::bf16> = randn(&mut rng, p.q_len());
+    let want = backward(ctx, &p, &q, &k, &v, &d_o);
+    // Q as the first half of a [B, S, 2, H, D] buffer (seq stride 2·H·D), the rest garbage.
+    let mut wide: Vec<half::bf16> = randn(&mut rng, 2 * p.q_len());
+    for (row, chunk) in q.chunks(h * d).enumerate() {
+        wide[row * 2 * h * d..row * 2 * h * d + h * d].copy_from_slice(chunk);
+    }
+    let up = |x: &[half::bf16]| ctx.upload(x).unwrap();
+    let (qw, kd, vd, ddo, qc) = (up(&wide), up(&k), up(&v), up(&d_o), up(&q));
+    let mut o = ctx.alloc::<half::bf16>(p.q_len()).unwrap();
+    let mut lse = ctx.alloc::<f32>(p.lse_len()).unwrap();
+    ctx.attention(&p, &qc, &kd, &vd, &mut o, Some(&mut lse))
+        .unwrap();
+    let mut dq = up(&vec![poison::<half::bf16>(); p.q_len()]);
+    let mut dk = up(&vec![poison::<half::bf16>(); p.kv_len()]);
+    let mut dv = up(&vec![poison::<half::bf16>(); p.kv_len()]);
+    let mut ws = ctx.alloc::<u8>(workspace_bytes(&p)).unwrap();
+    let st = ctx.stream().clone();
+    let kv = Strides::contiguous(p.layout, p.seqlen_k, p.heads_kv, d);
+    let call = ExternalBackwardCall {
+        params: p.clone(),
+        q: DeviceTensor {
+            ptr: qw.device_ptr(&st).0,
+            strides: Strides {
+                batch: (s * 2 * h * d) as i64,
+                seq: (2 * h * d) as i64,
+                head: d as i64,
+            },
+        },
+        k: DeviceTensor {
+            ptr: kd.device_ptr(&st).0,
+            strides: kv,
+        },
+        v: DeviceTensor {
+            ptr: vd.device_ptr(&st).0,
+            strides: kv,
+        },
+        o: o.device_ptr(&st).0,
+        lse: lse.device_ptr(&st).0,
+        d_o: ddo.device_ptr(&st).0,
+        dq: dq.device_ptr_mut(&st).0,
+        dk: dk.device_ptr_mut(&st).0,
+        dv: dv.device_ptr_mut(&st).0,
+        workspace: ws.device_ptr_mut(&st).0,
+    };
+    // SAFETY: every buffer above is live, sized for its shape and strides, and outlives the
+    // synchronisation below.
+    unsafe { ext.attention_backward(&call, st.cu_stream()).unwrap() };
+    ctx.synchronize().unwrap();
+    let got_dq: Vec<half::bf16> = ctx.download(&dq).unwrap();
+    let got_dk: Vec<half::bf16> = ctx.download(&dk).unwrap();
+    let got_dv: Vec<half::bf16> = ctx.download(&dv).unwrap();
+    assert!(
+        same_bits(&got_dq, &want.dq),
+        "dq differs from the Context path"
+    );
+    assert!(
+        same_bits(&got_dk, &want.dk),
+        "dk differs from the Context path"
+    );
+    assert!(
+        same_bits(&got_dv, &want.dv),
+        "dv differs from the Context path"
+    );
+}

@@ -13,9 +13,10 @@ use super::{tensor_map, validate};
 use crate::error::{Error, Result};
 use crate::kernels::backward::{self as kb, BwdVariant};
 use cudarc::driver::{
-    sys, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
 };
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The kernels' `BwdParams` (kernels/fc_bwd_config.cuh), byte for byte.
 #[repr(C, align(64))]
@@ -147,17 +148,70 @@ pub fn check_backward(p: &AttentionParams, b: &BackwardBuffers) -> Result<()> {
     }
 }
 
-/// A backward pass prepared for one shape: the variant's three kernels loaded, the grids, and the
-/// workspace (LSE in base 2 and D = rowsum(dO ∘ O), fp32, `batch · heads_q · padded Sq` each).
-pub struct BackwardPlan {
-    params: AttentionParams,
-    variant: BwdVariant,
+/// One variant's three kernels loaded on a device's primary context (the one both [`Context`]
+/// and `ExternalContext` use), shared by every plan of the process. Holding the context keeps the
+/// module valid for as long as the cache lives (the process).
+struct LoadedBackward {
+    _cuda: Arc<CudaContext>,
     _module: Arc<CudaModule>,
     preprocess: CudaFunction,
     dkdv: CudaFunction,
     dq: CudaFunction,
-    workspace: CudaSlice<f32>,
+}
+
+/// The loaded kernels of `variant` on `cuda`'s device, loading them on first use.
+fn loaded(cuda: &Arc<CudaContext>, variant: BwdVariant) -> Result<Arc<LoadedBackward>> {
+    type Cache = Mutex<HashMap<(usize, BwdVariant), Arc<LoadedBackward>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let mut cache = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| Error::Other("backward kernel cache lock poisoned".into()))?;
+    let key = (cuda.ordinal(), variant);
+    if let Some(k) = cache.get(&key) {
+        return Ok(k.clone());
+    }
+    let module = cuda.load_module(cudarc::nvrtc::Ptx::from_binary(variant.cubin()?))?;
+    let preprocess = module.load_function(kb::PREPROCESS_SYMBOL)?;
+    let dkdv = module.load_function(kb::DKDV_SYMBOL)?;
+    let dq = module.load_function(kb::DQ_SYMBOL)?;
+    let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    dkdv.set_attribute(attr, variant.dkdv_smem_bytes() as i32)?;
+    dq.set_attribute(attr, variant.dq_smem_bytes() as i32)?;
+    let k = Arc::new(LoadedBackward {
+        _cuda: cuda.clone(),
+        _module: module,
+        preprocess,
+        dkdv,
+        dq,
+    });
+    cache.insert(key, k.clone());
+    Ok(k)
+}
+
+/// Bytes of scratch one backward call needs: the LSE in base 2 and D = rowsum(dO ∘ O), fp32,
+/// `batch · heads_q · padded Sq` each (Sq padded to a multiple of 128).
+pub fn workspace_bytes(p: &AttentionParams) -> usize {
+    2 * p.batch * p.heads_q * padded_rows(p.seqlen_q) * 4
+}
+
+/// A backward pass prepared for one shape: the variant's three kernels loaded, the grids, and —
+/// for [`Context`] calls — the workspace ([`workspace_bytes`]).
+pub struct BackwardPlan {
+    params: AttentionParams,
+    variant: BwdVariant,
+    kernels: Arc<LoadedBackward>,
+    workspace: Option<CudaSlice<f32>>,
     stream: Arc<CudaStream>,
+}
+
+/// Element strides of Q, K and V as the kernels' tensor maps read them (the other tensors are
+/// contiguous in the call's layout).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InputStrides {
+    pub q: Strides,
+    pub k: Strides,
+    pub v: Strides,
 }
 
 /// Device addresses of one backward call's buffers (contiguous in the plan's layout).
@@ -183,58 +237,65 @@ impl BackwardPlan {
         self.variant
     }
 
-    fn block(&self, ptrs: &BackwardPtrs, dq_kernel: bool) -> Result<BwdKernelParams> {
+    /// Q, K and V contiguous in the plan's layout.
+    fn contiguous_inputs(&self) -> InputStrides {
+        let p = &self.params;
+        let k = Strides::contiguous(p.layout, p.seqlen_k, p.heads_kv, p.head_dim);
+        InputStrides {
+            q: Strides::contiguous(p.layout, p.seqlen_q, p.heads_q, p.head_dim),
+            k,
+            v: k,
+        }
+    }
+
+    /// The parameter block of the dQ kernel (`dq_kernel`) or of the other two. O, dO, dQ, dK and
+    /// dV are contiguous in the plan's layout; Q, K and V are read through tensor maps with the
+    /// strides `input` gives.
+    fn block(
+        &self,
+        ptrs: &BackwardPtrs,
+        input: InputStrides,
+        workspace: u64,
+        dq_kernel: bool,
+    ) -> Result<BwdKernelParams> {
         let p = &self.params;
         let q_st = Strides::contiguous(p.layout, p.seqlen_q, p.heads_q, p.head_dim);
         let k_st = Strides::contiguous(p.layout, p.seqlen_k, p.heads_kv, p.head_dim);
-        // Box heights: the dQ kernel holds 128 query rows and streams 64-key blocks; the dK/dV
-        // kernel holds 128 keys and streams 64-row query tiles.
+        // Box heights: each kernel's held and streamed tiles (BwdVariant::tiles).
         let t = self.variant.tiles();
         let (q_rows, k_rows) = if dq_kernel {
             (t.q_block_m, t.q_block_n)
         } else {
             (t.kv_block_m, t.kv_block_n)
         };
-        let qm = |ptr| {
+        let map = |ptr, strides, seqlen, heads, rows: usize| {
             tensor_map::encode(
                 ptr,
                 p.dtype,
-                q_st,
+                strides,
                 p.batch,
-                p.seqlen_q,
-                p.heads_q,
+                seqlen,
+                heads,
                 p.head_dim,
-                q_rows as u32,
+                rows as u32,
             )
         };
-        let km = |ptr| {
-            tensor_map::encode(
-                ptr,
-                p.dtype,
-                k_st,
-                p.batch,
-                p.seqlen_k,
-                p.heads_kv,
-                p.head_dim,
-                k_rows as u32,
-            )
-        };
+        let (sq, sk, hq, hkv) = (p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv);
         let scale = p.softmax_scale();
-        let ws = self.workspace.device_ptr(&self.stream).0;
         let ws_half = (p.batch * p.heads_q * padded_rows(p.seqlen_q) * 4) as u64;
         Ok(BwdKernelParams {
-            q_map: qm(ptrs.q)?,
-            k_map: km(ptrs.k)?,
-            v_map: km(ptrs.v)?,
-            do_map: qm(ptrs.d_o)?,
+            q_map: map(ptrs.q, input.q, sq, hq, q_rows)?,
+            k_map: map(ptrs.k, input.k, sk, hkv, k_rows)?,
+            v_map: map(ptrs.v, input.v, sk, hkv, k_rows)?,
+            do_map: map(ptrs.d_o, q_st, sq, hq, q_rows)?,
             o_ptr: ptrs.o,
             do_ptr: ptrs.d_o,
             lse_ptr: ptrs.lse,
             dq_ptr: ptrs.dq,
             dk_ptr: ptrs.dk,
             dv_ptr: ptrs.dv,
-            lse2_ptr: ws,
-            dvec_ptr: ws + ws_half,
+            lse2_ptr: workspace,
+            dvec_ptr: workspace + ws_half,
             q_stride_b: q_st.batch,
             q_stride_s: q_st.seq,
             q_stride_h: q_st.head,
@@ -272,10 +333,39 @@ impl BackwardPlan {
     /// As [`BackwardPlan::launch_raw`].
     #[doc(hidden)]
     pub unsafe fn launch_kernels(&self, ptrs: &BackwardPtrs, which: [bool; 3]) -> Result<()> {
+        let ws = self
+            .workspace
+            .as_ref()
+            .ok_or_else(|| Error::Other("this backward plan has no workspace of its own".into()))?
+            .device_ptr(&self.stream)
+            .0;
+        self.launch_on(
+            ptrs,
+            self.contiguous_inputs(),
+            ws,
+            self.stream.cu_stream(),
+            which,
+        )
+    }
+
+    /// Enqueues the chosen kernels on `stream` with Q, K, V read through `input` strides and
+    /// `workspace` ([`workspace_bytes`]) as scratch.
+    ///
+    /// # Safety
+    /// As [`BackwardPlan::launch_raw`], with `workspace` a live allocation of
+    /// [`workspace_bytes`] bytes used by no other launch in flight, `stream` a live stream of
+    /// this plan's (primary) context, and Q, K, V covering what their strides reach.
+    pub(crate) unsafe fn launch_on(
+        &self,
+        ptrs: &BackwardPtrs,
+        input: InputStrides,
+        workspace: u64,
+        stream: sys::CUstream,
+        which: [bool; 3],
+    ) -> Result<()> {
         let p = &self.params;
-        let stream = self.stream.cu_stream();
-        let mut kv_block = self.block(ptrs, false)?;
-        let mut q_block = self.block(ptrs, true)?;
+        let mut kv_block = self.block(ptrs, input, workspace, false)?;
+        let mut q_block = self.block(ptrs, input, workspace, true)?;
         let launch = |f: &CudaFunction,
                       grid: (u32, u32, u32),
                       threads: u32,
@@ -301,7 +391,7 @@ impl BackwardPlan {
                 b,
             );
             launch(
-                &self.preprocess,
+                &self.kernels.preprocess,
                 grid,
                 kb::PREPROCESS_THREADS,
                 0,
@@ -311,12 +401,18 @@ impl BackwardPlan {
         if which[1] {
             let grid = (p.seqlen_k.div_ceil(t.kv_block_n) as u32, hkv, b);
             let smem = self.variant.dkdv_smem_bytes();
-            launch(&self.dkdv, grid, kb::GEMM_THREADS, smem, &mut kv_block)?;
+            launch(
+                &self.kernels.dkdv,
+                grid,
+                kb::GEMM_THREADS,
+                smem,
+                &mut kv_block,
+            )?;
         }
         if which[2] {
             let grid = (p.seqlen_q.div_ceil(t.q_block_m) as u32, hq, b);
             let smem = self.variant.dq_smem_bytes();
-            launch(&self.dq, grid, kb::GEMM_THREADS, smem, &mut q_block)?;
+            launch(&self.kernels.dq, grid, kb::GEMM_THREADS, smem, &mut q_block)?;
         }
         Ok(())
     }
@@ -327,26 +423,21 @@ impl Context {
     /// workspace).
     pub fn plan_backward(&self, params: &AttentionParams) -> Result<BackwardPlan> {
         check_backward_params(params)?;
+        let mut plan = self.plan_backward_external(params)?;
+        plan.workspace = Some(self.alloc::<f32>(workspace_bytes(params) / 4)?);
+        Ok(plan)
+    }
+
+    /// A plan without a workspace of its own, for launches that bring one
+    /// ([`BackwardPlan::launch_on`]).
+    pub(crate) fn plan_backward_external(&self, params: &AttentionParams) -> Result<BackwardPlan> {
+        check_backward_params(params)?;
         let variant = BwdVariant::for_call(params.dtype, params.head_dim, params.causal);
-        let module = self
-            .cuda()
-            .load_module(cudarc::nvrtc::Ptx::from_binary(variant.cubin()?))?;
-        let preprocess = module.load_function(kb::PREPROCESS_SYMBOL)?;
-        let dkdv = module.load_function(kb::DKDV_SYMBOL)?;
-        let dq = module.load_function(kb::DQ_SYMBOL)?;
-        let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-        dkdv.set_attribute(attr, variant.dkdv_smem_bytes() as i32)?;
-        dq.set_attribute(attr, variant.dq_smem_bytes() as i32)?;
-        let workspace =
-            self.alloc::<f32>(2 * params.batch * params.heads_q * padded_rows(params.seqlen_q))?;
         Ok(BackwardPlan {
             params: params.clone(),
             variant,
-            _module: module,
-            preprocess,
-            dkdv,
-            dq,
-            workspace,
+            kernels: loaded(self.cuda(), variant)?,
+            workspace: None,
             stream: self.stream().clone(),
         })
     }
