@@ -12,6 +12,13 @@
 #error "the backward variant's defines are missing (see BwdVariant::options)"
 #endif
 
+// FC_BWD_LEAKY_CONTROL (never shipped; tests/audit_backward.rs builds it to show the audit of
+// these kernels is not vacuous): 1 = each kernel reads memory at an address taken from a secret
+// (the preprocess from its dot product, the GEMM kernels from a wgmma accumulator).
+#ifndef FC_BWD_LEAKY_CONTROL
+#define FC_BWD_LEAKY_CONTROL 0
+#endif
+
 namespace bw {
 constexpr int D = FC_HEAD_DIM;
 constexpr int CHUNKS = D / 64;       // 128-byte swizzle atoms across the head dim
@@ -118,6 +125,18 @@ struct Turns {
         if (FC_PINGPONG && !(wg == 1 && it == count - 1)) named_bar_arrive(1 + (wg ^ 1), 2 * 128);
     }
 };
+
+// The leaky control's planted leak: a load at an address taken from `secret`, folded into `x`
+// so it is not dead code. A no-op unless FC_BWD_LEAKY_CONTROL.
+FC_DEVICE float bwd_leak(float x, float secret, const float* base) {
+#if FC_BWD_LEAKY_CONTROL
+    return x + base[__float_as_int(secret) & 7];  // LEAK (control only)
+#else
+    (void)secret;
+    (void)base;
+    return x;
+#endif
+}
 
 FC_DEVICE void bwd_release(uint64_t* bar) {
     __syncwarp();

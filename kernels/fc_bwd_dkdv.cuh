@@ -179,6 +179,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, int wg, int n_bl
         bwd_release(&s.empty[st]);
     }
 
+    dk[0] = bwd_leak(dk[0], dv[0], reinterpret_cast<const float*>(p.lse2_ptr));
     // Keys past Sk are not stored (public); a key no query sees keeps dK = dV = 0.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

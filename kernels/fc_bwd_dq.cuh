@@ -147,6 +147,7 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
         bwd_release(&s.empty[st]);
     }
 
+    dq[0] = bwd_leak(dq[0], dq[1], reinterpret_cast<const float*>(p.lse2_ptr));
     // Rows past Sq are not stored (public); a fully masked row keeps dQ = 0.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

@@ -41,6 +41,7 @@ FC_DEVICE void bwd_preprocess_row(const BwdParams& p, int i, int h, int b) {
 #pragma unroll
     for (int sh = 16; sh >= 1; sh /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, sh);
     const float lse2 = select_f(lse == neg_inf(), pos_inf(), lse * 1.4426950408889634f);
+    dot = bwd_leak(dot, dot, reinterpret_cast<const float*>(p.lse_ptr));
     if (lane == 0) {
         reinterpret_cast<float*>(p.dvec_ptr)[r] = dot;
         reinterpret_cast<float*>(p.lse2_ptr)[r] = lse2;

@@ -38,3 +38,29 @@ fn backward_variants_are_data_oblivious_spill_free_and_use_wgmma() {
         flashcore::audit::report::render_table(&all)
     );
 }
+
+/// The audit of these kernels is not vacuous: the leaky control build (each kernel loads from an
+/// address taken from a secret — the preprocess's dot product of dO and O, the GEMM kernels' wgmma
+/// accumulators) is flagged in all three kernels, for every head dim and mask.
+#[test]
+fn leaky_control_build_is_flagged_in_every_backward_kernel() {
+    for v in shipped_bwd_variants()
+        .into_iter()
+        .filter(|v| v.dtype == flashcore::DType::Bf16 && v.pingpong)
+    {
+        let cubin = v
+            .leaky_control_cubin()
+            .unwrap_or_else(|e| panic!("{}: {e}", v.name()));
+        let audits = flashcore::audit::audit_cubin(&cubin, &v.secret_params())
+            .unwrap_or_else(|e| panic!("{}: audit failed: {e}", v.name()));
+        assert_eq!(audits.len(), 3, "{}", v.name());
+        for a in &audits {
+            assert!(
+                !a.findings.is_empty(),
+                "{} {}: the planted secret-address load was not flagged",
+                v.name(),
+                a.name
+            );
+        }
+    }
+}

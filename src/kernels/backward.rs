@@ -128,6 +128,25 @@ impl BwdVariant {
         jit::compile_cached(&self.name(), SOURCE, &headers, &self.options())
     }
 
+    /// The deliberately leaky build (`FC_BWD_LEAKY_CONTROL=1`: each kernel loads from an
+    /// address taken from a secret). Never shipped or launched; the audit must flag all three
+    /// kernels (tests/audit_backward.rs).
+    #[doc(hidden)]
+    pub fn leaky_control_cubin(&self) -> Result<Vec<u8>> {
+        let headers: Vec<Header<'static>> = HEADERS
+            .iter()
+            .map(|(name, source)| Header { name, source })
+            .collect();
+        let mut options = self.options();
+        options.push("-DFC_BWD_LEAKY_CONTROL=1".into());
+        jit::compile_cached(
+            &format!("{}_LEAKY_CONTROL", self.name()),
+            SOURCE,
+            &headers,
+            &options,
+        )
+    }
+
     /// Dynamic shared memory of the dK/dV kernel: K and V blocks, the (Q, dO) ring, mbarriers,
     /// plus 1 KiB of alignment slack.
     pub fn dkdv_smem_bytes(&self) -> usize {
