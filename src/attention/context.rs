@@ -388,9 +388,7 @@ impl Context {
         let table = cache.block_table.map(|(t, _)| t.device_ptr(&self.stream));
         let t_ptr = table.as_ref().map_or(0, |(p, _)| *p);
         // The table's entries were checked against the pool above (and are clamped on the device).
-        self.launch_checked(
-            &plan, params, q, cache.k, cache.v, out, lse, lens_ptr, t_ptr,
-        )
+        self.launch_checked(&plan, params, q, cache.k, cache.v, out, lse, lens_ptr, t_ptr)
     }
 
     /// Writes `new` (`[batch, n, heads_kv, head_dim]`, bshd) into a bshd `cache` of capacity
