@@ -31,11 +31,7 @@ impl KvInput {
         let p = &self.params;
         let row = p.heads_kv * p.head_dim;
         match &self.block_table {
-            Some((table, pg)) => {
-                let stride = p.seqlen_k / pg.page_size;
-                let page = table[b * stride + r / pg.page_size] as usize;
-                (page * pg.page_size + r % pg.page_size) * row
-            }
+            Some((table, pg)) => pg.pool_row(table, p.seqlen_k, b, r) * row,
             None => (b * p.seqlen_k + r) * row,
         }
     }

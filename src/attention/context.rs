@@ -288,7 +288,7 @@ impl Context {
         validate::check_buffer("q", q.len(), params.q_len(), q_ptr, align)?;
         // A paged plan's K and V are the page pools.
         let kv_len = match plan.lengths().pages() {
-            Some(pg) => pg.num_pages * pg.page_size * params.heads_kv * params.head_dim,
+            Some(pg) => pg.pool_len(params),
             None => params.kv_len(),
         };
         validate::check_buffer("k", k.len(), kv_len, k_ptr, align)?;
@@ -388,7 +388,9 @@ impl Context {
         let table = cache.block_table.map(|(t, _)| t.device_ptr(&self.stream));
         let t_ptr = table.as_ref().map_or(0, |(p, _)| *p);
         // The table's entries were checked against the pool above (and are clamped on the device).
-        self.launch_checked(&plan, params, q, cache.k, cache.v, out, lse, lens_ptr, t_ptr)
+        self.launch_checked(
+            &plan, params, q, cache.k, cache.v, out, lse, lens_ptr, t_ptr,
+        )
     }
 
     /// Writes `new` (`[batch, n, heads_kv, head_dim]`, bshd) into a bshd `cache` of capacity
@@ -426,7 +428,7 @@ impl Context {
         let cache_len = match pages {
             Some((_, pg)) => {
                 validate::check_pages(params, &pg)?;
-                pg.num_pages * pg.page_size * row
+                pg.pool_len(params)
             }
             None => params.kv_len(),
         };
@@ -463,11 +465,7 @@ impl Context {
             validate::check_kv_metadata(params, &counts, Some((table, &pg)), false)?;
         }
         let dest = |b: usize, r: usize| match pages {
-            Some((table, pg)) => {
-                let stride = params.seqlen_k / pg.page_size;
-                let page = table[b * stride + r / pg.page_size] as usize;
-                (page * pg.page_size + r % pg.page_size) * row
-            }
+            Some((table, pg)) => pg.pool_row(table, params.seqlen_k, b, r) * row,
             None => (b * params.seqlen_k + r) * row,
         };
         // Rows that stay contiguous in the cache (a sequence's, or a page's) go in one copy.

@@ -26,6 +26,20 @@ pub struct Pages {
     pub num_pages: usize,
 }
 
+impl Pages {
+    /// Elements of one pool (K or V) for `p`'s heads and head dim.
+    pub fn pool_len(&self, p: &AttentionParams) -> usize {
+        self.num_pages * self.page_size * p.heads_kv * p.head_dim
+    }
+
+    /// The pool row holding sequence `b`'s cache row `r`, through `table` (`[batch, seqlen_k /
+    /// page_size]`, entries already checked against the pool).
+    pub fn pool_row(&self, table: &[i32], seqlen_k: usize, b: usize, r: usize) -> usize {
+        let page = table[b * (seqlen_k / self.page_size) + r / self.page_size] as usize;
+        page * self.page_size + r % self.page_size
+    }
+}
+
 /// The smallest page: one TMA box of 16 rows keeps the 128-byte swizzle of a whole block.
 pub const MIN_PAGE_SIZE: usize = 16;
 
