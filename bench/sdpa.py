@@ -614,13 +614,14 @@ class Runner:
         return backward, both
 
     def backend_fn(self, b, shape, sets):
-        """(context manager, forward callable on `sets`) of backend `b`; raises when it cannot be
-        made (FA4 or flashcore not installed)."""
+        """(a function making the context manager each use runs in, forward callable on `sets`)
+        of backend `b`; raises when it cannot be made (FA4 or flashcore not installed)."""
         if b == "fa4":
-            return contextlib.nullcontext(), self.fa4_fn(shape, sets)
+            return contextlib.nullcontext, self.fa4_fn(shape, sets)
         if b == "flashcore-torch":
-            return contextlib.nullcontext(), self.flashcore_fn(shape, sets)
-        return self.sdpa_kernel(self.backend_enum[b]), self.call_fn(shape, sets)
+            return contextlib.nullcontext, self.flashcore_fn(shape, sets)
+        kind = self.backend_enum[b]
+        return (lambda: self.sdpa_kernel(kind)), self.call_fn(shape, sets)
 
     def run_shape(self, dtype, shape):
         torch, a = self.torch, self.args
@@ -647,13 +648,13 @@ class Runner:
         smi = query_smi(a.device)
         env["clocks_start"] = smi[0] if smi else None
         for b in a.backends:
-            fns, ctx = {}, contextlib.nullcontext()
+            fns, make_ctx = {}, contextlib.nullcontext
             try:
-                ctx, fn0 = self.backend_fn(b, shape, sets)
+                make_ctx, fn0 = self.backend_fn(b, shape, sets)
             except Exception as e:  # noqa: BLE001 (not installed)
                 ok, why = False, short_reason(e)
             else:
-                with ctx:
+                with make_ctx():
                     try:  # does this backend take this shape at all? (FA4 compiles here, untimed)
                         if a.backward:
                             fns["backward"], fns["forward+backward"] = self.grad_fns(fn0, sets)
@@ -665,7 +666,7 @@ class Runner:
                         ok, why = True, None
                     except Exception as e:  # noqa: BLE001
                         ok, why = False, short_reason(e)
-            with ctx:
+            with make_ctx():
                 for p in passes:
                     for m in modes:
                         method = {"warmup": max(a.warmup, nsets) if m == "event" else a.warmup,
