@@ -537,6 +537,16 @@ def reference_grads(q, k, v, grad_out, causal, scale=None, bhsd=False):
     return torch.autograd.grad(out, leaves, grad_out.double())
 
 
+def grad_err(got, want):
+    """Relative L2 error, or the absolute one where the reference is exactly zero (as Rust's
+    reference::rel_l2 does): with one visible key the softmax's derivative is 0, so dq and dk are
+    exactly 0 in float64 and the kernel's are the fp32 rounding of dP − D (seen on the H100 at S = 1:
+    |dq| ≈ 4.5e-7, which a relative measure over a zero norm turns into 1e23)."""
+    got, want = got.double(), want.double()
+    diff, norm = (got - want).norm().item(), want.norm().item()
+    return diff / norm if norm > 0 else diff
+
+
 def _poison_allocator(*shapes, dtype):
     """Fills blocks of torch's caching allocator of these shapes with NaN and frees them, so that
     the next allocations of such sizes (the gradients) start out as NaN, not zeros."""
@@ -571,7 +581,7 @@ def test_gradients_match_float64(dtype, case):
     for name, g, w, t in zip(("dq", "dk", "dv"), got, want, (q, k, v)):
         assert g.shape == t.shape and g.dtype == dtype, name
         assert torch.isfinite(g).all(), name
-        assert rel_l2(g, w) < TOL[dtype], (name, rel_l2(g, w))
+        assert grad_err(g, w) < TOL[dtype], (name, grad_err(g, w))
     if causal and sq > sk:
         assert (got[0][:, : sq - sk] == 0).all()  # rows that see no key: zero gradient
     # Bits run to run, and the same through flash_attn_func.
@@ -585,7 +595,7 @@ def test_gradients_match_float64(dtype, case):
     dt = do.transpose(1, 2).contiguous()
     got_bhsd = torch.autograd.grad(flashcore.attention(*tl, causal=causal, layout="bhsd"), tl, dt)
     for g, w in zip(got_bhsd, want):
-        assert rel_l2(g.transpose(1, 2), w) < TOL[dtype]
+        assert grad_err(g.transpose(1, 2), w) < TOL[dtype]
 
 
 @pytest.mark.parametrize("sq, sk", [(128, 128), (100, 257), (257, 100)])
