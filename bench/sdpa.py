@@ -14,6 +14,13 @@ skipped with the reason. `--backends flashcore-torch` also times the `flashcore`
 
     python3 bench/sdpa.py --suite seed --json sdpa.json
     python3 bench/sdpa.py --heads 16 --seqlen 4096 --headdim 128 --causal --dtype bf16
+    python3 bench/sdpa.py --suite backward --backward --json sdpa-bwd.json
+
+`--backward` times, per backend, the backward alone (`torch.autograd.grad` of one forward's output,
+kept with `retain_graph`, against a random dO: the backward kernels and autograd's bookkeeping)
+and a forward then backward, eager calls bracketed by device events (no graph replay), as
+`flashcore bench --backward` does; records carry `"pass": "backward"` / `"forward+backward"` and
+FLOPs 2.5x / 3.5x the forward's.
 
 The pure parts (statistics, shapes, argument parsing, records) need no torch:
 `python3 bench/sdpa.py --self-test` prints them as JSON (the Rust tests compare them with
@@ -87,12 +94,16 @@ def tflops(flops, time_us):
     return flops / (time_us * 1e-6) / 1e12 if time_us > 0 else None
 
 
-def flop_count(shape):
-    """flash-attn's count: 4*B*Hq*Sq*Sk*D, halved for causal with Sq == Sk."""
+PASS_FLOPS = {"forward": 1.0, "backward": 2.5, "forward+backward": 3.5}
+
+
+def flop_count(shape, pass_="forward"):
+    """flash-attn's count: 4*B*Hq*Sq*Sk*D, halved for causal with Sq == Sk; times 2.5 for the
+    backward, 3.5 for forward+backward (src/bench/record.rs Pass::flop_factor)."""
     f = 4.0 * shape["batch"] * shape["heads_q"] * shape["seqlen_q"] * shape["seqlen_k"] * shape["head_dim"]
     if shape["causal"] and shape["seqlen_q"] == shape["seqlen_k"]:
         f /= 2.0
-    return f
+    return f * PASS_FLOPS[pass_]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -153,7 +164,22 @@ def decode_suite(layout="bshd"):
     return out
 
 
-SUITES = {"seed": seed_suite, "fa3": fa3_suite, "decode": decode_suite}
+BACKWARD_SHAPES = [
+    (2, 16, 8192, 128, False),
+    (2, 16, 8192, 128, True),
+    (8, 16, 2048, 128, False),
+    (8, 32, 2048, 64, False),
+    (2, 32, 8192, 64, True),
+    (32, 16, 512, 128, True),
+]
+
+
+def backward_suite(layout="bshd"):
+    """Issue 23's training shapes, bf16 (for --backward)."""
+    return [("bf16", make_shape(b, h, s, d, c, layout)) for (b, h, s, d, c) in BACKWARD_SHAPES]
+
+
+SUITES = {"seed": seed_suite, "fa3": fa3_suite, "decode": decode_suite, "backward": backward_suite}
 
 
 def label(shape):
@@ -176,9 +202,14 @@ def graph_schedules(sets, calls):
     return [[(g * calls + i) % sets for i in range(calls)] for g in range(-(-sets // calls))]
 
 
-def set_bytes(shape, elem=2):
+def set_bytes(shape, elem=2, backward=False):
+    """(bytes one call reads, bytes one buffer set holds); `backward`: the backward's (q, k, v,
+    o, dO and the fp32 LSE read; dq, dk, dv written), as src/bench/backward.rs counts them."""
     q = shape["batch"] * shape["seqlen_q"] * shape["heads_q"] * shape["head_dim"]
     kv = shape["batch"] * shape["seqlen_k"] * shape["heads_kv"] * shape["head_dim"]
+    if backward:
+        inputs = (3 * q + 2 * kv) * elem + 4 * shape["batch"] * shape["heads_q"] * shape["seqlen_q"]
+        return inputs, inputs + (q + 2 * kv) * elem
     inputs = (q + 2 * kv) * elem
     return inputs, inputs + q * elem
 
@@ -280,6 +311,8 @@ def build_parser():
                    help="comma-separated subset of flash,cudnn,efficient,fa4,flashcore-torch (default: the "
                         "SDPA three, plus fa4 when flash_attn.cute imports; flashcore-torch times the "
                         "flashcore Python package's op, the path PyTorch users take)")
+    p.add_argument("--backward", action="store_true",
+                   help="time the backward and forward+backward (eager, device events) instead of the forward")
     p.add_argument("--self-test", action="store_true", help="print the pure computations as JSON and exit")
     p.add_argument("--print-shapes", action="store_true", help="print the selected shapes as JSON and exit")
     return p
@@ -335,12 +368,18 @@ def select_shapes(args):
 
 
 def modes_of(args):
+    if args.backward:
+        return ["event"]  # autograd calls are timed eagerly (main() refuses --mode graph)
     return {"event": ["event"], "graph": ["graph"], "both": ["event", "graph"]}[args.mode]
 
 
-def make_record(impl, suite, dtype, shape, mode, samples, reason, method, env):
+def passes_of(args):
+    return ["backward", "forward+backward"] if args.backward else ["forward"]
+
+
+def make_record(impl, suite, dtype, shape, mode, samples, reason, method, env, pass_="forward"):
     """One schema record (docs/bench-json.md); samples in microseconds, or reason when skipped."""
-    f = flop_count(shape)
+    f = flop_count(shape, pass_)
     st = stats(samples) if samples is not None else None
     if st is None and reason is None:
         reason = "no finite samples"
@@ -350,6 +389,7 @@ def make_record(impl, suite, dtype, shape, mode, samples, reason, method, env):
         "shape": dict(shape),
         "dtype": dtype,
         "mode": mode,
+        "pass": pass_,
         "status": "ok" if st is not None else "skipped",
         "skip_reason": None if st is not None else reason,
         "flops": f,
@@ -386,6 +426,7 @@ def self_test():
         "seed": [[dt, s] for dt, s in seed_suite()],
         "fa3": [[dt, s] for dt, s in fa3_suite()],
         "decode": [[dt, s] for dt, s in decode_suite()],
+        "backward": [[dt, s] for dt, s in backward_suite()],
         "labels": [label(s) for _, s in seed_suite()],
         "sets_needed": [sets_needed(50 << 20, 3 * 512 * 8 * 64 * 2, 4 * 512 * 8 * 64 * 2, 1 << 40),
                         sets_needed(50 << 20, 300 << 20, 400 << 20, 1 << 40)],
@@ -394,6 +435,10 @@ def self_test():
         "impl_names": [impl_name(b) for b in BACKENDS],
         "record": make_record("sdpa-flash", "seed", "f16", make_shape(1, 8, 512, 64, True), "graph",
                               samples, None, None, {"gpu": None, "date": "2026-11-22T00:00:00Z"}),
+        "backward_record": make_record("sdpa-cudnn", "backward", "bf16", make_shape(2, 16, 8192, 128, False),
+                                       "event", samples, None, None, {"gpu": None, "date": "2026-11-22T00:00:00Z"},
+                                       "backward"),
+        "backward_set_bytes": set_bytes(make_shape(2, 8, 100, 64, False, heads_kv=2, seqlen_k=300), backward=True),
     }
 
 
@@ -550,75 +595,109 @@ class Runner:
         del graphs
         return out
 
+    def grad_fns(self, fwd, gsets):
+        """(backward, forward+backward) callables for a forward `fwd(i)` on the grad-requiring
+        inputs `gsets[i]`: the first differentiates one kept output of each set (retain_graph),
+        the second runs the forward and its backward. dO is random, one per set."""
+        torch = self.torch
+
+        def out_of(i):
+            o = fwd(i)
+            return o[0] if isinstance(o, tuple) else o
+
+        outs = [out_of(i) for i in range(len(gsets))]
+        gen = torch.Generator(device=self.dev).manual_seed(self.args.seed + 1)
+        dos = [torch.rand(o.shape, generator=gen, device=self.dev, dtype=torch.float32).to(o.dtype) * 2 - 1
+               for o in outs]
+        backward = lambda i: torch.autograd.grad(outs[i], gsets[i], dos[i], retain_graph=True)  # noqa: E731
+        both = lambda i: torch.autograd.grad(out_of(i), gsets[i], dos[i])  # noqa: E731
+        return backward, both
+
+    def backend_fn(self, b, shape, sets):
+        """(a function making the context manager each use runs in, forward callable on `sets`)
+        of backend `b`; raises when it cannot be made (FA4 or flashcore not installed)."""
+        if b == "fa4":
+            return contextlib.nullcontext, self.fa4_fn(shape, sets)
+        if b == "flashcore-torch":
+            return contextlib.nullcontext, self.flashcore_fn(shape, sets)
+        kind = self.backend_enum[b]
+        return (lambda: self.sdpa_kernel(kind)), self.call_fn(shape, sets)
+
     def run_shape(self, dtype, shape):
         torch, a = self.torch, self.args
         env = dict(self.env0, date=now_utc())
-        modes = modes_of(a)
+        modes, passes = modes_of(a), passes_of(a)
         records = []
-        inputs, total = set_bytes(shape)
+        inputs, total = set_bytes(shape, backward=a.backward)
         free = torch.cuda.mem_get_info(self.dev)[0]
         nsets = sets_needed(self.l2, inputs, total, int(free * MEM_FRACTION))
 
         def skip_all(reason):
-            return [make_record(impl_name(b), a.suite, dtype, shape, m, None, reason, None, env)
-                    for b in a.backends for m in modes]
+            return [make_record(impl_name(b), a.suite, dtype, shape, m, None, reason, None, env, p)
+                    for b in a.backends for p in passes for m in modes]
 
         if nsets == 0:
             return skip_all("one buffer set (%d bytes) does not fit in free device memory" % total)
         try:
             sets = self.make_sets(dtype, shape, nsets)
+            if a.backward:
+                sets = [tuple(t.detach().requires_grad_() for t in s) for s in sets]
         except Exception as e:  # noqa: BLE001 (out of memory and the like)
             torch.cuda.empty_cache()
             return skip_all(short_reason(e))
         smi = query_smi(a.device)
         env["clocks_start"] = smi[0] if smi else None
-        sdpa_fn = self.call_fn(shape, sets)
         for b in a.backends:
-            if b in ("fa4", "flashcore-torch"):
-                ctx = contextlib.nullcontext()
-                try:
-                    fn0 = (self.fa4_fn if b == "fa4" else self.flashcore_fn)(shape, sets)
-                except Exception as e:  # noqa: BLE001 (not installed)
-                    fn0 = None
-                    import_error = short_reason(e)
+            fns, make_ctx = {}, contextlib.nullcontext
+            try:
+                make_ctx, fn0 = self.backend_fn(b, shape, sets)
+            except Exception as e:  # noqa: BLE001 (not installed)
+                ok, why = False, short_reason(e)
             else:
-                ctx, fn0 = self.sdpa_kernel(self.backend_enum[b]), sdpa_fn
-            with ctx:
-                try:  # does this backend take this shape at all? (FA4 compiles here, untimed)
-                    if fn0 is None:
-                        raise RuntimeError(import_error)
-                    fn0(0)
-                    torch.cuda.synchronize()
-                    ok, why = True, None
-                except Exception as e:  # noqa: BLE001
-                    ok, why = False, short_reason(e)
-                for m in modes:
-                    method = {"warmup": max(a.warmup, nsets) if m == "event" else a.warmup,
-                              "reps": a.reps if m == "event" else a.graph_reps,
-                              "graph_calls": a.graph_calls if m == "graph" else None,
-                              "buffer_sets": nsets, "input_bytes_per_set": inputs, "l2_bytes": self.l2}
-                    samples, reason = None, why
-                    if ok:
-                        try:
-                            samples = (self.time_per_call if m == "event" else self.time_graph)(fn0, nsets)
-                        except Exception as e:  # noqa: BLE001
-                            reason = short_reason(e)
-                            torch.cuda.synchronize()
-                    records.append(make_record(impl_name(b), a.suite, dtype, shape, m, samples, reason,
-                                               method if samples is not None else None, env))
+                with make_ctx():
+                    try:  # does this backend take this shape at all? (FA4 compiles here, untimed)
+                        if a.backward:
+                            fns["backward"], fns["forward+backward"] = self.grad_fns(fn0, sets)
+                            fns["backward"](0)
+                        else:
+                            fns["forward"] = fn0
+                            fn0(0)
+                        torch.cuda.synchronize()
+                        ok, why = True, None
+                    except Exception as e:  # noqa: BLE001
+                        ok, why = False, short_reason(e)
+            with make_ctx():
+                for p in passes:
+                    for m in modes:
+                        method = {"warmup": max(a.warmup, nsets) if m == "event" else a.warmup,
+                                  "reps": a.reps if m == "event" else a.graph_reps,
+                                  "graph_calls": a.graph_calls if m == "graph" else None,
+                                  "buffer_sets": nsets, "input_bytes_per_set": inputs, "l2_bytes": self.l2}
+                        samples, reason = None, why
+                        if ok:
+                            try:
+                                samples = (self.time_per_call if m == "event" else self.time_graph)(fns[p], nsets)
+                            except Exception as e:  # noqa: BLE001
+                                reason = short_reason(e)
+                                torch.cuda.synchronize()
+                        records.append(make_record(impl_name(b), a.suite, dtype, shape, m, samples, reason,
+                                                   method if samples is not None else None, env, p))
+            del fns
         smi = query_smi(a.device)
         for r in records:
             r["env"] = dict(r["env"], clocks_end=smi[0] if smi else None)
-        del sets, fn0, sdpa_fn
+        del sets
         torch.cuda.empty_cache()
         return records
 
 
 def format_results(records):
-    lines = ["%-15s %-5s %-28s %-5s %10s %10s %10s %10s %8s" % (
+    lines = ["%-15s %-5s %-28s %-9s %10s %10s %10s %10s %8s" % (
         "implementation", "dtype", "shape", "mode", "median_us", "min_us", "p95_us", "p99_us", "TFLOPS")]
+    tags = {"forward": "", "backward": " bwd", "forward+backward": " f+b"}
     for r in records:
-        head = "%-15s %-5s %-28s %-5s" % (r["implementation"], r["dtype"], label(r["shape"]), r["mode"])
+        mode = r["mode"] + tags[r.get("pass", "forward")]
+        head = "%-15s %-5s %-28s %-9s" % (r["implementation"], r["dtype"], label(r["shape"]), mode)
         t = r["time_us"]
         if r["status"] == "ok" and t:
             lines.append("%s %10.2f %10.2f %10.2f %10.2f %8.1f" % (head, t["median"], t["min"], t["p95"], t["p99"], r["tflops"]))
@@ -633,6 +712,8 @@ def main(argv=None):
     if args.self_test:
         print(json.dumps(self_test(), indent=1, allow_nan=False))
         return 0
+    if args.backward and args.mode == "graph":
+        parser.error("--backward times eager calls: use --mode event (or leave --mode out)")
     try:
         shapes = select_shapes(args)
     except ValueError as e:
@@ -649,7 +730,8 @@ def main(argv=None):
     for i, (dt, shape) in enumerate(shapes):
         recs = runner.run_shape(dt, shape)
         records.extend(recs)
-        summary = ", ".join("%s/%s %s" % (r["implementation"].replace("sdpa-", ""), r["mode"],
+        summary = ", ".join("%s/%s%s %s" % (r["implementation"].replace("sdpa-", ""), r["mode"],
+                                            "" if r["pass"] == "forward" else "/" + r["pass"],
                                           "%.2f us" % r["time_us"]["median"] if r["status"] == "ok" else "skipped")
                             for r in recs)
         print("[%d/%d] %s %s: %s" % (i + 1, len(shapes), dt, label(shape), summary), file=sys.stderr, flush=True)

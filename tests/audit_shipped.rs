@@ -8,10 +8,12 @@ fn shipped_variants_are_data_oblivious_spill_free_and_use_wgmma() {
     let variants = flashcore::kernels::shipped_variants();
     let decode = variants.iter().filter(|v| v.decode).count();
     assert!(decode > 0, "decode variants are shipped");
+    let backward = flashcore::kernels::backward::shipped_bwd_variants().len();
     assert_eq!(
         audits.len(),
-        variants.len() + decode,
-        "one audited kernel per shipped variant, two (forward and combine) per decode variant"
+        variants.len() + decode + 3 * backward,
+        "one audited kernel per shipped variant, two (forward and combine) per decode variant, \
+         three (preprocess, dK/dV, dQ) per backward variant"
     );
     // The combine kernel is audited too (it reads the secret partials).
     assert_eq!(

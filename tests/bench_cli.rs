@@ -121,6 +121,9 @@ fn phases_errors() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert_eq!(flashcore(&["--phases", "5"]).status.code(), Some(2));
+    let o = flashcore(&[&shape[..], &["--phases", "5", "--backward"]].concat());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("drop --backward"));
     if std::path::Path::new("/dev/nvidia0").exists() {
         eprintln!("SKIPPED phases_errors (no-GPU part): this machine has a GPU");
         return;

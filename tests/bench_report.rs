@@ -3,10 +3,10 @@
 
 use flashcore::attention::{AttentionParams, DType, Layout};
 use flashcore::bench::env::{iso8601_utc, parse_smi_line};
-use flashcore::bench::make_record;
 use flashcore::bench::plot;
-use flashcore::bench::record::{BenchFile, Clocks, Env, Method, Mode, Record, Status};
+use flashcore::bench::record::{BenchFile, Clocks, Env, Method, Mode, Pass, Record, Status};
 use flashcore::bench::report::{format_join, format_results, join};
+use flashcore::bench::{make_pass_record, make_record};
 
 fn env() -> Env {
     Env {
@@ -279,4 +279,49 @@ fn plot_renders_png() {
     assert!(plot::render(&[], &dir.path().join("x.png"), None).is_err());
     assert_eq!(plot::seqlen_label(512.0), "512");
     assert_eq!(plot::seqlen_label(16384.0), "16k");
+}
+
+/// Backward records join only with backward records of the same shape (the pass is part of the
+/// key); tables tag them; their FLOPs are 2.5× (backward) and 3.5× (forward+backward).
+#[test]
+fn passes_join_apart() {
+    let p = &shapes();
+    let pass = |imp: &str, pass: Pass, us: f64| Record {
+        implementation: imp.to_string(),
+        ..make_pass_record(&p[1], pass, Mode::Event, Ok(vec![us; 5]), None, None, env())
+    };
+    let recs = vec![
+        pass("flashcore", Pass::Forward, 100.0),
+        pass("flashcore", Pass::Backward, 300.0),
+        pass("flashcore", Pass::ForwardBackward, 400.0),
+        pass("sdpa-cudnn", Pass::Backward, 250.0),
+        pass("sdpa-cudnn", Pass::Forward, 90.0),
+    ];
+    assert_eq!(recs[1].flops, 2.5 * p[1].flops());
+    assert_eq!(recs[2].flops, 3.5 * p[1].flops());
+    let j = join(&recs, "flashcore");
+    assert_eq!(j.rows.len(), 3);
+    let by_pass = |want: Pass| j.rows.iter().find(|r| r.key.pass == want).unwrap();
+    assert_eq!(
+        by_pass(Pass::Forward).best,
+        Some(("sdpa-cudnn".to_string(), 90.0))
+    );
+    assert_eq!(
+        by_pass(Pass::Backward).best,
+        Some(("sdpa-cudnn".to_string(), 250.0))
+    );
+    assert_eq!(by_pass(Pass::ForwardBackward).best, None);
+    let t = format_join(&j);
+    assert!(t.contains("event bwd") && t.contains("event f+b"), "{t}");
+    let t = format_results(&recs);
+    assert!(t.lines().nth(2).unwrap().contains("event bwd"), "{t}");
+    // A record without a pass (files from before --backward) reads as the forward.
+    let mut v = serde_json::to_value(&recs[0]).unwrap();
+    v.as_object_mut().unwrap().remove("pass");
+    let r: Record = serde_json::from_value(v).unwrap();
+    assert_eq!(r.pass, Pass::Forward);
+    assert_eq!(
+        serde_json::to_value(&recs[2]).unwrap()["pass"],
+        "forward+backward"
+    );
 }

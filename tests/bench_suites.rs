@@ -2,9 +2,9 @@
 //! same statistics bit for bit, same rotation, a record flashcore can read).
 
 use flashcore::attention::{DType, Layout};
-use flashcore::bench::record::{Mode, Record, Shape, Status};
+use flashcore::bench::record::{Mode, Pass, Record, Shape, Status};
 use flashcore::bench::stats::{percentile, Stats};
-use flashcore::bench::suites::{decode, fa3, label, seed, Suite};
+use flashcore::bench::suites::{backward, decode, fa3, label, seed, Suite};
 use flashcore::bench::timing::{graph_schedules, sets_needed};
 use std::process::Command;
 
@@ -128,6 +128,7 @@ fn python_matches_rust() {
         ("seed", seed(Layout::Bshd)),
         ("fa3", fa3(Layout::Bshd)),
         ("decode", decode(Layout::Bshd)),
+        ("backward", backward(Layout::Bshd)),
     ] {
         let py_shapes: Vec<(DType, Shape)> = serde_json::from_value(py[name].clone()).unwrap();
         let rust_shapes: Vec<(DType, Shape)> =
@@ -184,6 +185,20 @@ fn python_matches_rust() {
         r.tflops,
         Some(flashcore::bench::stats::tflops(p.flops(), rs.median))
     );
+    assert_eq!(r.pass, Pass::Forward);
+    // A backward record: its pass, and FLOPs 2.5× the forward's.
+    let r: Record = serde_json::from_value(py["backward_record"].clone()).unwrap();
+    let p = flashcore::AttentionParams::new(2, 16, 8192, 128).dtype(DType::Bf16);
+    assert_eq!((r.pass, r.flops), (Pass::Backward, 2.5 * p.flops()));
+    assert_eq!(
+        r.tflops,
+        Some(flashcore::bench::stats::tflops(2.5 * p.flops(), rs.median))
+    );
+    // The backward's buffer-set bytes, counted alike.
+    let mut p = flashcore::AttentionParams::new(2, 8, 100, 64).seqlen_k(300);
+    p.heads_kv = 2;
+    let sb: (u64, u64) = serde_json::from_value(py["backward_set_bytes"].clone()).unwrap();
+    assert_eq!(sb, flashcore::bench::backward::set_bytes(&p));
 }
 
 #[test]

@@ -1,7 +1,8 @@
 """Argument checks shared by every entry point. They run before any launch (and at trace time
 under ``torch.compile``, on fake tensors), so each mistake is a Python exception that says what
 to change: ``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong value or shape,
-``RuntimeError`` for a request flashcore cannot serve (autograd)."""
+``RuntimeError`` for a request flashcore cannot serve (autograd of an inference-only entry point,
+a backward without the forward's log-sum-exp)."""
 
 import math
 
@@ -28,19 +29,52 @@ def check_tensor(name, t):
         raise ValueError(f"flashcore: `{name}` must be 4-D, got shape {tuple(t.shape)}")
 
 
-def check_no_grad(*tensors):
-    if torch.is_grad_enabled() and _any_requires_grad(tensors):
+def needs_grad(*tensors):
+    """Whether autograd will record a call on these tensors (grad mode on, an input requiring grad)."""
+    return torch.is_grad_enabled() and _any_requires_grad(tensors)
+
+
+def check_no_grad(what, *tensors):
+    """Refuses autograd for `what`, an entry point with no backward pass."""
+    if needs_grad(*tensors):
         raise RuntimeError(
-            "flashcore: an input requires grad, but flashcore has no backward pass yet (training is "
-            "not supported): call it under torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
+            f"flashcore: an input requires grad, but {what} has no backward pass (inference only): "
+            "call it under torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
         )
 
 
 def _any_requires_grad(tensors):
     for t in tensors:
-        if t.requires_grad:
+        if t is not None and t.requires_grad:
             return True
     return False
+
+
+def check_backward(grad_out, q, k, v, out, lse, layout):
+    """The rules of one backward call (`torch.ops.flashcore.attention_backward`): q, k, v by the
+    forward's rules; `grad_out` and `out` of q's shape, dtype and device; `lse` the forward's
+    log-sum-exp, fp32 [B, Hq, Sq]. Returns the split shape."""
+    shape = split_shape(q, k, v, layout)
+    b, sq, sk, hq, hkv, d = shape
+    for name, t in (("grad_out", grad_out), ("out", out)):
+        check_tensor(name, t)
+        if tuple(t.shape) != tuple(q.shape):
+            raise ValueError(f"flashcore: `{name}` must have q's shape {tuple(q.shape)}, got {tuple(t.shape)}")
+        if t.dtype != q.dtype:
+            raise TypeError(f"flashcore: `{name}` has dtype {t.dtype}, q {q.dtype}: they must match")
+        if t.device != q.device:
+            raise ValueError(f"flashcore: `{name}` is on {t.device}, q on {q.device}")
+    if not isinstance(lse, torch.Tensor) or lse.numel() == 0:
+        raise RuntimeError(
+            "flashcore: the backward needs the forward's log-sum-exp, and this forward ran without it "
+            "(call flashcore with an input that requires grad under grad mode, or with return_lse=True)"
+        )
+    if lse.dtype != torch.float32 or tuple(lse.shape) != (b, hq, sq) or lse.device != q.device:
+        raise ValueError(
+            f"flashcore: `lse` must be float32 of shape {(b, hq, sq)} on {q.device}, "
+            f"got {lse.dtype} {tuple(lse.shape)} on {lse.device}"
+        )
+    return shape
 
 
 def split_shape(q, k, v, layout):

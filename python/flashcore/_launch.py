@@ -163,6 +163,43 @@ def _workspace_bytes(dtype, shape, causal, kv_lengths, prefill_consistent=False)
                                    kv_prefill_consistent=prefill_consistent)
 
 
+def dense(t):
+    """`t` itself when contiguous with a 16-byte-aligned base (what the backward reads O and dO
+    as), else a contiguous copy."""
+    return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
+
+
+def launch_backward(d_o, q, k, v, out, lse, dq, dk, dv, causal, scale, bhsd=False):
+    """dq, dk, dv (fresh contiguous tensors of q's and k's shapes) of attention(q, k, v) from the
+    forward's `out` and `lse` and the output gradient `d_o`, on torch's current stream. q, k, v
+    have any strides (copied where TMA cannot read them); `d_o` and `out` are dense (`dense`), in
+    q's layout (`bhsd`: [B, H, S, D], else [B, S, H, D]); `lse` fp32 contiguous [B, Hq, Sq]. GQA:
+    dk, dv are summed over the query heads of each K/V head. The scratch comes from torch's
+    allocator on the same stream."""
+    if bhsd:
+        b, hq, sq, d = q.shape
+        hkv, sk = k.shape[1], k.shape[2]
+    else:
+        b, sq, hq, d = q.shape
+        sk, hkv = k.shape[1], k.shape[2]
+    q, qd = _in_desc(q, bhsd)
+    k, kd = _in_desc(k, bhsd)
+    v, vd = _in_desc(v, bhsd)
+    dev = q.get_device()
+    dtype = _DTYPES[q.dtype]
+    shape = (b, sq, sk, hq, hkv, d)
+    ws = torch.empty(_backward_workspace_bytes(dtype, shape), dtype=torch.uint8, device=q.device)
+    buffers = (out.data_ptr(), lse.data_ptr(), d_o.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+               ws.data_ptr())
+    _native.attention_backward(dev, current_stream(dev), dtype, shape, bool(causal), scale, bool(bhsd), qd, kd, vd,
+                               buffers)
+
+
+@functools.lru_cache(maxsize=1024)
+def _backward_workspace_bytes(dtype, shape):
+    return _native.backward_workspace_bytes(dtype, shape)
+
+
 def prepare_kv(device, dtype, shape, causal, scale, secret=False, pages=(0, 0), prefill_consistent=False):
     _native.prepare(torch.device(device).index or 0, _DTYPES[dtype], shape, bool(causal), scale, kv_lengths=True,
                     kv_secret=bool(secret), page_size=pages[0], num_pages=pages[1],

@@ -10,7 +10,15 @@ from . import ops
 
 def _call(q, k, v, causal, scale, bhsd, return_lse, lengths):
     """The op on checked arguments: straight to its body in plain eager mode, through the
-    dispatcher (torch.ops.flashcore.attention) whenever torch is tracing or faking tensors."""
+    dispatcher (torch.ops.flashcore.attention) whenever torch is tracing or faking tensors or
+    autograd records the call — then with the log-sum-exp, which the backward needs."""
+    if _checks.needs_grad(q, k, v):
+        if lengths is not None:
+            raise RuntimeError(
+                "flashcore: secret_lengths has no backward pass: call it under torch.no_grad() or "
+                "torch.inference_mode(), or .detach() the inputs"
+            )
+        return ops.attention_op(q, k, v, causal, scale, bhsd, True, lengths)
     if ops.eager(q, k, v, lengths):
         b, h, s = (q.shape[0], q.shape[1], q.shape[2]) if bhsd else (q.shape[0], q.shape[2], q.shape[1])
         return ops.run(q, k, v, causal, scale, bhsd, return_lse, lengths, (b, h, s))
@@ -28,13 +36,16 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=Fa
     the length come out 0. Strided inputs are read in place where TMA can address them, copied
     otherwise. Returns `out` (contiguous, in `layout`), or `(out, lse)` with lse fp32 [B, Hq, Sq]
     (natural log) when `return_lse`.
+
+    Differentiable: with an input that requires grad (under grad mode) the call records its
+    backward (flashcore.autograd: dq, dk, dv, GQA sums, bitwise deterministic); lse is not
+    differentiable. `secret_lengths` has no backward (RuntimeError).
     """
     if secret_lengths is None and (layout == "bshd" or layout == "bhsd"):
         r = _fast(q, k, v, bool(causal), scale, layout == "bhsd", bool(return_lse))
         if r is not None:  # plain eager call, served in one pass (_launch.fast)
             return r if return_lse else r[0]
     b, sq, sk, hq, hkv, d = _checks.split_shape(q, k, v, layout)
-    _checks.check_no_grad(q, k, v)
     scale = _checks.check_scale(scale)
     _checks.check_lengths(secret_lengths, q, b, sq, sk)
     out, lse = _call(q, k, v, bool(causal), scale, layout == "bhsd", bool(return_lse), secret_lengths)
@@ -56,14 +67,15 @@ def flash_attn_func(
     *,
     return_lse=False,
 ):
-    """flash-attn's ``flash_attn_func`` on [B, S, H, D] tensors, as a drop-in for inference.
+    """flash-attn's ``flash_attn_func`` on [B, S, H, D] tensors, as a drop-in (differentiable, as
+    `attention`).
 
     What flash-attn offers and flashcore does not (dropout, sliding windows, softcap, ALiBi,
     attention probabilities) raises ``ValueError``; `deterministic` is accepted (flashcore is
     always bitwise deterministic). Returns `out`, or `(out, lse)` when `return_lse`.
     """
     if dropout_p != 0.0:
-        raise ValueError(f"flashcore: dropout_p={dropout_p} is not supported (inference only: use 0.0)")
+        raise ValueError(f"flashcore: dropout_p={dropout_p} is not supported (use 0.0)")
     if tuple(window_size) != (-1, -1):
         raise ValueError(f"flashcore: window_size={tuple(window_size)} (sliding window) is not supported")
     if softcap != 0.0:
@@ -87,7 +99,8 @@ def scaled_dot_product_attention(
     SDPA's math and memory-efficient backends do). A mask, dropout, a head dim other than 64 or
     128, or fp32 raise ``ValueError``/``TypeError``: it never falls back silently. Strided views
     (e.g. ``x.transpose(1, 2)`` of a [B, S, H, D] tensor) are read in place where TMA can address
-    them, copied otherwise. Returns a contiguous [B, H, Sq, D] tensor.
+    them, copied otherwise. Returns a contiguous [B, H, Sq, D] tensor. Differentiable, as
+    `attention` (GQA: key/value gradients summed over each group).
     """
     if attn_mask is not None:
         raise ValueError(
@@ -95,12 +108,11 @@ def scaled_dot_product_attention(
             "use is_causal=True, or torch's own scaled_dot_product_attention for arbitrary masks"
         )
     if dropout_p != 0.0:
-        raise ValueError(f"flashcore: dropout_p={dropout_p} is not supported (inference only: use 0.0)")
+        raise ValueError(f"flashcore: dropout_p={dropout_p} is not supported (use 0.0)")
     r = _fast(query, key, value, bool(is_causal), scale, True, False, gqa=enable_gqa, top_left=True)
     if r is not None:  # plain eager call, served in one pass (_launch.fast)
         return r[0]
     b, sq, sk, hq, hkv, d = _checks.split_shape(query, key, value, "bhsd")
-    _checks.check_no_grad(query, key, value)
     if hq != hkv and not enable_gqa:
         raise ValueError(
             f"flashcore: query has {hq} heads and key {hkv}: pass enable_gqa=True for grouped-query attention"

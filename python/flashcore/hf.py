@@ -12,7 +12,7 @@ causal or full attention is exact; models whose own code adds the mask to its sc
 calling an attention function (Bloom, ...: they support neither "sdpa" nor attention backends)
 get the additive mask they have under "eager" (``build_mask``). flashcore serves a call only
 when it understands every argument the model passed: no mask, no dropout, fp16/bf16, head dim
-64/128, an sm_90 GPU, no input that requires grad, and keyword arguments from an allow-list at
+64/128, an sm_90 GPU, and keyword arguments from an allow-list at
 values that change nothing flashcore computes — ``position_ids``, ``use_cache``,
 ``output_hidden_states``, ``output_router_logits``, ``num_items_in_batch``,
 ``encoder_hidden_states`` (any value), ``sliding_window`` (None, or at least the number of keys:
@@ -27,7 +27,7 @@ call goes to a path that computes it:
 
 - transformers' SDPA function where SDPA expresses the call: a mask (padding, or a sliding window
   shorter than the keys: the mask carries the window, as on transformers' own SDPA and eager
-  paths), dropout, ``position_bias``, another dtype, head dim, device or GPU, autograd;
+  paths), dropout, ``position_bias``, another dtype, head dim, device or GPU;
 - the model's own eager attention where it does not: attention sinks (``s_aux``, gpt-oss),
   ``softcap`` (Gemma 2), ``output_attentions``, a window shorter than the keys without a mask, and
   any keyword argument not on the allow-list (a future transformers' too). That is the
@@ -76,7 +76,7 @@ _ALLOWED = _INERT | _CONDITIONAL
 _SDPA_REASONS = frozenset(
     {
         "attention_mask", "dropout", "position_bias", "device", "dtype", "head_dim", "heads", "empty", "gpu",
-        "requires_grad", "scaling",
+        "scaling",
     }
 )
 
@@ -137,8 +137,6 @@ def fallback_reason(query, key, value, attention_mask, dropout=0.0, scaling=None
         return "heads"
     if min(query.shape) == 0 or min(key.shape) == 0:
         return "empty"
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        return "requires_grad"
     try:
         _checks.check_scale(scaling)
     except (TypeError, ValueError):

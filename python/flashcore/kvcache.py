@@ -204,7 +204,7 @@ def flash_attn_with_kvcache(
         )
     if (k is None) != (v is None):
         raise ValueError("flashcore: give both k and v to append, or neither")
-    _checks.check_no_grad(q, k_cache, v_cache)
+    _checks.check_no_grad("flash_attn_with_kvcache", q, k_cache, v_cache)
     b = q.shape[0]
     s_cache = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
     if cache_seqlens is None:

@@ -1,5 +1,6 @@
 """The torch custom op behind every entry point: ``torch.ops.flashcore.attention``. It is opaque
-to ``torch.compile`` and CUDA graphs, with a fake implementation that gives the output shapes."""
+to ``torch.compile`` and CUDA graphs, with a fake implementation that gives the output shapes;
+its backward is registered in ``flashcore.autograd``."""
 
 from typing import Optional, Tuple
 
@@ -64,16 +65,21 @@ def _attention_fake(q, k, v, causal, scale, bhsd, return_lse, lengths):
 
 def eager(*tensors):
     """Whether a call may run `run` directly, skipping the dispatcher (~20 µs of host time): plain
-    tensors, not under torch.compile, no dispatch mode (fake tensors, make_fx, functionalisation)
-    active. Anything else goes through the op, which such machinery needs to see."""
+    tensors, none of which autograd must record (grad mode off, or no input requiring grad), not
+    under torch.compile, no dispatch mode (fake tensors, make_fx, functionalisation) active.
+    Anything else goes through the op, which such machinery needs to see (autograd: the op's
+    backward, flashcore.autograd)."""
     for t in tensors:
         if type(t) is not _Tensor and t is not None:
             return False
+    if _grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        return False
     if _is_compiling():
         return False
     return _dispatch_mode() is None
 
 
 _Tensor = torch.Tensor
+_grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
 _dispatch_mode = torch.utils._python_dispatch._get_current_dispatch_mode

@@ -7,19 +7,23 @@ the same hook). Registered on import, never activated: after
 every ``F.scaled_dot_product_attention`` call that PyTorch sends to its flash backend runs on
 flashcore (``restore_flash_attention_impl()`` undoes it). Calls flashcore cannot serve — a head
 dim other than 64/128, dropout, or a GPU that is not sm_90 — run on PyTorch's memory-efficient
-kernel instead (exact semantics kept; counted in ``stats``), and inputs that require grad raise
-(flashcore has no backward pass yet). Never a wrong result.
+kernel instead (exact semantics kept; counted in ``stats``). Never a wrong result.
+
+Training: the hook also serves the op's backward (``aten::_scaled_dot_product_flash_attention_backward``)
+with flashcore's (``flashcore.autograd``'s kernels: bitwise deterministic, GQA sums); a call whose
+forward fell back gets its gradients from an fp32 recomputation (``_fallback_backward``), except
+dropout, whose mask cannot be recomputed here: its backward raises.
 """
 
 import torch
 
 from . import _checks
-from ._launch import fast, launch
+from ._launch import dense, fast, launch, launch_backward
 
 NAME = "flashcore"
 
 # How many calls each path took since activation (tests read it; cheap to keep).
-stats = {"flashcore": 0, "fallback": 0}
+stats = {"flashcore": 0, "fallback": 0, "backward": 0, "fallback_backward": 0}
 
 
 class _Handle:
@@ -79,7 +83,6 @@ def _fallback(query, key, value, dropout_p, is_causal, scale):
 
 def _flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return_debug_mask=False, *, scale=None):
     """aten::_scaled_dot_product_flash_attention on CUDA, served by flashcore."""
-    _checks.check_no_grad(query, key, value)
     if return_debug_mask:
         raise RuntimeError("flashcore SDPA backend: return_debug_mask is not supported")
     if dropout_p == 0.0 and query.is_cuda and query.is_contiguous() and _capability(query.get_device()) == (9, 0):
@@ -122,9 +125,70 @@ def _placeholders(query):
             debug)
 
 
+def _flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, dropout_p,
+                    is_causal, philox_seed, philox_offset, *, scale=None):
+    """aten::_scaled_dot_product_flash_attention_backward on CUDA: flashcore's backward where
+    `_flash_forward` ran flashcore, `_fallback_backward` where it fell back (dropout raises)."""
+    reason = _fallback_reason(query, key, value, dropout_p)
+    if reason == "dropout":
+        raise RuntimeError(
+            "flashcore SDPA backend: no backward for a call with dropout (its forward ran PyTorch's "
+            "kernel, whose dropout mask is not kept): restore_flash_attention_impl() to train with dropout"
+        )
+    if reason is not None:
+        stats["fallback_backward"] += 1
+        return _fallback_backward(grad_out, query, key, value, is_causal, scale)
+    stats["backward"] += 1
+    return _backward(grad_out, query, key, value, out, logsumexp, bool(is_causal), _checks.check_scale(scale))
+
+
+def _backward(grad_out, query, key, value, out, lse, causal, scale):
+    """flashcore's backward on [B, H, S, D] tensors; the gradients get their input's strides (as
+    PyTorch's kernel and meta function give them). Tensors that are [B, S, H, D] in memory (the
+    transposed views models make) are read and written in that layout, with no copies."""
+    lse = lse.contiguous()
+    if not query.is_contiguous() and all(t.transpose(1, 2).is_contiguous() for t in (query, key, value, out)):
+        grads = [torch.empty_like(t) for t in (query, key, value)]  # [B, S, H, D] memory, as the inputs
+        t = [x.transpose(1, 2) for x in (grad_out, query, key, value, out)] + [g.transpose(1, 2) for g in grads]
+        launch_backward(dense(t[0]), t[1], t[2], t[3], dense(t[4]), lse, t[5], t[6], t[7], causal, scale, bhsd=False)
+        return tuple(grads)
+    dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (query, key, value))
+    launch_backward(dense(grad_out), query, key, value, dense(out), lse, dq, dk, dv, causal, scale, bhsd=True)
+    return tuple(g if g.stride() == t.stride() else torch.empty_like(t).copy_(g)
+                 for g, t in ((dq, query), (dk, key), (dv, value)))
+
+
+def _fallback_backward(grad_out, query, key, value, is_causal, scale):
+    """The gradients of SDPA (no dropout, causal top-left) recomputed in fp32 (fp64 for fp64
+    inputs) from q, k, v: for calls whose forward `_fallback` served. Memory O(Sq·Sk) per head, as
+    PyTorch's math backend."""
+    b, hq, sq, d = query.shape
+    hkv, sk = key.shape[1], key.shape[2]
+    rep = hq // hkv
+    acc = torch.promote_types(query.dtype, torch.float32)
+    q, k, v, do = (t.to(acc) for t in (query, key, value, grad_out))
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    s = scale if scale is not None else d ** -0.5
+    scores = torch.matmul(q, k.transpose(-1, -2)) * s
+    if is_causal:
+        visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~visible, float("-inf"))
+    p = torch.softmax(scores, dim=-1)
+    dv = torch.matmul(p.transpose(-1, -2), do)
+    dp = torch.matmul(do, v.transpose(-1, -2))
+    ds = p * (dp - (p * dp).sum(dim=-1, keepdim=True))
+    dq = torch.matmul(ds, k) * s
+    dk = torch.matmul(ds.transpose(-1, -2), q) * s
+    if rep > 1:
+        dk, dv = (g.view(b, hkv, rep, sk, d).sum(dim=2) for g in (dk, dv))
+    return tuple(torch.empty_like(t).copy_(g) for g, t in ((dq, query), (dk, key), (dv, value)))
+
+
 def _register():
     lib = torch.library.Library("aten", "IMPL", "CUDA")  # noqa: TOR901
     lib.impl("_scaled_dot_product_flash_attention", _flash_forward, "CUDA")
+    lib.impl("_scaled_dot_product_flash_attention_backward", _flash_backward, "CUDA")
     return _Handle(lib)
 
 

@@ -3,6 +3,8 @@
 //! CUDA stream handle) and shapes; nothing here links libtorch. Every flashcore error becomes a
 //! Python exception: bad arguments a `ValueError`, everything else a `RuntimeError`.
 
+mod backward;
+
 use flashcore::attention::external::{self, DeviceTensor, ExternalCall, ExternalContext, Strides};
 use flashcore::attention::launch::Lengths;
 use flashcore::attention::Pages;
@@ -13,7 +15,7 @@ use pyo3::prelude::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
-fn to_py(e: Error) -> PyErr {
+pub(crate) fn to_py(e: Error) -> PyErr {
     match e {
         Error::InvalidArgument { .. } => PyValueError::new_err(format!("flashcore: {e}")),
         other => PyRuntimeError::new_err(format!("flashcore: {other}")),
@@ -21,9 +23,9 @@ fn to_py(e: Error) -> PyErr {
 }
 
 /// A tensor as Python passes it: (device pointer, (batch, seq, head) element strides).
-type PyTensor = (u64, (i64, i64, i64));
+pub(crate) type PyTensor = (u64, (i64, i64, i64));
 
-fn tensor((ptr, (batch, seq, head)): PyTensor) -> DeviceTensor {
+pub(crate) fn tensor((ptr, (batch, seq, head)): PyTensor) -> DeviceTensor {
     DeviceTensor {
         ptr,
         strides: Strides { batch, seq, head },
@@ -31,9 +33,9 @@ fn tensor((ptr, (batch, seq, head)): PyTensor) -> DeviceTensor {
 }
 
 /// (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim).
-type Shape = (usize, usize, usize, usize, usize, usize);
+pub(crate) type Shape = (usize, usize, usize, usize, usize, usize);
 
-fn params(
+pub(crate) fn params(
     dtype: &str,
     shape: Shape,
     causal: bool,
@@ -110,7 +112,7 @@ impl KvArgs {
 
 /// One context per device, kept for the life of the process (torch keeps the same primary
 /// context alive; dropping ours at interpreter exit would race torch's teardown).
-fn context(device: usize) -> PyResult<Arc<ExternalContext>> {
+pub(crate) fn context(device: usize) -> PyResult<Arc<ExternalContext>> {
     static CONTEXTS: OnceLock<Mutex<HashMap<usize, Arc<ExternalContext>>>> = OnceLock::new();
     let mut map = CONTEXTS
         .get_or_init(Default::default)
@@ -297,6 +299,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prepare, m)?)?;
     m.add_function(wrap_pyfunction!(device_info, m)?)?;
     m.add_function(wrap_pyfunction!(workspace_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(backward::attention_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(backward::validate_attention_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(backward::backward_workspace_bytes, m)?)?;
     m.add(
         "DECODE_MAX_SEQLEN_Q",
         flashcore::attention::decode::MAX_SEQLEN_Q,

@@ -136,3 +136,36 @@ def compare(family, device, dtype, seq):
             if served:
                 counted["flashcore"] = served
     return errors, logits, counted
+
+
+def _loss_and_grads(model, ids):
+    model.zero_grad(set_to_none=True)
+    loss = model(ids, labels=ids).loss
+    loss.backward()
+    grads = torch.cat([p.grad.double().flatten() for p in model.parameters() if p.grad is not None])
+    return loss.detach().double(), grads
+
+
+def compare_training(family, device, dtype, seq):
+    """One training step's loss and parameter gradients through "fcore" and transformers' own
+    backends in `dtype`, against an fp32 "eager" model on the same (sharpened) weights:
+    {impl: (relative loss error, rel-L2 error of all parameter gradients)}, and the calls
+    flashcore served in the fcore step."""
+    import flashcore.hf
+
+    name = flashcore.hf.register()
+    cfg = configs()[family]
+    torch.manual_seed(0)
+    ref = build(family, "eager", cfg, device=device).train()
+    state = ref.state_dict()
+    ids = torch.randint(3, VOCAB, (2, seq), device=device)
+    want_loss, want_grads = _loss_and_grads(ref, ids)
+    errors, served = {}, 0
+    for impl in ("eager", "sdpa", name):
+        model = build(family, impl, cfg, state, dtype, device).train()
+        before = flashcore.hf.stats["flashcore"]
+        loss, grads = _loss_and_grads(model, ids)
+        if impl == name:
+            served = flashcore.hf.stats["flashcore"] - before
+        errors[impl] = (abs(loss - want_loss).item() / abs(want_loss).item(), rel_l2(grads, want_grads))
+    return errors, served

@@ -128,13 +128,17 @@ def test_secret_lengths_rules(fake):
         flashcore.attention(q, k, k, secret_lengths=torch.zeros(2, dtype=torch.int32, device="cuda"))
 
 
-def test_requires_grad_names_the_missing_backward(fake):
-    q = cuda(1, 8, 2, 64).requires_grad_()
-    k = cuda(1, 8, 2, 64)
-    with pytest.raises(RuntimeError, match="no backward pass"):
-        flashcore.attention(q, k, k)
+def test_secret_lengths_and_kvcache_refuse_autograd(fake):
+    q = cuda(2, 8, 2, 64).requires_grad_()
+    k = cuda(2, 8, 2, 64)
+    lens = torch.full((2,), 8, dtype=torch.int32, device="cuda")
+    with pytest.raises(RuntimeError, match="secret_lengths has no backward"):
+        flashcore.attention(q, k, k, secret_lengths=lens)
+    with pytest.raises(RuntimeError, match="flash_attn_with_kvcache has no backward"):
+        flashcore.flash_attn_with_kvcache(q[:, :1], k, k, cache_seqlens=3)
     with torch.no_grad():
-        flashcore.attention(q, k, k)  # fine without autograd
+        flashcore.attention(q, k, k, secret_lengths=lens)  # fine without autograd
+        flashcore.flash_attn_with_kvcache(q[:, :1], k, k, cache_seqlens=3)
 
 
 def test_flash_attn_func_rejects_what_it_does_not_do(fake):
@@ -625,3 +629,251 @@ def test_fast_path_declines_what_it_does_not_serve(fast_mock):
         with torch.no_grad():
             _launch.fast(q, kv, kv, False, -1.0, False, False)
     assert not fast_mock
+
+
+# --- autograd (flashcore.autograd): wiring, shapes, errors — no GPU ---------------------------
+
+
+def test_backward_op_is_registered_with_its_schema():
+    schema = str(torch.ops.flashcore.attention_backward.default._schema)
+    assert schema.startswith("flashcore::attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor out, "
+                             "Tensor lse, bool causal, float? scale, bool bhsd)")
+    assert schema.endswith("-> (Tensor, Tensor, Tensor)")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_backward_shapes_every_entry_point(mock_backward, dtype):
+    # Real autograd on CPU tensors whose launches are recorded. GQA 4:1 and Sq ≠ Sk: dq has q's
+    # shape, dk and dv k's (summed over each group).
+    def leaves(*shapes):
+        return [torch.zeros(*s, dtype=dtype).requires_grad_() for s in shapes]
+
+    q, k, v = leaves((2, 100, 8, 128), (2, 130, 2, 128), (2, 130, 2, 128))
+    out = flashcore.attention(q, k, v, causal=True)
+    assert out.requires_grad and out.grad_fn is not None
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+    assert q.grad.dtype == dtype and len(mock_backward) == 1
+    q, k, v = leaves((2, 64, 8, 64), (2, 64, 8, 64), (2, 64, 8, 64))
+    out, lse = flashcore.flash_attn_func(q, k, v, return_lse=True)
+    assert not lse.requires_grad  # the log-sum-exp is not differentiable
+    out.sum().backward()
+    assert q.grad.shape == q.shape and len(mock_backward) == 2
+    # SDPA's layout, top-left causal with Sq > Sk (two calls: head and tail) and Sq < Sk (one).
+    for sq, sk, calls in [(100, 60, 2), (60, 100, 1)]:
+        mock_backward.clear()
+        q, k, v = leaves((1, 4, sq, 64), (1, 2, sk, 64), (1, 2, sk, 64))
+        flashcore.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).sum().backward()
+        assert q.grad.shape == q.shape and k.grad.shape == k.shape and v.grad.shape == v.shape
+        assert len(mock_backward) == calls and all(c[6] for c in mock_backward)  # bhsd launches
+
+
+def test_fake_backward_op_shapes(fake):
+    q, k = cuda(2, 100, 8, 128), cuda(2, 130, 2, 128)
+    lse = torch.empty(2, 8, 100, device="cuda")
+    dq, dk, dv = torch.ops.flashcore.attention_backward(q, q, k, k, q, lse, True, None, False)
+    assert dq.shape == q.shape and dk.shape == dv.shape == k.shape and dq.is_contiguous() and dk.is_contiguous()
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)  # bhsd views of bshd memory: contiguous gradients
+    dq, dk, dv = torch.ops.flashcore.attention_backward(qt, qt, kt, kt, qt, lse, True, 0.1, True)
+    assert dq.shape == qt.shape and dk.shape == kt.shape and dq.is_contiguous()
+
+
+def test_only_grad_of_inputs_that_need_it(mock_backward):
+    q = torch.zeros(1, 64, 4, 64, dtype=F16).requires_grad_()
+    k, v = torch.zeros(1, 64, 4, 64, dtype=F16), torch.zeros(1, 64, 4, 64, dtype=F16)
+    flashcore.attention(q, k, v).sum().backward()
+    assert q.grad is not None and k.grad is None and v.grad is None
+
+
+@pytest.mark.parametrize(
+    "change, exc, message",
+    [
+        (dict(grad_out=lambda q: cuda(1, 64, 4, 32)), ValueError, "`grad_out` must have q's shape"),
+        (dict(grad_out=lambda q: cuda(1, 64, 4, 64, dtype=torch.bfloat16)), TypeError, "`grad_out` has dtype"),
+        (dict(out=lambda q: cuda(1, 63, 4, 64)), ValueError, "`out` must have q's shape"),
+        (dict(lse=lambda q: torch.empty(0, device="cuda")), RuntimeError, "log-sum-exp"),
+        (dict(lse=lambda q: torch.empty(1, 4, 65, device="cuda")), ValueError, r"`lse` must be float32 of shape \(1, 4, 64\)"),
+        (dict(lse=lambda q: torch.empty(1, 4, 64, device="cuda", dtype=F16)), ValueError, "`lse` must be float32"),
+        (dict(k=lambda q: cuda(1, 64, 3, 64)), ValueError, "multiple of the key/value heads"),
+        (dict(scale=lambda q: -1.0), ValueError, "scale must be positive"),
+    ],
+)
+def test_backward_op_rejects_bad_input(fake, change, exc, message):
+    q = cuda(1, 64, 4, 64)
+    args = dict(grad_out=q, q=q, k=q, v=q, out=q, lse=torch.empty(1, 4, 64, device="cuda"), scale=None)
+    args.update({name: make(q) for name, make in change.items()})
+    if "k" in change:
+        args["v"] = args["k"]
+    with pytest.raises(exc, match=message):
+        torch.ops.flashcore.attention_backward(args["grad_out"], args["q"], args["k"], args["v"], args["out"],
+                                               args["lse"], False, args["scale"], False)
+
+
+def test_backward_of_a_forward_without_lse_says_what_to_do(mock_backward):
+    # The op called directly with return_lse=False under autograd: its backward has no LSE.
+    q = torch.zeros(1, 64, 4, 64, dtype=F16).requires_grad_()
+    out, _ = torch.ops.flashcore.attention(q, q, q, False, None, False, False, None)
+    with pytest.raises(RuntimeError, match="log-sum-exp"):
+        out.sum().backward()
+    assert not mock_backward
+
+
+def test_eager_path_not_taken_under_autograd():
+    q = torch.zeros(1, 8, 2, 64, dtype=F16)
+    assert flashcore.ops.eager(q, q, q, None)
+    g = q.clone().requires_grad_()
+    assert not flashcore.ops.eager(g, q, q, None)
+    with torch.no_grad():
+        assert flashcore.ops.eager(g, q, q, None)
+
+
+@pytest.fixture
+def mock_backward(mock_launch, monkeypatch):
+    """mock_launch, and every backward launch recorded (its arguments) instead of run."""
+    calls = []
+    monkeypatch.setattr(_launch._native, "attention_backward", lambda *a: calls.append(a))
+    return calls
+
+
+@pytest.mark.parametrize("bhsd", [False, True])
+def test_backward_launch_gets_the_forwards_out_and_lse(mock_launch, mock_backward, bhsd):
+    layout = "bhsd" if bhsd else "bshd"
+    shape_q, shape_k = ((2, 8, 40, 64), (2, 2, 72, 64)) if bhsd else ((2, 40, 8, 64), (2, 72, 2, 64))
+    q = torch.randn(shape_q).to(F16).requires_grad_()
+    k = torch.randn(shape_k).to(F16).requires_grad_()
+    v = torch.randn(shape_k).to(F16).requires_grad_()
+    out = flashcore.attention(q, k, v, causal=True, scale=0.3, layout=layout)
+    (fwd,) = mock_launch
+    assert fwd[10] != 0  # the LSE is computed: autograd needs it, though return_lse is False
+    grad = torch.randn(out.shape).to(F16).transpose(0, 1).contiguous().transpose(0, 1)  # not contiguous
+    out.backward(grad)
+    (bwd,) = mock_backward
+    dev, stream, dtype, shape, causal, scale, is_bhsd, qd, kd, vd, buffers = bwd
+    assert (stream, dtype, shape, causal, scale, is_bhsd) == (1234, "f16", (2, 40, 72, 8, 2, 64), True, 0.3, bhsd)
+    assert (qd, kd, vd) == fwd[6:9]  # q, k, v as the forward read them
+    o_ptr, lse_ptr, do_ptr, dq_ptr, dk_ptr, dv_ptr, ws_ptr = buffers
+    assert o_ptr == out.data_ptr() == fwd[9][0] and lse_ptr == fwd[10]
+    assert do_ptr != grad.data_ptr()  # a contiguous copy of the strided gradient
+    assert (dq_ptr, dk_ptr, dv_ptr) == (q.grad.data_ptr(), k.grad.data_ptr(), v.grad.data_ptr())
+    assert ws_ptr != 0
+    assert q.grad.is_contiguous() and k.grad.shape == k.shape
+
+
+def test_backward_of_secret_lengths_called_through_the_op(mock_launch, mock_backward):
+    q = torch.zeros(2, 8, 2, 64, dtype=F16).requires_grad_()
+    lens = torch.full((2,), 8, dtype=torch.int32)
+    out, _ = torch.ops.flashcore.attention(q, q, q, False, None, False, True, lens)
+    with pytest.raises(RuntimeError, match="secret_lengths has no backward"):
+        out.sum().backward()
+    assert not mock_backward
+
+
+def test_opcheck_forward_and_backward_ops(mock_launch, monkeypatch):
+    # The launches replaced by deterministic stand-ins on CPU tensors: opcheck's schema, fake,
+    # autograd-registration and AOT-dispatch tests see the ops as on a GPU.
+    def launch(q, k, v, out, lse, lengths, causal, scale, bhsd=False, **kw):
+        out.copy_(q * 0.5)
+        if lse is not None:
+            lse.fill_(1.0)
+
+    def backward(d_o, q, k, v, out, lse, dq, dk, dv, causal, scale, bhsd=False):
+        dq.copy_(d_o * 2)
+        dk.fill_(0.25)
+        dv.fill_(-0.5)
+
+    monkeypatch.setattr(flashcore.ops, "launch", launch)
+    monkeypatch.setattr(flashcore.autograd, "launch_backward", backward)
+    q = torch.randn(2, 16, 4, 64).to(F16).requires_grad_()
+    kv = torch.randn(2, 24, 2, 64).to(F16).requires_grad_()
+    torch.library.opcheck(torch.ops.flashcore.attention.default, (q, kv, kv, True, None, False, True, None))
+    g = torch.randn(2, 16, 4, 64).to(F16)
+    lse = torch.zeros(2, 4, 16)
+    # The backward op has no backward of its own (no double backward): plain inputs.
+    q, kv = q.detach(), kv.detach()
+    torch.library.opcheck(torch.ops.flashcore.attention_backward.default, (g, q, kv, kv, g, lse, True, 0.5, False))
+
+
+def test_rust_validate_backward():
+    # (o, lse, d_o, dq, dk, dv, workspace)
+    good = (0x4000, 0x5000, 0x6000, 0x7000, 0x8000, 0x9000, 0xa000)
+    args = ("f16", SHAPE, True, None, False, _t(0x1000), _t(0x2000), _t(0x3000))
+    _native.validate_attention_backward(*args, good)
+    with pytest.raises(ValueError, match="log-sum-exp"):
+        _native.validate_attention_backward(*args, good[:1] + (0,) + good[2:])
+    for i, name in enumerate(["o", "lse", "d_o", "dq", "dk", "dv", "workspace"]):
+        if name == "lse":
+            continue
+        bad = good[:i] + (good[i] + 8,) + good[i + 1:]
+        with pytest.raises(ValueError, match=f"`?{name}`?.*aligned"):
+            _native.validate_attention_backward(*args, bad)
+    with pytest.raises(ValueError, match="seq stride 132"):
+        _native.validate_attention_backward("f16", SHAPE, True, None, False, _t(0x1000, (1024, 132, 64)),
+                                            _t(0x2000), _t(0x3000), good)
+    with pytest.raises(ValueError, match="heads_kv"):
+        _native.validate_attention_backward("f16", (1, 8, 8, 2, 3, 64), True, None, False, _t(0x1000), _t(0x2000),
+                                            _t(0x3000), good)
+    # Sq padded to 128 rows; the LSE in base 2 and D, fp32 each.
+    assert _native.backward_workspace_bytes("bf16", (3, 200, 50, 8, 2, 128)) == 2 * 3 * 8 * 256 * 4
+
+
+# --- the SDPA backend's backward (no GPU: its fallback math and its routing) -----------------
+
+
+def test_sdpa_backward_hook_handles_every_argument_of_the_aten_op():
+    schema = torch.ops.aten._scaled_dot_product_flash_attention_backward.default._schema
+    params = inspect.signature(flashcore.sdpa_backend._flash_backward).parameters
+    assert [a.name for a in schema.arguments] == list(params)
+    for a in schema.arguments:
+        p = params[a.name]
+        assert a.kwarg_only == (p.kind is inspect.Parameter.KEYWORD_ONLY), a.name
+        if a.has_default_value():
+            assert a.default_value == p.default, a.name
+
+
+def test_sdpa_backward_refuses_dropout():
+    q = torch.zeros(1, 2, 8, 64, dtype=F16)
+    with pytest.raises(RuntimeError, match="dropout"):
+        flashcore.sdpa_backend._flash_backward(q, q, q, q, q, torch.zeros(1, 2, 8), None, None, 8, 8, 0.1, False,
+                                               None, None)
+
+
+@pytest.mark.parametrize("hq, hkv, sq, sk, causal, scale", [(4, 2, 33, 33, True, None), (2, 2, 17, 40, False, 0.3),
+                                                            (3, 1, 20, 9, False, None)])
+def test_sdpa_fallback_backward_matches_autograd(hq, hkv, sq, sk, causal, scale):
+    torch.manual_seed(0)
+    q, k, v, g = (torch.randn(2, h, s, 64, dtype=torch.float64) for h, s in ((hq, sq), (hkv, sk), (hkv, sk), (hq, sq)))
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = F_sdpa(*leaves, is_causal=causal, scale=scale, enable_gqa=hq != hkv)
+    want = torch.autograd.grad(out, leaves, g)
+    got = flashcore.sdpa_backend._fallback_backward(g, q, k, v, causal, scale)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-9)
+    # A planted error must show: the scale dropped.
+    bad = flashcore.sdpa_backend._fallback_backward(g, q, k, v, causal, 1.7)
+    assert not torch.allclose(bad[0], want[0], rtol=1e-3)
+
+
+def F_sdpa(*args, **kwargs):
+    return torch.nn.functional.scaled_dot_product_attention(*args, **kwargs)
+
+
+def test_sdpa_backward_reads_bshd_memory_in_place(monkeypatch):
+    calls = []
+    monkeypatch.setattr(flashcore.sdpa_backend, "launch_backward", lambda *a, **kw: calls.append((a, kw)))
+    lse = torch.zeros(2, 4, 16)
+    # [B, S, H, D] memory viewed as [B, H, S, D] (what models hand SDPA): no copies, bshd launch.
+    q, kv, o, g = (torch.zeros(2, 16, h, 64, dtype=F16).transpose(1, 2) for h in (4, 2, 4, 4))
+    dq, dk, dv = flashcore.sdpa_backend._backward(g, q, kv, kv, o, lse, True, None)
+    (args, kw), = calls
+    assert kw == {"bhsd": False}
+    assert args[0].data_ptr() == g.data_ptr() and args[1].data_ptr() == q.data_ptr()
+    assert (dq.stride(), dk.stride(), dv.stride()) == (q.stride(), kv.stride(), kv.stride())
+    assert args[6].data_ptr() == dq.data_ptr() and args[6].is_contiguous()
+    # Contiguous [B, H, S, D]: the bhsd launch, gradients contiguous.
+    calls.clear()
+    q, kv, o = (torch.zeros(2, h, 16, 64, dtype=F16) for h in (4, 2, 4))
+    dq, dk, dv = flashcore.sdpa_backend._backward(o, q, kv, kv, o, lse, False, 0.5)
+    (args, kw), = calls
+    assert kw == {"bhsd": True} and args[-2:] == (False, 0.5)
+    assert dq.is_contiguous() and dk.shape == kv.shape

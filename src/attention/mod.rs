@@ -1,5 +1,7 @@
 //! The public attention API: parameters, validation, context, launch.
 
+pub mod backward;
+pub mod backward_external;
 pub mod context;
 pub mod decode;
 pub mod external;

@@ -94,6 +94,13 @@ impl KernelAudit {
         if self.name.contains("fwd") && self.resources.hgmma == 0 {
             v.push("forward kernel without HGMMA (wgmma)".into());
         }
+        let bwd_gemm = [
+            crate::kernels::backward::DKDV_SYMBOL,
+            crate::kernels::backward::DQ_SYMBOL,
+        ];
+        if bwd_gemm.contains(&self.name.as_str()) && self.resources.hgmma == 0 {
+            v.push("backward GEMM kernel without HGMMA (wgmma)".into());
+        }
         v
     }
 }
@@ -510,6 +517,15 @@ pub fn audit_shipped() -> Result<Vec<KernelAudit>> {
             &v.name(),
             |kernel| v.declared(kernel),
         )?);
+    }
+    // The backward kernels (issue 23): Q, K, V, O, dO and the LSE are read from device memory
+    // (secret); no parameter is secret and no buffer is public metadata.
+    for v in crate::kernels::backward::shipped_bwd_variants() {
+        let decl = Declared {
+            secret_params: v.secret_params(),
+            ..Default::default()
+        };
+        out.extend(audit_variant(&v.cubin()?, &v.name(), &decl)?);
     }
     Ok(out)
 }

@@ -16,6 +16,15 @@ pub trait Launcher {
     fn launch(&mut self, set: usize) -> Result<()>;
 }
 
+impl Launcher for Box<dyn Launcher + '_> {
+    fn sets(&self) -> usize {
+        (**self).sets()
+    }
+    fn launch(&mut self, set: usize) -> Result<()> {
+        (**self).launch(set)
+    }
+}
+
 /// What the harness reads from the device once per run.
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {

@@ -4,10 +4,12 @@
 //! * [`timing`]: the per-call and graph-replay loops over a [`timing::Backend`], and the
 //!   rotation arithmetic (buffer sets ≥ 2× L2); GPU-free, unit-tested with a fake backend.
 //! * [`device`]: the CUDA backend (events, stream capture) and the flashcore `Plan` launcher.
+//! * [`backward`]: the launcher of the backward pass (alone, or after the forward).
 //! * [`suites`]: the `seed` and `fa3` shape lists.
 //! * [`record`]: the JSON schema (docs/bench-json.md). [`env`]: clocks, driver, commit, date.
 //! * [`report`]: result tables and the join with other implementations. [`plot`]: the PNG.
 
+pub mod backward;
 pub mod device;
 pub mod env;
 pub mod phases;
@@ -20,8 +22,8 @@ pub mod timing;
 
 use crate::attention::{AttentionParams, Context};
 use crate::error::Result;
-use device::{CudaBackend, DeviceInfo, PlanLauncher};
-use record::{Clocks, Env, Method, Mode, Record, Shape, Status, FLASHCORE};
+use device::{CudaBackend, DeviceInfo, Launcher, PlanLauncher};
+use record::{Clocks, Env, Method, Mode, Pass, Record, Shape, Status, FLASHCORE};
 use stats::Stats;
 use timing::TimingConfig;
 
@@ -37,6 +39,8 @@ pub struct RunOptions {
     pub seed: u64,
     /// At most this fraction of the free device memory goes to buffer sets.
     pub mem_fraction: f64,
+    /// The passes timed per shape, in order (default: the forward).
+    pub passes: Vec<Pass>,
 }
 
 impl Default for RunOptions {
@@ -48,11 +52,12 @@ impl Default for RunOptions {
             suite: None,
             seed: 0x5EED,
             mem_fraction: 0.8,
+            passes: vec![Pass::Forward],
         }
     }
 }
 
-/// A record of `mode` for `p`: measured from `samples` (µs), or skipped with `reason`.
+/// A forward record of `mode` for `p`: measured from `samples` (µs), or skipped with `reason`.
 pub fn make_record(
     p: &AttentionParams,
     mode: Mode,
@@ -61,7 +66,20 @@ pub fn make_record(
     suite: Option<String>,
     env: Env,
 ) -> Record {
-    let flops = p.flops();
+    make_pass_record(p, Pass::Forward, mode, outcome, method, suite, env)
+}
+
+/// [`make_record`] for any pass (FLOPs: the forward's times [`Pass::flop_factor`]).
+pub fn make_pass_record(
+    p: &AttentionParams,
+    pass: Pass,
+    mode: Mode,
+    outcome: std::result::Result<Vec<f64>, String>,
+    method: Option<Method>,
+    suite: Option<String>,
+    env: Env,
+) -> Record {
+    let flops = p.flops() * pass.flop_factor();
     let (status, skip_reason, time_us) = match outcome {
         Ok(samples) => match Stats::from_samples(&samples) {
             Some(s) => (Status::Ok, None, Some(s)),
@@ -75,6 +93,7 @@ pub fn make_record(
         shape: Shape::of(p),
         dtype: p.dtype,
         mode,
+        pass,
         status,
         skip_reason,
         flops,
@@ -105,12 +124,52 @@ pub fn base_env(info: &DeviceInfo, device: usize) -> Env {
     }
 }
 
-/// Times one shape in every mode of `opts`. Never fails: whatever goes wrong (validation, memory,
-/// a launch, capture) becomes a skipped record with the reason.
+/// Times one shape in every pass and mode of `opts`. Never fails: whatever goes wrong
+/// (validation, memory, a launch, capture) becomes a skipped record with the reason.
 pub fn run_shape(
     ctx: &Context,
     info: &DeviceInfo,
     p: &AttentionParams,
+    opts: &RunOptions,
+    env0: &Env,
+) -> Vec<Record> {
+    opts.passes
+        .iter()
+        .flat_map(|&pass| run_pass(ctx, info, p, pass, opts, env0))
+        .collect()
+}
+
+/// The bytes of one buffer set of `pass`: what one call reads, and everything the set holds.
+fn pass_set_bytes(p: &AttentionParams, pass: Pass) -> (u64, u64) {
+    match pass {
+        Pass::Forward => device::set_bytes(p),
+        _ => backward::set_bytes(p),
+    }
+}
+
+/// The launcher of `pass` over `sets` buffer sets.
+fn make_launcher(
+    ctx: &Context,
+    p: &AttentionParams,
+    pass: Pass,
+    sets: usize,
+    seed: u64,
+) -> Result<Box<dyn Launcher>> {
+    Ok(match pass {
+        Pass::Forward => Box::new(PlanLauncher::new(ctx, p, sets, seed)?),
+        Pass::Backward => Box::new(backward::BackwardLauncher::new(ctx, p, sets, seed, false)?),
+        Pass::ForwardBackward => {
+            Box::new(backward::BackwardLauncher::new(ctx, p, sets, seed, true)?)
+        }
+    })
+}
+
+/// Times one shape's `pass` in every mode of `opts` (skipped records with the reason on failure).
+fn run_pass(
+    ctx: &Context,
+    info: &DeviceInfo,
+    p: &AttentionParams,
+    pass: Pass,
     opts: &RunOptions,
     env0: &Env,
 ) -> Vec<Record> {
@@ -120,8 +179,9 @@ pub fn run_shape(
         opts.modes
             .iter()
             .map(|&m| {
-                make_record(
+                make_pass_record(
                     p,
+                    pass,
                     m,
                     Err(reason.clone()),
                     None,
@@ -131,10 +191,14 @@ pub fn run_shape(
             })
             .collect()
     };
-    if let Err(e) = ctx.plan(p) {
+    let planned = match pass {
+        Pass::Forward => ctx.plan(p).map(drop),
+        _ => ctx.plan(p).and_then(|_| ctx.plan_backward(p)).map(drop),
+    };
+    if let Err(e) = planned {
         return skip_all(e.to_string(), &env);
     }
-    let (input_bytes, set_bytes) = device::set_bytes(p);
+    let (input_bytes, set_bytes) = pass_set_bytes(p, pass);
     let free = match device::free_bytes(ctx) {
         Ok(f) => f,
         Err(e) => return skip_all(e.to_string(), &env),
@@ -147,7 +211,7 @@ pub fn run_shape(
             &env,
         );
     }
-    let launcher = match PlanLauncher::new(ctx, p, sets, opts.seed) {
+    let launcher = match make_launcher(ctx, p, pass, sets, opts.seed) {
         Ok(l) => l,
         Err(e) => return skip_all(e.to_string(), &env),
     };
@@ -180,8 +244,9 @@ pub fn run_shape(
                 },
             ),
         };
-        out.push(make_record(
+        out.push(make_pass_record(
             p,
+            pass,
             mode,
             samples.map_err(|e| e.to_string()),
             Some(method),

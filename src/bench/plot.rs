@@ -55,7 +55,10 @@ pub fn panels(records: &[Record], mode: Mode) -> Panels {
         };
         out.entry((r.dtype.name().to_string(), r.shape.head_dim, r.shape.causal))
             .or_default()
-            .entry(r.implementation.clone())
+            .entry(match r.pass.tag() {
+                "" => r.implementation.clone(),
+                tag => format!("{} {tag}", r.implementation),
+            })
             .or_default()
             .push((r.shape.seqlen_q as f64, t));
     }

@@ -34,6 +34,50 @@ impl Mode {
     }
 }
 
+/// Which pass a record times: the forward (every record before `--backward` existed), the
+/// backward alone (dQ, dK, dV from Q, K, V, O, LSE, dO), or a forward then a backward.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+pub enum Pass {
+    #[default]
+    #[serde(rename = "forward")]
+    Forward,
+    #[serde(rename = "backward")]
+    Backward,
+    #[serde(rename = "forward+backward")]
+    ForwardBackward,
+}
+
+impl Pass {
+    pub fn name(self) -> &'static str {
+        match self {
+            Pass::Forward => "forward",
+            Pass::Backward => "backward",
+            Pass::ForwardBackward => "forward+backward",
+        }
+    }
+
+    /// The suffix tables and plots add to a record's mode or implementation ("" for the forward).
+    pub fn tag(self) -> &'static str {
+        match self {
+            Pass::Forward => "",
+            Pass::Backward => "bwd",
+            Pass::ForwardBackward => "f+b",
+        }
+    }
+
+    /// FLOPs of the pass relative to the forward's, as flash-attn counts them (the backward's
+    /// five GEMMs against the forward's two: 2.5×).
+    pub fn flop_factor(self) -> f64 {
+        match self {
+            Pass::Forward => 1.0,
+            Pass::Backward => 2.5,
+            Pass::ForwardBackward => 3.5,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Status {
@@ -145,10 +189,14 @@ pub struct Record {
     pub shape: Shape,
     pub dtype: DType,
     pub mode: Mode,
+    /// The pass timed; absent (older files, other tools) means the forward.
+    #[serde(default)]
+    pub pass: Pass,
     pub status: Status,
     #[serde(default)]
     pub skip_reason: Option<String>,
-    /// flash-attn FLOP count: 4·B·Hq·Sq·Sk·D, halved for causal with Sq = Sk.
+    /// flash-attn FLOP count: 4·B·Hq·Sq·Sk·D, halved for causal with Sq = Sk, times
+    /// [`Pass::flop_factor`].
     pub flops: f64,
     /// Statistics of the samples, microseconds per call (null when skipped).
     #[serde(default)]

@@ -1,7 +1,7 @@
 //! Plain-text tables: the results of a run, and the side-by-side join of our records with other
 //! implementations' (`flashcore bench --compare FILE`).
 
-use super::record::{Mode, Record, Shape, Status};
+use super::record::{Mode, Pass, Record, Shape, Status};
 use super::suites::label;
 use crate::attention::{DType, Layout};
 use std::collections::BTreeSet;
@@ -9,6 +9,14 @@ use std::fmt::Write;
 
 fn shape_label(s: &Shape) -> String {
     label(&s.params(DType::F16))
+}
+
+/// The mode column: the mode, and the pass unless it is the forward ("event bwd", "graph f+b").
+fn mode_label(mode: Mode, pass: Pass) -> String {
+    match pass {
+        Pass::Forward => mode.name().to_string(),
+        p => format!("{} {}", mode.name(), p.tag()),
+    }
 }
 
 fn num(x: Option<f64>, prec: usize) -> String {
@@ -23,7 +31,7 @@ pub fn format_results(records: &[Record]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<15} {:<5} {:<28} {:<5} {:>10} {:>10} {:>10} {:>10} {:>8}",
+        "{:<15} {:<5} {:<28} {:<9} {:>10} {:>10} {:>10} {:>10} {:>8}",
         "implementation",
         "dtype",
         "shape",
@@ -36,11 +44,11 @@ pub fn format_results(records: &[Record]) -> String {
     );
     for r in records {
         let head = format!(
-            "{:<15} {:<5} {:<28} {:<5}",
+            "{:<15} {:<5} {:<28} {:<9}",
             r.implementation,
             r.dtype.name(),
             shape_label(&r.shape),
-            r.mode.name()
+            mode_label(r.mode, r.pass)
         );
         match (r.status, r.time_us) {
             (Status::Ok, Some(t)) => {
@@ -66,12 +74,13 @@ pub fn format_results(records: &[Record]) -> String {
     s
 }
 
-/// What rows are matched on: the shape (layout ignored), dtype and mode.
+/// What rows are matched on: the shape (layout ignored), dtype, mode and pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct JoinKey {
     pub shape: Shape,
     pub dtype: DType,
     pub mode: Mode,
+    pub pass: Pass,
 }
 
 impl JoinKey {
@@ -83,6 +92,7 @@ impl JoinKey {
             },
             dtype: r.dtype,
             mode: r.mode,
+            pass: r.pass,
         }
     }
 }
@@ -110,7 +120,7 @@ pub struct Joined {
 }
 
 /// Joins the records of implementation `ours` with every other implementation's, per
-/// (shape, dtype, mode). Rows follow the order of first appearance (ours first, then keys only
+/// (shape, dtype, mode, pass). Rows follow the order of first appearance (ours first, then keys only
 /// the others have). When one implementation has several records for a key, the first counts.
 pub fn join(records: &[Record], ours: &str) -> Joined {
     let columns: Vec<String> = records
@@ -175,7 +185,7 @@ pub fn join(records: &[Record], ours: &str) -> Joined {
 pub fn format_join(j: &Joined) -> String {
     let mut s = String::new();
     let mut head = format!(
-        "{:<5} {:<28} {:<5} {:>12} {:>8}",
+        "{:<5} {:<28} {:<9} {:>12} {:>8}",
         "dtype",
         "shape",
         "mode",
@@ -189,10 +199,10 @@ pub fn format_join(j: &Joined) -> String {
     let _ = writeln!(s, "{head}");
     for r in &j.rows {
         let mut line = format!(
-            "{:<5} {:<28} {:<5} {:>12} {:>8}",
+            "{:<5} {:<28} {:<9} {:>12} {:>8}",
             r.key.dtype.name(),
             shape_label(&r.key.shape),
-            r.key.mode.name(),
+            mode_label(r.key.mode, r.key.pass),
             num(r.ours, 2),
             num(r.ours_tflops, 1)
         );

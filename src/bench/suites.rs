@@ -12,6 +12,8 @@ pub enum Suite {
     /// Decode: one or four query positions over 1k–128k cached keys, GQA 32/8 and 8/1 at
     /// D 128, MHA 16/16 at D 64, bf16.
     Decode,
+    /// The training shapes of issue 23's backward table, bf16 (for `--backward`).
+    Backward,
 }
 
 impl Suite {
@@ -20,6 +22,7 @@ impl Suite {
             Suite::Seed => "seed",
             Suite::Fa3 => "fa3",
             Suite::Decode => "decode",
+            Suite::Backward => "backward",
         }
     }
 
@@ -29,6 +32,7 @@ impl Suite {
             Suite::Seed => seed(layout),
             Suite::Fa3 => fa3(layout),
             Suite::Decode => decode(layout),
+            Suite::Backward => backward(layout),
         }
     }
 }
@@ -133,6 +137,28 @@ pub fn decode(layout: Layout) -> Vec<AttentionParams> {
         }
     }
     out
+}
+
+/// bf16 × (B, H, S, D, causal) of issue 23's backward table: (2,16,8192,128) causal and not,
+/// (8,16,2048,128), (8,32,2048,64), (2,32,8192,64) causal, (32,16,512,128) causal.
+pub fn backward(layout: Layout) -> Vec<AttentionParams> {
+    const SHAPES: [(usize, usize, usize, usize, bool); 6] = [
+        (2, 16, 8192, 128, false),
+        (2, 16, 8192, 128, true),
+        (8, 16, 2048, 128, false),
+        (8, 32, 2048, 64, false),
+        (2, 32, 8192, 64, true),
+        (32, 16, 512, 128, true),
+    ];
+    SHAPES
+        .iter()
+        .map(|&(b, h, s, d, causal)| {
+            AttentionParams::new(b, h, s, d)
+                .dtype(DType::Bf16)
+                .layout(layout)
+                .causal(causal)
+        })
+        .collect()
 }
 
 /// A short label: `b1 h8 s512 d64` (`h32/8` with grouped heads, `s512/1024` when Sq ≠ Sk),

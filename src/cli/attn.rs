@@ -41,6 +41,10 @@ pub struct AttnArgs {
     /// CUDA device ordinal.
     #[arg(long, value_name = "N", conflicts_with = "cpu")]
     pub device: Option<usize>,
+    /// Also run the backward pass: read the output gradient `do` (q's shape and dtype) from the
+    /// input file and write `dq`, `dk`, `dv` beside `out` (src/cli/attn_grad.rs).
+    #[arg(long)]
+    pub grad: bool,
 }
 
 fn parse_scale(s: &str) -> std::result::Result<f32, String> {
@@ -63,6 +67,9 @@ pub fn run(args: AttnArgs) -> i32 {
 
 fn attn(args: &AttnArgs) -> Result<()> {
     crate::output::check_not_an_input(&args.output, &[&args.input])?;
+    if args.grad {
+        return super::attn_grad::attn_grad(args);
+    }
     if crate::tensor_io_kv::has_kv_cache(&args.input)? {
         return super::attn_kv::attn_kv(args);
     }

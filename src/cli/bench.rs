@@ -6,7 +6,7 @@
 //! GPU, nothing measured, unreadable file); 2 usage errors.
 
 use crate::attention::{AttentionParams, DType, Layout};
-use crate::bench::record::{BenchFile, Mode, Record, Status, FLASHCORE};
+use crate::bench::record::{BenchFile, Mode, Pass, Record, Status, FLASHCORE};
 use crate::bench::suites::{label, Suite};
 use crate::bench::timing::TimingConfig;
 use crate::bench::{plot, report, run_shapes, RunOptions};
@@ -34,7 +34,8 @@ impl ModeArg {
 /// Time flashcore on a suite or an ad-hoc shape.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// A named suite: seed (16 shapes) or fa3 (FlashAttention-3 paper sweep, 48 shapes).
+    /// A named suite: seed (16 shapes), fa3 (FlashAttention-3 paper sweep, 48 shapes), decode,
+    /// or backward (issue 23's training shapes, bf16).
     #[arg(long, value_enum)]
     pub suite: Option<Suite>,
     /// Ad-hoc shape: batch size.
@@ -101,6 +102,11 @@ pub struct BenchArgs {
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 0x5EED, value_name = "N")]
     pub seed: u64,
+    /// Time the backward pass (dQ, dK, dV from the forward's O and LSE and a random dO) and a
+    /// forward then backward, instead of the forward. FLOPs as flash-attn counts them: 2.5× and
+    /// 3.5× the forward's.
+    #[arg(long)]
+    pub backward: bool,
     /// Instead of timing: where each shape's launch spends its SM cycles (the cycle-timer build
     /// of the same kernel, per-CTA phase marks, on rotating random inputs; N launches).
     #[arg(long, value_name = "N")]
@@ -192,6 +198,14 @@ fn run_phases(shapes: &[AttentionParams], device: usize, launches: usize) -> i32
     0
 }
 
+/// "" for the forward, "/bwd" or "/f+b" otherwise (progress lines).
+fn pass_tag(pass: Pass) -> String {
+    match pass.tag() {
+        "" => String::new(),
+        tag => format!("/{tag}"),
+    }
+}
+
 pub fn run(args: BenchArgs) -> i32 {
     let timing = TimingConfig {
         warmup: args.warmup,
@@ -227,6 +241,12 @@ pub fn run(args: BenchArgs) -> i32 {
             return super::fail(2, "the suite has no shapes of that dtype");
         }
         if let Some(n) = args.phases {
+            if args.backward {
+                return super::fail(
+                    2,
+                    "--phases breaks down the forward kernel: drop --backward",
+                );
+            }
             return run_phases(&shapes, args.device, n);
         }
         let opts = RunOptions {
@@ -235,6 +255,11 @@ pub fn run(args: BenchArgs) -> i32 {
             modes: args.mode.modes(),
             suite: args.suite.map(|s| s.name().to_string()),
             seed: args.seed,
+            passes: if args.backward {
+                vec![Pass::Backward, Pass::ForwardBackward]
+            } else {
+                vec![Pass::Forward]
+            },
             ..RunOptions::default()
         };
         let tty = std::io::stdout().is_terminal();
@@ -252,8 +277,10 @@ pub fn run(args: BenchArgs) -> i32 {
             let summary: Vec<String> = recs
                 .iter()
                 .map(|r| match (r.status, r.time_us) {
-                    (Status::Ok, Some(t)) => format!("{} {:.2} us", r.mode.name(), t.median),
-                    _ => format!("{} skipped", r.mode.name()),
+                    (Status::Ok, Some(t)) => {
+                        format!("{}{} {:.2} us", r.mode.name(), pass_tag(r.pass), t.median)
+                    }
+                    _ => format!("{}{} skipped", r.mode.name(), pass_tag(r.pass)),
                 })
                 .collect();
             let line = format!(

@@ -49,6 +49,9 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_decode.cuh",
 );
 
+// The backward kernels (issue 23): their own variant type and cubins.
+pub mod backward;
+
 fn headers() -> Vec<Header<'static>> {
     HEADERS
         .iter()

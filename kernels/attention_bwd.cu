@@ -1,0 +1,85 @@
+// flashcore backward attention for sm_90a: dQ, dK, dV from Q, K, V, O, dO and the forward's LSE.
+//
+// Three launches, in order, on one stream:
+//   flashcore_bwd_preprocess (fc_bwd_preprocess.cuh) — per query row D = rowsum(dO ∘ O) and the
+//       LSE in base 2, into a padded fp32 workspace;
+//   flashcore_bwd_dkdv (fc_bwd_dkdv.cuh) — one CTA per (key block, K/V head, batch): dK, dV;
+//   flashcore_bwd_dq (fc_bwd_dq.cuh) — one CTA per (query tile, query head, batch): dQ.
+// Every gradient element is summed by one CTA in an order fixed by the shapes: no atomics, bitwise
+// deterministic, and a sequence's bits do not depend on the batch it is in.
+// The GEMM kernels are warp-specialised like the forward: warpgroup 0 is the producer (one thread
+// issues TMA loads into an mbarrier ring), warpgroups 1 and 2 compute on wgmma.
+// Data-oblivious: loop bounds, branches and addresses depend only on shapes and block indices;
+// masks are selects (DESIGN.md §1).
+//
+// Compile-time configuration (NVRTC -D, BwdVariant::options): FC_HEAD_DIM (64|128), FC_BF16 (0|1),
+// FC_CAUSAL (0|1), the streamed tile heights and ring depths FC_KV_BM, FC_KV_STAGES, FC_Q_BN,
+// FC_Q_STAGES, and FC_PINGPONG (0|1, fc_bwd_config.cuh). FC_BWD_LEAKY_CONTROL is the audit's
+// planted-leak build, never shipped.
+#include "fc_bwd_config.cuh"
+#include "fc_bwd_preprocess.cuh"
+#include "fc_bwd_dkdv.cuh"
+#include "fc_bwd_dq.cuh"
+
+// Rows of the padded workspace, one warp each: grid (sq_pad / 8, heads_q, batch).
+extern "C" __global__ void __launch_bounds__(256) flashcore_bwd_preprocess(const __grid_constant__ BwdParams p) {
+    bwd_preprocess_row(p, blockIdx.x * 8 + threadIdx.x / 32, blockIdx.y, blockIdx.z);
+}
+
+// Shared memory of the GEMM kernels, 1024-byte aligned for the 128-byte swizzle (the host adds
+// the slack).
+template <typename S>
+FC_DEVICE S& bwd_shared() {
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
+    return *reinterpret_cast<S*>(smem_raw + pad);
+}
+
+// Each role stays inside its own branch to the end: code after a join would be compiled for the
+// producer's reduced register budget.
+extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_dkdv(const __grid_constant__ BwdParams p) {
+    DkdvShared& s = bwd_shared<DkdvShared>();
+    if (threadIdx.x == 0) {
+        mbar_init(&s.kv_full, 1);
+#pragma unroll
+        for (int i = 0; i < bw::KV_STAGES; ++i) {
+            mbar_init(&s.full[i], 1);
+            mbar_init(&s.empty[i], bw::CONSUMERS * 4);
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+    const int warp = warp_id_in_block();
+    if (warp < 4) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(bw::PRODUCER_REGS));
+        if (threadIdx.x == 0) dkdv_producer(p, s, blockIdx.x, blockIdx.y, blockIdx.z);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(bw::CONSUMER_REGS));
+        dkdv_consumer(p, s, warp / 4 - 1, blockIdx.x, blockIdx.y, blockIdx.z);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_dq(const __grid_constant__ BwdParams p) {
+    DqShared& s = bwd_shared<DqShared>();
+    // Causal: the last query tiles see the most keys; launching them first shortens the tail.
+    // Which CTA computes a tile never changes what it computes.
+    const int m_block = FC_CAUSAL ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+    if (threadIdx.x == 0) {
+        mbar_init(&s.q_full, 1);
+#pragma unroll
+        for (int i = 0; i < bw::Q_STAGES; ++i) {
+            mbar_init(&s.full[i], 1);
+            mbar_init(&s.empty[i], bw::CONSUMERS * 4);
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+    const int warp = warp_id_in_block();
+    if (warp < 4) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(bw::PRODUCER_REGS));
+        if (threadIdx.x == 0) dq_producer(p, s, m_block, blockIdx.y, blockIdx.z);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(bw::CONSUMER_REGS));
+        dq_consumer(p, s, warp / 4 - 1, m_block, blockIdx.y, blockIdx.z);
+    }
+}

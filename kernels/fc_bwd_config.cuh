@@ -1,0 +1,144 @@
+// The backward kernels' compile-time configuration, their shared parameter block and the small
+// helpers only they need. Values come from NVRTC -D options (BwdVariant::options in
+// src/kernels/backward.rs), so host and device agree by construction. Independent of the
+// forward's fc_config.cuh: the two kernels evolve separately.
+#pragma once
+#include "fc_common.cuh"
+#include "fc_mbarrier.cuh"
+#include "fc_wgmma.cuh"
+
+#if !defined(FC_HEAD_DIM) || !defined(FC_BF16) || !defined(FC_CAUSAL) || !defined(FC_KV_BM) || \
+    !defined(FC_KV_STAGES) || !defined(FC_Q_BN) || !defined(FC_Q_STAGES)
+#error "the backward variant's defines are missing (see BwdVariant::options)"
+#endif
+
+// FC_BWD_LEAKY_CONTROL (never shipped; tests/audit_backward.rs builds it to show the audit of
+// these kernels is not vacuous): 1 = each kernel reads memory at an address taken from a secret
+// (the preprocess from its dot product, the GEMM kernels from a wgmma accumulator).
+#ifndef FC_BWD_LEAKY_CONTROL
+#define FC_BWD_LEAKY_CONTROL 0
+#endif
+
+namespace bw {
+constexpr int D = FC_HEAD_DIM;
+constexpr int CHUNKS = D / 64;       // 128-byte swizzle atoms across the head dim
+constexpr int ROW_BYTES = 128;       // one swizzled row of 64 two-byte elements
+constexpr int CONSUMERS = 2;         // consumer warpgroups, 64 rows each
+constexpr int THREADS = 128 * (1 + CONSUMERS);
+// setmaxnreg split: 128·40 + 256·232 = 64512, what launch_bounds(384, 1) gives the block (at 24
+// the producer's address arithmetic spills).
+constexpr int PRODUCER_REGS = 40;
+constexpr int CONSUMER_REGS = 232;
+// dK/dV kernel: a CTA owns KV_BN keys (64 per consumer) and streams KV_BM-row Q/dO tiles.
+// dQ kernel: a CTA owns Q_BM query rows (64 per consumer) and streams Q_BN-key K/V tiles.
+// The streamed tile heights and ring depths come from the host (BwdVariant::tiles).
+constexpr int KV_BN = 128;
+constexpr int KV_BM = FC_KV_BM;
+constexpr int KV_STAGES = FC_KV_STAGES;
+constexpr int Q_BM = 128;
+constexpr int Q_BN = FC_Q_BN;
+constexpr int Q_STAGES = FC_Q_STAGES;
+static_assert((KV_BM == 64 || KV_BM == 128) && (Q_BN == 64 || Q_BN == 128), "wgmma N of the score GEMMs");
+// Rows of the preprocess workspace per (batch, head) are padded to a multiple of this, so every
+// tile of either kernel reads its LSE/D values without a bounds check.
+constexpr int ROW_PAD = 128;
+static_assert(KV_BN == 64 * CONSUMERS && Q_BM == 64 * CONSUMERS, "64 rows per consumer warpgroup");
+static_assert(ROW_PAD % KV_BM == 0 && ROW_PAD % Q_BM == 0, "padding covers every query tile");
+}  // namespace bw
+
+// Must match `BwdKernelParams` in src/attention/backward.rs byte for byte. One block serves all
+// three kernels; the host fills the tensor maps with each kernel's box heights.
+struct BwdParams {
+    TensorMap q_map, k_map, v_map, do_map;  // 4-D maps over (dim, seq, head, batch)
+    uint64_t o_ptr, do_ptr, lse_ptr;         // preprocess inputs (O, dO: Q's strides; LSE fp32 [B, Hq, Sq])
+    uint64_t dq_ptr, dk_ptr, dv_ptr;         // outputs (dQ: Q's strides; dK, dV: K's strides)
+    uint64_t lse2_ptr, dvec_ptr;             // workspace fp32 [B·Hq][sq_pad]: LSE·log2(e) (+inf masked), rowsum(dO∘O)
+    int64_t q_stride_b, q_stride_s, q_stride_h;  // elements
+    int64_t k_stride_b, k_stride_s, k_stride_h;
+    int32_t batch, seqlen_q, seqlen_k, heads_q;
+    int32_t group, sq_pad;                   // group = Hq / Hkv; sq_pad = Sq rounded up to ROW_PAD
+    float scale_log2, scale;                 // softmax scale · log2(e), softmax scale
+    int32_t kv_m_blocks;                     // ceil(Sq / KV_BM)
+    int32_t q_n_blocks;                      // ceil(Sk / Q_BN)
+    // To 768 bytes: the host's CUtensorMap is 128-byte aligned (CUDA 13 headers), so its copy of
+    // this block is a multiple of 128 bytes long.
+    int32_t reserved[26];
+};
+static_assert(sizeof(BwdParams) == 768, "BwdKernelParams in src/attention/backward.rs is 768 bytes");
+
+FC_DEVICE float pos_inf() { return __int_as_float(0x7f800000); }
+
+// A packed pair of 16-bit elements → two floats (lo, hi).
+FC_DEVICE void unpack_elem2(uint32_t x, float& lo, float& hi) {
+#if FC_BF16
+    lo = __int_as_float(x << 16);
+    hi = __int_as_float(x & 0xffff0000u);
+#else
+    asm("{\n.reg .f16 a, b;\nmov.b32 {a, b}, %2;\ncvt.f32.f16 %0, a;\ncvt.f32.f16 %1, b;\n}\n"
+        : "=f"(lo), "=f"(hi)
+        : "r"(x));
+#endif
+}
+
+// fp32 accumulator tile (m64nN wgmma layout) → 16-bit A fragments for a following GEMM whose K
+// dimension is the tile's N: k-slice kk is accumulator columns 16kk..16kk+15.
+template <int N>
+FC_DEVICE void acc_to_frags(const float (&acc)[N / 2], uint32_t (&f)[N / 16][4]) {
+#pragma unroll
+    for (int kk = 0; kk < N / 16; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) f[kk][r] = pack_elem2(acc[8 * kk + 2 * r], acc[8 * kk + 2 * r + 1]);
+}
+
+// Stores row half `h` of an m64nD accumulator times `mul` at `out` (the row's first element plus
+// this thread's column).
+FC_DEVICE void bwd_store_row(uint16_t* out, const float (&acc)[bw::D / 2], int h, float mul) {
+#pragma unroll
+    for (int j = 0; j < bw::D / 8; ++j)
+        *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_elem2(acc[4 * j + 2 * h] * mul, acc[4 * j + 2 * h + 1] * mul);
+}
+
+// The stage and parity of ring slot g.
+template <int STAGES>
+FC_DEVICE int bwd_stage(int g) { return g % STAGES; }
+template <int STAGES>
+FC_DEVICE uint32_t bwd_phase(int g) { return (g / STAGES) & 1; }
+
+// Ping-pong between the two consumer warpgroups (FC_PINGPONG): a warpgroup issues its score
+// GEMMs only on its turn and then hands the turn over, so one's exponentials run while the
+// other's GEMMs occupy the tensor cores instead of both waiting on the same stage in lockstep.
+// Named barrier 1 + w is warpgroup w's turn; the turn count depends on block counts only.
+#ifndef FC_PINGPONG
+#define FC_PINGPONG 0
+#endif
+struct Turns {
+    int wg, count;  // this warpgroup, turns per warpgroup (the same for both)
+    // Warpgroup 1 hands warpgroup 0 the first turn.
+    FC_DEVICE void start() const {
+        if (FC_PINGPONG && wg == 1 && count > 0) named_bar_arrive(1, 2 * 128);
+    }
+    FC_DEVICE void wait(int) const {
+        if (FC_PINGPONG) named_bar_sync(1 + wg, 2 * 128);
+    }
+    // Warpgroup 1's last hand-over would have no taker.
+    FC_DEVICE void pass(int it) const {
+        if (FC_PINGPONG && !(wg == 1 && it == count - 1)) named_bar_arrive(1 + (wg ^ 1), 2 * 128);
+    }
+};
+
+// The leaky control's planted leak: a load at an address taken from `secret`, folded into `x`
+// so it is not dead code. A no-op unless FC_BWD_LEAKY_CONTROL.
+FC_DEVICE float bwd_leak(float x, float secret, const float* base) {
+#if FC_BWD_LEAKY_CONTROL
+    return x + base[__float_as_int(secret) & 7];  // LEAK (control only)
+#else
+    (void)secret;
+    (void)base;
+    return x;
+#endif
+}
+
+FC_DEVICE void bwd_release(uint64_t* bar) {
+    __syncwarp();
+    if (lane_id() == 0) mbar_arrive(bar);
+}

@@ -1,0 +1,193 @@
+// Backward, dK and dV: a CTA owns KV_BN keys of one (batch, K/V head) and keeps their dK, dV in
+// fp32 registers while it streams every KV_BM-row (Q, dO) tile that can see them: the group's
+// query heads in head order, then query tiles in order — a fixed order, so the GQA sum and every
+// other sum are bitwise deterministic and depend on nothing but this sequence.
+// Per tile, with the keys as rows (64 per consumer warpgroup):
+//   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ                      (wgmma, both operands in shared memory)
+//   Pᵀ = exp2(Sᵀ·c − LSE₂), dSᵀ = Pᵀ ∘ (dPᵀ − D)  (fp32 registers; masks by select)
+//   dV += Pᵀ dO, dK += dSᵀ Q                      (wgmma, A from registers)
+// and dK is scaled by the softmax scale at the end.
+#pragma once
+#include "fc_bwd_config.cuh"
+#include "fc_mbarrier.cuh"
+#include "fc_tma.cuh"
+#include "fc_wgmma.cuh"
+
+struct DkdvShared {
+    uint16_t k[bw::CHUNKS][bw::KV_BN][64];
+    uint16_t v[bw::CHUNKS][bw::KV_BN][64];
+    uint16_t q[bw::KV_STAGES][bw::CHUNKS][bw::KV_BM][64];
+    uint16_t d_o[bw::KV_STAGES][bw::CHUNKS][bw::KV_BM][64];
+    uint64_t kv_full;
+    uint64_t full[bw::KV_STAGES], empty[bw::KV_STAGES];
+};
+
+// The query tiles a key block visits per query head: [first, kv_m_blocks). Causal (bottom-right):
+// query i sees key j iff i ≥ j − (Sk − Sq), so tiles wholly above the block's first key are
+// skipped — by index, public.
+FC_DEVICE int dkdv_first_m(const BwdParams& p, int n_block) {
+#if FC_CAUSAL
+    const int first_row = max(0, n_block * bw::KV_BN - (p.seqlen_k - p.seqlen_q));
+    return min(first_row / bw::KV_BM, p.kv_m_blocks);
+#else
+    (void)n_block;
+    return 0;
+#endif
+}
+
+FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int kv_head, int batch) {
+    using namespace bw;
+    tma_prefetch_desc(&p.q_map);
+    tma_prefetch_desc(&p.k_map);
+    tma_prefetch_desc(&p.v_map);
+    tma_prefetch_desc(&p.do_map);
+    mbar_arrive_expect_tx(&s.kv_full, 2u * KV_BN * D * 2);
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+        tma_load_4d(&s.k[c][0][0], &p.k_map, &s.kv_full, c * 64, n_block * KV_BN, kv_head, batch);
+        tma_load_4d(&s.v[c][0][0], &p.v_map, &s.kv_full, c * 64, n_block * KV_BN, kv_head, batch);
+    }
+    const int first_m = dkdv_first_m(p, n_block);
+    const int per_head = p.kv_m_blocks - first_m;
+    const int total = per_head * p.group;
+    for (int it = 0; it < total; ++it) {
+        const int head = kv_head * p.group + it / per_head;
+        const int row = (first_m + it % per_head) * KV_BM;
+        const int st = bwd_stage<KV_STAGES>(it);
+        mbar_wait(&s.empty[st], bwd_phase<KV_STAGES>(it) ^ 1);
+        mbar_arrive_expect_tx(&s.full[st], 2u * KV_BM * D * 2);
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            tma_load_4d(&s.q[st][c][0][0], &p.q_map, &s.full[st], c * 64, row, head, batch);
+            tma_load_4d(&s.d_o[st][c][0][0], &p.do_map, &s.full[st], c * 64, row, head, batch);
+        }
+    }
+}
+
+FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, int wg, int n_block, int kv_head, int batch) {
+    using namespace bw;
+    const int warp = warp_id_in_block() % 4;
+    const int lane = lane_id();
+    // This thread's two key rows (row halves h = 0, 1 are 8 apart) and first query column.
+    const int key0 = n_block * KV_BN + wg * 64 + warp * 16 + lane / 4;
+    const int col0 = 2 * (lane % 4);
+    const bool key_in[2] = {key0 < p.seqlen_k, key0 + 8 < p.seqlen_k};
+
+    float dk[D / 2], dv[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+
+    const uint32_t k_base = smem_u32(&s.k[0][wg * 64][0]);
+    const uint32_t v_base = smem_u32(&s.v[0][wg * 64][0]);
+    const int first_m = dkdv_first_m(p, n_block);
+    const int per_head = p.kv_m_blocks - first_m;
+    const int total = per_head * p.group;
+    mbar_wait(&s.kv_full, 0);
+    const Turns turns{wg, total};
+    turns.start();
+
+    for (int it = 0; it < total; ++it) {
+        const int head = kv_head * p.group + it / per_head;
+        const int m_block = first_m + it % per_head;
+        const int st = bwd_stage<KV_STAGES>(it);
+        const uint32_t q_base = smem_u32(&s.q[st][0][0][0]);
+        const uint32_t do_base = smem_u32(&s.d_o[st][0][0][0]);
+
+        // This tile's LSE₂ and D for the thread's query columns (padded: no bounds check), read
+        // where they are used: holding all 32 beside dK, dV, Sᵀ and dPᵀ would spill at d128.
+        const int64_t ws_row = ((int64_t)batch * p.heads_q + head) * p.sq_pad + m_block * KV_BM + col0;
+        const float* lse2_p = reinterpret_cast<const float*>(p.lse2_ptr) + ws_row;
+        const float* dvec_p = reinterpret_cast<const float*>(p.dvec_ptr) + ws_row;
+
+        mbar_wait(&s.full[st], bwd_phase<KV_STAGES>(it));
+        float sacc[KV_BM / 2], dpacc[KV_BM / 2];
+        turns.wait(it);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t kin = (kk / 4) * (KV_BN * ROW_BYTES) + (kk % 4) * 32;
+            const uint32_t qin = (kk / 4) * (KV_BM * ROW_BYTES) + (kk % 4) * 32;
+            Mma<KV_BM>::ss(sacc, wgmma_desc_sw128(k_base + kin, 16, 1024), wgmma_desc_sw128(q_base + qin, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t vin = (kk / 4) * (KV_BN * ROW_BYTES) + (kk % 4) * 32;
+            const uint32_t din = (kk / 4) * (KV_BM * ROW_BYTES) + (kk % 4) * 32;
+            Mma<KV_BM>::ss(dpacc, wgmma_desc_sw128(v_base + vin, 16, 1024), wgmma_desc_sw128(do_base + din, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+        turns.pass(it);
+        // Sᵀ is ready while dPᵀ may still run: Pᵀ's exponentials overlap that GEMM, and dSᵀ
+        // overlaps dV += Pᵀ dO.
+        wgmma_wait<1>();
+        fence_regs(sacc);
+
+        // Causal: query − key ≥ Sq − Sk; relative to this thread's first (key, query) pair.
+        const int rel = m_block * KV_BM + col0 - key0 - (p.seqlen_q - p.seqlen_k);
+#pragma unroll
+        for (int i = 0; i < KV_BM / 2; ++i) {
+            const int h = (i / 2) % 2;
+            const int off = 8 * (i / 4) + (i % 2) - 8 * h;  // (query − key) − rel
+            bool visible = key_in[h];
+#if FC_CAUSAL
+            visible = visible && (rel + off >= 0);
+#else
+            (void)off;
+            (void)rel;
+#endif
+            const float l2 = lse2_p[8 * (i / 4) + (i % 2)];
+            sacc[i] = select_f(visible, fast_exp2(fmaf(sacc[i], p.scale_log2, -l2)), 0.0f);
+        }
+        uint32_t pf[KV_BM / 16][4], sf[KV_BM / 16][4];
+        acc_to_frags<KV_BM>(sacc, pf);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KV_BM / 16; ++kk) {
+            Mma<D>::rs_tb(dv, pf[kk], wgmma_desc_sw128(do_base + kk * 16 * ROW_BYTES, KV_BM * ROW_BYTES, 1024), 1);
+        }
+        wgmma_commit();
+
+        wgmma_wait<1>();  // dPᵀ is ready; dV += Pᵀ dO may still run
+        fence_regs(dpacc);
+        // dSᵀ = Pᵀ ∘ (dPᵀ − D) with Pᵀ as the 16-bit fragments dV used: holding the fp32 Pᵀ too
+        // would spill (dK, dV, dPᵀ and the fragments already take ~200 registers at d128).
+#pragma unroll
+        for (int kk = 0; kk < KV_BM / 16; ++kk) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+                float p0, p1;
+                unpack_elem2(pf[kk][r], p0, p1);
+                const int i = 8 * kk + 2 * r;
+                const float2 dd = *reinterpret_cast<const float2*>(dvec_p + 8 * (i / 4));
+                dpacc[i] = p0 * (dpacc[i] - dd.x);
+                dpacc[i + 1] = p1 * (dpacc[i + 1] - dd.y);
+            }
+        }
+        acc_to_frags<KV_BM>(dpacc, sf);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KV_BM / 16; ++kk) {
+            Mma<D>::rs_tb(dk, sf[kk], wgmma_desc_sw128(q_base + kk * 16 * ROW_BYTES, KV_BM * ROW_BYTES, 1024), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(dv);
+        fence_regs(dk);
+        fence_frags(pf);
+        fence_frags(sf);
+        bwd_release(&s.empty[st]);
+    }
+
+    dk[0] = bwd_leak(dk[0], dv[0], reinterpret_cast<const float*>(p.lse2_ptr));
+    // Keys past Sk are not stored (public); a key no query sees keeps dK = dV = 0.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int key = key0 + 8 * h;
+        if (key < p.seqlen_k) {
+            const int64_t off = batch * p.k_stride_b + (int64_t)key * p.k_stride_s + kv_head * p.k_stride_h + col0;
+            bwd_store_row(reinterpret_cast<uint16_t*>(p.dk_ptr) + off, dk, h, p.scale);
+            bwd_store_row(reinterpret_cast<uint16_t*>(p.dv_ptr) + off, dv, h, 1.0f);
+        }
+    }
+}

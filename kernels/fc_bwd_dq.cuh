@@ -1,0 +1,160 @@
+// Backward, dQ: a CTA owns Q_BM query rows of one (batch, query head) and keeps their dQ in fp32
+// registers while it streams the Q_BN-key (K, V) blocks they can see, in key order — a fixed
+// order: no atomics, no partials, bitwise deterministic and independent of the batch.
+// Per block, with the queries as rows (64 per consumer warpgroup):
+//   S = Q Kᵀ, dP = dO Vᵀ                        (wgmma, both operands in shared memory)
+//   P = exp2(S·c − LSE₂), dS = P ∘ (dP − D)       (fp32 registers; masks by select)
+//   dQ += dS K                                    (wgmma, A from registers)
+// and dQ is scaled by the softmax scale at the end. S and dP are recomputed here rather than
+// shared with the dK/dV kernel (see PERF_NOTES.md, backward).
+#pragma once
+#include "fc_bwd_config.cuh"
+#include "fc_mbarrier.cuh"
+#include "fc_tma.cuh"
+#include "fc_wgmma.cuh"
+
+struct DqShared {
+    uint16_t q[bw::CHUNKS][bw::Q_BM][64];
+    uint16_t d_o[bw::CHUNKS][bw::Q_BM][64];
+    uint16_t k[bw::Q_STAGES][bw::CHUNKS][bw::Q_BN][64];
+    uint16_t v[bw::Q_STAGES][bw::CHUNKS][bw::Q_BN][64];
+    uint64_t q_full;
+    uint64_t full[bw::Q_STAGES], empty[bw::Q_STAGES];
+};
+
+// Key blocks the tile visits: [0, count). Causal (bottom-right): the tile's last row sees keys up
+// to row + Sk − Sq; blocks past that are skipped by index (public). 0: every row fully masked.
+FC_DEVICE int dq_key_blocks(const BwdParams& p, int m_block) {
+#if FC_CAUSAL
+    const int last_key = m_block * bw::Q_BM + bw::Q_BM - 1 + p.seqlen_k - p.seqlen_q;
+    return last_key < 0 ? 0 : min(p.q_n_blocks, last_key / bw::Q_BN + 1);
+#else
+    (void)m_block;
+    return p.q_n_blocks;
+#endif
+}
+
+FC_DEVICE void dq_producer(const BwdParams& p, DqShared& s, int m_block, int head, int batch) {
+    using namespace bw;
+    const int count = dq_key_blocks(p, m_block);
+    if (count == 0) return;
+    tma_prefetch_desc(&p.q_map);
+    tma_prefetch_desc(&p.k_map);
+    tma_prefetch_desc(&p.v_map);
+    tma_prefetch_desc(&p.do_map);
+    mbar_arrive_expect_tx(&s.q_full, 2u * Q_BM * D * 2);
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+        tma_load_4d(&s.q[c][0][0], &p.q_map, &s.q_full, c * 64, m_block * Q_BM, head, batch);
+        tma_load_4d(&s.d_o[c][0][0], &p.do_map, &s.q_full, c * 64, m_block * Q_BM, head, batch);
+    }
+    const int kv_head = head / p.group;
+    for (int it = 0; it < count; ++it) {
+        const int st = bwd_stage<Q_STAGES>(it);
+        mbar_wait(&s.empty[st], bwd_phase<Q_STAGES>(it) ^ 1);
+        mbar_arrive_expect_tx(&s.full[st], 2u * Q_BN * D * 2);
+#pragma unroll
+        for (int c = 0; c < CHUNKS; ++c) {
+            tma_load_4d(&s.k[st][c][0][0], &p.k_map, &s.full[st], c * 64, it * Q_BN, kv_head, batch);
+            tma_load_4d(&s.v[st][c][0][0], &p.v_map, &s.full[st], c * 64, it * Q_BN, kv_head, batch);
+        }
+    }
+}
+
+FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block, int head, int batch) {
+    using namespace bw;
+    const int warp = warp_id_in_block() % 4;
+    const int lane = lane_id();
+    const int row0 = m_block * Q_BM + wg * 64 + warp * 16 + lane / 4;  // row half h: row0 + 8h
+    const int col0 = 2 * (lane % 4);
+
+    float dq[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) dq[i] = 0.0f;
+
+    const int count = dq_key_blocks(p, m_block);
+    const int64_t ws_row = ((int64_t)batch * p.heads_q + head) * p.sq_pad + row0;
+    const float* lse2_p = reinterpret_cast<const float*>(p.lse2_ptr) + ws_row;
+    const float* dvec_p = reinterpret_cast<const float*>(p.dvec_ptr) + ws_row;
+    const float lse2[2] = {lse2_p[0], lse2_p[8]};
+    const float dvec[2] = {dvec_p[0], dvec_p[8]};
+    const uint32_t q_base = smem_u32(&s.q[0][wg * 64][0]);
+    const uint32_t do_base = smem_u32(&s.d_o[0][wg * 64][0]);
+    if (count > 0) mbar_wait(&s.q_full, 0);
+    const Turns turns{wg, count};
+    turns.start();
+
+    for (int it = 0; it < count; ++it) {
+        const int st = bwd_stage<Q_STAGES>(it);
+        const uint32_t k_base = smem_u32(&s.k[st][0][0][0]);
+        const uint32_t v_base = smem_u32(&s.v[st][0][0][0]);
+        mbar_wait(&s.full[st], bwd_phase<Q_STAGES>(it));
+        float sacc[Q_BN / 2], dpacc[Q_BN / 2];
+        turns.wait(it);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t qin = (kk / 4) * (Q_BM * ROW_BYTES) + (kk % 4) * 32;
+            const uint32_t kin = (kk / 4) * (Q_BN * ROW_BYTES) + (kk % 4) * 32;
+            Mma<Q_BN>::ss(sacc, wgmma_desc_sw128(q_base + qin, 16, 1024), wgmma_desc_sw128(k_base + kin, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            const uint32_t din = (kk / 4) * (Q_BM * ROW_BYTES) + (kk % 4) * 32;
+            const uint32_t vin = (kk / 4) * (Q_BN * ROW_BYTES) + (kk % 4) * 32;
+            Mma<Q_BN>::ss(dpacc, wgmma_desc_sw128(do_base + din, 16, 1024), wgmma_desc_sw128(v_base + vin, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+        turns.pass(it);
+        // S is ready while dP may still run: P's exponentials overlap that GEMM.
+        wgmma_wait<1>();
+        fence_regs(sacc);
+
+        // Keys past Sk are masked; causal: key − query ≤ Sk − Sq. Relative to this thread's
+        // first (query, key) pair.
+        const int key_first = it * Q_BN + col0;
+        const int limit = p.seqlen_k - key_first;
+        const int rel = key_first - row0 - (p.seqlen_k - p.seqlen_q);
+#pragma unroll
+        for (int i = 0; i < Q_BN / 2; ++i) {
+            const int h = (i / 2) % 2;
+            const int kof = 8 * (i / 4) + (i % 2);
+            bool visible = kof < limit;
+#if FC_CAUSAL
+            visible = visible && (rel + kof - 8 * h <= 0);
+#else
+            (void)rel;
+#endif
+            sacc[i] = select_f(visible, fast_exp2(fmaf(sacc[i], p.scale_log2, -lse2[h])), 0.0f);
+        }
+        wgmma_wait<0>();
+        fence_regs(dpacc);
+#pragma unroll
+        for (int i = 0; i < Q_BN / 2; ++i) dpacc[i] = sacc[i] * (dpacc[i] - dvec[(i / 2) % 2]);
+        uint32_t sf[Q_BN / 16][4];
+        acc_to_frags<Q_BN>(dpacc, sf);
+
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < Q_BN / 16; ++kk) {
+            Mma<D>::rs_tb(dq, sf[kk], wgmma_desc_sw128(k_base + kk * 16 * ROW_BYTES, Q_BN * ROW_BYTES, 1024), 1);
+        }
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_regs(dq);
+        fence_frags(sf);
+        bwd_release(&s.empty[st]);
+    }
+
+    dq[0] = bwd_leak(dq[0], dq[1], reinterpret_cast<const float*>(p.lse2_ptr));
+    // Rows past Sq are not stored (public); a fully masked row keeps dQ = 0.
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int row = row0 + 8 * h;
+        if (row < p.seqlen_q) {
+            const int64_t off = batch * p.q_stride_b + (int64_t)row * p.q_stride_s + head * p.q_stride_h + col0;
+            bwd_store_row(reinterpret_cast<uint16_t*>(p.dq_ptr) + off, dq, h, p.scale);
+        }
+    }
+}

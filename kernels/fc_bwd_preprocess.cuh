@@ -1,0 +1,49 @@
+// Backward preprocess: per query row, D = rowsum(dO ∘ O) (fp32) and the forward's LSE in base 2
+// (LSE·log2 e; +inf for a fully masked row, so exp2(s·c − LSE₂) = 0 there and no −inf − −inf
+// appears). Rows are padded to ROW_PAD per (batch, head): padding rows get D = 0, LSE₂ = +inf, so
+// the GEMM kernels read any tile's values unguarded. One warp per row; the lanes' partial sums
+// combine in a fixed butterfly order (deterministic).
+#pragma once
+#include "fc_bwd_config.cuh"
+
+// Row i of (batch b, head h) in the workspace (i < sq_pad). The shuffles run on every lane
+// unconditionally (no divergent warp-collective).
+FC_DEVICE void bwd_preprocess_row(const BwdParams& p, int i, int h, int b) {
+    using namespace bw;
+    const int lane = lane_id();
+    const int64_t bh = (int64_t)b * p.heads_q + h;
+    const int64_t r = bh * p.sq_pad + i;
+    const bool real = i < p.seqlen_q;  // public: index against the shape
+    float dot = 0.0f, lse = neg_inf();
+    if (real) {
+        const int64_t off = b * p.q_stride_b + (int64_t)i * p.q_stride_s + h * p.q_stride_h + lane * (D / 32);
+        const uint16_t* o = reinterpret_cast<const uint16_t*>(p.o_ptr) + off;
+        const uint16_t* d_o = reinterpret_cast<const uint16_t*>(p.do_ptr) + off;
+        uint32_t ow[D / 64], dw[D / 64];
+        if constexpr (D == 64) {
+            ow[0] = *reinterpret_cast<const uint32_t*>(o);
+            dw[0] = *reinterpret_cast<const uint32_t*>(d_o);
+        } else {
+            const uint2 a = *reinterpret_cast<const uint2*>(o);
+            const uint2 c = *reinterpret_cast<const uint2*>(d_o);
+            ow[0] = a.x, ow[1] = a.y, dw[0] = c.x, dw[1] = c.y;
+        }
+#pragma unroll
+        for (int w = 0; w < D / 64; ++w) {
+            float o0, o1, d0, d1;
+            unpack_elem2(ow[w], o0, o1);
+            unpack_elem2(dw[w], d0, d1);
+            dot = fmaf(o0, d0, dot);
+            dot = fmaf(o1, d1, dot);
+        }
+        lse = reinterpret_cast<const float*>(p.lse_ptr)[bh * p.seqlen_q + i];
+    }
+#pragma unroll
+    for (int sh = 16; sh >= 1; sh /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, sh);
+    const float lse2 = select_f(lse == neg_inf(), pos_inf(), lse * 1.4426950408889634f);
+    dot = bwd_leak(dot, dot, reinterpret_cast<const float*>(p.lse_ptr));
+    if (lane == 0) {
+        reinterpret_cast<float*>(p.dvec_ptr)[r] = dot;
+        reinterpret_cast<float*>(p.lse2_ptr)[r] = lse2;
+    }
+}

@@ -1,0 +1,109 @@
+//! The backward pass for torch autograd: `flashcore._native.attention_backward` and its helpers,
+//! over `flashcore::attention::backward_external`. Q, K, V come as (pointer, strides) like the
+//! forward's; O, dO and the gradients as pointers to tensors contiguous in the call's layout.
+
+use crate::{context, params, tensor, to_py, PyTensor, Shape};
+use flashcore::attention::backward::workspace_bytes;
+use flashcore::attention::backward_external::{validate_backward, ExternalBackwardCall};
+use flashcore::attention::{AttentionParams, Layout};
+use pyo3::prelude::*;
+
+/// The pointers of one backward call that are not Q, K, V: (o, lse, d_o, dq, dk, dv, workspace).
+type Buffers = (u64, u64, u64, u64, u64, u64, u64);
+
+fn backward_params(
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+    scale: Option<f64>,
+    bhsd: bool,
+) -> PyResult<AttentionParams> {
+    let mut p = params(dtype, shape, causal, scale)?;
+    p.layout = if bhsd { Layout::Bhsd } else { Layout::Bshd };
+    Ok(p)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn backward_call(
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+    scale: Option<f64>,
+    bhsd: bool,
+    q: PyTensor,
+    k: PyTensor,
+    v: PyTensor,
+    (o, lse, d_o, dq, dk, dv, workspace): Buffers,
+) -> PyResult<ExternalBackwardCall> {
+    Ok(ExternalBackwardCall {
+        params: backward_params(dtype, shape, causal, scale, bhsd)?,
+        q: tensor(q),
+        k: tensor(k),
+        v: tensor(v),
+        o,
+        lse,
+        d_o,
+        dq,
+        dk,
+        dv,
+        workspace,
+    })
+}
+
+/// Checks a backward call's shape, strides, alignment and LSE without touching a GPU.
+#[pyfunction]
+#[pyo3(signature = (dtype, shape, causal, scale, bhsd, q, k, v, buffers))]
+#[allow(clippy::too_many_arguments)]
+pub fn validate_attention_backward(
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+    scale: Option<f64>,
+    bhsd: bool,
+    q: PyTensor,
+    k: PyTensor,
+    v: PyTensor,
+    buffers: Buffers,
+) -> PyResult<()> {
+    let c = backward_call(dtype, shape, causal, scale, bhsd, q, k, v, buffers)?;
+    validate_backward(&c).map_err(to_py)
+}
+
+/// Validates, then enqueues the backward (dQ, dK, dV; GQA: dK, dV summed over each group) on
+/// `stream` of device `device`. `buffers` = (o, lse, d_o, dq, dk, dv, workspace): O, dO and the
+/// gradients contiguous in the layout (`bhsd`: [B, H, S, D], else [B, S, H, D]), lse fp32
+/// [B, Hq, Sq], the workspace `backward_workspace_bytes` bytes. The pointers must be live device
+/// memory covering what their shapes reach, held by the caller until the kernels have run (the
+/// stream orders their reuse).
+#[pyfunction]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, bhsd, q, k, v, buffers))]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_backward(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+    scale: Option<f64>,
+    bhsd: bool,
+    q: PyTensor,
+    k: PyTensor,
+    v: PyTensor,
+    buffers: Buffers,
+) -> PyResult<()> {
+    let c = backward_call(dtype, shape, causal, scale, bhsd, q, k, v, buffers)?;
+    let ctx = context(device)?;
+    // The first call of a variant may compile its kernels (NVRTC, seconds): let other threads run.
+    py.detach(move || {
+        // SAFETY: see the function's doc; the call is validated again inside.
+        unsafe { ctx.attention_backward(&c, stream as cudarc::driver::sys::CUstream) }
+    })
+    .map_err(to_py)
+}
+
+/// Bytes of device scratch one backward call needs (the caller allocates it on the call's stream).
+#[pyfunction]
+pub fn backward_workspace_bytes(dtype: &str, shape: Shape) -> PyResult<usize> {
+    Ok(workspace_bytes(&params(dtype, shape, false, None)?))
+}

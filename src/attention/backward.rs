@@ -1,0 +1,660 @@
+//! The backward pass (issue 23): dQ, dK, dV of `O = softmax(scale · Q Kᵀ + mask) V` from Q, K, V,
+//! the forward's O and LSE, and dO. Three launches on the context's stream
+//! (`kernels/attention_bwd.cu`): a preprocess into a padded fp32 workspace, the dK/dV kernel and
+//! the dQ kernel. Every gradient element is summed by one CTA in an order fixed by the shape: the
+//! result is bitwise deterministic and a sequence's bits do not depend on its batch.
+//!
+//! Every rule is checked on the host before anything is launched ([`check_backward`]).
+
+use super::context::{Context, Element};
+use super::external::Strides;
+use super::params::{AttentionParams, DType};
+use super::{tensor_map, validate};
+use crate::error::{Error, Result};
+use crate::kernels::backward::{self as kb, BwdVariant};
+use cudarc::driver::{
+    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
+};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The kernels' `BwdParams` (kernels/fc_bwd_config.cuh), byte for byte.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct BwdKernelParams {
+    q_map: sys::CUtensorMap,
+    k_map: sys::CUtensorMap,
+    v_map: sys::CUtensorMap,
+    do_map: sys::CUtensorMap,
+    o_ptr: u64,
+    do_ptr: u64,
+    lse_ptr: u64,
+    dq_ptr: u64,
+    dk_ptr: u64,
+    dv_ptr: u64,
+    lse2_ptr: u64,
+    dvec_ptr: u64,
+    q_stride_b: i64,
+    q_stride_s: i64,
+    q_stride_h: i64,
+    k_stride_b: i64,
+    k_stride_s: i64,
+    k_stride_h: i64,
+    batch: i32,
+    seqlen_q: i32,
+    seqlen_k: i32,
+    heads_q: i32,
+    group: i32,
+    sq_pad: i32,
+    scale_log2: f32,
+    scale: f32,
+    kv_m_blocks: i32,
+    q_n_blocks: i32,
+    reserved: [i32; 26],
+}
+
+const _: () = assert!(std::mem::size_of::<BwdKernelParams>() == 768);
+
+/// Grid dimensions y and z (heads, batch) are at most 65535.
+const MAX_GRID_YZ: usize = 65_535;
+
+/// The shape rules of the backward: the forward's, plus the launch grid's limits.
+pub fn check_backward_params(p: &AttentionParams) -> Result<()> {
+    validate::check_params(p)?;
+    if p.batch > MAX_GRID_YZ {
+        return Err(Error::invalid(
+            "batch",
+            format!(
+                "the backward launches one grid row per sequence: at most {MAX_GRID_YZ}, got {}",
+                p.batch
+            ),
+        ));
+    }
+    if p.heads_q > MAX_GRID_YZ {
+        return Err(Error::invalid(
+            "heads_q",
+            format!(
+                "the backward launches one grid row per head: at most {MAX_GRID_YZ}, got {}",
+                p.heads_q
+            ),
+        ));
+    }
+    // The padded workspace's row count must fit the kernels' i32 row indices.
+    if padded_rows(p.seqlen_q) >= i32::MAX as usize {
+        return Err(Error::invalid(
+            "seqlen_q",
+            "too long for the backward's workspace indices",
+        ));
+    }
+    Ok(())
+}
+
+fn padded_rows(seqlen_q: usize) -> usize {
+    seqlen_q.div_ceil(kb::ROW_PAD) * kb::ROW_PAD
+}
+
+/// What one backward call brings, as the host sees it: each buffer's element type, length and
+/// device address (`None`: not given). Checked by [`check_backward`] without touching the GPU.
+#[derive(Debug, Clone, Copy)]
+pub struct BackwardBuffers {
+    pub q: (DType, usize, u64),
+    pub k: (DType, usize, u64),
+    pub v: (DType, usize, u64),
+    pub o: (DType, usize, u64),
+    pub d_o: (DType, usize, u64),
+    /// The forward's log-sum-exp, f32 `[batch, heads_q, seqlen_q]`.
+    pub lse: Option<(usize, u64)>,
+    pub dq: (DType, usize, u64),
+    pub dk: (DType, usize, u64),
+    pub dv: (DType, usize, u64),
+}
+
+/// Every rule of one backward call, before any launch: the shape, each buffer's dtype, length and
+/// alignment (16 bytes where TMA or vector loads read it), and the LSE's presence.
+pub fn check_backward(p: &AttentionParams, b: &BackwardBuffers) -> Result<()> {
+    check_backward_params(p)?;
+    let align = validate::TENSOR_ALIGN;
+    // (name, (dtype, length, address) given, length wanted, alignment)
+    type Rule = (&'static str, (DType, usize, u64), usize, usize);
+    let tensors: [Rule; 8] = [
+        ("q", b.q, p.q_len(), align),
+        ("k", b.k, p.kv_len(), align),
+        ("v", b.v, p.kv_len(), align),
+        ("o", b.o, p.q_len(), align),
+        ("d_o", b.d_o, p.q_len(), align),
+        ("dq", b.dq, p.q_len(), 4),
+        ("dk", b.dk, p.kv_len(), 4),
+        ("dv", b.dv, p.kv_len(), 4),
+    ];
+    for (name, (dtype, len, addr), want, al) in tensors {
+        if dtype != p.dtype {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "holds {} but the call's dtype is {}",
+                    dtype.name(),
+                    p.dtype.name()
+                ),
+            ));
+        }
+        validate::check_buffer(name, len, want, addr, al)?;
+    }
+    match b.lse {
+        None => Err(Error::invalid(
+            "lse",
+            "the backward needs the forward's log-sum-exp (f32 [batch, heads_q, seqlen_q]): pass the `lse` the forward wrote",
+        )),
+        Some((len, addr)) => validate::check_buffer("lse", len, p.lse_len(), addr, 4),
+    }
+}
+
+/// One variant's three kernels loaded on a device's primary context (the one both [`Context`]
+/// and `ExternalContext` use), shared by every plan of the process. Holding the context keeps the
+/// module valid for as long as the cache lives (the process).
+struct LoadedBackward {
+    _cuda: Arc<CudaContext>,
+    _module: Arc<CudaModule>,
+    preprocess: CudaFunction,
+    dkdv: CudaFunction,
+    dq: CudaFunction,
+}
+
+/// The loaded kernels of `variant` on `cuda`'s device, loading them on first use.
+fn loaded(cuda: &Arc<CudaContext>, variant: BwdVariant) -> Result<Arc<LoadedBackward>> {
+    type Cache = Mutex<HashMap<(usize, BwdVariant), Arc<LoadedBackward>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let mut cache = CACHE
+        .get_or_init(Default::default)
+        .lock()
+        .map_err(|_| Error::Other("backward kernel cache lock poisoned".into()))?;
+    let key = (cuda.ordinal(), variant);
+    if let Some(k) = cache.get(&key) {
+        return Ok(k.clone());
+    }
+    let module = cuda.load_module(cudarc::nvrtc::Ptx::from_binary(variant.cubin()?))?;
+    let preprocess = module.load_function(kb::PREPROCESS_SYMBOL)?;
+    let dkdv = module.load_function(kb::DKDV_SYMBOL)?;
+    let dq = module.load_function(kb::DQ_SYMBOL)?;
+    let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+    dkdv.set_attribute(attr, variant.dkdv_smem_bytes() as i32)?;
+    dq.set_attribute(attr, variant.dq_smem_bytes() as i32)?;
+    let k = Arc::new(LoadedBackward {
+        _cuda: cuda.clone(),
+        _module: module,
+        preprocess,
+        dkdv,
+        dq,
+    });
+    cache.insert(key, k.clone());
+    Ok(k)
+}
+
+/// Bytes of scratch one backward call needs: the LSE in base 2 and D = rowsum(dO ∘ O), fp32,
+/// `batch · heads_q · padded Sq` each (Sq padded to a multiple of 128).
+pub fn workspace_bytes(p: &AttentionParams) -> usize {
+    2 * p.batch * p.heads_q * padded_rows(p.seqlen_q) * 4
+}
+
+/// A backward pass prepared for one shape: the variant's three kernels loaded, the grids, and —
+/// for [`Context`] calls — the workspace ([`workspace_bytes`]).
+pub struct BackwardPlan {
+    params: AttentionParams,
+    variant: BwdVariant,
+    kernels: Arc<LoadedBackward>,
+    workspace: Option<CudaSlice<f32>>,
+    stream: Arc<CudaStream>,
+}
+
+/// Element strides of Q, K and V as the kernels' tensor maps read them (the other tensors are
+/// contiguous in the call's layout).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct InputStrides {
+    pub q: Strides,
+    pub k: Strides,
+    pub v: Strides,
+}
+
+/// Device addresses of one backward call's buffers (contiguous in the plan's layout).
+#[derive(Debug, Clone, Copy)]
+pub struct BackwardPtrs {
+    pub q: u64,
+    pub k: u64,
+    pub v: u64,
+    pub o: u64,
+    pub lse: u64,
+    pub d_o: u64,
+    pub dq: u64,
+    pub dk: u64,
+    pub dv: u64,
+}
+
+impl BackwardPlan {
+    pub fn params(&self) -> &AttentionParams {
+        &self.params
+    }
+
+    pub fn variant(&self) -> BwdVariant {
+        self.variant
+    }
+
+    /// Q, K and V contiguous in the plan's layout.
+    fn contiguous_inputs(&self) -> InputStrides {
+        let p = &self.params;
+        let k = Strides::contiguous(p.layout, p.seqlen_k, p.heads_kv, p.head_dim);
+        InputStrides {
+            q: Strides::contiguous(p.layout, p.seqlen_q, p.heads_q, p.head_dim),
+            k,
+            v: k,
+        }
+    }
+
+    /// The parameter block of the dQ kernel (`dq_kernel`) or of the other two. O, dO, dQ, dK and
+    /// dV are contiguous in the plan's layout; Q, K and V are read through tensor maps with the
+    /// strides `input` gives.
+    fn block(
+        &self,
+        ptrs: &BackwardPtrs,
+        input: InputStrides,
+        workspace: u64,
+        dq_kernel: bool,
+    ) -> Result<BwdKernelParams> {
+        let p = &self.params;
+        let q_st = Strides::contiguous(p.layout, p.seqlen_q, p.heads_q, p.head_dim);
+        let k_st = Strides::contiguous(p.layout, p.seqlen_k, p.heads_kv, p.head_dim);
+        // Box heights: each kernel's held and streamed tiles (BwdVariant::tiles).
+        let t = self.variant.tiles();
+        let (q_rows, k_rows) = if dq_kernel {
+            (t.q_block_m, t.q_block_n)
+        } else {
+            (t.kv_block_m, t.kv_block_n)
+        };
+        let map = |ptr, strides, seqlen, heads, rows: usize| {
+            tensor_map::encode(
+                ptr,
+                p.dtype,
+                strides,
+                p.batch,
+                seqlen,
+                heads,
+                p.head_dim,
+                rows as u32,
+            )
+        };
+        let (sq, sk, hq, hkv) = (p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv);
+        let scale = p.softmax_scale();
+        let ws_half = (p.batch * p.heads_q * padded_rows(p.seqlen_q) * 4) as u64;
+        Ok(BwdKernelParams {
+            q_map: map(ptrs.q, input.q, sq, hq, q_rows)?,
+            k_map: map(ptrs.k, input.k, sk, hkv, k_rows)?,
+            v_map: map(ptrs.v, input.v, sk, hkv, k_rows)?,
+            do_map: map(ptrs.d_o, q_st, sq, hq, q_rows)?,
+            o_ptr: ptrs.o,
+            do_ptr: ptrs.d_o,
+            lse_ptr: ptrs.lse,
+            dq_ptr: ptrs.dq,
+            dk_ptr: ptrs.dk,
+            dv_ptr: ptrs.dv,
+            lse2_ptr: workspace,
+            dvec_ptr: workspace + ws_half,
+            q_stride_b: q_st.batch,
+            q_stride_s: q_st.seq,
+            q_stride_h: q_st.head,
+            k_stride_b: k_st.batch,
+            k_stride_s: k_st.seq,
+            k_stride_h: k_st.head,
+            batch: p.batch as i32,
+            seqlen_q: p.seqlen_q as i32,
+            seqlen_k: p.seqlen_k as i32,
+            heads_q: p.heads_q as i32,
+            group: (p.heads_q / p.heads_kv) as i32,
+            sq_pad: padded_rows(p.seqlen_q) as i32,
+            scale_log2: scale * std::f32::consts::LOG2_E,
+            scale,
+            kv_m_blocks: p.seqlen_q.div_ceil(t.kv_block_m) as i32,
+            q_n_blocks: p.seqlen_k.div_ceil(t.q_block_n) as i32,
+            reserved: [0; 26],
+        })
+    }
+
+    /// Enqueues the three kernels on the context's stream.
+    ///
+    /// # Safety
+    /// Every pointer must be a live device allocation of this context holding what
+    /// [`check_backward`] demands of it (checked there from lengths the caller states), and stay
+    /// alive until the kernels finish.
+    pub unsafe fn launch_raw(&self, ptrs: &BackwardPtrs) -> Result<()> {
+        self.launch_kernels(ptrs, [true; 3])
+    }
+
+    /// Measurement only: enqueues the chosen kernels of [`BackwardPlan::launch_raw`] (preprocess,
+    /// dK/dV, dQ), so each can be timed alone once a full launch has filled the workspace.
+    ///
+    /// # Safety
+    /// As [`BackwardPlan::launch_raw`].
+    #[doc(hidden)]
+    pub unsafe fn launch_kernels(&self, ptrs: &BackwardPtrs, which: [bool; 3]) -> Result<()> {
+        let ws = self
+            .workspace
+            .as_ref()
+            .ok_or_else(|| Error::Other("this backward plan has no workspace of its own".into()))?
+            .device_ptr(&self.stream)
+            .0;
+        self.launch_on(
+            ptrs,
+            self.contiguous_inputs(),
+            ws,
+            self.stream.cu_stream(),
+            which,
+        )
+    }
+
+    /// Enqueues the chosen kernels on `stream` with Q, K, V read through `input` strides and
+    /// `workspace` ([`workspace_bytes`]) as scratch.
+    ///
+    /// # Safety
+    /// As [`BackwardPlan::launch_raw`], with `workspace` a live allocation of
+    /// [`workspace_bytes`] bytes used by no other launch in flight, `stream` a live stream of
+    /// this plan's (primary) context, and Q, K, V covering what their strides reach.
+    pub(crate) unsafe fn launch_on(
+        &self,
+        ptrs: &BackwardPtrs,
+        input: InputStrides,
+        workspace: u64,
+        stream: sys::CUstream,
+        which: [bool; 3],
+    ) -> Result<()> {
+        let p = &self.params;
+        let mut kv_block = self.block(ptrs, input, workspace, false)?;
+        let mut q_block = self.block(ptrs, input, workspace, true)?;
+        let launch = |f: &CudaFunction,
+                      grid: (u32, u32, u32),
+                      threads: u32,
+                      smem: usize,
+                      block: &mut BwdKernelParams| {
+            let mut args: [*mut std::ffi::c_void; 1] =
+                [block as *mut BwdKernelParams as *mut std::ffi::c_void];
+            cudarc::driver::result::launch_kernel(
+                f.cu_function(),
+                grid,
+                (threads, 1, 1),
+                smem as u32,
+                stream,
+                &mut args,
+            )
+        };
+        let (hq, hkv, b) = (p.heads_q as u32, p.heads_kv as u32, p.batch as u32);
+        let t = self.variant.tiles();
+        if which[0] {
+            let grid = (
+                (padded_rows(p.seqlen_q) / kb::PREPROCESS_ROWS) as u32,
+                hq,
+                b,
+            );
+            launch(
+                &self.kernels.preprocess,
+                grid,
+                kb::PREPROCESS_THREADS,
+                0,
+                &mut kv_block,
+            )?;
+        }
+        if which[1] {
+            let grid = (p.seqlen_k.div_ceil(t.kv_block_n) as u32, hkv, b);
+            let smem = self.variant.dkdv_smem_bytes();
+            launch(
+                &self.kernels.dkdv,
+                grid,
+                kb::GEMM_THREADS,
+                smem,
+                &mut kv_block,
+            )?;
+        }
+        if which[2] {
+            let grid = (p.seqlen_q.div_ceil(t.q_block_m) as u32, hq, b);
+            let smem = self.variant.dq_smem_bytes();
+            launch(&self.kernels.dq, grid, kb::GEMM_THREADS, smem, &mut q_block)?;
+        }
+        Ok(())
+    }
+}
+
+impl Context {
+    /// Prepares the backward for one shape (checks it, loads the variant's kernels, allocates the
+    /// workspace).
+    pub fn plan_backward(&self, params: &AttentionParams) -> Result<BackwardPlan> {
+        check_backward_params(params)?;
+        let mut plan = self.plan_backward_external(params)?;
+        plan.workspace = Some(self.alloc::<f32>(workspace_bytes(params) / 4)?);
+        Ok(plan)
+    }
+
+    /// A plan without a workspace of its own, for launches that bring one
+    /// ([`BackwardPlan::launch_on`]).
+    pub(crate) fn plan_backward_external(&self, params: &AttentionParams) -> Result<BackwardPlan> {
+        check_backward_params(params)?;
+        let variant = BwdVariant::for_call(params.dtype, params.head_dim, params.causal);
+        Ok(BackwardPlan {
+            params: params.clone(),
+            variant,
+            kernels: loaded(self.cuda(), variant)?,
+            workspace: None,
+            stream: self.stream().clone(),
+        })
+    }
+
+    /// dQ, dK, dV of attention (the forward of [`Context::attention`] with the same `params`)
+    /// from q, k, v, the forward's output `o` and log-sum-exp `lse`, and the output gradient `d_o`
+    /// (q's shape). Every buffer is contiguous in `params.layout`; dq has q's shape, dk and dv
+    /// k's (GQA: summed over each K/V head's query heads). Bitwise deterministic and
+    /// batch-invariant. Every rule is checked before launch ([`check_backward`]): a wrong dtype
+    /// (`d_o` included), a wrong length or a missing `lse` is an [`Error::InvalidArgument`]
+    /// naming the argument.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_backward<T: Element, U: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        o: &CudaSlice<T>,
+        lse: Option<&CudaSlice<f32>>,
+        d_o: &CudaSlice<U>,
+        dq: &mut CudaSlice<T>,
+        dk: &mut CudaSlice<T>,
+        dv: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        let s = self.stream();
+        let t = T::DTYPE;
+        let (q_ptr, _g1) = q.device_ptr(s);
+        let (k_ptr, _g2) = k.device_ptr(s);
+        let (v_ptr, _g3) = v.device_ptr(s);
+        let (o_ptr, _g4) = o.device_ptr(s);
+        let (do_ptr, _g5) = d_o.device_ptr(s);
+        let lse_info = lse.map(|l| (l.len(), l.device_ptr(s).0));
+        let (dq_len, dk_len, dv_len) = (dq.len(), dk.len(), dv.len());
+        let (dq_ptr, _g6) = dq.device_ptr_mut(s);
+        let (dk_ptr, _g7) = dk.device_ptr_mut(s);
+        let (dv_ptr, _g8) = dv.device_ptr_mut(s);
+        let bufs = BackwardBuffers {
+            q: (t, q.len(), q_ptr),
+            k: (t, k.len(), k_ptr),
+            v: (t, v.len(), v_ptr),
+            o: (t, o.len(), o_ptr),
+            d_o: (U::DTYPE, d_o.len(), do_ptr),
+            lse: lse_info,
+            dq: (t, dq_len, dq_ptr),
+            dk: (t, dk_len, dk_ptr),
+            dv: (t, dv_len, dv_ptr),
+        };
+        check_backward(params, &bufs)?;
+        let plan = self.plan_backward(params)?;
+        let ptrs = BackwardPtrs {
+            q: q_ptr,
+            k: k_ptr,
+            v: v_ptr,
+            o: o_ptr,
+            lse: lse_info.map_or(0, |l| l.1),
+            d_o: do_ptr,
+            dq: dq_ptr,
+            dk: dk_ptr,
+            dv: dv_ptr,
+        };
+        // SAFETY: every buffer's dtype, length and alignment was checked against the shape.
+        unsafe { plan.launch_raw(&ptrs) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> AttentionParams {
+        let mut p = AttentionParams::new(2, 4, 100, 64);
+        p.heads_kv = 2;
+        p.seqlen_k = 80;
+        p
+    }
+
+    fn good(p: &AttentionParams) -> BackwardBuffers {
+        let d = p.dtype;
+        let a = 0x1000u64;
+        BackwardBuffers {
+            q: (d, p.q_len(), a),
+            k: (d, p.kv_len(), a),
+            v: (d, p.kv_len(), a),
+            o: (d, p.q_len(), a),
+            d_o: (d, p.q_len(), a),
+            lse: Some((p.lse_len(), a)),
+            dq: (d, p.q_len(), a),
+            dk: (d, p.kv_len(), a),
+            dv: (d, p.kv_len(), a),
+        }
+    }
+
+    fn arg_of(r: Result<()>) -> &'static str {
+        match r {
+            Err(Error::InvalidArgument { arg, .. }) => arg,
+            other => panic!("expected an invalid-argument error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_well_formed_call_passes() {
+        let p = params();
+        check_backward(&p, &good(&p)).unwrap();
+    }
+
+    #[test]
+    fn d_o_of_the_wrong_shape_is_rejected() {
+        let p = params();
+        let mut b = good(&p);
+        b.d_o.1 = p.q_len() - p.head_dim;
+        assert_eq!(arg_of(check_backward(&p, &b)), "d_o");
+    }
+
+    #[test]
+    fn d_o_of_the_wrong_dtype_is_rejected() {
+        let p = params();
+        let mut b = good(&p);
+        b.d_o.0 = DType::Bf16;
+        let e = check_backward(&p, &b).unwrap_err().to_string();
+        assert!(
+            e.contains("d_o") && e.contains("bf16") && e.contains("f16"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn missing_lse_is_rejected_with_what_to_pass() {
+        let p = params();
+        let mut b = good(&p);
+        b.lse = None;
+        let e = check_backward(&p, &b).unwrap_err();
+        assert!(e.to_string().contains("log-sum-exp"), "{e}");
+        assert_eq!(arg_of(Err(e)), "lse");
+    }
+
+    #[test]
+    fn lse_of_the_wrong_length_is_rejected() {
+        let p = params();
+        let mut b = good(&p);
+        b.lse = Some((p.lse_len() + 1, 0x1000));
+        assert_eq!(arg_of(check_backward(&p, &b)), "lse");
+    }
+
+    #[test]
+    fn outputs_of_the_wrong_shape_or_dtype_are_rejected() {
+        let p = params();
+        let mut b = good(&p);
+        b.dk.1 = p.q_len();
+        assert_eq!(arg_of(check_backward(&p, &b)), "dk");
+        let mut b = good(&p);
+        b.dv.1 = 0;
+        assert_eq!(arg_of(check_backward(&p, &b)), "dv");
+        let mut b = good(&p);
+        b.dq.0 = DType::Bf16;
+        assert_eq!(arg_of(check_backward(&p, &b)), "dq");
+        let mut b = good(&p);
+        b.o.1 += 1;
+        assert_eq!(arg_of(check_backward(&p, &b)), "o");
+    }
+
+    #[test]
+    fn misaligned_tma_operands_are_rejected() {
+        let p = params();
+        for which in 0..4 {
+            let mut b = good(&p);
+            let name = match which {
+                0 => {
+                    b.q.2 += 8;
+                    "q"
+                }
+                1 => {
+                    b.k.2 += 2;
+                    "k"
+                }
+                2 => {
+                    b.o.2 += 4;
+                    "o"
+                }
+                _ => {
+                    b.d_o.2 += 8;
+                    "d_o"
+                }
+            };
+            assert_eq!(arg_of(check_backward(&p, &b)), name);
+        }
+    }
+
+    #[test]
+    fn shapes_past_the_grid_limits_are_rejected() {
+        let mut p = params();
+        p.batch = MAX_GRID_YZ + 1;
+        assert_eq!(arg_of(check_backward_params(&p)), "batch");
+        let mut p = params();
+        p.heads_q = MAX_GRID_YZ + 1;
+        p.heads_kv = 1;
+        assert_eq!(arg_of(check_backward_params(&p)), "heads_q");
+        // The forward's rules apply too.
+        let mut p = params();
+        p.head_dim = 96;
+        assert_eq!(arg_of(check_backward_params(&p)), "head_dim");
+    }
+
+    #[test]
+    fn parameter_block_offsets_match_the_kernel() {
+        // kernels/fc_bwd_config.cuh: four 128-byte maps, eight pointers, six strides, then i32s.
+        let b = std::mem::MaybeUninit::<BwdKernelParams>::uninit();
+        let base = b.as_ptr() as usize;
+        // SAFETY: only field addresses are taken, nothing is read.
+        let off = |f: *const u8| f as usize - base;
+        unsafe {
+            let p = b.as_ptr();
+            assert_eq!(off(std::ptr::addr_of!((*p).o_ptr) as *const u8), 512);
+            assert_eq!(off(std::ptr::addr_of!((*p).q_stride_b) as *const u8), 576);
+            assert_eq!(off(std::ptr::addr_of!((*p).batch) as *const u8), 624);
+            assert_eq!(off(std::ptr::addr_of!((*p).scale_log2) as *const u8), 648);
+            assert_eq!(off(std::ptr::addr_of!((*p).kv_m_blocks) as *const u8), 656);
+        }
+    }
+}

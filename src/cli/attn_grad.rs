@@ -1,0 +1,233 @@
+//! `flashcore attn --grad`: the forward and the backward pass on `q`, `k`, `v` and the output
+//! gradient `do` read from one safetensors file; writes `out`, `dq`, `dk`, `dv` (and `lse` with
+//! `--lse`). On the GPU the gradients are the input dtype; with `--cpu` the float64 reference's,
+//! as F32. Exit codes as `flashcore attn`'s.
+
+use super::attn::AttnArgs;
+use crate::attention::backward::check_backward_params;
+use crate::attention::{AttentionParams, Context, Element};
+use crate::error::{Error, Result};
+use crate::reference;
+use crate::tensor_io::{self, AttnInput, Tensor, TensorData};
+use std::path::Path;
+use std::time::Instant;
+
+/// `out`, `lse`, `dq`, `dk`, `dv` of one call.
+struct GradOutputs {
+    out: TensorData,
+    lse: Vec<f32>,
+    dq: TensorData,
+    dk: TensorData,
+    dv: TensorData,
+}
+
+pub fn attn_grad(args: &AttnArgs) -> Result<()> {
+    crate::output::check_not_an_input(&args.output, &[&args.input])?;
+    if crate::tensor_io_kv::has_kv_cache(&args.input)? {
+        return Err(Error::invalid(
+            "grad",
+            "--grad takes q, k, v and do; a KV-cache input (k_cache, v_cache) has no backward pass",
+        ));
+    }
+    let input = tensor_io::read_attn_input(&args.input, args.layout)?;
+    let d_o = read_d_o(&args.input, &input)?;
+    let p = AttentionParams {
+        causal: args.causal,
+        scale: args.scale,
+        ..input.params.clone()
+    };
+    check_backward_params(&p).map_err(|e| match e {
+        Error::InvalidArgument { arg, rule } => Error::InvalidArgument {
+            arg,
+            rule: format!(
+                "{rule} (read from {} as {}: B={} Sq={} Sk={} Hq={} Hkv={} D={})",
+                args.input.display(),
+                p.layout.name(),
+                p.batch,
+                p.seqlen_q,
+                p.seqlen_k,
+                p.heads_q,
+                p.heads_kv,
+                p.head_dim
+            ),
+        },
+        other => other,
+    })?;
+    let start = Instant::now();
+    let (g, engine) = if args.cpu {
+        (cpu(&p, &input, &d_o), "cpu f64 reference".to_string())
+    } else {
+        gpu(args.device.unwrap_or(0), &p, &input, &d_o)?
+    };
+    let elapsed = start.elapsed();
+    let dtype = g.out.dtype_name();
+    let l = p.layout;
+    let q_shape = l.shape(p.batch, p.seqlen_q, p.heads_q, p.head_dim).to_vec();
+    let k_shape = l
+        .shape(p.batch, p.seqlen_k, p.heads_kv, p.head_dim)
+        .to_vec();
+    let t = |shape: &Vec<usize>, data: TensorData| Tensor {
+        shape: shape.clone(),
+        data,
+    };
+    let (out, dq, dk, dv) = (
+        t(&q_shape, g.out),
+        t(&q_shape, g.dq),
+        t(&k_shape, g.dk),
+        t(&k_shape, g.dv),
+    );
+    let lse = Tensor {
+        shape: vec![p.batch, p.heads_q, p.seqlen_q],
+        data: TensorData::F32(g.lse),
+    };
+    let mut tensors = vec![("out", &out), ("dq", &dq), ("dk", &dk), ("dv", &dv)];
+    if args.lse {
+        tensors.push(("lse", &lse));
+    }
+    tensor_io::write_file(&args.output, &tensors, Some(tensor_io::attn_metadata(&p)))?;
+    println!(
+        "flashcore attn --grad: B={} Sq={} Sk={} Hq={} Hkv={} D={} {} {}{} scale={} on {engine} in {:.3} ms (wall, incl. setup): wrote out, dq {q_shape:?} and dk, dv {k_shape:?} {dtype}{} to {}",
+        p.batch,
+        p.seqlen_q,
+        p.seqlen_k,
+        p.heads_q,
+        p.heads_kv,
+        p.head_dim,
+        p.dtype.name(),
+        p.layout.name(),
+        if p.causal { " causal" } else { "" },
+        p.softmax_scale(),
+        elapsed.as_secs_f64() * 1e3,
+        if args.lse { " and lse F32" } else { "" },
+        args.output.display()
+    );
+    Ok(())
+}
+
+/// The output gradient `do`: present, q's dtype and q's shape.
+fn read_d_o(path: &Path, input: &AttnInput) -> Result<TensorData> {
+    let bad = |msg: String| Error::TensorFile(format!("{}: {msg}", path.display()));
+    let mut all = tensor_io::read_file(path)?;
+    let names: Vec<String> = all.keys().cloned().collect();
+    let d_o = all.remove("do").ok_or_else(|| {
+        bad(format!(
+            "--grad needs the output gradient `do` (q's shape and dtype) in the file; it holds {}",
+            names.join(", ")
+        ))
+    })?;
+    if d_o.data.dtype_name() != input.q.dtype_name() {
+        return Err(bad(format!(
+            "tensor `do` has dtype {} but `q` has {}; they must match",
+            d_o.data.dtype_name(),
+            input.q.dtype_name()
+        )));
+    }
+    let p = &input.params;
+    let q_shape = p
+        .layout
+        .shape(p.batch, p.seqlen_q, p.heads_q, p.head_dim)
+        .to_vec();
+    if d_o.shape != q_shape {
+        return Err(bad(format!(
+            "tensor `do` has shape {:?} but `q` has {q_shape:?}; the output gradient has q's shape",
+            d_o.shape
+        )));
+    }
+    Ok(d_o.data)
+}
+
+fn cpu(p: &AttentionParams, input: &AttnInput, d_o: &TensorData) -> GradOutputs {
+    let (q, k, v) = (input.q.to_f64(), input.k.to_f64(), input.v.to_f64());
+    let fwd = reference::attention_f64(p, &q, &k, &v);
+    let g = reference::attention_backward_f64(p, &q, &k, &v, &d_o.to_f64());
+    let f32s = |x: Vec<f64>| TensorData::F32(x.into_iter().map(|v| v as f32).collect());
+    GradOutputs {
+        out: f32s(fwd.out),
+        lse: fwd.lse.into_iter().map(|v| v as f32).collect(),
+        dq: f32s(g.dq),
+        dk: f32s(g.dk),
+        dv: f32s(g.dv),
+    }
+}
+
+fn gpu(
+    ordinal: usize,
+    p: &AttentionParams,
+    input: &AttnInput,
+    d_o: &TensorData,
+) -> Result<(GradOutputs, String)> {
+    let ctx = Context::new(ordinal)?;
+    let name = format!("GPU {ordinal} ({})", ctx.device_name());
+    let g = match (&input.q, &input.k, &input.v, d_o) {
+        (TensorData::F16(q), TensorData::F16(k), TensorData::F16(v), TensorData::F16(d)) => {
+            let (o, l, dq, dk, dv) = launch(&ctx, p, q, k, v, d)?;
+            GradOutputs {
+                out: TensorData::F16(o),
+                lse: l,
+                dq: TensorData::F16(dq),
+                dk: TensorData::F16(dk),
+                dv: TensorData::F16(dv),
+            }
+        }
+        (TensorData::Bf16(q), TensorData::Bf16(k), TensorData::Bf16(v), TensorData::Bf16(d)) => {
+            let (o, l, dq, dk, dv) = launch(&ctx, p, q, k, v, d)?;
+            GradOutputs {
+                out: TensorData::Bf16(o),
+                lse: l,
+                dq: TensorData::Bf16(dq),
+                dk: TensorData::Bf16(dk),
+                dv: TensorData::Bf16(dv),
+            }
+        }
+        // read_attn_input and read_d_o guarantee one 16-bit dtype for all four.
+        _ => {
+            return Err(Error::TensorFile(
+                "q, k, v and do must share one dtype (F16 or BF16)".into(),
+            ))
+        }
+    };
+    Ok((g, name))
+}
+
+type Launched<T> = (Vec<T>, Vec<f32>, Vec<T>, Vec<T>, Vec<T>);
+
+fn launch<T: Element>(
+    ctx: &Context,
+    p: &AttentionParams,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+) -> Result<Launched<T>> {
+    let (q, k, v, d_o) = (
+        ctx.upload(q)?,
+        ctx.upload(k)?,
+        ctx.upload(v)?,
+        ctx.upload(d_o)?,
+    );
+    let mut out = ctx.alloc::<T>(p.q_len())?;
+    let mut lse = ctx.alloc::<f32>(p.lse_len())?;
+    ctx.attention(p, &q, &k, &v, &mut out, Some(&mut lse))?;
+    let mut dq = ctx.alloc::<T>(p.q_len())?;
+    let mut dk = ctx.alloc::<T>(p.kv_len())?;
+    let mut dv = ctx.alloc::<T>(p.kv_len())?;
+    ctx.attention_backward(
+        p,
+        &q,
+        &k,
+        &v,
+        &out,
+        Some(&lse),
+        &d_o,
+        &mut dq,
+        &mut dk,
+        &mut dv,
+    )?;
+    Ok((
+        ctx.download(&out)?,
+        ctx.download(&lse)?,
+        ctx.download(&dq)?,
+        ctx.download(&dk)?,
+        ctx.download(&dv)?,
+    ))
+}

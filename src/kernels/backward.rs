@@ -1,0 +1,219 @@
+//! The backward kernels (`kernels/attention_bwd.cu`, issue 23) and the variants they are compiled
+//! into: a type of their own, beside the forward's [`super::Variant`], so the two evolve apart.
+//! One cubin per variant holds the three kernels of a backward pass (preprocess, dK/dV, dQ).
+
+use crate::attention::params::DType;
+use crate::error::Result;
+use crate::jit::{self, Header};
+
+/// Symbols of the three backward kernels, in launch order.
+pub const PREPROCESS_SYMBOL: &str = "flashcore_bwd_preprocess";
+pub const DKDV_SYMBOL: &str = "flashcore_bwd_dkdv";
+pub const DQ_SYMBOL: &str = "flashcore_bwd_dq";
+/// Every backward kernel symbol; the GEMM kernels (the last two) must use wgmma.
+pub const SYMBOLS: [&str; 3] = [PREPROCESS_SYMBOL, DKDV_SYMBOL, DQ_SYMBOL];
+
+const SOURCE: &str = include_str!("../../kernels/attention_bwd.cu");
+
+/// The backward's own headers plus the forward headers it includes (read-only for it).
+pub const HEADERS: &[(&str, &str)] = embed_headers!(
+    "fc_common.cuh",
+    "fc_mbarrier.cuh",
+    "fc_tma.cuh",
+    "fc_wgmma.cuh",
+    "fc_wgmma_ops.cuh",
+    "fc_bwd_config.cuh",
+    "fc_bwd_preprocess.cuh",
+    "fc_bwd_dkdv.cuh",
+    "fc_bwd_dq.cuh",
+);
+
+/// Keys per dK/dV CTA and query rows per dQ CTA: 64 per consumer warpgroup, two consumers
+/// (`kernels/fc_bwd_config.cuh`).
+pub const KV_BLOCK_N: usize = 128;
+pub const Q_BLOCK_M: usize = 128;
+/// Query rows per (batch, head) of the preprocess workspace are padded to a multiple of this.
+pub const ROW_PAD: usize = 128;
+/// Threads of the GEMM kernels (a producer warpgroup and two consumers) and of the preprocess.
+pub const GEMM_THREADS: u32 = 384;
+pub const PREPROCESS_THREADS: u32 = 256;
+/// Query rows per preprocess block (one warp each).
+pub const PREPROCESS_ROWS: usize = 8;
+
+/// The streamed tile heights and ring depths of a variant, passed to the kernels as defines so
+/// host and device agree by construction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BwdTiles {
+    /// dK/dV kernel: keys per CTA, query rows per streamed (Q, dO) tile, ring depth.
+    pub kv_block_n: usize,
+    pub kv_block_m: usize,
+    pub kv_stages: usize,
+    /// dQ kernel: query rows per CTA, keys per streamed (K, V) block, ring depth.
+    pub q_block_m: usize,
+    pub q_block_n: usize,
+    pub q_stages: usize,
+}
+
+/// One compiled specialisation of the backward. Everything that distinguishes variants is public.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BwdVariant {
+    pub dtype: DType,
+    pub head_dim: usize,
+    pub causal: bool,
+    /// The two consumer warpgroups take turns issuing their score GEMMs (`FC_PINGPONG`,
+    /// kernels/fc_bwd_config.cuh). Changes the schedule, never the arithmetic.
+    pub pingpong: bool,
+}
+
+impl BwdVariant {
+    /// A stable, human-readable name, e.g. `bwd_bf16_d128_causal`.
+    pub fn name(&self) -> String {
+        format!(
+            "bwd_{}_d{}_{}{}",
+            self.dtype.name(),
+            self.head_dim,
+            if self.causal { "causal" } else { "full" },
+            if self.pingpong { "" } else { "_lockstep" }
+        )
+    }
+
+    /// The variant a call of this dtype, head dim and mask runs: ping-pong unless
+    /// `FLASHCORE_BWD_PINGPONG=0` (a measurement knob; both schedules are shipped and audited).
+    pub fn for_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant {
+        let pingpong = std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0");
+        BwdVariant {
+            dtype,
+            head_dim,
+            causal,
+            pingpong,
+        }
+    }
+
+    /// Tile shapes. The score GEMMs' N is 128 where the registers allow it (wider wgmma reads
+    /// less shared memory per FLOP): the dK/dV kernel at d128 holds dK, dV, Sᵀ and dPᵀ in fp32
+    /// (192 registers at N = 64), so it streams 64-row query tiles there and 128-row ones at d64.
+    /// Ring depths: what fits in 227 KiB.
+    pub fn tiles(&self) -> BwdTiles {
+        let d64 = self.head_dim == 64;
+        BwdTiles {
+            kv_block_n: KV_BLOCK_N,
+            kv_block_m: if d64 { 128 } else { 64 },
+            kv_stages: 3,
+            q_block_m: Q_BLOCK_M,
+            q_block_n: 128,
+            q_stages: if d64 { 3 } else { 2 },
+        }
+    }
+
+    pub fn options(&self) -> Vec<String> {
+        let t = self.tiles();
+        let mut o = jit::base_options();
+        o.push(format!("-DFC_KV_BM={}", t.kv_block_m));
+        o.push(format!("-DFC_KV_STAGES={}", t.kv_stages));
+        o.push(format!("-DFC_Q_BN={}", t.q_block_n));
+        o.push(format!("-DFC_Q_STAGES={}", t.q_stages));
+        o.push(format!("-DFC_PINGPONG={}", self.pingpong as u8));
+        o.push(format!("-DFC_HEAD_DIM={}", self.head_dim));
+        o.push(format!("-DFC_BF16={}", (self.dtype == DType::Bf16) as u8));
+        o.push(format!("-DFC_CAUSAL={}", self.causal as u8));
+        o
+    }
+
+    /// The cubin (all three kernels), through the on-disk cache. Needs NVRTC, not a GPU.
+    pub fn cubin(&self) -> Result<Vec<u8>> {
+        let headers: Vec<Header<'static>> = HEADERS
+            .iter()
+            .map(|(name, source)| Header { name, source })
+            .collect();
+        jit::compile_cached(&self.name(), SOURCE, &headers, &self.options())
+    }
+
+    /// The deliberately leaky build (`FC_BWD_LEAKY_CONTROL=1`: each kernel loads from an
+    /// address taken from a secret). Never shipped or launched; the audit must flag all three
+    /// kernels (tests/audit_backward.rs).
+    #[doc(hidden)]
+    pub fn leaky_control_cubin(&self) -> Result<Vec<u8>> {
+        let headers: Vec<Header<'static>> = HEADERS
+            .iter()
+            .map(|(name, source)| Header { name, source })
+            .collect();
+        let mut options = self.options();
+        options.push("-DFC_BWD_LEAKY_CONTROL=1".into());
+        jit::compile_cached(
+            &format!("{}_LEAKY_CONTROL", self.name()),
+            SOURCE,
+            &headers,
+            &options,
+        )
+    }
+
+    /// Dynamic shared memory of the dK/dV kernel: K and V blocks, the (Q, dO) ring, mbarriers,
+    /// plus 1 KiB of alignment slack.
+    pub fn dkdv_smem_bytes(&self) -> usize {
+        let (d, t) = (self.head_dim, self.tiles());
+        2 * t.kv_block_n * d * 2
+            + 2 * t.kv_stages * t.kv_block_m * d * 2
+            + (1 + 2 * t.kv_stages) * 8
+            + 1024
+    }
+
+    /// Dynamic shared memory of the dQ kernel: Q and dO tiles, the (K, V) ring, mbarriers, slack.
+    pub fn dq_smem_bytes(&self) -> usize {
+        let (d, t) = (self.head_dim, self.tiles());
+        2 * t.q_block_m * d * 2
+            + 2 * t.q_stages * t.q_block_n * d * 2
+            + (1 + 2 * t.q_stages) * 8
+            + 1024
+    }
+
+    /// Ordinals of kernel parameters that hold secrets (none: Q, K, V, O, dO and the LSE reach
+    /// the kernels only through device memory, which the audit treats as secret).
+    pub fn secret_params(&self) -> Vec<usize> {
+        Vec::new()
+    }
+}
+
+/// Every backward variant the library can launch.
+pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
+    let mut v = Vec::new();
+    for dtype in [DType::F16, DType::Bf16] {
+        for head_dim in [64, 128] {
+            for causal in [false, true] {
+                for pingpong in [true, false] {
+                    v.push(BwdVariant {
+                        dtype,
+                        head_dim,
+                        causal,
+                        pingpong,
+                    });
+                }
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shared_memory_fits_and_names_are_distinct() {
+        let vs = shipped_bwd_variants();
+        assert_eq!(vs.len(), 16);
+        let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
+        assert_eq!(names.len(), vs.len());
+        for v in &vs {
+            assert!(
+                v.dkdv_smem_bytes() <= super::super::MAX_SMEM_BYTES,
+                "{}",
+                v.name()
+            );
+            assert!(
+                v.dq_smem_bytes() <= super::super::MAX_SMEM_BYTES,
+                "{}",
+                v.name()
+            );
+        }
+    }
+}

@@ -1,0 +1,315 @@
+//! `flashcore attn --grad` end to end: `--cpu` against the float64 reference gradients; every
+//! error path (no `do`, `do` of the wrong dtype or shape, a KV-cache input, an unsupported
+//! shape) exits 1 with a message naming the problem and writes nothing; the GPU path fails cleanly
+//! without a GPU and matches the reference with one. `FLASHCORE_BIN` overrides the binary (for
+//! running this test binary on a machine where the build directory does not exist).
+
+use flashcore::attention::{AttentionParams, DType, Layout};
+use flashcore::reference::{self, check_close};
+use flashcore::tensor_io::{read_file, write_file, Tensor, TensorData};
+use half::{bf16, f16};
+use rand::{Rng, SeedableRng};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+fn flashcore(args: &[&str]) -> Run {
+    let bin = std::env::var("FLASHCORE_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_flashcore").to_string());
+    let o = Command::new(bin)
+        .arg("attn")
+        .args(args)
+        .output()
+        .expect("spawn flashcore");
+    let run = Run {
+        code: o.status.code().expect("flashcore killed by a signal"),
+        stdout: String::from_utf8_lossy(&o.stdout).into(),
+        stderr: String::from_utf8_lossy(&o.stderr).into(),
+    };
+    assert!(
+        !run.stderr.contains("panicked"),
+        "flashcore panicked:\n{}",
+        run.stderr
+    );
+    run
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn randn(r: &mut impl Rng, n: usize, dtype: DType) -> TensorData {
+    let x = (0..n).map(|_| r.random_range(-2.0f32..2.0));
+    match dtype {
+        DType::F16 => TensorData::F16(x.map(f16::from_f32).collect()),
+        DType::Bf16 => TensorData::Bf16(x.map(bf16::from_f32).collect()),
+    }
+}
+
+/// Random q, k, v and do for `p`; `do` is replaced by `d_o` when given (`None` inside: omitted).
+fn input_file(dir: &Path, p: &AttentionParams, seed: u64, d_o: Option<Option<Tensor>>) -> PathBuf {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let l = p.layout;
+    let q_shape = l.shape(p.batch, p.seqlen_q, p.heads_q, p.head_dim).to_vec();
+    let kv_shape = l
+        .shape(p.batch, p.seqlen_k, p.heads_kv, p.head_dim)
+        .to_vec();
+    let t = |shape: &Vec<usize>, r: &mut rand::rngs::StdRng, n| Tensor {
+        shape: shape.clone(),
+        data: randn(r, n, p.dtype),
+    };
+    let q = t(&q_shape, &mut r, p.q_len());
+    let k = t(&kv_shape, &mut r, p.kv_len());
+    let v = t(&kv_shape, &mut r, p.kv_len());
+    let d_o = d_o.unwrap_or_else(|| Some(t(&q_shape, &mut r, p.q_len())));
+    let path = dir.join("in.safetensors");
+    let mut tensors = vec![("q", &q), ("k", &k), ("v", &v)];
+    if let Some(d) = &d_o {
+        tensors.push(("do", d));
+    }
+    write_file(&path, &tensors, None).unwrap();
+    path
+}
+
+fn args_for<'a>(p: &AttentionParams, input: &'a Path, output: &'a Path) -> Vec<&'a str> {
+    let mut a = vec![
+        "--grad",
+        "--lse",
+        "--input",
+        s(input),
+        "--output",
+        s(output),
+        "--layout",
+        p.layout.name(),
+    ];
+    if p.causal {
+        a.push("--causal");
+    }
+    a
+}
+
+fn gqa(b: usize, sq: usize, sk: usize, hq: usize, hkv: usize, d: usize) -> AttentionParams {
+    AttentionParams {
+        heads_kv: hkv,
+        ..AttentionParams::new(b, hq, sq, d).seqlen_k(sk)
+    }
+}
+
+/// The written gradients against the reference computed from the file's own inputs.
+fn check_against_reference(p: &AttentionParams, input: &Path, output: &Path, tol: f64) {
+    let inp = read_file(input).unwrap();
+    let f = |n: &str| inp[n].data.to_f64();
+    let want = reference::attention_backward_f64(p, &f("q"), &f("k"), &f("v"), &f("do"));
+    let fwd = reference::attention_f64(p, &f("q"), &f("k"), &f("v"));
+    let got = read_file(output).unwrap();
+    let q_shape = p
+        .layout
+        .shape(p.batch, p.seqlen_q, p.heads_q, p.head_dim)
+        .to_vec();
+    let k_shape = p
+        .layout
+        .shape(p.batch, p.seqlen_k, p.heads_kv, p.head_dim)
+        .to_vec();
+    for (name, shape, w) in [
+        ("dq", &q_shape, &want.dq),
+        ("dk", &k_shape, &want.dk),
+        ("dv", &k_shape, &want.dv),
+    ] {
+        assert_eq!(&got[name].shape, shape, "{name}");
+        let g = got[name].data.to_f64();
+        let err = reference::rel_l2(&g, w);
+        assert!(
+            err <= tol,
+            "{p:?}: {name} relative L2 {err:.3e} > {tol:.0e}"
+        );
+    }
+    let err = reference::rel_l2(&got["out"].data.to_f64(), &fwd.out);
+    assert!(err <= tol, "{p:?}: out relative L2 {err:.3e}");
+    assert_eq!(got["lse"].shape, vec![p.batch, p.heads_q, p.seqlen_q]);
+}
+
+#[test]
+fn cpu_grad_matches_reference_and_writes_f32() {
+    for (seed, p) in [
+        gqa(2, 17, 17, 3, 3, 64),
+        gqa(1, 12, 7, 4, 2, 128)
+            .causal(true)
+            .layout(Layout::Bhsd)
+            .dtype(DType::Bf16),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let input = input_file(dir.path(), &p, seed as u64, None);
+        let output = dir.path().join("out.safetensors");
+        let mut args = args_for(&p, &input, &output);
+        args.push("--cpu");
+        let run = flashcore(&args);
+        assert_eq!(run.code, 0, "{p:?}\n{}", run.stderr);
+        assert!(
+            run.stdout.contains("cpu f64 reference") && run.stdout.contains("dq"),
+            "{}",
+            run.stdout
+        );
+        let got = read_file(&output).unwrap();
+        for n in ["out", "dq", "dk", "dv", "lse"] {
+            assert!(
+                matches!(got[n].data, TensorData::F32(_)),
+                "--cpu writes F32 ({n})"
+            );
+        }
+        // The file holds the reference's values (to f32 rounding).
+        let inp = read_file(&input).unwrap();
+        let f = |n: &str| inp[n].data.to_f64();
+        let want = reference::attention_backward_f64(&p, &f("q"), &f("k"), &f("v"), &f("do"));
+        check_close("dq", &got["dq"].data.to_f64(), &want.dq, 1e-6).unwrap();
+        check_close("dk", &got["dk"].data.to_f64(), &want.dk, 1e-6).unwrap();
+        check_close("dv", &got["dv"].data.to_f64(), &want.dv, 1e-6).unwrap();
+        check_against_reference(&p, &input, &output, 1e-6);
+    }
+}
+
+/// Runs `--grad --cpu` on an input and expects exit 1, every `needles` in stderr, no output file.
+fn expect_error(p: &AttentionParams, input: &Path, dir: &Path, needles: &[&str]) {
+    let output = dir.join("out.safetensors");
+    let mut args = args_for(p, input, &output);
+    args.push("--cpu");
+    let run = flashcore(&args);
+    assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
+    for n in needles {
+        assert!(run.stderr.contains(n), "missing `{n}` in: {}", run.stderr);
+    }
+    assert!(!output.exists(), "an output file was written on error");
+}
+
+#[test]
+fn missing_do_is_an_error_that_lists_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = AttentionParams::new(1, 2, 8, 64);
+    let input = input_file(dir.path(), &p, 1, Some(None));
+    expect_error(
+        &p,
+        &input,
+        dir.path(),
+        &["`do`", "output gradient", "it holds k, q, v"],
+    );
+}
+
+#[test]
+fn do_of_the_wrong_dtype_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = AttentionParams::new(1, 2, 8, 64);
+    let mut r = rand::rngs::StdRng::seed_from_u64(3);
+    let d_o = Tensor {
+        shape: p.layout.shape(1, 8, 2, 64).to_vec(),
+        data: randn(&mut r, p.q_len(), DType::Bf16),
+    };
+    let input = input_file(dir.path(), &p, 1, Some(Some(d_o)));
+    expect_error(
+        &p,
+        &input,
+        dir.path(),
+        &["`do` has dtype BF16", "`q` has F16"],
+    );
+}
+
+#[test]
+fn do_of_the_wrong_shape_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = AttentionParams::new(1, 2, 8, 64);
+    let mut r = rand::rngs::StdRng::seed_from_u64(4);
+    let d_o = Tensor {
+        shape: vec![1, 7, 2, 64],
+        data: randn(&mut r, 7 * 2 * 64, DType::F16),
+    };
+    let input = input_file(dir.path(), &p, 1, Some(Some(d_o)));
+    expect_error(
+        &p,
+        &input,
+        dir.path(),
+        &["`do` has shape [1, 7, 2, 64]", "[1, 8, 2, 64]"],
+    );
+}
+
+#[test]
+fn unsupported_shape_is_an_error_naming_the_inferred_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = AttentionParams::new(1, 2, 8, 96);
+    let input = input_file(dir.path(), &p, 1, None);
+    expect_error(&p, &input, dir.path(), &["head_dim", "D=96"]);
+}
+
+#[test]
+fn kv_cache_input_has_no_backward() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = AttentionParams::new(1, 2, 8, 64);
+    let mut r = rand::rngs::StdRng::seed_from_u64(5);
+    let t = |shape: Vec<usize>, r: &mut rand::rngs::StdRng| Tensor {
+        data: randn(r, shape.iter().product(), DType::F16),
+        shape,
+    };
+    let q = t(vec![1, 1, 2, 64], &mut r);
+    let kc = t(vec![1, 8, 2, 64], &mut r);
+    let vc = t(vec![1, 8, 2, 64], &mut r);
+    let input = dir.path().join("in.safetensors");
+    write_file(
+        &input,
+        &[("q", &q), ("k_cache", &kc), ("v_cache", &vc)],
+        None,
+    )
+    .unwrap();
+    expect_error(&p, &input, dir.path(), &["--grad", "KV-cache"]);
+}
+
+/// Without a usable GPU: exit 1 with the typed "no CUDA driver/device" message and no output.
+/// With one: the gradients (input dtype) match the reference.
+#[test]
+fn gpu_grad_fails_cleanly_without_a_gpu_and_matches_reference_with_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("out.safetensors");
+    if let Err(e) = flashcore::attention::Context::new(0) {
+        let p = AttentionParams::new(1, 2, 8, 64);
+        let input = input_file(dir.path(), &p, 9, None);
+        let run = flashcore(&args_for(&p, &input, &output));
+        assert_eq!(run.code, 1, "{}", run.stderr);
+        assert!(
+            run.stderr.contains("no CUDA driver")
+                || run.stderr.contains("no CUDA device")
+                || run.stderr.contains("unsupported device"),
+            "{}",
+            run.stderr
+        );
+        assert!(!output.exists());
+        if std::env::var("FLASHCORE_REQUIRE_GPU").as_deref() == Ok("1") {
+            panic!("FLASHCORE_REQUIRE_GPU=1 but no usable GPU: {e}");
+        }
+        return;
+    }
+    for (seed, (p, tol)) in [
+        (gqa(2, 77, 130, 4, 2, 64), 2e-3),
+        (
+            gqa(1, 129, 50, 2, 2, 128)
+                .layout(Layout::Bhsd)
+                .dtype(DType::Bf16)
+                .causal(true),
+            1e-2,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let input = input_file(dir.path(), &p, 20 + seed as u64, None);
+        let run = flashcore(&args_for(&p, &input, &output));
+        assert_eq!(run.code, 0, "{p:?}\n{}", run.stderr);
+        let got = read_file(&output).unwrap();
+        let want_dtype = if p.dtype == DType::F16 { "F16" } else { "BF16" };
+        assert_eq!(got["dq"].data.dtype_name(), want_dtype);
+        check_against_reference(&p, &input, &output, tol);
+    }
+}
