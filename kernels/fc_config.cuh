@@ -28,9 +28,9 @@ static_assert(!(FC_KV_PUBLIC || FC_PAGED) || FC_DECODE, "KV-cache builds are dec
 // (flash-attn's cache_leftpad) in starts_ptr.
 #define FC_KV_CACHE (FC_DECODE && (FC_KV_PUBLIC || FC_SECRET_LEN))
 // Variable-length prefill (issue 22): Q, K, V packed as [total tokens, heads, dim] (maps with a
-// batch extent of 1); the host's work list in varlen_ptr (public metadata, DESIGN.md §1) gives
-// each query tile its sequence's token offsets and lengths (fc_scheduler.cuh). Other builds do
-// not pass the define.
+// batch extent of 1); the host's work list in __constant__ memory (public metadata, DESIGN.md
+// §1) gives each query tile its token offsets and counts (fc_scheduler.cuh). Other builds do not
+// pass the define.
 #ifndef FC_VARLEN
 #define FC_VARLEN 0
 #endif
@@ -95,18 +95,7 @@ struct Params {
     // KV-cache builds (FC_KV_CACHE): i32 [B] first key of each sequence (left padding: keys
     // before it are masked by select, never skipped), as public or secret as the counts; 0: none.
     uint64_t starts_ptr;
-    // Varlen builds (FC_VARLEN): i32 [num_units / heads_q][VARLEN_FIELDS] work items, one per
-    // query tile of a sequence: VARLEN_* below (public metadata); 0 otherwise.
-    uint64_t varlen_ptr;
 };
-
-// A varlen work item's fields (must match src/attention/launch/varlen.rs).
-constexpr int VARLEN_FIELDS = 8;
-constexpr int VARLEN_M_BLOCK = 0;  // the query tile's index within its sequence
-constexpr int VARLEN_Q_START = 1;  // the sequence's first token in packed Q / O (cu_seqlens_q[b])
-constexpr int VARLEN_LEN_Q = 2;    // its query count
-constexpr int VARLEN_K_START = 3;  // its first token in packed K / V (cu_seqlens_k[b])
-constexpr int VARLEN_LEN_K = 4;    // its key count
 
 struct Shared {
     uint16_t q[cfg::QBUF][cfg::CHUNKS][cfg::BM][64];

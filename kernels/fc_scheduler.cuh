@@ -10,12 +10,24 @@
 #pragma once
 #include "fc_config.cuh"
 
+#if FC_VARLEN
+// The varlen work list (src/attention/launch/varlen.rs writes it before each launch): one int4
+// per query tile — (first query token of the tile, query rows of the sequence from there on,
+// the sequence's first key token, its key count). Public metadata derived from cu_seqlens, in
+// constant memory: read at a public index (the unit), it is public to the audit by construction,
+// and no register ever holds a pointer to it. A launch covers at most VARLEN_CAPACITY tiles (the
+// host splits longer work lists over several launches).
+constexpr int VARLEN_CAPACITY = 4096;
+__constant__ int4 fc_varlen_work[VARLEN_CAPACITY];
+#endif
+
 struct Tile {
     int m_block, head, batch;
     int split;  // decode mode: which share of the key range (fc_decode.cuh); else 0
 #if FC_VARLEN
-    // The tile's sequence in the pack (public work-list values): its first query and key
-    // tokens and its query and key counts. batch is 0 (the maps' batch extent is 1).
+    // The tile as a sequence of its own (public work-list values): its first query token, the
+    // sequence's query rows from there on (bottom-right causal alignment only needs those), the
+    // sequence's first key token and key count. m_block and batch are 0.
     int q_start, len_q, k_start, len_k;
 #endif
 };
@@ -70,17 +82,17 @@ struct Scheduler {
         return t;
 #endif
 #if FC_VARLEN
-        // Varlen: unit = item · heads + head; item i is row i of the host's work list (ordered
-        // heaviest first). Loads from the public work list at a public index.
+        // Varlen: unit = item · heads + head; item i is entry i of the host's work list (ordered
+        // heaviest first).
         const int item = unit / p.heads_q;
         t.head = unit % p.heads_q;
         t.batch = 0;
-        const int32_t* w = reinterpret_cast<const int32_t*>(p.varlen_ptr) + (int64_t)item * VARLEN_FIELDS;
-        t.m_block = w[VARLEN_M_BLOCK];
-        t.q_start = w[VARLEN_Q_START];
-        t.len_q = w[VARLEN_LEN_Q];
-        t.k_start = w[VARLEN_K_START];
-        t.len_k = w[VARLEN_LEN_K];
+        t.m_block = 0;
+        const int4 w = fc_varlen_work[item];
+        t.q_start = w.x;
+        t.len_q = w.y;
+        t.k_start = w.z;
+        t.len_k = w.w;
         return t;
 #endif
         const int j = unit % p.units_per_head;

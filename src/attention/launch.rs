@@ -86,24 +86,20 @@ struct KernelParams {
     page_shift: i32,
     box_rows: i32,
     starts_ptr: u64,
-    varlen_ptr: u64,
 }
 
-// The device's `Params` ends at byte 552 (576 with its 64-byte alignment); cudarc's CUtensorMap is
+// The device's `Params` ends at byte 544 (576 with its 64-byte alignment); cudarc's CUtensorMap is
 // 128-aligned, so this mirror pads to 640. The launch copies the kernel's declared size: the
 // offsets are what must agree.
 const _: () = assert!(std::mem::offset_of!(KernelParams, table_ptr) == 512);
 const _: () = assert!(std::mem::offset_of!(KernelParams, box_rows) == 532);
 const _: () = assert!(std::mem::offset_of!(KernelParams, starts_ptr) == 536);
-const _: () = assert!(std::mem::offset_of!(KernelParams, varlen_ptr) == 544);
 
 /// Byte offsets in the parameter block of the pointers to public metadata: the key counts of
 /// `FC_KV_PUBLIC` builds and the block table of `FC_PAGED` ones. The audit treats what is read
 /// through them as public (DESIGN.md §1, [`crate::kernels::Variant::declared`]).
 pub(crate) const LENS_FIELD: u32 = std::mem::offset_of!(KernelParams, lens_ptr) as u32;
 pub(crate) const TABLE_FIELD: u32 = std::mem::offset_of!(KernelParams, table_ptr) as u32;
-/// The varlen work list's pointer (`FC_VARLEN` builds), public metadata too.
-pub(crate) const VARLEN_FIELD: u32 = std::mem::offset_of!(KernelParams, varlen_ptr) as u32;
 
 /// How the persistent grid walks the query tiles (kernels/fc_scheduler.cuh): the work units and
 /// the number of CTAs. A function of the shape and the device's SM count only; it decides which
@@ -455,7 +451,6 @@ impl Plan {
             } else {
                 0
             },
-            varlen_ptr: 0,
         })
     }
 

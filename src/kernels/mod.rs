@@ -245,7 +245,8 @@ impl Variant {
     }
 
     /// The varlen prefill variant (`FC_VARLEN`): 128-row tiles of packed sequences, each tile's
-    /// sequence offsets and lengths read from a public work list built on the host
+    /// token offsets and counts read from a public work list (in `__constant__` memory) built on
+    /// the host
     /// ([`crate::attention::launch::varlen`]). The tile shape depends on nothing of the batch,
     /// so a sequence's bits do not depend on its neighbours.
     pub fn varlen(dtype: DType, head_dim: usize, causal: bool) -> Variant {
@@ -426,7 +427,7 @@ impl Variant {
     /// pointers to public KV-cache metadata (`cache_seqlens`, the block table: DESIGN.md §1).
     /// Everything else read from device memory stays secret.
     pub fn declared(&self, kernel: &str) -> crate::audit::Declared {
-        use crate::attention::launch::{LENS_FIELD, TABLE_FIELD, VARLEN_FIELD};
+        use crate::attention::launch::{LENS_FIELD, TABLE_FIELD};
         let mut public_fields = Vec::new();
         if kernel == FORWARD_SYMBOL {
             if self.kv_public {
@@ -434,10 +435,6 @@ impl Variant {
             }
             if self.paged {
                 public_fields.push((0, TABLE_FIELD));
-            }
-            // The varlen work list (cu_seqlens-derived offsets and lengths).
-            if self.varlen {
-                public_fields.push((0, VARLEN_FIELD));
             }
         }
         crate::audit::Declared {
@@ -486,7 +483,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                             cycle_timer: false,
                             kv_public: false,
                             paged: false,
-                        varlen: false,
+                            varlen: false,
                         });
                     }
                 }

@@ -3,12 +3,16 @@
 //! sequence of the pack.
 //!
 //! The host turns the (public, DESIGN.md §1) `cu_seqlens` into a **work list**: one item per
-//! query tile of each non-empty sequence — its tile index, the sequence's first query and key
-//! tokens and its query and key counts — ordered heaviest first (most key blocks), so no tile is
-//! spent on padding and long sequences start first. The kernel (`FC_VARLEN`,
-//! kernels/fc_scheduler.cuh) reads item `unit / heads` for work unit `unit`: one load from the
-//! declared public buffer at a public index, whose values become TMA coordinates, loop bounds
-//! and row guards — as the paged path's block table does.
+//! query tile of each non-empty sequence — the tile's first query token, the sequence's query
+//! rows from there on, its first key token and its key count — ordered heaviest first (most key
+//! blocks), so no tile is spent on padding and long sequences start first. The kernel
+//! (`FC_VARLEN`, kernels/fc_scheduler.cuh) reads item `unit / heads` for work unit `unit` from
+//! `__constant__` memory, which the host fills before each launch (stream-ordered), at most
+//! [`VARLEN_CAPACITY`] items per launch. Constant data read at a public index is public to the
+//! audit by construction; a table in global memory read through a parameter pointer was tried
+//! first and audited clean only for some variants (the provenance analysis reads shuffle
+//! sources flow-insensitively, so a shuffled register that held the table pointer elsewhere
+//! taints the softmax).
 //!
 //! A tile computes with its own sequence's tokens only: Q rows past the sequence's end are
 //! computed and never stored, keys past its end are masked by select like a partial last
@@ -25,35 +29,29 @@ use crate::error::{Error, Result};
 use crate::kernels::Variant;
 use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
-/// i32 fields per work item (kernels/fc_config.cuh's `VARLEN_FIELDS`; the rest are padding).
-pub const VARLEN_FIELDS: usize = 8;
+/// Work items per launch: the kernel's `__constant__` work list (kernels/fc_scheduler.cuh).
+pub const VARLEN_CAPACITY: usize = 4096;
 
-/// One query tile of one sequence of the pack.
+/// The kernel's work-list symbol.
+const WORK_SYMBOL: &str = "fc_varlen_work";
+
+/// One query tile of one sequence of the pack, as the kernel reads it (an `int4`). The tile is
+/// a sequence of its own: its rows are the last `rows` queries of the sequence, whose causal
+/// mask (bottom-right) needs nothing else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkItem {
-    /// The tile's index within its sequence (rows `m_block · block_m ..`).
-    pub m_block: i32,
-    /// The sequence's first token in packed Q and O (`cu_seqlens_q[b]`) and its query count.
+    /// The tile's first query token in packed Q and O (`cu_seqlens_q[b] + m · block_m`).
     pub q_start: i32,
-    pub len_q: i32,
-    /// Its first token in packed K and V (`cu_seqlens_k[b]`) and its key count.
+    /// The sequence's query rows from there to its end (the tile stores `min(rows, block_m)`).
+    pub rows: i32,
+    /// The sequence's first token in packed K and V (`cu_seqlens_k[b]`) and its key count.
     pub k_start: i32,
     pub len_k: i32,
 }
 
 impl WorkItem {
-    /// The item as the kernel reads it (kernels/fc_config.cuh, `VARLEN_*`).
-    pub fn fields(&self) -> [i32; VARLEN_FIELDS] {
-        [
-            self.m_block,
-            self.q_start,
-            self.len_q,
-            self.k_start,
-            self.len_k,
-            0,
-            0,
-            0,
-        ]
+    pub fn fields(&self) -> [i32; 4] {
+        [self.q_start, self.rows, self.k_start, self.len_k]
     }
 }
 
@@ -121,8 +119,8 @@ fn kv_blocks(item: &WorkItem, block_m: usize, block_n: usize, causal: bool) -> i
     if !causal {
         return n;
     }
-    let sq = item.len_q as i64;
-    let last_row = ((item.m_block as i64 + 1) * block_m as i64).min(sq) - 1;
+    let sq = item.rows as i64;
+    let last_row = (block_m as i64).min(sq) - 1;
     let visible = keys.min(last_row + keys - sq + 1);
     if visible <= 0 {
         0
@@ -146,10 +144,10 @@ pub fn work_list(
         let len_q = cu_q[b + 1] - cu_q[b];
         let tiles = (len_q as usize).div_ceil(block_m);
         for m in 0..tiles {
+            let row0 = (m * block_m) as i32;
             items.push(WorkItem {
-                m_block: m as i32,
-                q_start: cu_q[b],
-                len_q,
+                q_start: cu_q[b] + row0,
+                rows: len_q - row0,
                 k_start: cu_k[b],
                 len_k: cu_k[b + 1] - cu_k[b],
             });
@@ -189,7 +187,9 @@ pub fn check_varlen(
     if q_len % row_q != 0 {
         return Err(Error::invalid(
             "q",
-            format!("has {q_len} elements, not a whole number of [heads_q, head_dim] = {row_q} rows"),
+            format!(
+                "has {q_len} elements, not a whole number of [heads_q, head_dim] = {row_q} rows"
+            ),
         ));
     }
     let total_q = q_len / row_q;
@@ -240,19 +240,42 @@ pub fn check_varlen(
     Ok((total_q, total_k))
 }
 
-/// Enqueues one varlen launch on the context's stream.
+/// Enqueues the varlen launches of a work list on the context's stream: per chunk of at most
+/// [`VARLEN_CAPACITY`] items, a copy into the kernel's `__constant__` work list and a launch
+/// (each ordered after the last on the stream).
 ///
 /// # Safety
 /// `q`, `o` hold `total_q` rows and `k`, `v` `total_k` rows of the dtype (16-byte aligned), `lse`
-/// (unless 0) `heads_q · total_q` f32s, `work` the items' fields; all alive until the kernel ends.
-#[allow(clippy::too_many_arguments)]
+/// (unless 0) `heads_q · total_q` f32s; all alive until the kernels end.
 unsafe fn launch(
+    ctx: &Context,
+    kernel: &LoadedKernel,
+    params: &AttentionParams,
+    ptrs: [u64; 5],
+    totals: [usize; 2],
+    items: &[WorkItem],
+) -> Result<()> {
+    let stream = ctx.stream();
+    let work_ptr = {
+        let view = kernel._module.get_global(WORK_SYMBOL, stream)?;
+        let ptr = view.device_ptr(stream).0;
+        ptr
+    };
+    for chunk in items.chunks(VARLEN_CAPACITY) {
+        let flat: Vec<i32> = chunk.iter().flat_map(|it| it.fields()).collect();
+        cudarc::driver::result::memcpy_htod_async(work_ptr, &flat, stream.cu_stream())?;
+        launch_chunk(ctx, kernel, params, ptrs, totals, chunk.len())?;
+    }
+    Ok(())
+}
+
+/// One launch over the `items` work items now in constant memory.
+unsafe fn launch_chunk(
     ctx: &Context,
     kernel: &LoadedKernel,
     params: &AttentionParams,
     [q, k, v, o, lse]: [u64; 5],
     [total_q, total_k]: [usize; 2],
-    work: u64,
     items: usize,
 ) -> Result<()> {
     let p = params;
@@ -261,15 +284,9 @@ unsafe fn launch(
     let kv_st = Strides::contiguous(Layout::Bshd, total_k, p.heads_kv, p.head_dim);
     let rows = tile.block_m as u32;
     let keys = tile.block_n as u32;
-    let q_map = tensor_map::encode(
-        q, p.dtype, q_st, 1, total_q, p.heads_q, p.head_dim, rows,
-    )?;
-    let k_map = tensor_map::encode(
-        k, p.dtype, kv_st, 1, total_k, p.heads_kv, p.head_dim, keys,
-    )?;
-    let v_map = tensor_map::encode(
-        v, p.dtype, kv_st, 1, total_k, p.heads_kv, p.head_dim, keys,
-    )?;
+    let q_map = tensor_map::encode(q, p.dtype, q_st, 1, total_q, p.heads_q, p.head_dim, rows)?;
+    let k_map = tensor_map::encode(k, p.dtype, kv_st, 1, total_k, p.heads_kv, p.head_dim, keys)?;
+    let v_map = tensor_map::encode(v, p.dtype, kv_st, 1, total_k, p.heads_kv, p.head_dim, keys)?;
     let units = items as u128 * p.heads_q as u128;
     if units > i32::MAX as u128 {
         return Err(Error::invalid(
@@ -312,7 +329,6 @@ unsafe fn launch(
         page_shift: 0,
         box_rows: keys as i32,
         starts_ptr: 0,
-        varlen_ptr: work,
     });
     let grid = (units.min(ctx.num_sms().max(1) as u128) as u32, 1, 1);
     let mut args: [*mut std::ffi::c_void; 1] =
@@ -412,13 +428,9 @@ impl Context {
             tile.block_n,
             params.causal,
         );
-        let flat: Vec<i32> = items.iter().flat_map(|it| it.fields()).collect();
-        // Freed stream-ordered after the launch (cudarc's asynchronous free).
-        let work = self.upload(&flat)?;
         let (q_ptr, _g1) = q.device_ptr(&stream);
         let (k_ptr, _g2) = k.device_ptr(&stream);
         let (v_ptr, _g3) = v.device_ptr(&stream);
-        let (w_ptr, _g4) = work.device_ptr(&stream);
         validate::check_buffer("q", q.len(), q.len(), q_ptr, align)?;
         validate::check_buffer("k", k.len(), k.len(), k_ptr, align)?;
         validate::check_buffer("v", v.len(), v.len(), v_ptr, align)?;
@@ -435,7 +447,7 @@ impl Context {
             None => 0,
         };
         // SAFETY: the buffers' lengths were checked against the pack's totals above, their
-        // alignment just now; the work list lives until a stream-ordered free after the kernel.
+        // alignment just now.
         unsafe {
             launch(
                 self,
@@ -443,8 +455,7 @@ impl Context {
                 params,
                 [q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr],
                 [total_q, total_k],
-                w_ptr,
-                items.len(),
+                &items,
             )
         }
     }
@@ -478,7 +489,8 @@ mod tests {
             (&[0, 5, 20], 2, 20, 10, "more than max_seqlen"),
         ];
         for (cu, batch, total, max, want) in bad {
-            let (arg, rule) = rule_of(check_cu_seqlens("cu_seqlens_k", cu, batch, total, max).unwrap_err());
+            let (arg, rule) =
+                rule_of(check_cu_seqlens("cu_seqlens_k", cu, batch, total, max).unwrap_err());
             assert_eq!(arg, "cu_seqlens_k");
             assert!(rule.contains(want), "{cu:?}: {rule}");
         }
@@ -494,14 +506,91 @@ mod tests {
             (8, 8)
         );
         let err = |r: Result<(usize, usize)>| rule_of(r.unwrap_err()).0;
-        assert_eq!(err(check_varlen(&p, &[0, 3, 7], &cu, 8 * row, [8 * row; 2], 8 * row, None)), "cu_seqlens_q");
-        assert_eq!(err(check_varlen(&p, &cu, &[0, 9, 8], 8 * row, [8 * row; 2], 8 * row, None)), "cu_seqlens_k");
-        assert_eq!(err(check_varlen(&p, &cu, &cu, 8 * row + 1, [8 * row; 2], 8 * row, None)), "q");
-        assert_eq!(err(check_varlen(&p, &cu, &cu, 8 * row, [8 * row, 7 * row], 8 * row, None)), "v");
-        assert_eq!(err(check_varlen(&p, &cu, &cu, 8 * row, [8 * row; 2], 7 * row, None)), "out");
-        assert_eq!(err(check_varlen(&p, &cu, &cu, 8 * row, [8 * row; 2], 8 * row, Some(8))), "lse");
+        assert_eq!(
+            err(check_varlen(
+                &p,
+                &[0, 3, 7],
+                &cu,
+                8 * row,
+                [8 * row; 2],
+                8 * row,
+                None
+            )),
+            "cu_seqlens_q"
+        );
+        assert_eq!(
+            err(check_varlen(
+                &p,
+                &cu,
+                &[0, 9, 8],
+                8 * row,
+                [8 * row; 2],
+                8 * row,
+                None
+            )),
+            "cu_seqlens_k"
+        );
+        assert_eq!(
+            err(check_varlen(
+                &p,
+                &cu,
+                &cu,
+                8 * row + 1,
+                [8 * row; 2],
+                8 * row,
+                None
+            )),
+            "q"
+        );
+        assert_eq!(
+            err(check_varlen(
+                &p,
+                &cu,
+                &cu,
+                8 * row,
+                [8 * row, 7 * row],
+                8 * row,
+                None
+            )),
+            "v"
+        );
+        assert_eq!(
+            err(check_varlen(
+                &p,
+                &cu,
+                &cu,
+                8 * row,
+                [8 * row; 2],
+                7 * row,
+                None
+            )),
+            "out"
+        );
+        assert_eq!(
+            err(check_varlen(
+                &p,
+                &cu,
+                &cu,
+                8 * row,
+                [8 * row; 2],
+                8 * row,
+                Some(8)
+            )),
+            "lse"
+        );
         let bhsd = p.clone().layout(Layout::Bhsd);
-        assert_eq!(err(check_varlen(&bhsd, &cu, &cu, 8 * row, [8 * row; 2], 8 * row, None)), "layout");
+        assert_eq!(
+            err(check_varlen(
+                &bhsd,
+                &cu,
+                &cu,
+                8 * row,
+                [8 * row; 2],
+                8 * row,
+                None
+            )),
+            "layout"
+        );
     }
 
     #[test]
@@ -511,11 +600,28 @@ mod tests {
         let cu_k = [0, 5, 5, 305, 306];
         let items = work_list(&cu_q, &cu_k, 128, 128, true);
         assert_eq!(items.len(), 1 + 3 + 2);
-        let w: Vec<i64> = items.iter().map(|it| kv_blocks(it, 128, 128, true)).collect();
+        let w: Vec<i64> = items
+            .iter()
+            .map(|it| kv_blocks(it, 128, 128, true))
+            .collect();
         assert!(w.windows(2).all(|p| p[0] >= p[1]), "{w:?}");
-        assert_eq!(items[0], WorkItem { m_block: 2, q_start: 1, len_q: 300, k_start: 5, len_k: 300 });
+        // The last tile of the 300-query sequence: rows 256..300, all 300 keys (3 blocks).
+        assert_eq!(
+            items[0],
+            WorkItem {
+                q_start: 257,
+                rows: 44,
+                k_start: 5,
+                len_k: 300
+            }
+        );
         // Causal with 129 queries over 1 key: the first tile sees nothing (bottom-right).
-        let first = WorkItem { m_block: 0, q_start: 301, len_q: 129, k_start: 305, len_k: 1 };
+        let first = WorkItem {
+            q_start: 301,
+            rows: 129,
+            k_start: 305,
+            len_k: 1,
+        };
         assert_eq!(kv_blocks(&first, 128, 128, true), 0);
         assert_eq!(kv_blocks(&first, 128, 128, false), 1);
     }
