@@ -249,7 +249,8 @@ fn bad_cu_seqlens_are_refused() {
     let Some(ctx) = gpu("bad_cu_seqlens_are_refused") else {
         return;
     };
-    let p = params(DType::F16, 2, 2, 64, false, &[4, 4], &[4, 4]);
+    // max_seqlen 8: each bad array below breaks exactly the rule named beside it.
+    let p = params(DType::F16, 2, 2, 64, false, &[8, 8], &[8, 8]);
     let x = ctx.upload(&vec![half::f16::ZERO; 8 * 2 * 64]).unwrap();
     let mut out = ctx.upload(&vec![half::f16::ZERO; 8 * 2 * 64]).unwrap();
     let good = ctx.upload(&[0i32, 4, 8]).unwrap();

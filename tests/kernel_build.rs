@@ -60,7 +60,7 @@ fn variant_names_are_distinct() {
     let mut names: Vec<String> = shipped_variants().iter().map(|v| v.name()).collect();
     names.sort();
     names.dedup();
-    assert_eq!(names.len(), 84);
+    assert_eq!(names.len(), 92);
 }
 
 #[test]
