@@ -12,7 +12,8 @@
 // masking and every NaN guard are selects (DESIGN.md §1).
 //
 // Compile-time configuration (NVRTC -D): FC_HEAD_DIM (64|128), FC_BF16 (0|1), FC_CAUSAL (0|1),
-// FC_SECRET_LEN (0|1), FC_SPLIT (1|2|4), tile shape FC_BLOCK_M/N, FC_STAGES, FC_CONSUMERS.
+// FC_SECRET_LEN (0|1), FC_SPLIT (1|2|4), tile shape FC_BLOCK_M/N, FC_STAGES, FC_CONSUMERS;
+// FC_VARLEN (0|1): packed variable-length sequences from a public work list (fc_scheduler.cuh).
 //
 // FC_LEAKY_CONTROL (never shipped; the power control of `flashcore leakage`): 1 = the whole CTA
 // exits at once when the first element of its first Q tile is +0.0 (an early exit on data); 2 = in
@@ -51,7 +52,7 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
         const int tiles = sched.tiles_in_unit(unit);
         for (int k = 0; k < tiles; ++k) {
             const Tile t = sched.tile(unit, k);
-            const int key_limit = key_limit_of(p, t.batch);
+            const int key_limit = tile_key_limit(p, t);
             const KvRange kv = tile_kv(p, t, key_limit);
             // Decode mode numbers rows within the tile (fc_decode.cuh maps them to positions).
             const int tile_row0 = FC_DECODE ? 0 : t.m_block * BM;
@@ -60,7 +61,12 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
                              lane,      tile_row0 + wg * 64 + warp * 16 + lane / 4,
                              2 * (lane % 4), smem_u32(&s.q[q_load % QBUF][0][wg * 64][0]),
                              key_limit, kv.begin,  g,
-                             key_start_of(p, t.batch)};
+                             key_start_of(p, t.batch)
+#if FC_VARLEN
+                                 ,
+                             t.len_q,   t.q_start
+#endif
+            };
             float o[D / 2];
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;

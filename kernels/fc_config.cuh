@@ -27,6 +27,14 @@ static_assert(!(FC_KV_PUBLIC || FC_PAGED) || FC_DECODE, "KV-cache builds are dec
 // Every KV-cache build (key counts public or secret): these also take per-sequence first keys
 // (flash-attn's cache_leftpad) in starts_ptr.
 #define FC_KV_CACHE (FC_DECODE && (FC_KV_PUBLIC || FC_SECRET_LEN))
+// Variable-length prefill (issue 22): Q, K, V packed as [total tokens, heads, dim] (maps with a
+// batch extent of 1); the host's work list in __constant__ memory (public metadata, DESIGN.md
+// §1) gives each query tile its token offsets and counts (fc_scheduler.cuh). Other builds do not
+// pass the define.
+#ifndef FC_VARLEN
+#define FC_VARLEN 0
+#endif
+static_assert(!FC_VARLEN || (!FC_DECODE && !FC_SECRET_LEN && FC_SPLIT == 1), "varlen: plain prefill tiles");
 static_assert(!(FC_KV_PUBLIC && FC_SECRET_LEN), "key counts are either public or secret");
 
 namespace cfg {

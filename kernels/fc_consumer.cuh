@@ -20,6 +20,10 @@ struct Consumer {
     int kv_begin;   // first K/V block of this CTA's range (split mode), else 0
     int g0;         // ring position of this tile's first K/V block
     int key_start;  // KV-cache builds: keys before this are masked (left padding), else 0
+#if FC_VARLEN
+    int seqlen_q;   // the tile's sequence's query count (rows at or past it are not stored)
+    int q_start;    // its first token in packed Q / O
+#endif
 
     // S = Q Kᵀ over the head dim, 16 at a time (32 bytes inside a 128-byte swizzle row).
     FC_DEVICE void issue_qk(float (&sacc)[cfg::BN / 2], int stage) const {
@@ -66,6 +70,9 @@ struct Consumer {
         // the sequence's own key count (KV-cache mode: its length, secret), else to Sk.
         const int diag_h[2] = {qpos(0) + key_limit - p.seqlen_q - key_base,
                                qpos(1) + key_limit - p.seqlen_q - key_base};
+#elif FC_CAUSAL && FC_VARLEN
+        // Bottom-right aligned per sequence: its own key and query counts.
+        const int diag = row0 + key_limit - seqlen_q - key_base;
 #elif FC_CAUSAL
         const int diag = row0 + p.seqlen_k - p.seqlen_q - key_base;
 #endif

@@ -26,6 +26,14 @@ FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const O
     const Params& p = c.p;
     float total[2];
     softmax.finish(total);
+#if FC_VARLEN
+    // Rows of this sequence only (never the next one's), at its offset in the pack.
+    const int rows_q = c.seqlen_q;
+    const int row_base = c.q_start;
+#else
+    const int rows_q = p.seqlen_q;
+    const int row_base = 0;
+#endif
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = c.row0 + 8 * h;
@@ -33,13 +41,14 @@ FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const O
         // the true length are zeroed too (a select on a secret, never a branch).
         const bool any = total[h] > 0.0f && (!FC_SECRET_LEN || row < c.key_limit);
         const float inv = select_f(any, fast_rcp(total[h]), 0.0f);
-        if (row < p.seqlen_q) {
-            store_row(reinterpret_cast<uint16_t*>(p.o_ptr) + c.batch * p.o_stride_b + (int64_t)row * p.o_stride_s +
-                          c.head * p.o_stride_h + c.col0,
+        if (row < rows_q) {
+            store_row(reinterpret_cast<uint16_t*>(p.o_ptr) + c.batch * p.o_stride_b +
+                          (int64_t)(row_base + row) * p.o_stride_s + c.head * p.o_stride_h + c.col0,
                       o, h, inv);
             if (p.lse_ptr != 0 && (c.lane % 4) == 0) {
-                float* lse_out =
-                    reinterpret_cast<float*>(p.lse_ptr) + ((int64_t)c.batch * p.heads_q + c.head) * p.seqlen_q + row;
+                // Varlen: [Hq, total tokens] (seqlen_q is the pack's total), flash-attn's layout.
+                float* lse_out = reinterpret_cast<float*>(p.lse_ptr) +
+                                 ((int64_t)c.batch * p.heads_q + c.head) * p.seqlen_q + row_base + row;
                 *lse_out = select_f(any, lse_of(softmax.row_max[h], total[h], p.scale), neg_inf());
             }
         }

@@ -58,7 +58,7 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
         const int tiles = sched.tiles_in_unit(unit);
         for (int k = 0; k < tiles; ++k) {
             const Tile t = sched.tile(unit, k);
-            const KvRange kv = tile_kv(p, t, key_limit_of(p, t.batch));
+            const KvRange kv = tile_kv(p, t, tile_key_limit(p, t));
             if (kv.count == 0) continue;  // fully masked tile: consumers write zeros without Q
             const int kv_head = t.head / p.group;
             const int qb = q_load % cfg::QBUF;
@@ -70,6 +70,10 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
                 // The packed map's dims are (dim, head, seq, batch): a box of `pack` heads by
                 // BM / pack query positions fills the tile's 64 rows, position-major.
                 tma_load_4d(&s.q[qb][c][0][0], &p.q_map, &s.q_full[qb], c * 64, t.head, t.m_block * qrows_per_tile(p), t.batch);
+#elif FC_VARLEN
+                // The sequence's tile inside the pack; rows past its end (the next sequence's,
+                // or past the pack: zeros) are computed and never stored.
+                tma_load_4d(&s.q[qb][c][0][0], &p.q_map, &s.q_full[qb], c * 64, t.q_start + t.m_block * cfg::BM, t.head, 0);
 #else
                 tma_load_4d(&s.q[qb][c][0][0], &p.q_map, &s.q_full[qb], c * 64, t.m_block * cfg::BM, t.head, t.batch);
 #endif
@@ -88,17 +92,24 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
                 mbar_arrive_expect_tx(&s.v_full[stage], cfg::KV_BYTES);
                 load_kv_block(s.v[stage], &p.v_map, &s.v_full[stage], p, bp, key_row, kv_head);
 #else
+#if FC_VARLEN
+                // Keys of the sequence from its first token; those past its count (the next
+                // sequence's) are masked by select like a partial last block's.
+                const int kv_row = t.k_start + key_row;
+#else
+                const int kv_row = key_row;
+#endif
                 mbar_wait(&s.k_empty[stage], phase ^ 1);
                 mbar_arrive_expect_tx(&s.k_full[stage], cfg::KV_BYTES);
 #pragma unroll
                 for (int c = 0; c < cfg::CHUNKS; ++c) {
-                    tma_load_4d(&s.k[stage][c][0][0], &p.k_map, &s.k_full[stage], c * 64, key_row, kv_head, t.batch);
+                    tma_load_4d(&s.k[stage][c][0][0], &p.k_map, &s.k_full[stage], c * 64, kv_row, kv_head, t.batch);
                 }
                 mbar_wait(&s.v_empty[stage], phase ^ 1);
                 mbar_arrive_expect_tx(&s.v_full[stage], cfg::KV_BYTES);
 #pragma unroll
                 for (int c = 0; c < cfg::CHUNKS; ++c) {
-                    tma_load_4d(&s.v[stage][c][0][0], &p.v_map, &s.v_full[stage], c * 64, key_row, kv_head, t.batch);
+                    tma_load_4d(&s.v[stage][c][0][0], &p.v_map, &s.v_full[stage], c * 64, kv_row, kv_head, t.batch);
                 }
 #endif
             }

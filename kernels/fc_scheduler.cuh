@@ -10,10 +10,36 @@
 #pragma once
 #include "fc_config.cuh"
 
+#if FC_VARLEN
+// The varlen work list (src/attention/launch/varlen.rs writes it before each launch): one int4
+// per query tile — (first query token of the tile, query rows of the sequence from there on,
+// the sequence's first key token, its key count). Public metadata derived from cu_seqlens, in
+// constant memory: read at a public index (the unit), it is public to the audit by construction,
+// and no register ever holds a pointer to it. A launch covers at most VARLEN_CAPACITY tiles (the
+// host splits longer work lists over several launches).
+constexpr int VARLEN_CAPACITY = 4096;
+__constant__ int4 fc_varlen_work[VARLEN_CAPACITY];
+#endif
+
 struct Tile {
     int m_block, head, batch;
     int split;  // decode mode: which share of the key range (fc_decode.cuh); else 0
+#if FC_VARLEN
+    // The tile as a sequence of its own (public work-list values): its first query token, the
+    // sequence's query rows from there on (bottom-right causal alignment only needs those), the
+    // sequence's first key token and key count. m_block and batch are 0.
+    int q_start, len_q, k_start, len_k;
+#endif
 };
+
+// Query rows of the tile's sequence: Sq, or a varlen sequence's own count.
+FC_DEVICE int tile_seqlen_q(const Params& p, const Tile& t) {
+#if FC_VARLEN
+    return t.len_q;
+#else
+    return p.seqlen_q;
+#endif
+}
 
 // Query positions per tile: BM, or in decode mode BM / pack (each position's `pack` heads are
 // rows of the same tile).
@@ -55,6 +81,20 @@ struct Scheduler {
         t.batch = r / packs;
         return t;
 #endif
+#if FC_VARLEN
+        // Varlen: unit = item · heads + head; item i is entry i of the host's work list (ordered
+        // heaviest first).
+        const int item = unit / p.heads_q;
+        t.head = unit % p.heads_q;
+        t.batch = 0;
+        t.m_block = 0;
+        const int4 w = fc_varlen_work[item];
+        t.q_start = w.x;
+        t.len_q = w.y;
+        t.k_start = w.z;
+        t.len_k = w.w;
+        return t;
+#endif
         const int j = unit % p.units_per_head;
         const int hb = unit / p.units_per_head;
         t.head = hb % p.heads_q;
@@ -71,12 +111,12 @@ struct Scheduler {
 // Number of K/V blocks query tile `m_block` must visit when `keys` keys are walked (Sk; in
 // decode mode with public KV-cache counts, the sequence's count). Public: shapes, block index
 // and public counts only.
-FC_DEVICE int num_kv_blocks(const Params& p, int m_block, int keys) {
+FC_DEVICE int num_kv_blocks(const Params& p, int m_block, int keys, int seqlen_q) {
     int n = ceil_div(keys, cfg::BN);
 #if FC_CAUSAL
     // Bottom-right alignment: query row r sees keys j <= r + (keys - Sq).
-    const int last_row = min((m_block + 1) * qrows_per_tile(p), p.seqlen_q) - 1;
-    const int visible = min(keys, last_row + keys - p.seqlen_q + 1);
+    const int last_row = min((m_block + 1) * qrows_per_tile(p), seqlen_q) - 1;
+    const int visible = min(keys, last_row + keys - seqlen_q + 1);
     n = visible <= 0 ? 0 : min(n, ceil_div(visible, cfg::BN));
 #endif
     return n;
@@ -86,13 +126,13 @@ FC_DEVICE int num_kv_blocks(const Params& p, int m_block, int keys) {
 // block crossing the diagonal of the tile's first row. Every later block needs them too, so the
 // main loop runs unmasked blocks, then masked ones, each as straight-line code (a branch around
 // the mask inside one loop would make ptxas wait for the in-flight wgmma at the join).
-FC_DEVICE int first_masked_block(const Params& p, int m_block, int n_blocks, int keys) {
+FC_DEVICE int first_masked_block(const Params& p, int m_block, int n_blocks, int keys, int seqlen_q) {
     if (FC_SECRET_LEN) return 0;  // the true length is secret: every block is masked
     if (FC_KV_CACHE && p.starts_ptr != 0) return 0;  // left padding: masked wherever it ends
     int first = keys / cfg::BN;
 #if FC_CAUSAL
     // Block n is clean iff its last key (n+1)·BN − 1 <= m_block·BM + keys − Sq.
-    const int limit = m_block * qrows_per_tile(p) + keys - p.seqlen_q + 1;
+    const int limit = m_block * qrows_per_tile(p) + keys - seqlen_q + 1;
     first = min(first, limit <= 0 ? 0 : limit / cfg::BN);
 #endif
     return min(first, n_blocks);
@@ -108,6 +148,15 @@ FC_DEVICE int key_limit_of(const Params& p, int batch) {
     key_limit = max(0, min(p.seqlen_k, reinterpret_cast<const int32_t*>(p.lens_ptr)[batch]));
 #endif
     return key_limit;
+}
+
+// key_limit_of for tile `t`: a varlen tile's sequence's key count (public), else by batch.
+FC_DEVICE int tile_key_limit(const Params& p, const Tile& t) {
+#if FC_VARLEN
+    return t.len_k;
+#else
+    return key_limit_of(p, t.batch);
+#endif
 }
 
 // The first key of the batch entry's range (KV-cache builds with starts_ptr: flash-attn's
@@ -128,12 +177,13 @@ FC_DEVICE int key_start_of(const Params& p, int batch) {
 // key_limit_of's value; only public counts shape the range.
 FC_DEVICE KvRange kv_range(const Params& p, Tile t, int key_limit) {
     const int m_block = t.m_block;
-#if FC_KV_PUBLIC
+#if FC_KV_PUBLIC || FC_VARLEN
     const int keys = key_limit;  // public: the walk ends at the sequence's own count
 #else
     const int keys = p.seqlen_k;
 #endif
-    const int n_total = num_kv_blocks(p, m_block, keys);
+    const int seqlen_q = tile_seqlen_q(p, t);
+    const int n_total = num_kv_blocks(p, m_block, keys, seqlen_q);
 #if FC_DECODE
     const int split_rank = t.split;
     // Splits of split_blocks blocks, a function of Sk (a KV cache's capacity) alone: the host's
@@ -155,7 +205,7 @@ FC_DEVICE KvRange kv_range(const Params& p, Tile t, int key_limit) {
     kv.begin = min(n_total, split_rank * per_split);
     kv.count = min(n_total, kv.begin + per_split) - kv.begin;
 #endif
-    kv.first_masked = max(0, min(kv.count, first_masked_block(p, m_block, n_total, keys) - kv.begin));
+    kv.first_masked = max(0, min(kv.count, first_masked_block(p, m_block, n_total, keys, seqlen_q) - kv.begin));
     return kv;
 }
 

@@ -12,6 +12,9 @@ use cudarc::driver::{
 };
 use std::sync::{Arc, Mutex};
 
+/// Variable-length prefill (issue 22): packed sequences, one launch.
+pub mod varlen;
+
 /// A variant's module and function on one context, with its shared-memory limit raised.
 pub struct LoadedKernel {
     _module: Arc<CudaModule>,

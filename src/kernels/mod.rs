@@ -130,6 +130,9 @@ pub struct Variant {
     pub kv_public: bool,
     /// A paged KV cache (`FC_PAGED`): K/V pages read through a block table.
     pub paged: bool,
+    /// Variable-length prefill (`FC_VARLEN`, issue 22): packed `[total, heads, dim]` sequences
+    /// walked through a public work list ([`Variant::varlen`]).
+    pub varlen: bool,
 }
 
 /// The deliberately leaky kernels that prove `flashcore leakage` can fail (and that the audit
@@ -202,12 +205,13 @@ impl Variant {
             split
         };
         format!(
-            "fwd_{}_d{}_{}_m{}{block_n}{}{split}{control}{probes}",
+            "fwd_{}_d{}_{}_m{}{block_n}{}{split}{}{control}{probes}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
             self.block_m,
             if self.secret_len { "_slen" } else { "" },
+            if self.varlen { "_varlen" } else { "" },
         )
     }
 
@@ -227,6 +231,7 @@ impl Variant {
             cycle_timer: false,
             kv_public: false,
             paged: false,
+            varlen: false,
         }
     }
 
@@ -236,6 +241,18 @@ impl Variant {
         Variant {
             decode: true,
             ..Variant::basic(dtype, head_dim, causal, 64)
+        }
+    }
+
+    /// The varlen prefill variant (`FC_VARLEN`): 128-row tiles of packed sequences, each tile's
+    /// token offsets and counts read from a public work list (in `__constant__` memory) built on
+    /// the host
+    /// ([`crate::attention::launch::varlen`]). The tile shape depends on nothing of the batch,
+    /// so a sequence's bits do not depend on its neighbours.
+    pub fn varlen(dtype: DType, head_dim: usize, causal: bool) -> Variant {
+        Variant {
+            varlen: true,
+            ..Variant::basic(dtype, head_dim, causal, 128)
         }
     }
 
@@ -293,6 +310,7 @@ impl Variant {
             cycle_timer: false,
             kv_public: false,
             paged: false,
+            varlen: false,
         }
     }
 
@@ -379,6 +397,10 @@ impl Variant {
         if self.paged {
             o.push("-DFC_PAGED=1".into());
         }
+        // Varlen builds only.
+        if self.varlen {
+            o.push("-DFC_VARLEN=1".into());
+        }
         // Measurement builds only: shipped variants pass neither define (both default to 0).
         if self.floor_control {
             o.push("-DFC_FLOOR_CONTROL=1".into());
@@ -461,6 +483,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                             cycle_timer: false,
                             kv_public: false,
                             paged: false,
+                            varlen: false,
                         });
                     }
                 }
@@ -470,6 +493,8 @@ pub fn shipped_variants() -> Vec<Variant> {
                 // KV cache, contiguous or paged, whose per-sequence key counts are public
                 // metadata or secret (the capacity is walked).
                 v.push(Variant::decode(dtype, head_dim, causal));
+                // Varlen prefill over packed sequences (issue 22).
+                v.push(Variant::varlen(dtype, head_dim, causal));
                 for secret in [false, true] {
                     for paged in [false, true] {
                         v.push(Variant::kv_cache(dtype, head_dim, causal, secret, paged));
@@ -490,6 +515,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                         cycle_timer: false,
                         kv_public: false,
                         paged: false,
+                        varlen: false,
                     });
                 }
             }

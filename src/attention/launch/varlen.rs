@@ -1,0 +1,628 @@
+//! Variable-length prefill (issue 22): Q, K, V packed as `[total tokens, heads, dim]` with
+//! `cu_seqlens_q` / `cu_seqlens_k` (i32, `batch + 1` prefix sums), one launch over every
+//! sequence of the pack.
+//!
+//! The host turns the (public, DESIGN.md §1) `cu_seqlens` into a **work list**: one item per
+//! query tile of each non-empty sequence — the tile's first query token, the sequence's query
+//! rows from there on, its first key token and its key count — ordered heaviest first (most key
+//! blocks), so no tile is spent on padding and long sequences start first. The kernel
+//! (`FC_VARLEN`, kernels/fc_scheduler.cuh) reads item `unit / heads` for work unit `unit` from
+//! `__constant__` memory, which the host fills before each launch (stream-ordered), at most
+//! [`VARLEN_CAPACITY`] items per launch. Constant data read at a public index is public to the
+//! audit by construction; a table in global memory read through a parameter pointer was tried
+//! first and audited clean only for some variants (the provenance analysis reads shuffle
+//! sources flow-insensitively, so a shuffled register that held the table pointer elsewhere
+//! taints the softmax).
+//!
+//! A tile computes with its own sequence's tokens only: Q rows past the sequence's end are
+//! computed and never stored, keys past its end are masked by select like a partial last
+//! block's, and keys before its start are never loaded. What a sequence's rows get therefore
+//! depends on its own tokens and lengths alone — not on its neighbours, nor on where it sits in
+//! the pack (`tests/gpu_varlen.rs` checks the bits).
+
+use super::{KernelParams, LoadedKernel};
+use crate::attention::context::{Context, Element};
+use crate::attention::external::Strides;
+use crate::attention::params::{AttentionParams, Layout};
+use crate::attention::{tensor_map, validate};
+use crate::error::{Error, Result};
+use crate::kernels::Variant;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+
+/// Work items per launch: the kernel's `__constant__` work list (kernels/fc_scheduler.cuh).
+pub const VARLEN_CAPACITY: usize = 4096;
+
+/// The kernel's work-list symbol.
+const WORK_SYMBOL: &str = "fc_varlen_work";
+
+/// One query tile of one sequence of the pack, as the kernel reads it (an `int4`). The tile is
+/// a sequence of its own: its rows are the last `rows` queries of the sequence, whose causal
+/// mask (bottom-right) needs nothing else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkItem {
+    /// The tile's first query token in packed Q and O (`cu_seqlens_q[b] + m · block_m`).
+    pub q_start: i32,
+    /// The sequence's query rows from there to its end (the tile stores `min(rows, block_m)`).
+    pub rows: i32,
+    /// The sequence's first token in packed K and V (`cu_seqlens_k[b]`) and its key count.
+    pub k_start: i32,
+    pub len_k: i32,
+}
+
+impl WorkItem {
+    pub fn fields(&self) -> [i32; 4] {
+        [self.q_start, self.rows, self.k_start, self.len_k]
+    }
+}
+
+/// Checks one `cu_seqlens` array: `batch + 1` entries, starting at 0, non-decreasing, ending at
+/// the packed tensor's `total` tokens, each sequence at most `max_seqlen` long. `arg` names it
+/// in the error.
+pub fn check_cu_seqlens(
+    arg: &'static str,
+    cu: &[i32],
+    batch: usize,
+    total: usize,
+    max_seqlen: usize,
+) -> Result<()> {
+    if cu.len() != batch + 1 {
+        return Err(Error::invalid(
+            arg,
+            format!(
+                "has {} entries, a batch of {batch} needs batch + 1 = {}",
+                cu.len(),
+                batch + 1
+            ),
+        ));
+    }
+    if cu[0] != 0 {
+        return Err(Error::invalid(
+            arg,
+            format!("must start at 0, starts at {}", cu[0]),
+        ));
+    }
+    for (i, w) in cu.windows(2).enumerate() {
+        if w[1] < w[0] {
+            return Err(Error::invalid(
+                arg,
+                format!(
+                    "must be non-decreasing: entry {} is {} after {}",
+                    i + 1,
+                    w[1],
+                    w[0]
+                ),
+            ));
+        }
+        let len = (w[1] - w[0]) as usize;
+        if len > max_seqlen {
+            return Err(Error::invalid(
+                arg,
+                format!("sequence {i} has {len} tokens, more than max_seqlen {max_seqlen}"),
+            ));
+        }
+    }
+    let last = cu[batch];
+    if last as usize != total {
+        return Err(Error::invalid(
+            arg,
+            format!("last entry is {last}, the packed tensor holds {total} tokens"),
+        ));
+    }
+    Ok(())
+}
+
+/// Key blocks a causal or full tile visits (kernels/fc_scheduler.cuh's `num_kv_blocks`): the
+/// work list's weight.
+fn kv_blocks(item: &WorkItem, block_m: usize, block_n: usize, causal: bool) -> i64 {
+    let keys = item.len_k as i64;
+    let n = (keys + block_n as i64 - 1) / block_n as i64;
+    if !causal {
+        return n;
+    }
+    let sq = item.rows as i64;
+    let last_row = (block_m as i64).min(sq) - 1;
+    let visible = keys.min(last_row + keys - sq + 1);
+    if visible <= 0 {
+        0
+    } else {
+        n.min((visible + block_n as i64 - 1) / block_n as i64)
+    }
+}
+
+/// The work list of a pack (`cu_q`, `cu_k` already checked): every query tile of every
+/// sequence with queries, heaviest first (ties in pack order). The order decides only which CTA
+/// computes a tile, never what it computes.
+pub fn work_list(
+    cu_q: &[i32],
+    cu_k: &[i32],
+    block_m: usize,
+    block_n: usize,
+    causal: bool,
+) -> Vec<WorkItem> {
+    let mut items = Vec::new();
+    for b in 0..cu_q.len().saturating_sub(1) {
+        let len_q = cu_q[b + 1] - cu_q[b];
+        let tiles = (len_q as usize).div_ceil(block_m);
+        for m in 0..tiles {
+            let row0 = (m * block_m) as i32;
+            items.push(WorkItem {
+                q_start: cu_q[b] + row0,
+                rows: len_q - row0,
+                k_start: cu_k[b],
+                len_k: cu_k[b + 1] - cu_k[b],
+            });
+        }
+    }
+    // Stable: equal weights keep pack order.
+    items.sort_by_key(|it| std::cmp::Reverse(kv_blocks(it, block_m, block_n, causal)));
+    items
+}
+
+/// The variant a varlen call runs.
+pub fn variant_for(params: &AttentionParams) -> Variant {
+    Variant::varlen(params.dtype, params.head_dim, params.causal)
+}
+
+/// Checks the shape of a varlen call and returns the packed totals (queries, keys).
+/// `params.batch` is the number of sequences, `params.seqlen_q` / `seqlen_k` the
+/// `max_seqlen_q` / `max_seqlen_k` bounds; `q_len` … are the buffers' element counts.
+pub fn check_varlen(
+    params: &AttentionParams,
+    cu_q: &[i32],
+    cu_k: &[i32],
+    q_len: usize,
+    kv_len: [usize; 2],
+    out_len: usize,
+    lse_len: Option<usize>,
+) -> Result<(usize, usize)> {
+    validate::check_params(params)?;
+    if params.layout != Layout::Bshd {
+        return Err(Error::invalid(
+            "layout",
+            "varlen tensors are packed [total tokens, heads, head_dim] (bshd)",
+        ));
+    }
+    let row_q = params.heads_q * params.head_dim;
+    let row_k = params.heads_kv * params.head_dim;
+    if q_len % row_q != 0 {
+        return Err(Error::invalid(
+            "q",
+            format!(
+                "has {q_len} elements, not a whole number of [heads_q, head_dim] = {row_q} rows"
+            ),
+        ));
+    }
+    let total_q = q_len / row_q;
+    for (name, len) in [("k", kv_len[0]), ("v", kv_len[1])] {
+        if len % row_k != 0 {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "has {len} elements, not a whole number of [heads_kv, head_dim] = {row_k} rows"
+                ),
+            ));
+        }
+    }
+    if kv_len[0] != kv_len[1] {
+        return Err(Error::invalid(
+            "v",
+            format!("has {} elements, k has {}", kv_len[1], kv_len[0]),
+        ));
+    }
+    let total_k = kv_len[0] / row_k;
+    check_cu_seqlens("cu_seqlens_q", cu_q, params.batch, total_q, params.seqlen_q)?;
+    check_cu_seqlens("cu_seqlens_k", cu_k, params.batch, total_k, params.seqlen_k)?;
+    if out_len != q_len {
+        return Err(Error::invalid(
+            "out",
+            format!("has {out_len} elements, q has {q_len}"),
+        ));
+    }
+    if let Some(l) = lse_len {
+        if l != params.heads_q * total_q {
+            return Err(Error::invalid(
+                "lse",
+                format!(
+                    "has {l} elements, [heads_q, total_q] needs {}",
+                    params.heads_q * total_q
+                ),
+            ));
+        }
+    }
+    // Byte extents TMA can address (the totals fit an i32: they are cu_seqlens entries).
+    let bytes = (total_q * row_q).max(total_k * row_k) as u128 * params.dtype.size() as u128;
+    if bytes >= (1u128 << 40) {
+        return Err(Error::invalid(
+            "q",
+            "tensor larger than 2^40 bytes cannot be addressed by TMA",
+        ));
+    }
+    Ok((total_q, total_k))
+}
+
+/// Enqueues the varlen launches of a work list on the context's stream: per chunk of at most
+/// [`VARLEN_CAPACITY`] items, a copy into the kernel's `__constant__` work list and a launch
+/// (each ordered after the last on the stream).
+///
+/// # Safety
+/// `q`, `o` hold `total_q` rows and `k`, `v` `total_k` rows of the dtype (16-byte aligned), `lse`
+/// (unless 0) `heads_q · total_q` f32s; all alive until the kernels end.
+unsafe fn launch(
+    ctx: &Context,
+    kernel: &LoadedKernel,
+    params: &AttentionParams,
+    ptrs: [u64; 5],
+    totals: [usize; 2],
+    items: &[WorkItem],
+) -> Result<()> {
+    let stream = ctx.stream();
+    let work_ptr = {
+        let view = kernel._module.get_global(WORK_SYMBOL, stream)?;
+        let ptr = view.device_ptr(stream).0;
+        ptr
+    };
+    for chunk in items.chunks(VARLEN_CAPACITY) {
+        let flat: Vec<i32> = chunk.iter().flat_map(|it| it.fields()).collect();
+        cudarc::driver::result::memcpy_htod_async(work_ptr, &flat, stream.cu_stream())?;
+        launch_chunk(ctx, kernel, params, ptrs, totals, chunk.len())?;
+    }
+    Ok(())
+}
+
+/// One launch over the `items` work items now in constant memory.
+unsafe fn launch_chunk(
+    ctx: &Context,
+    kernel: &LoadedKernel,
+    params: &AttentionParams,
+    [q, k, v, o, lse]: [u64; 5],
+    [total_q, total_k]: [usize; 2],
+    items: usize,
+) -> Result<()> {
+    let p = params;
+    let tile = kernel.variant.tile();
+    let q_st = Strides::contiguous(Layout::Bshd, total_q, p.heads_q, p.head_dim);
+    let kv_st = Strides::contiguous(Layout::Bshd, total_k, p.heads_kv, p.head_dim);
+    let rows = tile.block_m as u32;
+    let keys = tile.block_n as u32;
+    let q_map = tensor_map::encode(q, p.dtype, q_st, 1, total_q, p.heads_q, p.head_dim, rows)?;
+    let k_map = tensor_map::encode(k, p.dtype, kv_st, 1, total_k, p.heads_kv, p.head_dim, keys)?;
+    let v_map = tensor_map::encode(v, p.dtype, kv_st, 1, total_k, p.heads_kv, p.head_dim, keys)?;
+    let units = items as u128 * p.heads_q as u128;
+    if units > i32::MAX as u128 {
+        return Err(Error::invalid(
+            "cu_seqlens_q",
+            "too many query tiles: heads · tiles must fit in an i32",
+        ));
+    }
+    let [sb, ss, sh] = q_st.as_array();
+    let scale = p.softmax_scale();
+    let mut block = Box::new(KernelParams {
+        q_map,
+        k_map,
+        v_map,
+        o_ptr: o,
+        lse_ptr: lse,
+        lens_ptr: 0,
+        q_ptr_for_control: q,
+        o_stride_b: sb,
+        o_stride_s: ss,
+        o_stride_h: sh,
+        seqlen_q: total_q as i32,
+        seqlen_k: total_k as i32,
+        heads_q: p.heads_q as i32,
+        group: (p.heads_q / p.heads_kv) as i32,
+        scale_log2: scale * std::f32::consts::LOG2_E,
+        scale,
+        num_m_blocks: 0,
+        units_per_head: 1,
+        num_units: units as i32,
+        pair_tiles: 0,
+        ws_o_ptr: 0,
+        ws_ml_ptr: 0,
+        pack: 1,
+        pack_shift: 0,
+        split_blocks: 0,
+        num_splits: 1,
+        table_ptr: 0,
+        table_stride: 0,
+        num_pages: 0,
+        page_shift: 0,
+        box_rows: keys as i32,
+        starts_ptr: 0,
+    });
+    let grid = (units.min(ctx.num_sms().max(1) as u128) as u32, 1, 1);
+    let mut args: [*mut std::ffi::c_void; 1] =
+        [(&mut *block) as *mut KernelParams as *mut std::ffi::c_void];
+    cudarc::driver::result::launch_kernel(
+        kernel.function.cu_function(),
+        grid,
+        (tile.threads() as u32, 1, 1),
+        kernel.smem_bytes as u32,
+        ctx.stream().cu_stream(),
+        &mut args,
+    )?;
+    Ok(())
+}
+
+impl Context {
+    /// Variable-length attention over packed sequences (flash-attn's `flash_attn_varlen_func`):
+    /// `q` is `[total_q, heads_q, head_dim]`, `k` and `v` `[total_k, heads_kv, head_dim]`,
+    /// sequence `b` owning query tokens `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` and key tokens
+    /// `cu_seqlens_k[b] .. cu_seqlens_k[b + 1]` (i32, `batch + 1` entries each, on the device;
+    /// public metadata, downloaded once here — a host synchronisation). `params.batch` is the
+    /// number of sequences and `params.seqlen_q` / `seqlen_k` are `max_seqlen_q` /
+    /// `max_seqlen_k` (every sequence must fit them); heads, head dim, dtype, causal (bottom-right
+    /// per sequence) and scale as for [`Context::attention`]; the layout must be `Bshd`.
+    /// `out` is packed like `q`; `lse`, when given, is fp32 `[heads_q, total_q]`. Empty sequences
+    /// are allowed (no queries: nothing to write; no keys: O = 0, LSE = −inf).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_varlen<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        cu_seqlens_q: &CudaSlice<i32>,
+        cu_seqlens_k: &CudaSlice<i32>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
+        let cu_q = self.download(cu_seqlens_q)?;
+        let cu_k = self.download(cu_seqlens_k)?;
+        self.attention_varlen_host(params, q, k, v, &cu_q, &cu_k, out, lse)
+    }
+
+    /// [`Context::attention_varlen`] with `cu_seqlens` already on the host (no synchronisation).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_varlen_host<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        cu_seqlens_q: &[i32],
+        cu_seqlens_k: &[i32],
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
+        if params.dtype != T::DTYPE {
+            return Err(Error::invalid(
+                "dtype",
+                format!(
+                    "params say {} but the buffers hold {}",
+                    params.dtype.name(),
+                    T::DTYPE.name()
+                ),
+            ));
+        }
+        let lse_len = lse.as_ref().map(|l| l.len());
+        let (total_q, total_k) = check_varlen(
+            params,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            q.len(),
+            [k.len(), v.len()],
+            out.len(),
+            lse_len,
+        )?;
+        if total_q == 0 {
+            return Ok(()); // no query anywhere: nothing to write
+        }
+        let stream = self.stream().clone();
+        let align = validate::TENSOR_ALIGN;
+        if total_k == 0 {
+            // No key anywhere: every row is fully masked (O = 0, LSE = −inf); nothing to load.
+            stream.memset_zeros(out)?;
+            if let Some(l) = lse {
+                let inf = vec![f32::NEG_INFINITY; l.len()];
+                self.copy_to_device(&inf, l)?;
+            }
+            return Ok(());
+        }
+        let kernel = self.kernel(variant_for(params))?;
+        let tile = kernel.variant.tile();
+        let items = work_list(
+            cu_seqlens_q,
+            cu_seqlens_k,
+            tile.block_m,
+            tile.block_n,
+            params.causal,
+        );
+        let (q_ptr, _g1) = q.device_ptr(&stream);
+        let (k_ptr, _g2) = k.device_ptr(&stream);
+        let (v_ptr, _g3) = v.device_ptr(&stream);
+        validate::check_buffer("q", q.len(), q.len(), q_ptr, align)?;
+        validate::check_buffer("k", k.len(), k.len(), k_ptr, align)?;
+        validate::check_buffer("v", v.len(), v.len(), v_ptr, align)?;
+        let out_len = out.len();
+        let (o_ptr, _g5) = out.device_ptr_mut(&stream);
+        validate::check_buffer("out", out_len, out_len, o_ptr, 4)?;
+        let lse_ptr = match lse {
+            Some(l) => {
+                let len = l.len();
+                let (p, _g) = l.device_ptr_mut(&stream);
+                validate::check_buffer("lse", len, len, p, 4)?;
+                p
+            }
+            None => 0,
+        };
+        // SAFETY: the buffers' lengths were checked against the pack's totals above, their
+        // alignment just now.
+        unsafe {
+            launch(
+                self,
+                &kernel,
+                params,
+                [q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr],
+                [total_q, total_k],
+                &items,
+            )
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule_of(e: Error) -> (&'static str, String) {
+        match e {
+            Error::InvalidArgument { arg, rule } => (arg, rule),
+            other => panic!("expected InvalidArgument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn accepts_a_good_pack_with_empty_sequences() {
+        check_cu_seqlens("cu_seqlens_q", &[0, 1, 1, 18, 4115], 4, 4115, 4097).unwrap();
+        check_cu_seqlens("cu_seqlens_q", &[0], 0, 0, 1).unwrap();
+    }
+
+    #[test]
+    fn rejects_each_bad_cu_seqlens() {
+        let bad: [(&[i32], usize, usize, usize, &str); 6] = [
+            (&[0, 5, 3], 2, 3, 10, "non-decreasing"),
+            (&[0, 5, 9], 2, 10, 10, "last entry is 9"),
+            (&[0, 5], 2, 5, 10, "batch + 1 = 3"),
+            (&[0, 5, 9, 12], 2, 12, 10, "batch + 1 = 3"),
+            (&[1, 5, 9], 2, 9, 10, "start at 0"),
+            (&[0, 5, 20], 2, 20, 10, "more than max_seqlen"),
+        ];
+        for (cu, batch, total, max, want) in bad {
+            let (arg, rule) =
+                rule_of(check_cu_seqlens("cu_seqlens_k", cu, batch, total, max).unwrap_err());
+            assert_eq!(arg, "cu_seqlens_k");
+            assert!(rule.contains(want), "{cu:?}: {rule}");
+        }
+    }
+
+    #[test]
+    fn check_varlen_names_the_argument() {
+        let p = AttentionParams::new(2, 2, 8, 64);
+        let row = 2 * 64;
+        let cu = [0, 3, 8];
+        assert_eq!(
+            check_varlen(&p, &cu, &cu, 8 * row, [8 * row, 8 * row], 8 * row, Some(16)).unwrap(),
+            (8, 8)
+        );
+        let err = |r: Result<(usize, usize)>| rule_of(r.unwrap_err()).0;
+        assert_eq!(
+            err(check_varlen(
+                &p,
+                &[0, 3, 7],
+                &cu,
+                8 * row,
+                [8 * row; 2],
+                8 * row,
+                None
+            )),
+            "cu_seqlens_q"
+        );
+        assert_eq!(
+            err(check_varlen(
+                &p,
+                &cu,
+                &[0, 9, 8],
+                8 * row,
+                [8 * row; 2],
+                8 * row,
+                None
+            )),
+            "cu_seqlens_k"
+        );
+        assert_eq!(
+            err(check_varlen(
+                &p,
+                &cu,
+                &cu,
+                8 * row + 1,
+                [8 * row; 2],
+                8 * row,
+                None
+            )),
+            "q"
+        );
+        assert_eq!(
+            err(check_varlen(
+                &p,
+                &cu,
+                &cu,
+                8 * row,
+                [8 * row, 7 * row],
+                8 * row,
+                None
+            )),
+            "v"
+        );
+        assert_eq!(
+            err(check_varlen(
+                &p,
+                &cu,
+                &cu,
+                8 * row,
+                [8 * row; 2],
+                7 * row,
+                None
+            )),
+            "out"
+        );
+        assert_eq!(
+            err(check_varlen(
+                &p,
+                &cu,
+                &cu,
+                8 * row,
+                [8 * row; 2],
+                8 * row,
+                Some(8)
+            )),
+            "lse"
+        );
+        let bhsd = p.clone().layout(Layout::Bhsd);
+        assert_eq!(
+            err(check_varlen(
+                &bhsd,
+                &cu,
+                &cu,
+                8 * row,
+                [8 * row; 2],
+                8 * row,
+                None
+            )),
+            "layout"
+        );
+    }
+
+    #[test]
+    fn work_list_covers_every_tile_heaviest_first() {
+        // Lengths 1, 0, 300, 129 (queries) over 5, 0, 300, 1 keys, 128-row tiles.
+        let cu_q = [0, 1, 1, 301, 430];
+        let cu_k = [0, 5, 5, 305, 306];
+        let items = work_list(&cu_q, &cu_k, 128, 128, true);
+        assert_eq!(items.len(), 1 + 3 + 2);
+        let w: Vec<i64> = items
+            .iter()
+            .map(|it| kv_blocks(it, 128, 128, true))
+            .collect();
+        assert!(w.windows(2).all(|p| p[0] >= p[1]), "{w:?}");
+        // The last tile of the 300-query sequence: rows 256..300, all 300 keys (3 blocks).
+        assert_eq!(
+            items[0],
+            WorkItem {
+                q_start: 257,
+                rows: 44,
+                k_start: 5,
+                len_k: 300
+            }
+        );
+        // Causal with 129 queries over 1 key: the first tile sees nothing (bottom-right).
+        let first = WorkItem {
+            q_start: 301,
+            rows: 129,
+            k_start: 305,
+            len_k: 1,
+        };
+        assert_eq!(kv_blocks(&first, 128, 128, true), 0);
+        assert_eq!(kv_blocks(&first, 128, 128, false), 1);
+    }
+}

@@ -1,0 +1,50 @@
+//! The f64 oracle of varlen attention (issue 22): each sequence of a packed batch on its own,
+//! through [`attention_f64`] with batch 1.
+
+use super::{attention_f64, RefOutput};
+use crate::attention::{AttentionParams, Layout};
+
+/// Varlen attention in f64: `q` is `[total_q, Hq, D]`, `k`, `v` `[total_k, Hkv, D]`, sequence `b`
+/// owning tokens `cu_q[b]..cu_q[b+1]` and `cu_k[b]..cu_k[b+1]`. Uses `p`'s heads, head dim, scale
+/// and causal flag (bottom-right per sequence); ignores its batch, lengths and layout. Returns O
+/// packed like `q` and the LSE as `[Hq, total_q]`.
+pub fn varlen_f64(
+    p: &AttentionParams,
+    cu_q: &[i32],
+    cu_k: &[i32],
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+) -> RefOutput {
+    let (hq, hk, d) = (p.heads_q, p.heads_kv, p.head_dim);
+    let total_q = *cu_q.last().unwrap_or(&0) as usize;
+    let mut out = vec![0.0; total_q * hq * d];
+    let mut lse = vec![f64::NEG_INFINITY; hq * total_q];
+    for b in 0..cu_q.len().saturating_sub(1) {
+        let (q0, q1) = (cu_q[b] as usize, cu_q[b + 1] as usize);
+        let (k0, k1) = (cu_k[b] as usize, cu_k[b + 1] as usize);
+        if q1 == q0 {
+            continue;
+        }
+        let sp = AttentionParams {
+            batch: 1,
+            seqlen_q: q1 - q0,
+            seqlen_k: k1 - k0,
+            layout: Layout::Bshd,
+            ..p.clone()
+        };
+        let r = attention_f64(
+            &sp,
+            &q[q0 * hq * d..q1 * hq * d],
+            &k[k0 * hk * d..k1 * hk * d],
+            &v[k0 * hk * d..k1 * hk * d],
+        );
+        out[q0 * hq * d..q1 * hq * d].copy_from_slice(&r.out);
+        for h in 0..hq {
+            for i in 0..q1 - q0 {
+                lse[h * total_q + q0 + i] = r.lse[h * (q1 - q0) + i];
+            }
+        }
+    }
+    RefOutput { out, lse }
+}
