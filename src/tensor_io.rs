@@ -374,11 +374,22 @@ pub fn write_attn_output(
             .to_vec(),
         data: out,
     };
+    write_attn_tensors(path, p, &[("out", &out)], lse)
+}
+
+/// Writes `tensors` and, when given, `lse` (f32 `[B, Hq, Sq]`, last) with the attention
+/// metadata: the one writer of every `flashcore attn` output file, so `lse` is shaped alike.
+pub fn write_attn_tensors(
+    path: &Path,
+    p: &AttentionParams,
+    tensors: &[(&str, &Tensor)],
+    lse: Option<Vec<f32>>,
+) -> Result<()> {
     let lse = lse.map(|l| Tensor {
         shape: vec![p.batch, p.heads_q, p.seqlen_q],
         data: TensorData::F32(l),
     });
-    let mut tensors = vec![("out", &out)];
+    let mut tensors = tensors.to_vec();
     if let Some(l) = &lse {
         tensors.push(("lse", l));
     }

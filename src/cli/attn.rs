@@ -8,7 +8,7 @@ use crate::attention::{validate, AttentionParams, Context, Element, Layout};
 use crate::error::{Error, Result};
 use crate::reference;
 use crate::tensor_io::{self, AttnInput, TensorData};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 /// Run attention on q, k, v from a safetensors file — or, when the file holds `k_cache`,
@@ -91,24 +91,7 @@ fn attn(args: &AttnArgs) -> Result<()> {
         scale: args.scale,
         ..input.params.clone()
     };
-    // Shapes come from the file: say what was inferred, since a wrong --layout shows up here.
-    validate::check_params(&p).map_err(|e| match e {
-        Error::InvalidArgument { arg, rule } => Error::InvalidArgument {
-            arg,
-            rule: format!(
-                "{rule} (read from {} as {}: B={} Sq={} Sk={} Hq={} Hkv={} D={})",
-                args.input.display(),
-                p.layout.name(),
-                p.batch,
-                p.seqlen_q,
-                p.seqlen_k,
-                p.heads_q,
-                p.heads_kv,
-                p.head_dim
-            ),
-        },
-        other => other,
-    })?;
+    validate::check_params(&p).map_err(|e| with_inferred_shapes(e, &args.input, &p))?;
     let start = Instant::now();
     let (out, lse, engine) = if args.cpu {
         let r =
@@ -186,4 +169,26 @@ fn launch<T: Element>(
     let mut lse = ctx.alloc::<f32>(p.lse_len())?;
     ctx.attention(p, &dq, &dk, &dv, &mut out, Some(&mut lse))?;
     Ok((ctx.download(&out)?, ctx.download(&lse)?))
+}
+
+/// Appends to an invalid-argument error the shapes read from `input` as `p.layout`: shapes come
+/// from the file, so say what was inferred, since a wrong --layout shows up here.
+pub(super) fn with_inferred_shapes(e: Error, input: &Path, p: &AttentionParams) -> Error {
+    match e {
+        Error::InvalidArgument { arg, rule } => Error::InvalidArgument {
+            arg,
+            rule: format!(
+                "{rule} (read from {} as {}: B={} Sq={} Sk={} Hq={} Hkv={} D={})",
+                input.display(),
+                p.layout.name(),
+                p.batch,
+                p.seqlen_q,
+                p.seqlen_k,
+                p.heads_q,
+                p.heads_kv,
+                p.head_dim
+            ),
+        },
+        other => other,
+    }
 }

@@ -3,7 +3,7 @@
 //! `--lse`). On the GPU the gradients are the input dtype; with `--cpu` the float64 reference's,
 //! as F32. Exit codes as `flashcore attn`'s.
 
-use super::attn::AttnArgs;
+use super::attn::{with_inferred_shapes, AttnArgs};
 use crate::attention::backward::check_backward_params;
 use crate::attention::{AttentionParams, Context, Element};
 use crate::error::{Error, Result};
@@ -36,23 +36,7 @@ pub fn attn_grad(args: &AttnArgs) -> Result<()> {
         scale: args.scale,
         ..input.params.clone()
     };
-    check_backward_params(&p).map_err(|e| match e {
-        Error::InvalidArgument { arg, rule } => Error::InvalidArgument {
-            arg,
-            rule: format!(
-                "{rule} (read from {} as {}: B={} Sq={} Sk={} Hq={} Hkv={} D={})",
-                args.input.display(),
-                p.layout.name(),
-                p.batch,
-                p.seqlen_q,
-                p.seqlen_k,
-                p.heads_q,
-                p.heads_kv,
-                p.head_dim
-            ),
-        },
-        other => other,
-    })?;
+    check_backward_params(&p).map_err(|e| with_inferred_shapes(e, &args.input, &p))?;
     let start = Instant::now();
     let (g, engine) = if args.cpu {
         (cpu(&p, &input, &d_o), "cpu f64 reference".to_string())
@@ -76,15 +60,12 @@ pub fn attn_grad(args: &AttnArgs) -> Result<()> {
         t(&k_shape, g.dk),
         t(&k_shape, g.dv),
     );
-    let lse = Tensor {
-        shape: vec![p.batch, p.heads_q, p.seqlen_q],
-        data: TensorData::F32(g.lse),
-    };
-    let mut tensors = vec![("out", &out), ("dq", &dq), ("dk", &dk), ("dv", &dv)];
-    if args.lse {
-        tensors.push(("lse", &lse));
-    }
-    tensor_io::write_file(&args.output, &tensors, Some(tensor_io::attn_metadata(&p)))?;
+    tensor_io::write_attn_tensors(
+        &args.output,
+        &p,
+        &[("out", &out), ("dq", &dq), ("dk", &dk), ("dv", &dv)],
+        args.lse.then_some(g.lse),
+    )?;
     println!(
         "flashcore attn --grad: B={} Sq={} Sk={} Hq={} Hkv={} D={} {} {}{} scale={} on {engine} in {:.3} ms (wall, incl. setup): wrote out, dq {q_shape:?} and dk, dv {k_shape:?} {dtype}{} to {}",
         p.batch,

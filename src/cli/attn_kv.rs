@@ -39,10 +39,6 @@ pub fn attn_kv(args: &AttnArgs) -> Result<()> {
         shape: shape(p.seqlen_q, p.heads_q),
         data: out,
     };
-    let lse = Tensor {
-        shape: vec![p.batch, p.heads_q, p.seqlen_q],
-        data: TensorData::F32(lse),
-    };
     // The caches as they came: [B, capacity, ...], or the pools.
     let cache_shape = match &input.block_table {
         Some((_, pg)) => vec![pg.num_pages, pg.page_size, p.heads_kv, p.head_dim],
@@ -56,11 +52,12 @@ pub fn attn_kv(args: &AttnArgs) -> Result<()> {
         shape: cache_shape,
         data: input.v_cache,
     };
-    let mut tensors = vec![("out", &out), ("k_cache", &kc), ("v_cache", &vc)];
-    if args.lse {
-        tensors.push(("lse", &lse));
-    }
-    tensor_io::write_file(&args.output, &tensors, Some(tensor_io::attn_metadata(&p)))?;
+    tensor_io::write_attn_tensors(
+        &args.output,
+        &p,
+        &[("out", &out), ("k_cache", &kc), ("v_cache", &vc)],
+        args.lse.then_some(lse),
+    )?;
     println!(
         "flashcore attn: KV cache B={} Sq={} capacity={} appended {n} row(s) Hq={} Hkv={} D={} {}{} on {engine}: wrote out, k_cache, v_cache{} to {}",
         p.batch,
