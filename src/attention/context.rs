@@ -271,16 +271,7 @@ impl Context {
         lse: Option<&mut CudaSlice<f32>>,
         [lens, table, starts]: [u64; 3],
     ) -> Result<()> {
-        if params.dtype != T::DTYPE {
-            return Err(Error::invalid(
-                "dtype",
-                format!(
-                    "params say {} but the buffers hold {}",
-                    params.dtype.name(),
-                    T::DTYPE.name()
-                ),
-            ));
-        }
+        validate::check_buffers_dtype(params, T::DTYPE)?;
         let align = validate::TENSOR_ALIGN;
         let (q_ptr, _g1) = q.device_ptr(&self.stream);
         let (k_ptr, _g2) = k.device_ptr(&self.stream);

@@ -568,6 +568,7 @@ impl ExternalContext {
 mod tests {
     use super::*;
     use crate::attention::params::DType;
+    use crate::attention::validate::rule_of;
 
     fn bhsd(p: &AttentionParams, seqlen: usize, heads: usize, ptr: u64) -> DeviceTensor {
         DeviceTensor {
@@ -582,13 +583,6 @@ mod tests {
         let v = bhsd(&p, p.seqlen_k, p.heads_kv, 0x30000);
         let o = bhsd(&p, p.seqlen_q, p.heads_q, 0x40000);
         ExternalCall::new(p, q, k, v, o)
-    }
-
-    fn rule(e: Error) -> (&'static str, String) {
-        match e {
-            Error::InvalidArgument { arg, rule } => (arg, rule),
-            other => panic!("expected InvalidArgument, got {other:?}"),
-        }
     }
 
     #[test]
@@ -636,10 +630,10 @@ mod tests {
     fn rejects_null_and_misaligned_pointers() {
         let mut c = call(AttentionParams::new(1, 2, 8, 64));
         c.k.ptr = 0;
-        let (arg, r) = rule(validate(&c).unwrap_err());
+        let (arg, r) = rule_of(validate(&c).unwrap_err());
         assert_eq!((arg, r.contains("null")), ("k", true));
         c.k.ptr = 0x20008;
-        let (arg, r) = rule(validate(&c).unwrap_err());
+        let (arg, r) = rule_of(validate(&c).unwrap_err());
         assert_eq!(arg, "k");
         assert!(r.contains("16-byte aligned"), "{r}");
     }
@@ -648,13 +642,13 @@ mod tests {
     fn kv_lengths_rules() {
         let c = call(AttentionParams::new(2, 4, 1, 64).seqlen_k(500)).kv_lengths(0x60000);
         assert!(validate(&c).is_ok());
-        let (arg, r) = rule(validate(&c.clone().lengths(0x70000)).unwrap_err());
+        let (arg, r) = rule_of(validate(&c.clone().lengths(0x70000)).unwrap_err());
         assert_eq!(arg, "kv_lengths");
         assert!(r.contains("not both"), "{r}");
-        let (arg, _) = rule(validate(&c.clone().kv_lengths(0x60002)).unwrap_err());
+        let (arg, _) = rule_of(validate(&c.clone().kv_lengths(0x60002)).unwrap_err());
         assert_eq!(arg, "kv_lengths");
         let long = call(AttentionParams::new(2, 4, 17, 64).seqlen_k(500)).kv_lengths(0x60000);
-        let (arg, r) = rule(validate(&long).unwrap_err());
+        let (arg, r) = rule_of(validate(&long).unwrap_err());
         assert_eq!(arg, "seqlen_q");
         assert!(r.contains("at most 16"), "{r}");
     }
@@ -662,7 +656,7 @@ mod tests {
     #[test]
     fn rejects_a_misaligned_workspace() {
         let c = call(AttentionParams::new(1, 2, 1, 64).seqlen_k(4096)).workspace(0x50008);
-        let (arg, r) = rule(validate(&c).unwrap_err());
+        let (arg, r) = rule_of(validate(&c).unwrap_err());
         assert_eq!(arg, "workspace");
         assert!(r.contains("16-byte aligned"), "{r}");
         assert!(validate(&c.workspace(0x50010)).is_ok());
@@ -674,19 +668,19 @@ mod tests {
         // A seq stride of 68 elements (136 bytes) is not a multiple of 16 bytes.
         let mut c = call(p.clone());
         c.v.strides.seq = 68;
-        let (arg, r) = rule(validate(&c).unwrap_err());
+        let (arg, r) = rule_of(validate(&c).unwrap_err());
         assert_eq!(arg, "v");
         assert!(r.contains("seq stride 68"), "{r}");
         // A broadcast (stride 0) over a dim of extent 2.
         let mut c = call(p.clone());
         c.k.strides.head = 0;
-        let (arg, r) = rule(validate(&c).unwrap_err());
+        let (arg, r) = rule_of(validate(&c).unwrap_err());
         assert_eq!(arg, "k");
         assert!(r.contains("positive"), "{r}");
         // Negative.
         let mut c = call(p);
         c.q.strides.batch = -1024;
-        assert_eq!(rule(validate(&c).unwrap_err()).0, "q");
+        assert_eq!(rule_of(validate(&c).unwrap_err()).0, "q");
     }
 
     #[test]
@@ -699,7 +693,7 @@ mod tests {
             seq: 64,
             head: 64,
         };
-        let (arg, r) = rule(validate(&c).unwrap_err());
+        let (arg, r) = rule_of(validate(&c).unwrap_err());
         assert_eq!(arg, "out");
         assert!(r.contains("overlap itself"), "{r}");
         // The same strides on an input are fine (reads only).
@@ -710,28 +704,28 @@ mod tests {
 
     #[test]
     fn shape_rules_apply() {
-        let (arg, _) = rule(validate(&call(AttentionParams::new(1, 2, 8, 96))).unwrap_err());
+        let (arg, _) = rule_of(validate(&call(AttentionParams::new(1, 2, 8, 96))).unwrap_err());
         assert_eq!(arg, "head_dim");
         let p = AttentionParams {
             heads_kv: 3,
             ..AttentionParams::new(1, 4, 8, 64)
         };
-        assert_eq!(rule(validate(&call(p)).unwrap_err()).0, "heads_kv");
+        assert_eq!(rule_of(validate(&call(p)).unwrap_err()).0, "heads_kv");
     }
 
     #[test]
     fn secret_lengths_need_equal_lengths_and_alignment() {
         let p = AttentionParams::new(2, 2, 16, 64);
         validate(&call(p.clone()).lengths(0x60000)).unwrap();
-        let (arg, _) = rule(validate(&call(p.clone()).lengths(0x60002)).unwrap_err());
+        let (arg, _) = rule_of(validate(&call(p.clone()).lengths(0x60002)).unwrap_err());
         assert_eq!(arg, "lengths");
-        let (arg, _) = rule(validate(&call(p.seqlen_k(17)).lengths(0x60000)).unwrap_err());
+        let (arg, _) = rule_of(validate(&call(p.seqlen_k(17)).lengths(0x60000)).unwrap_err());
         assert_eq!(arg, "seqlen_k");
     }
 
     #[test]
     fn lse_alignment() {
         let c = call(AttentionParams::new(1, 1, 8, 64)).lse(0x50002);
-        assert_eq!(rule(validate(&c).unwrap_err()).0, "lse");
+        assert_eq!(rule_of(validate(&c).unwrap_err()).0, "lse");
     }
 }

@@ -1,6 +1,6 @@
 //! Every rule a call must meet, checked on the host before anything is launched.
 
-use super::params::AttentionParams;
+use super::params::{AttentionParams, DType};
 use crate::error::{Error, Result};
 
 /// Head dimensions the shipped kernels are built for.
@@ -230,6 +230,21 @@ pub fn check_kv_metadata(
     Ok(())
 }
 
+/// The buffers' element type (`T::DTYPE` of a typed call) against the one the params name.
+pub fn check_buffers_dtype(params: &AttentionParams, buffers: DType) -> Result<()> {
+    if params.dtype != buffers {
+        return Err(Error::invalid(
+            "dtype",
+            format!(
+                "params say {} but the buffers hold {}",
+                params.dtype.name(),
+                buffers.name()
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks one buffer's length and its base address alignment.
 pub fn check_buffer(
     arg: &'static str,
@@ -253,17 +268,19 @@ pub fn check_buffer(
     Ok(())
 }
 
+/// A unit test's view of an expected invalid-argument error: which argument, and the rule.
+#[cfg(test)]
+pub(crate) fn rule_of(e: Error) -> (&'static str, String) {
+    match e {
+        Error::InvalidArgument { arg, rule } => (arg, rule),
+        other => panic!("expected InvalidArgument, got {other:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::attention::params::AttentionParams;
-
-    fn rule_of(e: Error) -> (&'static str, String) {
-        match e {
-            Error::InvalidArgument { arg, rule } => (arg, rule),
-            other => panic!("expected InvalidArgument, got {other:?}"),
-        }
-    }
 
     #[test]
     fn accepts_supported_shapes() {

@@ -385,16 +385,7 @@ impl Context {
         out: &mut CudaSlice<T>,
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
-        if params.dtype != T::DTYPE {
-            return Err(Error::invalid(
-                "dtype",
-                format!(
-                    "params say {} but the buffers hold {}",
-                    params.dtype.name(),
-                    T::DTYPE.name()
-                ),
-            ));
-        }
+        validate::check_buffers_dtype(params, T::DTYPE)?;
         let lse_len = lse.as_ref().map(|l| l.len());
         let (total_q, total_k) = check_varlen(
             params,
@@ -464,13 +455,7 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn rule_of(e: Error) -> (&'static str, String) {
-        match e {
-            Error::InvalidArgument { arg, rule } => (arg, rule),
-            other => panic!("expected InvalidArgument, got {other:?}"),
-        }
-    }
+    use crate::attention::validate::rule_of;
 
     #[test]
     fn accepts_a_good_pack_with_empty_sequences() {
