@@ -507,6 +507,7 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::validate::arg_of;
 
     fn params() -> AttentionParams {
         let mut p = AttentionParams::new(2, 4, 100, 64);
@@ -528,13 +529,6 @@ mod tests {
             dq: (d, p.q_len(), a),
             dk: (d, p.kv_len(), a),
             dv: (d, p.kv_len(), a),
-        }
-    }
-
-    fn arg_of(r: Result<()>) -> &'static str {
-        match r {
-            Err(Error::InvalidArgument { arg, .. }) => arg,
-            other => panic!("expected an invalid-argument error, got {other:?}"),
         }
     }
 

@@ -168,6 +168,7 @@ fn normalized(s: Strides, extents: [usize; 3], head_dim: usize) -> Strides {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::validate::arg_of;
     use crate::attention::Layout;
 
     fn call() -> ExternalBackwardCall {
@@ -196,13 +197,6 @@ mod tests {
             dk: 0x80000,
             dv: 0x90000,
             workspace: 0xa0000,
-        }
-    }
-
-    fn arg_of(r: Result<()>) -> &'static str {
-        match r {
-            Err(Error::InvalidArgument { arg, .. }) => arg,
-            other => panic!("expected an invalid-argument error, got {other:?}"),
         }
     }
 

@@ -277,6 +277,15 @@ pub(crate) fn rule_of(e: Error) -> (&'static str, String) {
     }
 }
 
+/// The argument a call's expected invalid-argument error names.
+#[cfg(test)]
+pub(crate) fn arg_of(r: Result<()>) -> &'static str {
+    match r {
+        Err(Error::InvalidArgument { arg, .. }) => arg,
+        other => panic!("expected an invalid-argument error, got {other:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
