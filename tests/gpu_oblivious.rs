@@ -126,11 +126,7 @@ fn run_raw(
     k: &[half::bf16],
     v: &[half::bf16],
 ) -> Vec<u16> {
-    let (dq, dk, dv) = (
-        ctx.upload(q).unwrap(),
-        ctx.upload(k).unwrap(),
-        ctx.upload(v).unwrap(),
-    );
+    let (dq, dk, dv) = upload_qkv(ctx, q, k, v);
     let mut dout = ctx
         .upload(&vec![poison::<half::bf16>(); p.q_len()])
         .unwrap();

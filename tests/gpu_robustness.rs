@@ -28,11 +28,7 @@ fn too_large_a_buffer_is_a_typed_error_naming_the_bytes() {
 }
 
 fn run(ctx: &Context, p: &AttentionParams, q: &[f16], k: &[f16], v: &[f16]) -> Vec<u16> {
-    let (q, k, v) = (
-        ctx.upload(q).unwrap(),
-        ctx.upload(k).unwrap(),
-        ctx.upload(v).unwrap(),
-    );
+    let (q, k, v) = upload_qkv(ctx, q, k, v);
     let mut out = ctx.alloc::<f16>(p.q_len()).unwrap();
     ctx.attention(p, &q, &k, &v, &mut out, None).unwrap();
     ctx.download(&out)

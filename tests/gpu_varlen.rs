@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{gpu, poison, randn, rng_from, seed, tolerance};
+use common::{gpu, poison, randn, rng_from, seed, tolerance, upload_qkv};
 use flashcore::attention::{AttentionParams, Context, DType, Element};
 use flashcore::reference;
 
@@ -27,11 +27,7 @@ fn run<T: Element>(
     k: &[T],
     v: &[T],
 ) -> (Vec<T>, Vec<f32>) {
-    let (dq, dk, dv) = (
-        ctx.upload(q).unwrap(),
-        ctx.upload(k).unwrap(),
-        ctx.upload(v).unwrap(),
-    );
+    let (dq, dk, dv) = upload_qkv(ctx, q, k, v);
     let (dcq, dck) = (ctx.upload(cu_q).unwrap(), ctx.upload(cu_k).unwrap());
     let total_q = *cu_q.last().unwrap() as usize;
     let mut dout = ctx.upload(&vec![poison::<T>(); q.len()]).unwrap();

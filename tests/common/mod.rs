@@ -3,6 +3,7 @@
 //! and running the `flashcore` binary.
 #![allow(dead_code)]
 
+use cudarc::driver::CudaSlice;
 use flashcore::attention::{AttentionParams, Context, DType, Element};
 use flashcore::reference;
 use rand::{Rng, SeedableRng};
@@ -76,6 +77,20 @@ pub fn run_case<T: Element>(
     run_inputs(ctx, p, &q, &k, &v)
 }
 
+/// Q, K and V copied to the device (panics on a device error).
+pub fn upload_qkv<T: Element>(
+    ctx: &Context,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> (CudaSlice<T>, CudaSlice<T>, CudaSlice<T>) {
+    (
+        ctx.upload(q).unwrap(),
+        ctx.upload(k).unwrap(),
+        ctx.upload(v).unwrap(),
+    )
+}
+
 /// Runs once on the given inputs (poisoned outputs) and returns O and LSE, unchecked.
 pub fn launch_unchecked<T: Element>(
     ctx: &Context,
@@ -84,11 +99,7 @@ pub fn launch_unchecked<T: Element>(
     k: &[T],
     v: &[T],
 ) -> (Vec<T>, Vec<f32>) {
-    let (dq, dk, dv) = (
-        ctx.upload(q).unwrap(),
-        ctx.upload(k).unwrap(),
-        ctx.upload(v).unwrap(),
-    );
+    let (dq, dk, dv) = upload_qkv(ctx, q, k, v);
     let mut dout = ctx.upload(&vec![poison::<T>(); p.q_len()]).unwrap();
     let mut dlse = ctx.upload(&vec![f32::NAN; p.lse_len()]).unwrap();
     ctx.attention(p, &dq, &dk, &dv, &mut dout, Some(&mut dlse))
