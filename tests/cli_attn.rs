@@ -1,49 +1,18 @@
 //! `flashcore attn` end to end: `--cpu` on files written here, checked against the reference;
 //! exit codes and messages of the error paths; the GPU path on a machine without one.
 
+mod common;
+
+use common::{flashcore_attn, randn_data};
 use flashcore::attention::{AttentionParams, DType, Layout};
 use flashcore::reference::{self, check_close};
 use flashcore::tensor_io::{read_attn_input, read_file, write_file, Tensor, TensorData};
-use half::{bf16, f16};
-use rand::{Rng, SeedableRng};
+use half::f16;
+use rand::SeedableRng;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn flashcore(args: &[&str]) -> Run {
-    let o = Command::new(env!("CARGO_BIN_EXE_flashcore"))
-        .arg("attn")
-        .args(args)
-        .output()
-        .expect("spawn flashcore");
-    let run = Run {
-        code: o.status.code().expect("flashcore killed by a signal"),
-        stdout: String::from_utf8_lossy(&o.stdout).into(),
-        stderr: String::from_utf8_lossy(&o.stderr).into(),
-    };
-    assert!(
-        !run.stderr.contains("panicked"),
-        "flashcore panicked:\n{}",
-        run.stderr
-    );
-    run
-}
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-fn randn(r: &mut impl Rng, n: usize, dtype: DType) -> TensorData {
-    let x = (0..n).map(|_| r.random_range(-2.0f32..2.0));
-    match dtype {
-        DType::F16 => TensorData::F16(x.map(f16::from_f32).collect()),
-        DType::Bf16 => TensorData::Bf16(x.map(bf16::from_f32).collect()),
-    }
 }
 
 /// Writes random q, k, v for `p` (its dtype and layout) and returns the path.
@@ -52,18 +21,18 @@ fn input_file(dir: &Path, name: &str, p: &AttentionParams, seed: u64) -> PathBuf
     let l = p.layout;
     let q = Tensor {
         shape: l.shape(p.batch, p.seqlen_q, p.heads_q, p.head_dim).to_vec(),
-        data: randn(&mut r, p.q_len(), p.dtype),
+        data: randn_data(&mut r, p.q_len(), p.dtype),
     };
     let kv_shape = l
         .shape(p.batch, p.seqlen_k, p.heads_kv, p.head_dim)
         .to_vec();
     let k = Tensor {
         shape: kv_shape.clone(),
-        data: randn(&mut r, p.kv_len(), p.dtype),
+        data: randn_data(&mut r, p.kv_len(), p.dtype),
     };
     let v = Tensor {
         shape: kv_shape,
-        data: randn(&mut r, p.kv_len(), p.dtype),
+        data: randn_data(&mut r, p.kv_len(), p.dtype),
     };
     let path = dir.join(name);
     write_file(&path, &[("q", &q), ("k", &k), ("v", &v)], None).unwrap();
@@ -96,7 +65,7 @@ fn cpu_end_to_end(p: &AttentionParams, extra: &[&str], seed: u64) {
         args.push("--causal");
     }
     args.extend(extra);
-    let run = flashcore(&args);
+    let run = flashcore_attn(&args);
     assert_eq!(run.code, 0, "{p:?}\n{}", run.stderr);
     assert!(run.stdout.contains("cpu f64 reference"), "{}", run.stdout);
 
@@ -145,7 +114,7 @@ fn scale_changes_the_result() {
     let dir = tempfile::tempdir().unwrap();
     let input = input_file(dir.path(), "in", &p, 4);
     let out = dir.path().join("out");
-    let run = flashcore(&[
+    let run = flashcore_attn(&[
         "--cpu",
         "--input",
         s(&input),
@@ -180,7 +149,7 @@ fn scale_changes_the_result() {
 
 /// Runs with `args` and expects exit `code` and `needles` in stderr.
 fn expect_failure(args: &[&str], code: i32, needles: &[&str]) {
-    let run = flashcore(args);
+    let run = flashcore_attn(args);
     assert_eq!(run.code, code, "args {args:?}\nstderr: {}", run.stderr);
     for n in needles {
         assert!(
@@ -317,7 +286,7 @@ fn gpu_path_fails_cleanly_without_a_gpu_and_matches_reference_with_one() {
     let out = dir.path().join("out");
     if let Err(e) = flashcore::attention::Context::new(0) {
         let input = input_file(dir.path(), "in", &AttentionParams::new(1, 2, 8, 64), 9);
-        let run = flashcore(&["--input", s(&input), "--output", s(&out), "--lse"]);
+        let run = flashcore_attn(&["--input", s(&input), "--output", s(&out), "--lse"]);
         assert_eq!(run.code, 1, "{}", run.stderr);
         assert!(
             run.stderr.contains("flashcore: error:")
@@ -352,7 +321,7 @@ fn gpu_path_fails_cleanly_without_a_gpu_and_matches_reference_with_one() {
         if p.causal {
             args.push("--causal");
         }
-        let run = flashcore(&args);
+        let run = flashcore_attn(&args);
         assert_eq!(run.code, 0, "{p:?}\n{}", run.stderr);
         let inp = read_attn_input(&input, p.layout).unwrap();
         let want = reference::attention_f64(&p, &inp.q.to_f64(), &inp.k.to_f64(), &inp.v.to_f64());
@@ -381,7 +350,7 @@ fn output_that_is_the_input_is_refused_and_the_input_survives() {
     std::os::unix::fs::symlink(&input, &sym).unwrap();
     std::fs::hard_link(&input, &hard).unwrap();
     for out in [&input, &sym, &hard] {
-        let r = flashcore(&["--cpu", "--input", s(&input), "--output", s(out)]);
+        let r = flashcore_attn(&["--cpu", "--input", s(&input), "--output", s(out)]);
         assert_eq!(r.code, 1, "output {out:?}: {}", r.stderr);
         assert!(
             r.stderr.contains("is the input file"),
@@ -399,7 +368,7 @@ fn output_replaces_an_existing_file_whole_and_leaves_no_temporary() {
     let input = input_file(dir.path(), "qkv.safetensors", &p, 12);
     let out = dir.path().join("out.safetensors");
     std::fs::write(&out, b"an older result").unwrap();
-    let r = flashcore(&["--cpu", "--input", s(&input), "--output", s(&out)]);
+    let r = flashcore_attn(&["--cpu", "--input", s(&input), "--output", s(&out)]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(read_file(&out).unwrap().contains_key("out"));
     let names: Vec<String> = std::fs::read_dir(dir.path())
@@ -433,7 +402,7 @@ fn non_finite_inputs_are_warned_about_with_their_count() {
     )
     .unwrap();
     let out = dir.path().join("out.safetensors");
-    let r = flashcore(&["--cpu", "--input", s(&dirty), "--output", s(&out)]);
+    let r = flashcore_attn(&["--cpu", "--input", s(&dirty), "--output", s(&out)]);
     assert_eq!(r.code, 0, "a warning, not an error: {}", r.stderr);
     assert!(
         r.stderr.contains("warning: `k`") && r.stderr.contains("holds 3 NaN/Inf"),
@@ -445,7 +414,7 @@ fn non_finite_inputs_are_warned_about_with_their_count() {
         "{}",
         r.stderr
     );
-    let r = flashcore(&["--cpu", "--input", s(&clean), "--output", s(&out)]);
+    let r = flashcore_attn(&["--cpu", "--input", s(&clean), "--output", s(&out)]);
     assert_eq!(r.code, 0);
     assert!(!r.stderr.contains("warning"), "{}", r.stderr);
 }

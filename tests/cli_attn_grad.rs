@@ -4,51 +4,17 @@
 //! without a GPU and matches the reference with one. `FLASHCORE_BIN` overrides the binary (for
 //! running this test binary on a machine where the build directory does not exist).
 
+mod common;
+
+use common::{flashcore_attn, randn_data};
 use flashcore::attention::{AttentionParams, DType, Layout};
 use flashcore::reference::{self, check_close};
 use flashcore::tensor_io::{read_file, write_file, Tensor, TensorData};
-use half::{bf16, f16};
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn flashcore(args: &[&str]) -> Run {
-    let bin = std::env::var("FLASHCORE_BIN")
-        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_flashcore").to_string());
-    let o = Command::new(bin)
-        .arg("attn")
-        .args(args)
-        .output()
-        .expect("spawn flashcore");
-    let run = Run {
-        code: o.status.code().expect("flashcore killed by a signal"),
-        stdout: String::from_utf8_lossy(&o.stdout).into(),
-        stderr: String::from_utf8_lossy(&o.stderr).into(),
-    };
-    assert!(
-        !run.stderr.contains("panicked"),
-        "flashcore panicked:\n{}",
-        run.stderr
-    );
-    run
-}
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
-}
-
-fn randn(r: &mut impl Rng, n: usize, dtype: DType) -> TensorData {
-    let x = (0..n).map(|_| r.random_range(-2.0f32..2.0));
-    match dtype {
-        DType::F16 => TensorData::F16(x.map(f16::from_f32).collect()),
-        DType::Bf16 => TensorData::Bf16(x.map(bf16::from_f32).collect()),
-    }
 }
 
 /// Random q, k, v and do for `p`; `do` is replaced by `d_o` when given (`None` inside: omitted).
@@ -61,7 +27,7 @@ fn input_file(dir: &Path, p: &AttentionParams, seed: u64, d_o: Option<Option<Ten
         .to_vec();
     let t = |shape: &Vec<usize>, r: &mut rand::rngs::StdRng, n| Tensor {
         shape: shape.clone(),
-        data: randn(r, n, p.dtype),
+        data: randn_data(r, n, p.dtype),
     };
     let q = t(&q_shape, &mut r, p.q_len());
     let k = t(&kv_shape, &mut r, p.kv_len());
@@ -150,7 +116,7 @@ fn cpu_grad_matches_reference_and_writes_f32() {
         let output = dir.path().join("out.safetensors");
         let mut args = args_for(&p, &input, &output);
         args.push("--cpu");
-        let run = flashcore(&args);
+        let run = flashcore_attn(&args);
         assert_eq!(run.code, 0, "{p:?}\n{}", run.stderr);
         assert!(
             run.stdout.contains("cpu f64 reference") && run.stdout.contains("dq"),
@@ -180,7 +146,7 @@ fn expect_error(p: &AttentionParams, input: &Path, dir: &Path, needles: &[&str])
     let output = dir.join("out.safetensors");
     let mut args = args_for(p, input, &output);
     args.push("--cpu");
-    let run = flashcore(&args);
+    let run = flashcore_attn(&args);
     assert_eq!(run.code, 1, "{}\n{}", run.stdout, run.stderr);
     for n in needles {
         assert!(run.stderr.contains(n), "missing `{n}` in: {}", run.stderr);
@@ -208,7 +174,7 @@ fn do_of_the_wrong_dtype_is_an_error() {
     let mut r = rand::rngs::StdRng::seed_from_u64(3);
     let d_o = Tensor {
         shape: p.layout.shape(1, 8, 2, 64).to_vec(),
-        data: randn(&mut r, p.q_len(), DType::Bf16),
+        data: randn_data(&mut r, p.q_len(), DType::Bf16),
     };
     let input = input_file(dir.path(), &p, 1, Some(Some(d_o)));
     expect_error(
@@ -226,7 +192,7 @@ fn do_of_the_wrong_shape_is_an_error() {
     let mut r = rand::rngs::StdRng::seed_from_u64(4);
     let d_o = Tensor {
         shape: vec![1, 7, 2, 64],
-        data: randn(&mut r, 7 * 2 * 64, DType::F16),
+        data: randn_data(&mut r, 7 * 2 * 64, DType::F16),
     };
     let input = input_file(dir.path(), &p, 1, Some(Some(d_o)));
     expect_error(
@@ -251,7 +217,7 @@ fn kv_cache_input_has_no_backward() {
     let p = AttentionParams::new(1, 2, 8, 64);
     let mut r = rand::rngs::StdRng::seed_from_u64(5);
     let t = |shape: Vec<usize>, r: &mut rand::rngs::StdRng| Tensor {
-        data: randn(r, shape.iter().product(), DType::F16),
+        data: randn_data(r, shape.iter().product(), DType::F16),
         shape,
     };
     let q = t(vec![1, 1, 2, 64], &mut r);
@@ -276,7 +242,7 @@ fn gpu_grad_fails_cleanly_without_a_gpu_and_matches_reference_with_one() {
     if let Err(e) = flashcore::attention::Context::new(0) {
         let p = AttentionParams::new(1, 2, 8, 64);
         let input = input_file(dir.path(), &p, 9, None);
-        let run = flashcore(&args_for(&p, &input, &output));
+        let run = flashcore_attn(&args_for(&p, &input, &output));
         assert_eq!(run.code, 1, "{}", run.stderr);
         assert!(
             run.stderr.contains("no CUDA driver")
@@ -305,7 +271,7 @@ fn gpu_grad_fails_cleanly_without_a_gpu_and_matches_reference_with_one() {
     .enumerate()
     {
         let input = input_file(dir.path(), &p, 20 + seed as u64, None);
-        let run = flashcore(&args_for(&p, &input, &output));
+        let run = flashcore_attn(&args_for(&p, &input, &output));
         assert_eq!(run.code, 0, "{p:?}\n{}", run.stderr);
         let got = read_file(&output).unwrap();
         let want_dtype = if p.dtype == DType::F16 { "F16" } else { "BF16" };

@@ -196,3 +196,43 @@ pub fn flashcore(args: &[&str]) -> (i32, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// One `flashcore attn` run's exit code and output.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `flashcore attn` with `args`, asserting it did not panic. `FLASHCORE_BIN` overrides the
+/// binary (for running a test binary on a machine where the build directory does not exist).
+pub fn flashcore_attn(args: &[&str]) -> Run {
+    let bin = std::env::var("FLASHCORE_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_flashcore").to_string());
+    let o = std::process::Command::new(bin)
+        .arg("attn")
+        .args(args)
+        .output()
+        .expect("spawn flashcore");
+    let run = Run {
+        code: o.status.code().expect("flashcore killed by a signal"),
+        stdout: String::from_utf8_lossy(&o.stdout).into(),
+        stderr: String::from_utf8_lossy(&o.stderr).into(),
+    };
+    assert!(
+        !run.stderr.contains("panicked"),
+        "flashcore panicked:\n{}",
+        run.stderr
+    );
+    run
+}
+
+/// `n` values uniform in [-2, 2) as a file tensor's data of `dtype`.
+pub fn randn_data(r: &mut impl Rng, n: usize, dtype: DType) -> flashcore::tensor_io::TensorData {
+    use flashcore::tensor_io::TensorData;
+    let x = (0..n).map(|_| r.random_range(-2.0f32..2.0));
+    match dtype {
+        DType::F16 => TensorData::F16(x.map(half::f16::from_f32).collect()),
+        DType::Bf16 => TensorData::Bf16(x.map(half::bf16::from_f32).collect()),
+    }
+}
