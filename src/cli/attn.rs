@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::reference;
 use crate::tensor_io::{self, AttnInput, TensorData};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Run attention on q, k, v from a safetensors file — or, when the file holds `k_cache`,
 /// `v_cache` and `cache_seqlens` (I32 [B]) with optional new `k`, `v`, one decode step over that
@@ -112,18 +112,8 @@ fn attn(args: &AttnArgs) -> Result<()> {
     );
     tensor_io::write_attn_output(&args.output, &p, out, args.lse.then_some(lse))?;
     println!(
-        "flashcore attn: B={} Sq={} Sk={} Hq={} Hkv={} D={} {} {}{} scale={} on {engine} in {:.3} ms (wall, incl. setup): wrote out {shape:?} {out_dtype}{} to {}",
-        p.batch,
-        p.seqlen_q,
-        p.seqlen_k,
-        p.heads_q,
-        p.heads_kv,
-        p.head_dim,
-        p.dtype.name(),
-        p.layout.name(),
-        if p.causal { " causal" } else { "" },
-        p.softmax_scale(),
-        elapsed.as_secs_f64() * 1e3,
+        "flashcore attn: {}: wrote out {shape:?} {out_dtype}{} to {}",
+        run_summary(&p, &engine, elapsed),
         if args.lse { " and lse F32" } else { "" },
         args.output.display()
     );
@@ -178,17 +168,34 @@ pub(super) fn with_inferred_shapes(e: Error, input: &Path, p: &AttentionParams) 
         Error::InvalidArgument { arg, rule } => Error::InvalidArgument {
             arg,
             rule: format!(
-                "{rule} (read from {} as {}: B={} Sq={} Sk={} Hq={} Hkv={} D={})",
+                "{rule} (read from {} as {}: {})",
                 input.display(),
                 p.layout.name(),
-                p.batch,
-                p.seqlen_q,
-                p.seqlen_k,
-                p.heads_q,
-                p.heads_kv,
-                p.head_dim
+                dims(p)
             ),
         },
         other => other,
     }
+}
+
+/// The shape as the CLI reports it: `B=.. Sq=.. Sk=.. Hq=.. Hkv=.. D=..`.
+fn dims(p: &AttentionParams) -> String {
+    format!(
+        "B={} Sq={} Sk={} Hq={} Hkv={} D={}",
+        p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim
+    )
+}
+
+/// What ran, where and how long: the part of the success line that `attn` and `attn --grad`
+/// share.
+pub(super) fn run_summary(p: &AttentionParams, engine: &str, elapsed: Duration) -> String {
+    format!(
+        "{} {} {}{} scale={} on {engine} in {:.3} ms (wall, incl. setup)",
+        dims(p),
+        p.dtype.name(),
+        p.layout.name(),
+        if p.causal { " causal" } else { "" },
+        p.softmax_scale(),
+        elapsed.as_secs_f64() * 1e3,
+    )
 }

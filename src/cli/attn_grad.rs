@@ -3,7 +3,7 @@
 //! `--lse`). On the GPU the gradients are the input dtype; with `--cpu` the float64 reference's,
 //! as F32. Exit codes as `flashcore attn`'s.
 
-use super::attn::{with_inferred_shapes, AttnArgs};
+use super::attn::{run_summary, with_inferred_shapes, AttnArgs};
 use crate::attention::backward::check_backward_params;
 use crate::attention::{AttentionParams, Context, Element};
 use crate::error::{Error, Result};
@@ -67,18 +67,8 @@ pub fn attn_grad(args: &AttnArgs) -> Result<()> {
         args.lse.then_some(g.lse),
     )?;
     println!(
-        "flashcore attn --grad: B={} Sq={} Sk={} Hq={} Hkv={} D={} {} {}{} scale={} on {engine} in {:.3} ms (wall, incl. setup): wrote out, dq {q_shape:?} and dk, dv {k_shape:?} {dtype}{} to {}",
-        p.batch,
-        p.seqlen_q,
-        p.seqlen_k,
-        p.heads_q,
-        p.heads_kv,
-        p.head_dim,
-        p.dtype.name(),
-        p.layout.name(),
-        if p.causal { " causal" } else { "" },
-        p.softmax_scale(),
-        elapsed.as_secs_f64() * 1e3,
+        "flashcore attn --grad: {}: wrote out, dq {q_shape:?} and dk, dv {k_shape:?} {dtype}{} to {}",
+        run_summary(&p, &engine, elapsed),
         if args.lse { " and lse F32" } else { "" },
         args.output.display()
     );
