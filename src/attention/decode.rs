@@ -77,7 +77,24 @@ pub fn pack_for(group: usize) -> usize {
 /// heads; up to sixteen 128-key blocks per split keep each work unit long against its fixed
 /// costs (Q load, partial write) on long caches. A function of Sk alone.
 pub fn split_blocks_for(seqlen_k: usize, block_n: usize) -> usize {
-    seqlen_k.div_ceil(16 * block_n).clamp(1, 16)
+    seqlen_k
+        .div_ceil(16 * block_n)
+        .clamp(min_split_blocks().min(16), 16)
+}
+
+/// The fewest K/V blocks per split: 1, or for measurement `FLASHCORE_DECODE_MIN_SPLIT=N` (1–16;
+/// other values ignored). Like the prefill's tuning knobs it is public and a function of nothing
+/// but the environment, so bits stay batch-invariant under it; it changes the split size, and so
+/// the bits, against the default rule.
+fn min_split_blocks() -> usize {
+    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MIN.get_or_init(|| {
+        std::env::var("FLASHCORE_DECODE_MIN_SPLIT")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| (1..=16).contains(n))
+            .unwrap_or(1)
+    })
 }
 
 /// The decode grid: which work units exist and how many CTAs walk them.
