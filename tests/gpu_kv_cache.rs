@@ -253,8 +253,8 @@ fn kv_cache_bf16_matches_reference() {
 
 /// One sequence alone, among 6 and among 63 other sequences of other lengths, in paged caches
 /// whose pages are shuffled differently each time, and in contiguous caches: the same bits. The
-/// split size comes from the capacity (Sk), so the capacities here share one (3 blocks per split,
-/// capacities in (4096, 6144]); its bits then also equal plain decode over exactly its keys
+/// split size comes from the capacity (Sk), so the capacities here share one (8 blocks per split,
+/// capacities up to 16384); its bits then also equal plain decode over exactly its keys
 /// (`Context::attention`, Sk = 5000, the same split size).
 #[test]
 fn kv_cache_is_batch_invariant() {

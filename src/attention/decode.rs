@@ -72,17 +72,19 @@ pub fn pack_for(group: usize) -> usize {
     pack
 }
 
-/// K/V blocks per split: about a sixteenth of the key range, at least one block and at most
-/// sixteen. Sixteen splits of one K/V head fill most of the GPU for one sequence with 8 K/V
-/// heads; up to sixteen 128-key blocks per split keep each work unit long against its fixed
-/// costs (Q load, partial write) on long caches. A function of Sk alone.
+/// K/V blocks per split: about a sixteenth of the key range, at least eight blocks (1024 keys)
+/// and at most sixteen. Up to sixteen splits of one K/V head fill the GPU for one sequence over a
+/// long cache; eight blocks at least keep each work unit long against its fixed costs (Q load,
+/// pipeline fill, partial write, its share of the combine): measured on the H100 over the decode
+/// suite (PERF_NOTES step 19), minimum 8 is more than 2% faster than 1 at 20 of 34 shapes (up to 29%)
+/// and at most 2.0% slower at the rest. A function of Sk alone.
 pub fn split_blocks_for(seqlen_k: usize, block_n: usize) -> usize {
     seqlen_k
         .div_ceil(16 * block_n)
         .clamp(min_split_blocks().min(16), 16)
 }
 
-/// The fewest K/V blocks per split: 1, or for measurement `FLASHCORE_DECODE_MIN_SPLIT=N` (1–16;
+/// The fewest K/V blocks per split: 8, or for measurement `FLASHCORE_DECODE_MIN_SPLIT=N` (1–16;
 /// other values ignored). Like the prefill's tuning knobs it is public and a function of nothing
 /// but the environment, so bits stay batch-invariant under it; it changes the split size, and so
 /// the bits, against the default rule.
@@ -93,7 +95,7 @@ fn min_split_blocks() -> usize {
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
             .filter(|n| (1..=16).contains(n))
-            .unwrap_or(1)
+            .unwrap_or(8)
     })
 }
 
@@ -229,9 +231,10 @@ mod tests {
 
     #[test]
     fn split_size_depends_on_sk_only() {
-        assert_eq!(split_blocks_for(1, 128), 1);
-        assert_eq!(split_blocks_for(2048, 128), 1);
-        assert_eq!(split_blocks_for(8192, 128), 4);
+        assert_eq!(split_blocks_for(1, 128), 8);
+        assert_eq!(split_blocks_for(2048, 128), 8);
+        assert_eq!(split_blocks_for(8192, 128), 8);
+        assert_eq!(split_blocks_for(20000, 128), 10);
         assert_eq!(split_blocks_for(1 << 17, 128), 16);
         assert_eq!(split_blocks_for(1 << 20, 128), 16);
         let tile = crate::kernels::Variant::decode(DType::Bf16, 128, false).tile();
@@ -242,15 +245,15 @@ mod tests {
         many.heads_kv = 8;
         let a = DecodeSchedule::new(&one, &tile, 132, Lengths::None).unwrap();
         let b = DecodeSchedule::new(&many, &tile, 7, Lengths::None).unwrap();
-        assert_eq!((a.pack, a.split_blocks, a.num_splits), (4, 4, 16));
+        assert_eq!((a.pack, a.split_blocks, a.num_splits), (4, 8, 8));
         assert_eq!(
             (b.pack, b.split_blocks, b.num_splits),
             (a.pack, a.split_blocks, a.num_splits)
         );
-        assert_eq!(a.units, 8 * 16);
+        assert_eq!(a.units, 8 * 8);
         assert_eq!(b.units, 64 * a.units);
         assert_eq!(b.ctas, 7);
-        assert_eq!(a.workspace_bytes(&one), 32 * 16 * 130 * 4);
+        assert_eq!(a.workspace_bytes(&one), 32 * 8 * 130 * 4);
     }
 
     #[test]
