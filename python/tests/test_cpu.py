@@ -423,7 +423,7 @@ def test_top_left_launches_the_same_in_both_layouts(mock_launch, sq, sk):
 def test_decode_workspace_size():
     # (batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim)
     split = _native.workspace_bytes("bf16", (1, 1, 8192, 32, 8, 128), False)
-    assert split == 32 * 16 * (128 + 2) * 4  # 32 rows, 16 splits, D outputs + (max, sum) each
+    assert split == 32 * 8 * (128 + 2) * 4  # 32 rows, 8 splits of 8 blocks, D outputs + (max, sum) each
     assert _native.workspace_bytes("bf16", (3, 1, 8192, 32, 8, 128), False) == 3 * split
     assert _native.workspace_bytes("f16", (1, 1, 100, 8, 8, 64), False) == 0  # one split
     assert _native.workspace_bytes("f16", (1, _native.DECODE_MAX_SEQLEN_Q + 1, 8192, 8, 8, 64), False) == 0
