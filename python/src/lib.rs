@@ -248,10 +248,12 @@ fn prepare(
 }
 
 fn lengths_mode(secret_lengths: bool, kv_lengths: bool, kv: KvArgs) -> Lengths {
-    if kv_lengths && kv.prefill_consistent {
-        Lengths::kv_cache(kv.secret, kv.pages()).prefill_consistent()
-    } else if kv_lengths {
-        Lengths::kv_cache(kv.secret, kv.pages())
+    if kv_lengths {
+        Lengths::KvCache {
+            secret: kv.secret,
+            pages: kv.pages(),
+            prefill_consistent: kv.prefill_consistent,
+        }
     } else if secret_lengths {
         Lengths::SecretPadded
     } else {

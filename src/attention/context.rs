@@ -632,11 +632,10 @@ impl<'a, T> KvCache<'a, T> {
     }
     /// The plan's lengths mode for this cache.
     pub fn lengths(&self) -> Lengths {
-        let lengths = Lengths::kv_cache(self.secret_lengths, self.block_table.map(|(_, pg)| pg));
-        if self.prefill_consistent {
-            lengths.prefill_consistent()
-        } else {
-            lengths
+        Lengths::KvCache {
+            secret: self.secret_lengths,
+            pages: self.block_table.map(|(_, pg)| pg),
+            prefill_consistent: self.prefill_consistent,
         }
     }
 }

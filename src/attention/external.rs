@@ -171,11 +171,10 @@ impl ExternalCall {
     /// The lengths mode this call runs in.
     pub fn lengths_mode(&self) -> Lengths {
         if self.kv_lengths != 0 {
-            let kv = Lengths::kv_cache(self.kv_secret, self.pages);
-            if self.prefill_consistent {
-                kv.prefill_consistent()
-            } else {
-                kv
+            Lengths::KvCache {
+                secret: self.kv_secret,
+                pages: self.pages,
+                prefill_consistent: self.prefill_consistent,
             }
         } else if self.lengths != 0 {
             Lengths::SecretPadded
