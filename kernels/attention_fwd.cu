@@ -159,12 +159,10 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
 
 #if FC_DECODE
 // Decode mode's second launch: merges each output row's split partials (fc_decode.cuh).
-extern "C" __global__ void __launch_bounds__(256) flashcore_decode_combine(const __grid_constant__ CombineParams c) {
+extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) flashcore_decode_combine(const __grid_constant__ CombineParams c) {
     // Launched as a programmatic dependent of the main kernel: wait until its partials are
     // complete and visible (a no-op when launched without the dependency).
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    const int idx = (int)(blockIdx.x * blockDim.x + threadIdx.x);
-    const int total = c.batch * c.heads_q * c.seqlen_q * (cfg::D / 4);
-    if (idx < total) combine_row(c, idx);
+    combine_rows(c);
 }
 #endif

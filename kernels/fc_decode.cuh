@@ -77,41 +77,89 @@ struct CombineParams {
     int64_t o_stride_b, o_stride_s, o_stride_h;
     int32_t batch, heads_q, seqlen_q, num_splits;
     float scale_log2, scale;
+    int32_t groups;  // split groups per row: a power of two ≤ 8 and ≤ num_splits (the host's rule)
 };
 
-// Thread `idx` merges four columns of one output row over every split, in split order.
-FC_DEVICE void combine_row(const CombineParams& c, int idx) {
+// One output row is merged by D/4 · groups threads: thread (g, quad) owns four columns and
+// splits g, g + groups, g + 2·groups, … in that order; the groups' sums are then added in group
+// order through shared memory. Every step is fixed by num_splits (a function of Sk) alone, so
+// the bits are deterministic and batch-invariant, and a row with many splits (one sequence over
+// a long cache) is merged by up to 8 times as many threads as one per column quad would give.
+// The CTA holds COMBINE_THREADS / (D/4 · groups) whole rows; `row` past the last is public and
+// only skips loads and stores (every thread reaches the barriers).
+constexpr int COMBINE_THREADS = 256;
+
+FC_DEVICE void combine_rows(const CombineParams& c) {
     using namespace cfg;
     constexpr int QUADS = D / 4;
-    const int row = idx / QUADS;
-    const int col = (idx % QUADS) * 4;
+    __shared__ float4 red_o[COMBINE_THREADS];
+    __shared__ float2 red_ml[COMBINE_THREADS];  // (group max, then group sum)
+    const int groups = c.groups;
+    const int per_row = QUADS * groups;
+    const int t = (int)threadIdx.x;
+    const int base = t - t % per_row;  // this row's first thread in the CTA
+    const int g = (t % per_row) / QUADS;
+    const int quad = t % QUADS;
+    const int col = quad * 4;
+    const int rows = c.batch * c.heads_q * c.seqlen_q;
+    const int row = (int)blockIdx.x * (COMBINE_THREADS / per_row) + t / per_row;
+    const bool live = row < rows;
+    const int64_t first = (int64_t)min(row, rows - 1) * c.num_splits;
+    const float2* ml = reinterpret_cast<const float2*>(c.ws_ml_ptr) + first;
+    const float4* part = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(c.ws_o_ptr) + first * D + col);
+
+    // The row's max over every split: each group's, then across groups.
+    float m_g = neg_inf();
+    if (live) {
+        for (int q = g; q < c.num_splits; q += groups) m_g = fmaxf(m_g, ml[q].x);
+    }
+    red_ml[t].x = m_g;
+    __syncthreads();
+    float m_all = neg_inf();
+    for (int j = 0; j < groups; ++j) m_all = fmaxf(m_all, red_ml[base + j * QUADS + quad].x);
+    const float m_use = select_f(m_all == neg_inf(), 0.0f, m_all);
+
+    float l = 0.0f;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (live) {
+#pragma unroll 4
+        for (int q = g; q < c.num_splits; q += groups) {  // fixed order: deterministic
+            const float2 mq = ml[q];
+            const float w = fast_exp2((mq.x - m_use) * c.scale_log2);
+            l += mq.y * w;
+            const float4 v = part[(int64_t)q * (D / 4)];
+            o.x += v.x * w;
+            o.y += v.y * w;
+            o.z += v.z * w;
+            o.w += v.w * w;
+        }
+    }
+    __syncthreads();  // every thread has read red_ml's maxima
+    red_o[t] = o;
+    red_ml[t].y = l;
+    __syncthreads();
+    if (!live || g != 0) return;
+    l = 0.0f;
+    o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j = 0; j < groups; ++j) {  // group order: deterministic
+        const int u = base + j * QUADS + quad;
+        const float4 v = red_o[u];
+        l += red_ml[u].y;
+        o.x += v.x;
+        o.y += v.y;
+        o.z += v.z;
+        o.w += v.w;
+    }
     const int pos = row % c.seqlen_q;
     const int head = (row / c.seqlen_q) % c.heads_q;
     const int batch = row / (c.seqlen_q * c.heads_q);
-    const float2* ml = reinterpret_cast<const float2*>(c.ws_ml_ptr) + (int64_t)row * c.num_splits;
-    const float4* part = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(c.ws_o_ptr) +
-                                                         (int64_t)row * c.num_splits * D + col);
-    float m_all = neg_inf();
-    for (int q = 0; q < c.num_splits; ++q) m_all = fmaxf(m_all, ml[q].x);
-    const float m_use = select_f(m_all == neg_inf(), 0.0f, m_all);
-    float l = 0.0f, o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
-    for (int q = 0; q < c.num_splits; ++q) {  // fixed order: deterministic
-        const float2 mq = ml[q];
-        const float w = fast_exp2((mq.x - m_use) * c.scale_log2);
-        l += mq.y * w;
-        const float4 v = part[(int64_t)q * (D / 4)];
-        o0 += v.x * w;
-        o1 += v.y * w;
-        o2 += v.z * w;
-        o3 += v.w * w;
-    }
     const bool any = l > 0.0f;
     const float inv = select_f(any, fast_rcp(l), 0.0f);
     uint16_t* out = reinterpret_cast<uint16_t*>(c.o_ptr) + batch * c.o_stride_b + (int64_t)pos * c.o_stride_s +
                     head * c.o_stride_h + col;
     uint2 packed;
-    packed.x = pack_elem2(o0 * inv, o1 * inv);
-    packed.y = pack_elem2(o2 * inv, o3 * inv);
+    packed.x = pack_elem2(o.x * inv, o.y * inv);
+    packed.y = pack_elem2(o.z * inv, o.w * inv);
     *reinterpret_cast<uint2*>(out) = packed;
     if (c.lse_ptr != 0 && col == 0) {
         reinterpret_cast<float*>(c.lse_ptr)[row] = select_f(any, lse_of(m_use, l, c.scale), neg_inf());

@@ -72,30 +72,37 @@ pub fn pack_for(group: usize) -> usize {
     pack
 }
 
-/// K/V blocks per split: about a sixteenth of the key range, at least eight blocks (1024 keys)
-/// and at most sixteen. Up to sixteen splits of one K/V head fill the GPU for one sequence over a
-/// long cache; eight blocks at least keep each work unit long against its fixed costs (Q load,
-/// pipeline fill, partial write, its share of the combine): measured on the H100 over the decode
-/// suite (PERF_NOTES step 19), minimum 8 is more than 2% faster than 1 at 20 of 34 shapes (up to 29%)
-/// and at most 2.0% slower at the rest. A function of Sk alone.
+/// K/V blocks per split, a function of Sk alone: eight splits of 8 to 32 blocks (1k to 4k
+/// keys) up to 64k keys; past that, splits of 16 blocks. Measured on the H100 over the decode
+/// suite (PERF_NOTES step 20): once the GPU is full, longer units are faster (each unit's Q load,
+/// pipeline fill and partial write are fixed costs; 32-block units beat 8-block ones by 2–6% at
+/// large batch), while one sequence needs enough units to spread over the SMs: eight splits of
+/// 8 blocks at 8k keys beat four of 16 by 26% at B = 1. Past 64k keys a cache is usually one
+/// long request, and a single K/V head (MQA) needs at least 64 units there: 16-block splits give
+/// that (30.1 µs against 40.5 with 32 blocks at B = 1 over 131k keys) for 1.4% at GQA.
 pub fn split_blocks_for(seqlen_k: usize, block_n: usize) -> usize {
-    seqlen_k
-        .div_ceil(16 * block_n)
-        .clamp(min_split_blocks().min(16), 16)
+    if let Some(n) = fixed_split_blocks() {
+        return n;
+    }
+    let key_blocks = seqlen_k.div_ceil(block_n);
+    if key_blocks > 512 {
+        16
+    } else {
+        key_blocks.div_ceil(8).clamp(8, 32)
+    }
 }
 
-/// The fewest K/V blocks per split: 8, or for measurement `FLASHCORE_DECODE_MIN_SPLIT=N` (1–16;
-/// other values ignored). Like the prefill's tuning knobs it is public and a function of nothing
-/// but the environment, so bits stay batch-invariant under it; it changes the split size, and so
-/// the bits, against the default rule.
-fn min_split_blocks() -> usize {
-    static MIN: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *MIN.get_or_init(|| {
-        std::env::var("FLASHCORE_DECODE_MIN_SPLIT")
+/// For measurement only: `FLASHCORE_DECODE_SPLIT=N` (1–4096) fixes the split size at N blocks
+/// whatever Sk is. Like the prefill's tuning knobs it is public and a function of nothing but the
+/// environment, so bits stay batch-invariant under it; it changes the split size, and so the
+/// bits, against the default rule.
+fn fixed_split_blocks() -> Option<usize> {
+    static FIXED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *FIXED.get_or_init(|| {
+        std::env::var("FLASHCORE_DECODE_SPLIT")
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
-            .filter(|n| (1..=16).contains(n))
-            .unwrap_or(8)
+            .filter(|n| (1..=4096).contains(n))
     })
 }
 
@@ -209,10 +216,29 @@ pub(crate) struct CombineParams {
     pub num_splits: i32,
     pub scale_log2: f32,
     pub scale: f32,
+    pub groups: i32,
 }
 
-/// Threads per CTA of the combine kernel.
+/// Threads per CTA of the combine kernel (`COMBINE_THREADS` in kernels/fc_decode.cuh).
 pub(crate) const COMBINE_THREADS: u32 = 256;
+
+/// Split groups per row in the combine kernel: the largest power of two up to 8 and up to the
+/// split count. A row is merged by `head_dim / 4 · groups` threads, each summing every
+/// `groups`-th split in order, then the groups in order: a function of the split count (of Sk)
+/// alone, so the bits stay batch-invariant.
+pub(crate) fn combine_groups(num_splits: usize) -> usize {
+    let mut g = 1;
+    while g < 8 && 2 * g <= num_splits {
+        g *= 2;
+    }
+    g
+}
+
+/// CTAs of the combine kernel for `rows` output rows: each holds whole rows.
+pub(crate) fn combine_ctas(rows: usize, head_dim: usize, groups: usize) -> usize {
+    let rows_per_cta = COMBINE_THREADS as usize / (head_dim / 4 * groups);
+    rows.div_ceil(rows_per_cta.max(1))
+}
 
 #[cfg(test)]
 mod tests {
@@ -234,7 +260,11 @@ mod tests {
         assert_eq!(split_blocks_for(1, 128), 8);
         assert_eq!(split_blocks_for(2048, 128), 8);
         assert_eq!(split_blocks_for(8192, 128), 8);
-        assert_eq!(split_blocks_for(20000, 128), 10);
+        assert_eq!(split_blocks_for(16384, 128), 16);
+        assert_eq!(split_blocks_for(20000, 128), 20);
+        assert_eq!(split_blocks_for(32768, 128), 32);
+        assert_eq!(split_blocks_for(65536, 128), 32);
+        assert_eq!(split_blocks_for(65537, 128), 16);
         assert_eq!(split_blocks_for(1 << 17, 128), 16);
         assert_eq!(split_blocks_for(1 << 20, 128), 16);
         let tile = crate::kernels::Variant::decode(DType::Bf16, 128, false).tile();
@@ -254,6 +284,24 @@ mod tests {
         assert_eq!(b.units, 64 * a.units);
         assert_eq!(b.ctas, 7);
         assert_eq!(a.workspace_bytes(&one), 32 * 8 * 130 * 4);
+    }
+
+    #[test]
+    fn combine_groups_are_powers_of_two_up_to_eight_and_tile_the_cta() {
+        assert_eq!(combine_groups(1), 1);
+        assert_eq!(combine_groups(2), 2);
+        assert_eq!(combine_groups(3), 2);
+        assert_eq!(combine_groups(7), 4);
+        assert_eq!(combine_groups(8), 8);
+        assert_eq!(combine_groups(200), 8);
+        // d128, 8 groups: one row per CTA; d64, 2 groups: eight rows per CTA.
+        assert_eq!(combine_ctas(8, 128, 8), 8);
+        assert_eq!(combine_ctas(17, 64, 2), 3);
+        for d in [64, 128] {
+            for g in [1, 2, 4, 8] {
+                assert_eq!(COMBINE_THREADS as usize % (d / 4 * g), 0);
+            }
+        }
     }
 
     #[test]

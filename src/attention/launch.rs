@@ -705,9 +705,10 @@ impl Plan {
             num_splits: d.num_splits as i32,
             scale_log2: k.scale_log2,
             scale: k.scale,
+            groups: decode::combine_groups(d.num_splits) as i32,
         };
-        let threads = DecodeSchedule::rows(p) * (p.head_dim / 4);
-        let grid = threads.div_ceil(COMBINE_THREADS as usize) as u32;
+        let grid =
+            decode::combine_ctas(DecodeSchedule::rows(p), p.head_dim, c.groups as usize) as u32;
         let mut args: [*mut std::ffi::c_void; 1] =
             [(&mut c) as *mut CombineParams as *mut std::ffi::c_void];
         // Programmatic dependent launch: the combine grid is launched while the main kernel is
