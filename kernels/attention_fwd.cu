@@ -39,6 +39,9 @@
 #if FC_DECODE
 #include "fc_decode.cuh"
 #endif
+#if FC_KV_CACHE
+#include "fc_kv_append.cuh"
+#endif
 
 // Every tile of this CTA, for one consumer warpgroup.
 FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
@@ -164,5 +167,12 @@ extern "C" __global__ void __launch_bounds__(COMBINE_THREADS) flashcore_decode_c
     // complete and visible (a no-op when launched without the dependency).
     asm volatile("griddepcontrol.wait;" ::: "memory");
     combine_rows(c);
+}
+#endif
+
+#if FC_KV_CACHE
+// KV-cache builds: the append launched just before the attention (fc_kv_append.cuh).
+extern "C" __global__ void __launch_bounds__(APPEND_THREADS) flashcore_kv_append(const __grid_constant__ AppendParams p) {
+    append_rows(p);
 }
 #endif

@@ -87,8 +87,25 @@ def _workspace(n, dev, stream):
     return w
 
 
+def _scratch(n, batch, dev, stream, append):
+    """(workspace address, counts address) of one call: `n` bytes of decode workspace and, for a
+    fused KV-cache append, room for the int32 [B] counts after it (16-byte aligned), in one
+    buffer per stream (`_workspace`). Zeros where nothing is needed."""
+    counts_at = (n + 15) // 16 * 16
+    total = counts_at + 4 * batch if append else n
+    if not total:
+        return 0, 0
+    ptr = _workspace(total, dev, stream).data_ptr()
+    return (ptr if n else 0), (ptr + counts_at if append else 0)
+
+
+def _append_desc(k_new, v_new, counts):
+    """The native call's `append` argument: (k, v, rows per sequence, counts address)."""
+    return (_desc(k_new), _desc(v_new), k_new.shape[1], counts)
+
+
 def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=False, kv_secret=False,
-           block_table=None, prefill_consistent=False, kv_starts=None):
+           block_table=None, prefill_consistent=False, kv_starts=None, append=None):
     """O = attention(q, k, v) into `out`. All four tensors are in [B, S, H, D] index order (or
     all four [B, H, S, D] with `bhsd`), with any strides (inputs that TMA cannot read in place
     are copied); `lse` is an fp32 contiguous [B, Hq, Sq] tensor or None; `lengths` int32 [B] or
@@ -96,7 +113,9 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=Fals
     key count in k, v; public metadata unless `kv_secret`). `block_table` int32 [B, max_pages]
     (contiguous) or None: k, v are then page pools [num_pages, page_size, Hkv, D] and the
     capacity is max_pages · page_size. `prefill_consistent` (KV-cache mode): no key splits, each
-    row the bits of the causal prefill's."""
+    row the bits of the causal prefill's. `append` (KV-cache mode): new (k, v) rows [B, n, Hkv, D]
+    that one launch writes into the caches at each count before the attention reads count + n
+    keys; the caches must then be readable in place (checked by the caller)."""
     if bhsd:
         b, hq, sq, d = q.shape
         hkv, sk = k.shape[1], k.shape[2]
@@ -115,12 +134,14 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=Fals
     dtype = _DTYPES[q.dtype]
     shape = (b, sq, sk, hq, hkv, d)
     causal = bool(causal)
-    ws = 0
+    n = 0
     if sq <= _DECODE_MAX_SEQLEN_Q and lengths is None:
         # Decode mode's split partials (most decode shapes need some; prefill never does).
         n = _workspace_bytes(dtype, shape, causal, kv_lengths is not None, bool(prefill_consistent))
-        if n:
-            ws = _workspace(n, dev, stream).data_ptr()
+    ws, counts = _scratch(n, b, dev, stream, append is not None)
+    extras = _kv_extras(kv_secret, block_table, page_size, num_pages, prefill_consistent, kv_starts)
+    if append is not None:
+        extras["append"] = _append_desc(append[0], append[1], counts)
     _native.attention(
         dev,
         stream,
@@ -136,7 +157,7 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=Fals
         lengths.data_ptr() if lengths is not None else 0,
         ws,
         kv_lengths.data_ptr() if kv_lengths is not None else 0,
-        **_kv_extras(kv_secret, block_table, page_size, num_pages, prefill_consistent, kv_starts),
+        **extras,
     )
 
 
@@ -219,7 +240,22 @@ _F32 = torch.float32
 _I32 = torch.int32
 
 
-def fast(q, k, v, causal, scale, bhsd, return_lse, kv_lengths=None, gqa=True, top_left=False):
+def _append_ready(k_new, v_new, cache, dev):
+    """Whether new K/V rows can go to the fused append as they are: plain CUDA tensors of the
+    cache's dtype on its device, [B, n, Hkv, D] like it, with strides the 16-byte copies read."""
+    for t in (k_new, v_new):
+        if type(t) is not _Tensor or t.dtype is not cache.dtype or not t.is_cuda or t.get_device() != dev:
+            return False
+        s = t.shape
+        if len(s) != 4 or s[0] != cache.shape[0] or s[1] < 1 or s[2] != cache.shape[2] or s[3] != cache.shape[3]:
+            return False
+        st = t.stride()
+        if st[3] != 1 or t.data_ptr() % 16 or any(x <= 0 or x % 8 for x in st[:3]):
+            return False
+    return True
+
+
+def fast(q, k, v, causal, scale, bhsd, return_lse, kv_lengths=None, gqa=True, top_left=False, append=None):
     """The whole eager call in one pass, for the common case: returns (out, lse) — lse None
     unless `return_lse` — after launching, or None, having done nothing, when anything is not
     plain (a tensor subclass or mode, torch.compile tracing, grad needed, a shape or dtype rule
@@ -227,7 +263,8 @@ def fast(q, k, v, causal, scale, bhsd, return_lse, kv_lengths=None, gqa=True, to
     non-square causal call under SDPA's `top_left` convention). The caller then takes the
     checked path, which raises each rule's own error or copies what it must. Every call this
     serves, the checked path would serve with the same launch (each attribute is read once here:
-    host time, not semantics). `causal` and `return_lse` are bools."""
+    host time, not semantics). `causal` and `return_lse` are bools. `append` (with `kv_lengths`):
+    new (k, v) rows for the fused append (its tensors checked by `_append_ready`)."""
     if type(q) is not _Tensor or type(k) is not _Tensor or type(v) is not _Tensor:
         return None
     dt = q.dtype
@@ -276,15 +313,15 @@ def fast(q, k, v, causal, scale, bhsd, return_lse, kv_lengths=None, gqa=True, to
             return None
     if scale is not None:
         scale = _checks.check_scale(scale)  # raises what the checked path would, at this point
+    if append is not None and (kv_lengths is None or bhsd or not _append_ready(append[0], append[1], k, dev)):
+        return None
     out = torch.empty_like(q, memory_format=_CONTIGUOUS)
     lse = torch.empty((b, hq, sq), dtype=_F32, device=out.device) if return_lse else None
     stream = current_stream(dev)
     shape = (b, sq, sk, hq, hkv, d)
-    ws = 0
-    if sq <= _DECODE_MAX_SEQLEN_Q:
-        n = _workspace_bytes(tag, shape, causal, kv_lengths is not None)
-        if n:
-            ws = _workspace(n, dev, stream).data_ptr()
+    n = _workspace_bytes(tag, shape, causal, kv_lengths is not None) if sq <= _DECODE_MAX_SEQLEN_Q else 0
+    ws, counts = _scratch(n, b, dev, stream, append is not None)
+    extras = {} if append is None else {"append": _append_desc(append[0], append[1], counts)}
     ot = out.stride()
     _native.attention(
         dev,
@@ -301,5 +338,6 @@ def fast(q, k, v, causal, scale, bhsd, return_lse, kv_lengths=None, gqa=True, to
         0,
         ws,
         kv_lengths.data_ptr() if kv_lengths is not None else 0,
+        **extras,
     )
     return out, lse

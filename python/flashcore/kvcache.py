@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _checks, _native, ops
-from ._launch import fast, launch, prepare_kv
+from ._launch import _append_ready, fast, launch, prepare_kv
 
 MAX_SEQLEN_Q = _native.DECODE_MAX_SEQLEN_Q  # query positions per sequence (16)
 
@@ -131,6 +131,64 @@ def attention_kvcache_op(
     return out, lse
 
 
+@torch.library.custom_op("flashcore::attention_kvcache_append", mutates_args=("k_cache", "v_cache"))
+def attention_kvcache_append_op(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    seqlens_k: torch.Tensor,
+    block_table: Optional[torch.Tensor],
+    causal: bool,
+    scale: Optional[float],
+    return_lse: bool,
+    secret_lengths: bool,
+    prefill_consistent: bool,
+    cache_leftpad: Optional[torch.Tensor],
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """`attention_kvcache` after writing k, v ([B, n, Hkv, D]) into the caches at rows
+    seqlens_k[b] .. + n (in place: the caches are declared mutated); the attention reads
+    seqlens_k[b] + n keys. `seqlens_k` itself is not changed."""
+    _check(q, k_cache, v_cache, seqlens_k, block_table)
+    _check_leftpad(q, cache_leftpad)
+    out, lse = _outputs(q, return_lse)
+    _launch_append(q, k_cache, v_cache, k, v, seqlens_k, block_table, causal, scale, out,
+                   lse if return_lse else None, secret_lengths, prefill_consistent, cache_leftpad)
+    return out, lse
+
+
+@attention_kvcache_append_op.register_fake
+def _attention_kvcache_append_fake(q, k_cache, v_cache, k, v, seqlens_k, block_table, causal, scale, return_lse,
+                                   secret_lengths, prefill_consistent, cache_leftpad):
+    _check(q, k_cache, v_cache, seqlens_k, block_table)
+    _check_leftpad(q, cache_leftpad)
+    return _outputs(q, return_lse)
+
+
+def _in_place(t):
+    """Whether TMA reads the cache `t` where it is (the fused append writes it there): a
+    contiguous head dim, 16-byte aligned base and positive strides of 16-byte multiples."""
+    st = t.stride()
+    return st[3] == 1 and t.data_ptr() % 16 == 0 and all(x > 0 and x % 8 == 0 for x in st[:3])
+
+
+def _launch_append(q, k_cache, v_cache, k, v, seqlens, block_table, causal, scale, out, lse, secret,
+                   prefill_consistent, leftpad):
+    """Appends k, v and runs the attention into `out` (`lse`): in one native call when the caches
+    are readable in place (the fused append), else torch indexing then the attention."""
+    scale = _checks.check_scale(scale)
+    if _in_place(k_cache) and _in_place(v_cache):
+        if not _append_ready(k, v, k_cache, q.get_device()):
+            k, v = k.contiguous(), v.contiguous()
+        launch(q, k_cache, v_cache, out, lse, None, causal, scale, kv_lengths=seqlens, kv_secret=secret,
+               block_table=block_table, prefill_consistent=prefill_consistent, kv_starts=leftpad, append=(k, v))
+    else:
+        counts = append_kv(k_cache, v_cache, k, v, seqlens, block_table)
+        launch(q, k_cache, v_cache, out, lse, None, causal, scale, kv_lengths=counts, kv_secret=secret,
+               block_table=block_table, prefill_consistent=prefill_consistent, kv_starts=leftpad)
+
+
 @attention_kvcache_op.register_fake
 def _attention_kvcache_fake(q, k_cache, v_cache, seqlens_k, block_table, causal, scale, return_lse, secret_lengths,
                             prefill_consistent, cache_leftpad):
@@ -224,10 +282,37 @@ def flash_attn_with_kvcache(
                     f"flashcore: `{name}` must be [B, n, Hkv, D] = [{b}, n, {c.shape[2]}, {c.shape[3]}] "
                     f"of {c.dtype}, got {tuple(t.shape)} of {t.dtype}"
                 )
-        seqlens = append_kv(k_cache, v_cache, k, v, seqlens, block_table)
-    out, lse = _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, bool(causal), softmax_scale,
-                                  bool(return_softmax_lse), bool(secret_lengths), num_splits == 1, cache_leftpad)
+        out, lse = _attention_kvcache_append(q, k_cache, v_cache, k, v, seqlens, block_table, bool(causal),
+                                             softmax_scale, bool(return_softmax_lse), bool(secret_lengths),
+                                             num_splits == 1, cache_leftpad)
+    else:
+        out, lse = _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, bool(causal), softmax_scale,
+                                      bool(return_softmax_lse), bool(secret_lengths), num_splits == 1, cache_leftpad)
     return (out, lse) if return_softmax_lse else out
+
+
+def _attention_kvcache_append(q, k_cache, v_cache, k, v, seqlens, block_table, causal, scale, return_lse, secret,
+                              prefill_consistent=False, leftpad=None):
+    """`_attention_kvcache` with new rows appended first, as one native call where it can (the
+    fused append): in one pass for plain eager calls, the op's body directly in eager mode,
+    torch.ops.flashcore.attention_kvcache_append (which declares the caches mutated) whenever
+    torch is tracing or faking tensors."""
+    if block_table is None and not secret and not prefill_consistent and leftpad is None:
+        r = fast(q, k_cache, v_cache, causal, scale, False, return_lse, kv_lengths=seqlens, append=(k, v))
+        if r is not None:
+            return r
+    if ops.eager(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad):
+        _check(q, k_cache, v_cache, seqlens, block_table)
+        _check_leftpad(q, leftpad)
+        b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if return_lse else None
+        _launch_append(q, k_cache, v_cache, k, v, seqlens, block_table, causal, scale, out, lse, secret,
+                       prefill_consistent, leftpad)
+        return out, lse
+    out, lse = attention_kvcache_append_op(q, k_cache, v_cache, k, v, seqlens, block_table, causal, scale,
+                                           return_lse, secret, prefill_consistent, leftpad)
+    return out, (lse if return_lse else None)
 
 
 def _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret,

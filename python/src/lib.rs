@@ -6,6 +6,7 @@
 mod backward;
 
 use flashcore::attention::external::{self, DeviceTensor, ExternalCall, ExternalContext, Strides};
+use flashcore::attention::kv_append::KvAppend;
 use flashcore::attention::launch::Lengths;
 use flashcore::attention::Pages;
 use flashcore::attention::{AttentionParams, DType, Layout};
@@ -82,6 +83,15 @@ fn call(
         .prefill_consistent(kv.prefill_consistent)
         .kv_starts(kv.starts)
         .workspace(workspace);
+    let c = match kv.append {
+        Some((k, v, rows, counts)) => c.append(KvAppend {
+            k: tensor(k),
+            v: tensor(v),
+            rows,
+            counts,
+        }),
+        None => c,
+    };
     Ok(match kv.pages() {
         Some(pg) => c.paged(kv.block_table, pg),
         None => c,
@@ -99,6 +109,8 @@ struct KvArgs {
     num_pages: usize,
     prefill_consistent: bool,
     starts: u64,
+    /// New K/V rows to append first (fused): (k, v, rows per sequence, counts buffer).
+    append: Option<(PyTensor, PyTensor, usize, u64)>,
 }
 
 impl KvArgs {
@@ -128,7 +140,7 @@ pub(crate) fn context(device: usize) -> PyResult<Arc<ExternalContext>> {
 
 /// Checks a call's shapes, alignment and strides without touching a GPU.
 #[pyfunction]
-#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false, kv_starts=0))]
+#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false, kv_starts=0, append=None))]
 #[allow(clippy::too_many_arguments)]
 fn validate(
     dtype: &str,
@@ -149,6 +161,7 @@ fn validate(
     num_pages: usize,
     kv_prefill_consistent: bool,
     kv_starts: u64,
+    append: Option<(PyTensor, PyTensor, usize, u64)>,
 ) -> PyResult<()> {
     let kv = KvArgs {
         secret: kv_secret,
@@ -157,6 +170,7 @@ fn validate(
         num_pages,
         prefill_consistent: kv_prefill_consistent,
         starts: kv_starts,
+        append,
     };
     let c = call(
         dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths, kv,
@@ -169,7 +183,7 @@ fn validate(
 /// device memory covering what the strides reach; the Python package guarantees that by
 /// passing tensors it holds until the op returns (the stream orders their reuse).
 #[pyfunction]
-#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false, kv_starts=0))]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false, kv_starts=0, append=None))]
 #[allow(clippy::too_many_arguments)]
 fn attention(
     py: Python<'_>,
@@ -193,6 +207,7 @@ fn attention(
     num_pages: usize,
     kv_prefill_consistent: bool,
     kv_starts: u64,
+    append: Option<(PyTensor, PyTensor, usize, u64)>,
 ) -> PyResult<()> {
     let kv = KvArgs {
         secret: kv_secret,
@@ -201,6 +216,7 @@ fn attention(
         num_pages,
         prefill_consistent: kv_prefill_consistent,
         starts: kv_starts,
+        append,
     };
     let c = call(
         dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths, kv,

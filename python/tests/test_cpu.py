@@ -294,6 +294,37 @@ def test_rust_validate_rejects_bad_dtype_and_shape():
         _native.validate("f16", (1, 8, 8, 2, 2, 80), False, None, _t(0x1000), _t(0x2000), _t(0x3000), _t(0x4000))
 
 
+def test_rust_validate_checks_the_fused_append():
+    # A KV-cache decode call (Sq = 1 over a cache of 8) appending one row per sequence.
+    shape = (1, 1, 8, 2, 2, 64)
+    new = (0x5000, (128, 128, 64))
+
+    def call(append, kv_lengths=0x6000):
+        _native.validate("f16", shape, False, None, _t(0x1000), _t(0x2000), _t(0x3000), _t(0x4000),
+                         kv_lengths=kv_lengths, append=append)
+
+    call((new, new, 1, 0x7000))
+    with pytest.raises(ValueError, match="needs KV-cache key counts"):
+        call((new, new, 1, 0x7000), kv_lengths=0)
+    with pytest.raises(ValueError, match="at least 1 and at most the cache capacity"):
+        call((new, new, 0, 0x7000))
+    with pytest.raises(ValueError, match="at least 1 and at most the cache capacity"):
+        call((new, new, 9, 0x7000))
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        call(((0x5008, (128, 128, 64)), new, 1, 0x7000))
+    with pytest.raises(ValueError, match="stride"):
+        call((new, (0x5000, (128, 4, 64)), 1, 0x7000))
+    with pytest.raises(ValueError, match="counts buffer"):
+        call((new, new, 1, 0x6000))  # the input counts themselves
+    with pytest.raises(ValueError, match="counts buffer"):
+        call((new, new, 1, 0x7002))
+
+
+def test_kvcache_append_op_declares_the_caches_mutated():
+    schema = str(torch.ops.flashcore.attention_kvcache_append.default._schema)
+    assert "Tensor(a1!) k_cache" in schema and "Tensor(a2!) v_cache" in schema, schema
+
+
 # --- which views are read in place (CPU tensors: only strides and addresses matter) ---------
 
 

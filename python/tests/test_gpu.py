@@ -455,6 +455,90 @@ def test_flash_attn_with_kvcache_appends_and_matches_float64(dtype, sq, causal, 
     assert torch.equal(static_out, out)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_attn_with_kvcache_fused_append_every_path(dtype):
+    """The append fused into the native call: eager (one pass and the checked path), the custom
+    op under torch.compile(fullgraph) and in a CUDA graph replayed twice (each replay appends
+    again), paged and secret counts, strided new rows, a cache TMA cannot read in place (torch
+    indexing instead) — each writes the rows flash-attn's semantics name and gives the bits of
+    an append by hand followed by the plain call. Rows past the capacity are dropped and nothing
+    outside the cache is written (a guard band around it stays intact)."""
+    b, cap, hq, hkv, d, sq, page = 3, 640, 8, 2, 128, 2, 64
+    guard = randn(b * cap * hkv * d + 2 * 4096, dtype=dtype)
+    band = guard.clone()
+    kc = guard[4096:4096 + b * cap * hkv * d].view(b, cap, hkv, d)
+    vc = randn(b, cap, hkv, d, dtype=dtype)
+    q = randn(b, sq, hq, d, dtype=dtype)
+    k, v = randn(b, sq, hkv, d, dtype=dtype), randn(b, sq, hkv, d, dtype=dtype)
+    lens = torch.tensor([0, 301, cap - 1], dtype=torch.int32, device="cuda")  # the last row spills
+
+    def by_hand(kc_, vc_, lens_):
+        kc2, vc2 = kc_.clone(), vc_.clone()
+        for i, n in enumerate(lens_.tolist()):
+            m = min(sq, cap - n)
+            kc2[i, n:n + m], vc2[i, n:n + m] = k[i, :m], v[i, :m]
+        return kc2, vc2, flashcore.flash_attn_with_kvcache(q, kc2, vc2, cache_seqlens=(lens_ + sq).clamp(max=cap),
+                                                            causal=True)
+
+    want_k, want_v, want = by_hand(kc, vc, lens)
+    out = flashcore.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
+    assert torch.equal(kc, want_k) and torch.equal(vc, want_v), "the fused append wrote the wrong rows"
+    assert torch.equal(guard[:4096], band[:4096]) and torch.equal(guard[-4096:], band[-4096:]), "wrote outside"
+    assert torch.equal(out, want)
+    for i, n in enumerate(lens.tolist()):
+        total = min(n + sq, cap)
+        ref, _ = reference(q[i:i + 1], kc[i:i + 1, :total], vc[i:i + 1, :total], True)
+        assert rel_l2(out[i:i + 1], ref) < TOL[dtype], (i, n)
+    # Strided new rows (every other row of a bigger tensor) and secret counts: the checked path.
+    kb, vb = randn(b, 2 * sq, hkv, d, dtype=dtype), randn(b, 2 * sq, hkv, d, dtype=dtype)
+    kb[:, ::2], vb[:, ::2] = k, v
+    kc3, vc3 = want_k.clone(), want_v.clone()
+    lens3 = torch.tensor([7, 100, 400], dtype=torch.int32, device="cuda")
+    want_k3, want_v3, _ = by_hand(kc3, vc3, lens3)
+    secret = flashcore.flash_attn_with_kvcache(q, kc3, vc3, kb[:, ::2], vb[:, ::2], cache_seqlens=lens3, causal=True,
+                                               secret_lengths=True)
+    assert torch.equal(kc3, want_k3) and torch.equal(vc3, want_v3)
+    for i, n in enumerate(lens3.tolist()):
+        ref, _ = reference(q[i:i + 1], kc3[i:i + 1, :n + sq], vc3[i:i + 1, :n + sq], True)
+        assert rel_l2(secret[i:i + 1], ref) < TOL[dtype], ("secret", i)
+    # Paged: the pages of a shuffled table get the rows; bits equal the contiguous call's.
+    slots = cap // page
+    table = torch.randperm(b * slots + 4, device="cuda")[: b * slots].view(b, slots).to(torch.int32)
+    pool_k, pool_v = randn(b * slots + 4, page, hkv, d, dtype=dtype), randn(b * slots + 4, page, hkv, d, dtype=dtype)
+    kc4, vc4 = want_k.clone(), want_v.clone()
+    pool_k[table.long()], pool_v[table.long()] = kc4.view(b, slots, page, hkv, d), vc4.view(b, slots, page, hkv, d)
+    paged = flashcore.flash_attn_with_kvcache(q, pool_k, pool_v, k, v, cache_seqlens=lens3, block_table=table,
+                                              causal=True)
+    plain = flashcore.flash_attn_with_kvcache(q, kc4, vc4, k, v, cache_seqlens=lens3, causal=True)
+    assert torch.equal(pool_k[table.long()].view(b, cap, hkv, d), kc4), "the paged append wrote the wrong rows"
+    assert torch.equal(paged, plain)
+    # A cache TMA cannot read in place (a [B, S, D, H] tensor transposed): torch indexing instead.
+    kt = want_k.clone().transpose(2, 3).contiguous().transpose(2, 3)
+    vt = want_v.clone().transpose(2, 3).contiguous().transpose(2, 3)
+    got = flashcore.flash_attn_with_kvcache(q, kt, vt, k, v, cache_seqlens=lens3, causal=True)
+    assert torch.equal(kt, kc4) and torch.equal(vt, vc4), "the fallback append wrote the wrong rows"
+    assert torch.equal(got, plain)
+    # torch.compile(fullgraph): the op declares the caches mutated.
+    kc5, vc5 = want_k.clone(), want_v.clone()
+    fn = torch.compile(lambda q_, kc_, vc_, k_, v_, l_: flashcore.flash_attn_with_kvcache(
+        q_, kc_, vc_, k_, v_, cache_seqlens=l_, causal=True), fullgraph=True)
+    compiled = fn(q, kc5, vc5, k, v, lens3)
+    assert torch.equal(kc5, kc4) and torch.equal(vc5, vc4), "compiled append"
+    assert torch.equal(compiled, plain)
+    # A CUDA graph: each replay appends the same rows again (same counts) and gives the same bits.
+    kc6, vc6 = want_k.clone(), want_v.clone()
+    flashcore.kvcache.prepare(q, kc6, causal=True)
+    flashcore.flash_attn_with_kvcache(q, kc6.clone(), vc6.clone(), k, v, cache_seqlens=lens3, causal=True)  # warm-up
+    static_out = torch.empty_like(plain)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out.copy_(flashcore.flash_attn_with_kvcache(q, kc6, vc6, k, v, cache_seqlens=lens3, causal=True))
+    for _ in range(2):
+        g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(kc6, kc4) and torch.equal(static_out, plain)
+
+
 @pytest.mark.parametrize("page", [16, 64, 256])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_flash_attn_with_kvcache_paged_and_secret(page, dtype):

@@ -120,6 +120,9 @@ pub struct ExternalCall {
     /// call's stream, or keeps one per stream: launches on one stream run in order); 0 when that
     /// size is 0.
     pub workspace: u64,
+    /// KV-cache mode: new rows to write into the cache first, by a launch of their own on the
+    /// same stream ([`super::kv_append`]); the attention then reads the counts after the append.
+    pub append: Option<super::kv_append::KvAppend>,
 }
 
 impl ExternalCall {
@@ -145,7 +148,14 @@ impl ExternalCall {
             block_table: 0,
             pages: None,
             workspace: 0,
+            append: None,
         }
+    }
+    /// Append new K/V rows at each sequence's count before the attention (flash-attn's
+    /// `flash_attn_with_kvcache(k=, v=)`).
+    pub fn append(mut self, append: super::kv_append::KvAppend) -> Self {
+        self.append = Some(append);
+        self
     }
     /// Keep the KV-cache counts secret.
     pub fn kv_secret(mut self, secret: bool) -> Self {
@@ -282,6 +292,9 @@ fn check_no_self_overlap(t: &DeviceTensor, extents: [usize; 3], head_dim: usize)
 pub fn validate(call: &ExternalCall) -> Result<()> {
     let p = &call.params;
     validate::check_params(p)?;
+    if let Some(a) = &call.append {
+        super::kv_append::validate(call, a)?;
+    }
     if call.kv_lengths != 0 {
         if call.lengths != 0 {
             return Err(Error::invalid(
@@ -539,11 +552,11 @@ impl ExternalContext {
             call.v.ptr,
             call.out.ptr,
             call.lse,
-            // At most one of the two is set (validated).
-            if call.kv_lengths != 0 {
-                call.kv_lengths
-            } else {
-                call.lengths
+            // At most one of the two is set (validated); after an append, the counts it wrote.
+            match (&call.append, call.kv_lengths) {
+                (Some(a), _) => a.counts,
+                (None, 0) => call.lengths,
+                (None, kv) => kv,
             },
             call.workspace,
             call.block_table,
@@ -558,6 +571,13 @@ impl ExternalContext {
         } else {
             None
         };
+        if let Some(a) = &call.append {
+            let mut ap =
+                super::kv_append::params(call, a, [strides[1].as_array(), strides[2].as_array()]);
+            // SAFETY: the caller's contract (the new rows, caches, counts and table are live
+            // device memory covering their strides); validated above.
+            unsafe { plan.launch_append(&mut ap, stream)? };
+        }
         // SAFETY: the caller's contract above; shapes, alignment and strides validated.
         unsafe { plan.launch_on(ptrs, strides, stream) }
     }

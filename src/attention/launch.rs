@@ -6,7 +6,7 @@ use super::external::Strides;
 use super::params::AttentionParams;
 use super::tensor_map;
 use crate::error::{Error, Result};
-use crate::kernels::{TestBuild, Tile, Variant, COMBINE_SYMBOL, FORWARD_SYMBOL};
+use crate::kernels::{TestBuild, Tile, Variant, APPEND_SYMBOL, COMBINE_SYMBOL, FORWARD_SYMBOL};
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
 };
@@ -21,6 +21,8 @@ pub struct LoadedKernel {
     function: CudaFunction,
     /// Decode variants' second kernel, which merges the split partials.
     combine: Option<CudaFunction>,
+    /// KV-cache variants' append kernel (`flashcore_kv_append`).
+    append: Option<CudaFunction>,
     pub variant: Variant,
     pub smem_bytes: usize,
 }
@@ -35,6 +37,11 @@ impl LoadedKernel {
         } else {
             None
         };
+        let append = if variant.is_kv_cache() {
+            Some(module.load_function(APPEND_SYMBOL)?)
+        } else {
+            None
+        };
         let smem_bytes = variant.tile().smem_bytes(variant.head_dim);
         function.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -44,6 +51,7 @@ impl LoadedKernel {
             _module: module,
             function,
             combine,
+            append,
             variant,
             smem_bytes,
         })
@@ -680,6 +688,22 @@ impl Plan {
             }
         }
         Ok(())
+    }
+
+    /// The KV-cache append ([`super::kv_append`]) on `stream`, before this plan's launch.
+    ///
+    /// # Safety
+    /// As for [`super::kv_append::launch`].
+    pub(crate) unsafe fn launch_append(
+        &self,
+        ap: &mut super::kv_append::AppendParams,
+        stream: sys::CUstream,
+    ) -> Result<()> {
+        let f =
+            self.kernel.append.as_ref().ok_or_else(|| {
+                Error::invalid("append", "appending new rows needs a KV-cache call")
+            })?;
+        unsafe { super::kv_append::launch(f, ap, stream) }
     }
 
     /// Decode mode's second launch: merges each row's split partials into O and the LSE.

@@ -5,6 +5,7 @@ pub mod backward_external;
 pub mod context;
 pub mod decode;
 pub mod external;
+pub mod kv_append;
 pub mod launch;
 pub mod params;
 pub mod tensor_map;

@@ -12,6 +12,9 @@ pub const FORWARD_SYMBOL: &str = "flashcore_attention_fwd";
 /// Symbol of decode mode's combine kernel (decode variants' cubins only).
 pub const COMBINE_SYMBOL: &str = "flashcore_decode_combine";
 
+/// Symbol of the KV-cache append kernel (KV-cache variants' cubins only).
+pub const APPEND_SYMBOL: &str = "flashcore_kv_append";
+
 const FORWARD_SOURCE: &str = include_str!("../../kernels/attention_fwd.cu");
 
 /// Symbol of the queued-timing wait kernel (`kernels/fc_spin.cu`), used by `flashcore leakage`.
@@ -47,6 +50,7 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_cluster.cuh",
     "fc_instrument.cuh",
     "fc_decode.cuh",
+    "fc_kv_append.cuh",
 );
 
 // The backward kernels (issue 23): their own variant type and cubins.
@@ -258,6 +262,11 @@ impl Variant {
 
     /// The KV-cache decode variant: key counts public ([`Variant::kv_public`]) or secret (the
     /// secret-length build walks the capacity), contiguous or `paged`.
+    /// A KV-cache build (`FC_KV_CACHE`): decode with key counts, public or secret.
+    pub fn is_kv_cache(&self) -> bool {
+        self.decode && (self.kv_public || self.secret_len)
+    }
+
     pub fn kv_cache(
         dtype: DType,
         head_dim: usize,
@@ -429,6 +438,12 @@ impl Variant {
     pub fn declared(&self, kernel: &str) -> crate::audit::Declared {
         use crate::attention::launch::{LENS_FIELD, TABLE_FIELD};
         let mut public_fields = Vec::new();
+        if kernel == APPEND_SYMBOL {
+            // The append is addressed by the counts and the table in every KV-cache kind.
+            use crate::attention::kv_append::{APPEND_TABLE_FIELD, SEQLENS_FIELD};
+            public_fields.push((0, SEQLENS_FIELD));
+            public_fields.push((0, APPEND_TABLE_FIELD));
+        }
         if kernel == FORWARD_SYMBOL {
             if self.kv_public {
                 public_fields.push((0, LENS_FIELD));
