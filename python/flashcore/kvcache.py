@@ -3,8 +3,10 @@
 The cache is caller-owned: contiguous ``[B, S_cache, Hkv, D]``, or paged — pools of
 ``[num_pages, page_size, Hkv, D]`` read through ``block_table`` (int32 ``[B, max_pages]``), as
 vLLM and flash-attn lay them out. New keys/values are written into the cache in place at each
-sequence's ``cache_seqlens`` (torch indexing on the device: no host synchronisation), then the
-custom op ``torch.ops.flashcore.attention_kvcache`` attends over each sequence's keys. The
+sequence's ``cache_seqlens`` by a small kernel launched in the same native call as the attention
+(``torch.ops.flashcore.attention_kvcache_append``, which declares the caches mutated; torch
+indexing where a cache cannot be read in place), then the attention
+(``torch.ops.flashcore.attention_kvcache`` without new rows) runs over each sequence's keys. The
 counts and the block table are public metadata (DESIGN.md §1): the walk ends at each count.
 With ``secret_lengths=True`` the counts stay secret from timing instead — the kernel walks the
 whole capacity and masks by select, at the cost of reading it all.
