@@ -199,3 +199,220 @@ fn the_callers_current_context_is_left_alone() {
         "attention of constant V"
     );
 }
+
+/// One KV-cache call through `ExternalCall` with its new rows, or `None` for the plain call:
+/// (output, caches after the call, counts the append wrote).
+struct AppendRun {
+    out: Vec<f16>,
+    k_cache: Vec<f16>,
+    v_cache: Vec<f16>,
+    counts: Vec<i32>,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn kv_call(
+    ctx: &flashcore::attention::Context,
+    ext: &ExternalContext,
+    p: &AttentionParams,
+    q: &[f16],
+    caches: (&[f16], &[f16]),
+    new_kv: Option<(&[f16], &[f16])>,
+    lens: &[i32],
+    paged: Option<(&[i32], flashcore::attention::Pages)>,
+) -> AppendRun {
+    use flashcore::attention::kv_append::KvAppend;
+    let (pool_rows, cache_seq) = match paged {
+        Some((_, pg)) => (pg.page_size, pg.page_size),
+        None => (p.seqlen_k, p.seqlen_k),
+    };
+    let _ = pool_rows;
+    let stream = ctx.stream();
+    let dq = ctx.upload(q).unwrap();
+    let mut dk = ctx.upload(caches.0).unwrap();
+    let mut dv = ctx.upload(caches.1).unwrap();
+    let dlens = ctx.upload(lens).unwrap();
+    let mut dcounts = ctx.upload(&vec![-7i32; p.batch]).unwrap();
+    let mut dout = ctx.upload(&vec![f16::NAN; p.q_len()]).unwrap();
+    let new = new_kv.map(|(k, v)| (ctx.upload(k).unwrap(), ctx.upload(v).unwrap()));
+    let table = paged.map(|(t, _)| ctx.upload(t).unwrap());
+    {
+        let (qp, _g1) = dq.device_ptr(stream);
+        let (kp, _g2) = dk.device_ptr_mut(stream);
+        let (vp, _g3) = dv.device_ptr_mut(stream);
+        let (lp, _g4) = dlens.device_ptr(stream);
+        let (cp, _g5) = dcounts.device_ptr_mut(stream);
+        let (op, _g6) = dout.device_ptr_mut(stream);
+        let qs = Strides::contiguous(Layout::Bshd, p.seqlen_q, p.heads_q, p.head_dim);
+        let ks = Strides::contiguous(Layout::Bshd, cache_seq, p.heads_kv, p.head_dim);
+        let t = |ptr, strides| DeviceTensor { ptr, strides };
+        let mut call =
+            ExternalCall::new(p.clone(), t(qp, qs), t(kp, ks), t(vp, ks), t(op, qs)).kv_lengths(lp);
+        let _g7 = new.as_ref().map(|(k, v)| {
+            let (nk, gk) = k.device_ptr(stream);
+            let (nv, gv) = v.device_ptr(stream);
+            let ns = Strides::contiguous(Layout::Bshd, p.seqlen_q, p.heads_kv, p.head_dim);
+            call = call.clone().append(KvAppend {
+                k: t(nk, ns),
+                v: t(nv, ns),
+                rows: p.seqlen_q,
+                counts: cp,
+            });
+            (gk, gv)
+        });
+        let _g8 = table.as_ref().map(|tb| {
+            let (tp, g) = tb.device_ptr(stream);
+            call = call.clone().paged(tp, paged.unwrap().1);
+            g
+        });
+        // SAFETY: every buffer is a live allocation of the call's extents, alive past the
+        // downloads below (which synchronise the stream).
+        unsafe { ext.attention(&call, stream.cu_stream()) }.unwrap();
+    }
+    AppendRun {
+        out: ctx.download(&dout).unwrap(),
+        k_cache: ctx.download(&dk).unwrap(),
+        v_cache: ctx.download(&dv).unwrap(),
+        counts: ctx.download(&dcounts).unwrap(),
+    }
+}
+
+/// The fused append (`ExternalCall::append`): rows go to cache rows `lens[b] ..` (contiguous and
+/// through a shuffled block table), rows past the capacity are dropped, the counts buffer gets
+/// `lens + n`, and the output has the bits of the same rows appended by hand followed by the
+/// plain KV-cache call. Bad appends are errors before launch.
+#[test]
+fn fused_append_writes_the_rows_and_matches_append_then_attention() {
+    let Some(ctx) = common::gpu("fused_append_writes_the_rows_and_matches_append_then_attention")
+    else {
+        return;
+    };
+    let ext = ExternalContext::new(0).unwrap();
+    let mut rng = common::rng_from(common::seed());
+    let (b, hq, hkv, n, cap, d, page) =
+        (3usize, 8usize, 2usize, 2usize, 320usize, 128usize, 16usize);
+    let mut p = AttentionParams::new(b, hq, n, d).seqlen_k(cap).causal(true);
+    p.heads_kv = hkv;
+    let row = hkv * d;
+    let q: Vec<f16> = common::randn(&mut rng, p.q_len());
+    let kc: Vec<f16> = common::randn(&mut rng, b * cap * row);
+    let vc: Vec<f16> = common::randn(&mut rng, b * cap * row);
+    let kn: Vec<f16> = common::randn(&mut rng, b * n * row);
+    let vn: Vec<f16> = common::randn(&mut rng, b * n * row);
+    let lens = [0i32, 150, cap as i32 - 1]; // the last sequence's second row spills
+                                            // By hand: the rows that fit, then the plain call over min(lens + n, cap) keys.
+    let (mut want_k, mut want_v) = (kc.clone(), vc.clone());
+    for (s, &l) in lens.iter().enumerate() {
+        for i in 0..n {
+            let r = l as usize + i;
+            if r < cap {
+                let (dst, src) = ((s * cap + r) * row, (s * n + i) * row);
+                want_k[dst..dst + row].copy_from_slice(&kn[src..src + row]);
+                want_v[dst..dst + row].copy_from_slice(&vn[src..src + row]);
+            }
+        }
+    }
+    let after: Vec<i32> = lens
+        .iter()
+        .map(|&l| (l + n as i32).min(cap as i32))
+        .collect();
+    let plain = kv_call(&ctx, &ext, &p, &q, (&want_k, &want_v), None, &after, None);
+    let fused = kv_call(
+        &ctx,
+        &ext,
+        &p,
+        &q,
+        (&kc, &vc),
+        Some((&kn, &vn)),
+        &lens,
+        None,
+    );
+    assert_eq!(
+        fused.counts,
+        lens.iter().map(|&l| l + n as i32).collect::<Vec<_>>()
+    );
+    assert!(
+        fused.k_cache == want_k && fused.v_cache == want_v,
+        "rows written where flash-attn puts them"
+    );
+    assert!(fused.out.iter().all(|x| x.is_finite()));
+    assert!(
+        fused
+            .out
+            .iter()
+            .zip(&plain.out)
+            .all(|(a, c)| a.to_bits() == c.to_bits()),
+        "fused append then attention = append by hand then the plain call, bit for bit"
+    );
+    // Paged: a shuffled table over a pool with spare pages.
+    let slots = cap / page;
+    let num_pages = b * slots + 3;
+    let mut order: Vec<i32> = (0..num_pages as i32).collect();
+    use rand::seq::SliceRandom;
+    order.shuffle(&mut rng);
+    let table: Vec<i32> = order[..b * slots].to_vec();
+    let pages = flashcore::attention::Pages {
+        page_size: page,
+        num_pages,
+    };
+    let mut pool_k: Vec<f16> = common::randn(&mut rng, num_pages * page * row);
+    let mut pool_v: Vec<f16> = common::randn(&mut rng, num_pages * page * row);
+    for s in 0..b {
+        for r in 0..cap {
+            let dst = (table[s * slots + r / page] as usize * page + r % page) * row;
+            let src = (s * cap + r) * row;
+            pool_k[dst..dst + row].copy_from_slice(&kc[src..src + row]);
+            pool_v[dst..dst + row].copy_from_slice(&vc[src..src + row]);
+        }
+    }
+    let paged = kv_call(
+        &ctx,
+        &ext,
+        &p,
+        &q,
+        (&pool_k, &pool_v),
+        Some((&kn, &vn)),
+        &lens,
+        Some((&table, pages)),
+    );
+    for s in 0..b {
+        for r in 0..cap {
+            let at = (table[s * slots + r / page] as usize * page + r % page) * row;
+            let want = (s * cap + r) * row;
+            assert!(
+                paged.k_cache[at..at + row] == want_k[want..want + row],
+                "paged K row {s}/{r}"
+            );
+            assert!(
+                paged.v_cache[at..at + row] == want_v[want..want + row],
+                "paged V row {s}/{r}"
+            );
+        }
+    }
+    assert!(paged
+        .out
+        .iter()
+        .zip(&plain.out)
+        .all(|(a, c)| a.to_bits() == c.to_bits()));
+    // Errors before launch: an append without counts, zero rows.
+    let s = Strides::contiguous(Layout::Bshd, cap, hkv, d);
+    let t = |ptr| DeviceTensor { ptr, strides: s };
+    let bad = flashcore::attention::kv_append::KvAppend {
+        k: t(0x1000),
+        v: t(0x2000),
+        rows: 0,
+        counts: 0x3000,
+    };
+    let call = ExternalCall::new(p.clone(), t(0x4000), t(0x5000), t(0x6000), t(0x7000))
+        .kv_lengths(0x8000)
+        .append(bad);
+    // SAFETY: validation rejects the call before any pointer is used.
+    let err = unsafe { ext.attention(&call, std::ptr::null_mut()) }.unwrap_err();
+    assert!(err.to_string().contains("at least 1"), "{err}");
+    let call = ExternalCall::new(p.clone(), t(0x4000), t(0x5000), t(0x6000), t(0x7000))
+        .append(flashcore::attention::kv_append::KvAppend { rows: 1, ..bad });
+    let err = unsafe { ext.attention(&call, std::ptr::null_mut()) }.unwrap_err();
+    assert!(
+        err.to_string().contains("needs KV-cache key counts"),
+        "{err}"
+    );
+}
