@@ -21,6 +21,9 @@ pub struct LoadedKernel {
     function: CudaFunction,
     /// Decode variants' second kernel, which merges the split partials.
     combine: Option<CudaFunction>,
+    /// Varlen variants' work-list builder (kernels/fc_varlen_build.cuh) and the device address
+    /// of the module's `__constant__` work list.
+    build: Option<(CudaFunction, u64)>,
     pub variant: Variant,
     pub smem_bytes: usize,
 }
@@ -35,6 +38,18 @@ impl LoadedKernel {
         } else {
             None
         };
+        let build = if variant.varlen {
+            let stream = ctx.default_stream();
+            let symbol = module.get_global(varlen::WORK_SYMBOL, &stream)?;
+            let work = symbol.device_ptr(&stream).0;
+            drop(symbol);
+            Some((
+                module.load_function(crate::kernels::VARLEN_BUILD_SYMBOL)?,
+                work,
+            ))
+        } else {
+            None
+        };
         let smem_bytes = variant.tile().smem_bytes(variant.head_dim);
         function.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -44,6 +59,7 @@ impl LoadedKernel {
             _module: module,
             function,
             combine,
+            build,
             variant,
             smem_bytes,
         })

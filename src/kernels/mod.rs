@@ -12,6 +12,9 @@ pub const FORWARD_SYMBOL: &str = "flashcore_attention_fwd";
 /// Symbol of decode mode's combine kernel (decode variants' cubins only).
 pub const COMBINE_SYMBOL: &str = "flashcore_decode_combine";
 
+/// Symbol of the varlen variants' work-list builder (kernels/fc_varlen_build.cuh).
+pub const VARLEN_BUILD_SYMBOL: &str = "flashcore_varlen_build";
+
 const FORWARD_SOURCE: &str = include_str!("../../kernels/attention_fwd.cu");
 
 /// Symbol of the queued-timing wait kernel (`kernels/fc_spin.cu`), used by `flashcore leakage`.
@@ -47,6 +50,7 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_cluster.cuh",
     "fc_instrument.cuh",
     "fc_decode.cuh",
+    "fc_varlen_build.cuh",
 );
 
 // The backward kernels (issue 23): their own variant type and cubins.
@@ -436,6 +440,10 @@ impl Variant {
             if self.paged {
                 public_fields.push((0, TABLE_FIELD));
             }
+        }
+        if kernel == VARLEN_BUILD_SYMBOL && self.varlen {
+            // cu_seqlens_q, cu_seqlens_k, seqused_k: pointer parameters 0, 1, 2.
+            public_fields.extend([(0, 0), (1, 0), (2, 0)]);
         }
         crate::audit::Declared {
             secret_params: self.secret_params(),
