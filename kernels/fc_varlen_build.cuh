@@ -1,11 +1,11 @@
 // The varlen work list built on the device (issue 22): from cu_seqlens_q / cu_seqlens_k (and
-// seqused_k) in device memory, with no host synchronisation, so a varlen call can be captured in
+// seqused_k, seqused_q) in device memory, with no host synchronisation, so a varlen call can be captured in
 // a CUDA graph. One CTA counting-sorts every query tile of the pack by the key blocks it visits,
 // heaviest first, into `chunks` chunks of VARLEN_SLOTS int4s — each the image of the forward
 // kernel's __constant__ work list for one launch (header, then items; fc_scheduler.cuh) — which
 // the host then copies, stream-ordered, into the symbol before each launch.
 //
-// Everything read here is public metadata (DESIGN.md §1: cu_seqlens, seqused_k), declared public
+// Everything read here is public metadata (DESIGN.md §1: cu_seqlens, seqused_k/q), declared public
 // to the audit; counts and cursors live in shared memory, so no pointer into a buffer the kernel
 // writes is ever read. Any values are memory-safe: offsets are clamped into the packed tensors
 // (a sequence past max_seqlen_q keeps only its first tiles' rows — the caller's contract, as in
@@ -26,7 +26,8 @@ struct VarlenSeq {
     int q0, len_q, k0, len_k;
 };
 
-FC_DEVICE VarlenSeq varlen_seq(const int* cu_q, const int* cu_k, const int* used_k, int b, int total_q, int total_k) {
+FC_DEVICE VarlenSeq varlen_seq(const int* cu_q, const int* cu_k, const int* used_q, const int* used_k, int b, int total_q,
+                               int total_k) {
     VarlenSeq s;
     const int q0 = max(0, min(total_q, cu_q[b]));
     const int q1 = max(q0, min(total_q, cu_q[b + 1]));
@@ -36,7 +37,9 @@ FC_DEVICE VarlenSeq varlen_seq(const int* cu_q, const int* cu_k, const int* used
     s.len_q = q1 - q0;
     s.k0 = k0;
     s.len_k = k1 - k0;
-    if (used_k != nullptr) s.len_k = max(0, min(s.len_k, used_k[b]));  // seqused_k: a prefix of the keys
+    // seqused_q / seqused_k: a prefix of the sequence's queries / keys (a padded batch's real tokens).
+    if (used_q != nullptr) s.len_q = max(0, min(s.len_q, used_q[b]));
+    if (used_k != nullptr) s.len_k = max(0, min(s.len_k, used_k[b]));
     return s;
 }
 
@@ -56,7 +59,7 @@ FC_DEVICE int varlen_weight(int rows, int keys) {
 // work item when the sequence has query rows there. `out` holds `chunks` lists of VARLEN_SLOTS
 // int4s, chunks · VARLEN_ITEMS ≥ batch · tiles_per_seq (the host's bound).
 extern "C" __global__ void __launch_bounds__(varlen_build::THREADS, 1)
-    flashcore_varlen_build(const int* cu_q, const int* cu_k, const int* used_k, int4* out, int batch,
+    flashcore_varlen_build(const int* cu_q, const int* cu_k, const int* used_k, const int* used_q, int4* out, int batch,
                            int tiles_per_seq, int total_q, int total_k, int chunks) {
     using namespace varlen_build;
     __shared__ int next[BUCKETS];  // items per weight, then the next position of each weight
@@ -67,7 +70,7 @@ extern "C" __global__ void __launch_bounds__(varlen_build::THREADS, 1)
     const int slots = batch * tiles_per_seq;
     for (int s = tid; s < slots; s += THREADS) {
         const int b = s / tiles_per_seq, row0 = (s % tiles_per_seq) * cfg::BM;
-        const VarlenSeq q = varlen_seq(cu_q, cu_k, used_k, b, total_q, total_k);
+        const VarlenSeq q = varlen_seq(cu_q, cu_k, used_q, used_k, b, total_q, total_k);
         if (row0 < q.len_q) atomicAdd(&next[varlen_weight(q.len_q - row0, q.len_k)], 1);
     }
     __syncthreads();
@@ -102,7 +105,7 @@ extern "C" __global__ void __launch_bounds__(varlen_build::THREADS, 1)
     }
     for (int s = tid; s < slots; s += THREADS) {
         const int b = s / tiles_per_seq, row0 = (s % tiles_per_seq) * cfg::BM;
-        const VarlenSeq q = varlen_seq(cu_q, cu_k, used_k, b, total_q, total_k);
+        const VarlenSeq q = varlen_seq(cu_q, cu_k, used_q, used_k, b, total_q, total_k);
         if (row0 < q.len_q) {
             const int pos = atomicAdd(&next[varlen_weight(q.len_q - row0, q.len_k)], 1);
             out[(int64_t)(pos / VARLEN_ITEMS) * VARLEN_SLOTS + 1 + pos % VARLEN_ITEMS] =

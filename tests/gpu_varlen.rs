@@ -401,6 +401,7 @@ fn seqused_k_matches_the_reference() {
             &dcq,
             &dck,
             Some(&dused),
+            None,
             &mut dout,
             Some(&mut dlse),
         )
@@ -474,7 +475,7 @@ fn garbage_cu_seqlens_stay_inside_the_pack() {
         vec![i32::MAX, i32::MIN, 16],
     ] {
         let d = ctx.upload(&bad).unwrap();
-        ctx.attention_varlen_device(&p, &x, &x, &x, &d, &d, None, &mut out, None)
+        ctx.attention_varlen_device(&p, &x, &x, &x, &d, &d, None, None, &mut out, None)
             .unwrap();
         ctx.synchronize().unwrap();
     }

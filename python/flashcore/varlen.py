@@ -40,7 +40,7 @@ def _check_meta(name, t, n, device):
         raise ValueError(f"flashcore: `{name}` must be contiguous")
 
 
-def _check(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k):
+def _check(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, seqused_q=None):
     """Shapes, dtypes and devices (no value of a device tensor is read). Returns (B, Hq, Hkv, D)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
@@ -72,6 +72,8 @@ def _check(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k):
     _check_meta("cu_seqlens_k", cu_k, b + 1, q.device)
     if seqused_k is not None:
         _check_meta("seqused_k", seqused_k, b, q.device)
+    if seqused_q is not None:
+        _check_meta("seqused_q", seqused_q, b, q.device)
     for name, m in (("max_seqlen_q", max_q), ("max_seqlen_k", max_k)):
         if isinstance(m, bool) or not isinstance(m, int) or m < 0:
             raise ValueError(f"flashcore: `{name}` must be a non-negative int, got {m!r}")
@@ -80,9 +82,15 @@ def _check(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k):
     return b, hq, hkv, d
 
 
-def _outputs(q, return_lse):
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty((q.shape[1], q.shape[0]) if return_lse else (0,), dtype=torch.float32, device=q.device)
+def _outputs(q, return_lse, uncovered=False):
+    """(out, lse). `uncovered`: rows may belong to no sequence (seqused_q): those read 0 / −inf."""
+    lse_shape = (q.shape[1], q.shape[0]) if return_lse else (0,)
+    if uncovered:
+        out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
+    else:
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
     return out, lse
 
 
@@ -105,9 +113,9 @@ def _shape(b, max_q, max_k, hq, hkv, d):
     return (b, max(max_q, 1), max(max_k, 1), hq, hkv, d)
 
 
-def _launch(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, return_lse):
-    b, hq, hkv, d = _check(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k)
-    out, lse = _outputs(q, return_lse)
+def _launch(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, return_lse, seqused_q=None):
+    b, hq, hkv, d = _check(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, seqused_q)
+    out, lse = _outputs(q, return_lse, seqused_q is not None)
     if q.shape[0] == 0 or b == 0:
         return out, lse
     q, k, v = _readable(q), _readable(k), _readable(v)
@@ -123,7 +131,8 @@ def _launch(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, return_
         dev, stream, dtype, shape, bool(causal), scale,
         _desc(q), (k_ptr, _desc(k)[1]), (v_ptr, _desc(v)[1]), _desc(out),
         (q.shape[0], k.shape[0]), lse.data_ptr() if return_lse else 0,
-        (cu_q.data_ptr(), cu_k.data_ptr(), seqused_k.data_ptr() if seqused_k is not None else 0),
+        (cu_q.data_ptr(), cu_k.data_ptr(), seqused_k.data_ptr() if seqused_k is not None else 0,
+         seqused_q.data_ptr() if seqused_q is not None else 0),
         ws.data_ptr(),
     )
     return out, lse
@@ -142,17 +151,19 @@ def attention_varlen_op(
     causal: bool,
     scale: Optional[float],
     return_lse: bool,
+    seqused_q: Optional[torch.Tensor],
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Varlen attention of packed q [total_q, Hq, D] over k, v [total_k, Hkv, D]. Returns
-    (out [total_q, Hq, D], lse fp32 [Hq, total_q], empty unless `return_lse`)."""
+    (out [total_q, Hq, D], lse fp32 [Hq, total_q], empty unless `return_lse`). With `seqused_q`,
+    rows that belong to no sequence's used queries read 0 (lse −inf)."""
     return _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal,
-                   _checks.check_scale(scale), return_lse)
+                   _checks.check_scale(scale), return_lse, seqused_q)
 
 
 @attention_varlen_op.register_fake
 def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                           return_lse):
-    _check(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+                           return_lse, seqused_q):
+    _check(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, seqused_q)
     _checks.check_scale(scale)
     return _outputs(q, return_lse)
 
@@ -176,6 +187,7 @@ def flash_attn_varlen_func(
     block_table=None,
     *,
     seqused_k=None,
+    seqused_q=None,
     return_lse=False,
 ):
     """flash-attn's ``flash_attn_varlen_func`` (inference): q ``[total_q, Hq, D]``, k and v
@@ -184,7 +196,11 @@ def flash_attn_varlen_func(
     ``max_seqlen_k`` Python ints bounding every sequence (the launch count derives from
     ``B · ceil(max_seqlen_q / 128)``). ``causal`` is bottom-right aligned per sequence (query i of
     a sequence of Sq queries over Sk keys sees keys j ≤ i + Sk − Sq), as in flash-attn ≥ 2.1.
-    ``seqused_k`` (int32 ``[B]``): sequence b attends to its first ``seqused_k[b]`` keys only.
+    ``seqused_k`` (int32 ``[B]``): sequence b attends to its first ``seqused_k[b]`` keys only;
+    ``seqused_q`` (int32 ``[B]``, as flash-attn 3's): only its first ``seqused_q[b]`` queries are
+    computed, and every row of q no sequence uses reads 0 in `out` (−inf in the LSE) — a padded
+    batch ``[B, S, H, D]`` runs as the pack ``[B·S, H, D]`` with ``cu_seqlens = b·S + first
+    real token`` and ``seqused = real tokens``, with no unpadding copy.
     Empty sequences are fine (no keys: O = 0, LSE = −inf). Returns `out`; with
     `return_attn_probs` ``(out, softmax_lse, None)``, with `return_lse` ``(out, softmax_lse)``;
     ``softmax_lse`` is fp32 ``[Hq, total_q]``. Not supported (ValueError): dropout, windows,
@@ -205,7 +221,7 @@ def flash_attn_varlen_func(
     _checks.check_no_grad("flash_attn_varlen_func", q, k, v)
     want_lse = bool(return_attn_probs) or bool(return_lse)
     out, lse = attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                                   bool(causal), softmax_scale, want_lse)
+                                   bool(causal), softmax_scale, want_lse, seqused_q)
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out

@@ -289,7 +289,7 @@ fn workspace_bytes(
 /// A varlen call (issue 22): `shape` = (sequences, max_seqlen_q, max_seqlen_k, heads_q,
 /// heads_kv, head_dim); q/out `[total_q, Hq, D]`, k/v `[total_k, Hkv, D]` given as (pointer,
 /// (0, seq stride, head stride)); `lse` fp32 `[Hq, total_q]` or 0; `cu_seqlens_*` i32 device
-/// pointers; `seqused_k` 0 for none; `workspace` of `varlen_workspace_bytes`.
+/// pointers; `seqused_k`, `seqused_q` 0 for none; `workspace` of `varlen_workspace_bytes`.
 #[allow(clippy::too_many_arguments)]
 fn varlen_call(
     dtype: &str,
@@ -299,7 +299,7 @@ fn varlen_call(
     tensors: [PyTensor; 4],
     totals: (usize, usize),
     lse: u64,
-    meta: (u64, u64, u64),
+    meta: (u64, u64, u64, u64),
     workspace: u64,
 ) -> PyResult<external::VarlenCall> {
     let [q, k, v, out] = tensors;
@@ -315,6 +315,7 @@ fn varlen_call(
         cu_seqlens_q: meta.0,
         cu_seqlens_k: meta.1,
         seqused_k: meta.2,
+        seqused_q: meta.3,
         workspace,
     })
 }
@@ -334,7 +335,7 @@ fn validate_varlen(
     out: PyTensor,
     totals: (usize, usize),
     lse: u64,
-    meta: (u64, u64, u64),
+    meta: (u64, u64, u64, u64),
     workspace: u64,
 ) -> PyResult<()> {
     let c = varlen_call(
@@ -370,7 +371,7 @@ fn attention_varlen(
     out: PyTensor,
     totals: (usize, usize),
     lse: u64,
-    meta: (u64, u64, u64),
+    meta: (u64, u64, u64, u64),
     workspace: u64,
 ) -> PyResult<()> {
     let c = varlen_call(

@@ -152,8 +152,10 @@ def test_opcheck():
     q, k, v = pack(lq, lk, 4, 2, 64, torch.float16, 4)
     su = torch.tensor([5, 100, 0], dtype=torch.int32, device="cuda")
     op = torch.ops.flashcore.attention_varlen.default
-    torch.library.opcheck(op, (q, k, v, cu(lq), cu(lk), None, 130, 129, True, None, True))
-    torch.library.opcheck(op, (q, k, v, cu(lq), cu(lk), su, 130, 129, False, 0.3, False))
+    torch.library.opcheck(op, (q, k, v, cu(lq), cu(lk), None, 130, 129, True, None, True, None))
+    torch.library.opcheck(op, (q, k, v, cu(lq), cu(lk), su, 130, 129, False, 0.3, False, None))
+    sq_used = torch.tensor([2, 130, 0], dtype=torch.int32, device="cuda")
+    torch.library.opcheck(op, (q, k, v, cu(lq), cu(lk), None, 130, 129, True, None, True, sq_used))
 
 
 def test_two_streams_at_once():
@@ -214,3 +216,46 @@ def test_errors_before_launch():
                      ([0, 1, 8], "more than 5")):
         with pytest.raises(ValueError, match=why):
             check_cu(torch.tensor(bad, dtype=torch.int32), 8, 5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_hf_padded_forward_served_by_varlen(side, dtype):
+    """A forward pass over a padded batch: every layer on flashcore (varlen), no fallback; logits at
+    the real tokens as close to an fp32 eager model on the same (sharpened) weights as "sdpa"'s."""
+    pytest.importorskip("transformers")
+    import flashcore.hf
+    import hf_models
+
+    name = flashcore.hf.register()
+    cfg = hf_models.configs()["llama"]
+    torch.manual_seed(0)
+    ref = hf_models.build("llama", "eager", cfg, device="cuda")
+    state = ref.state_dict()
+    n = 150
+    ids = torch.randint(3, hf_models.VOCAB, (3, n), device="cuda")
+    mask = torch.ones_like(ids)
+    pads = [0, 37, 140]
+    for b, p in enumerate(pads):
+        if p:
+            if side == "left":
+                mask[b, :p] = 0
+            else:
+                mask[b, n - p:] = 0
+    ids = ids.masked_fill(mask == 0, cfg.pad_token_id)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    real = mask.bool()
+    with torch.no_grad():
+        want = ref(ids, attention_mask=mask, position_ids=pos).logits.float()[real]
+    errors = {}
+    for impl in ("sdpa", name):
+        model = hf_models.build("llama", impl, cfg, state, dtype, "cuda")
+        stats = dict(flashcore.hf.stats)
+        with torch.no_grad():
+            got = model(ids, attention_mask=mask, position_ids=pos).logits.float()[real]
+        errors[impl] = hf_models.rel_l2(got, want)
+        if impl == name:
+            assert flashcore.hf.stats["fallback"] == stats["fallback"], flashcore.hf.reasons
+            assert flashcore.hf.stats["flashcore"] - stats["flashcore"] == cfg.num_hidden_layers
+    print(f"hf padded ({side}) forward {dtype}: {errors}")
+    assert errors[name] <= hf_models.BOUND * errors["sdpa"], errors

@@ -442,8 +442,8 @@ impl Variant {
             }
         }
         if kernel == VARLEN_BUILD_SYMBOL && self.varlen {
-            // cu_seqlens_q, cu_seqlens_k, seqused_k: pointer parameters 0, 1, 2.
-            public_fields.extend([(0, 0), (1, 0), (2, 0)]);
+            // cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q: pointer parameters 0 to 3.
+            public_fields.extend([(0, 0), (1, 0), (2, 0), (3, 0)]);
         }
         crate::audit::Declared {
             secret_params: self.secret_params(),

@@ -42,6 +42,9 @@ pub struct VarlenCall {
     pub cu_seqlens_k: u64,
     /// i32 `[batch]`: sequence b attends to its first `seqused_k[b]` keys only; 0 for none.
     pub seqused_k: u64,
+    /// i32 `[batch]`: only sequence b's first `seqused_q[b]` queries are computed (its other
+    /// rows of `out` and `lse` are not written); 0 for none.
+    pub seqused_q: u64,
     /// [`workspace_bytes`] bytes, 16-byte aligned, used by no other launch that may run at the
     /// same time (0 when that size is 0).
     pub workspace: u64,
@@ -84,6 +87,7 @@ pub fn validate_varlen(call: &VarlenCall) -> Result<()> {
         ("cu_seqlens_q", call.cu_seqlens_q),
         ("cu_seqlens_k", call.cu_seqlens_k),
         ("seqused_k", call.seqused_k),
+        ("seqused_q", call.seqused_q),
         ("lse", call.lse),
     ] {
         if ptr % 4 != 0 {
@@ -147,7 +151,7 @@ impl ExternalContext {
     /// # Safety
     /// - `stream` is a live stream of this device's primary context (or null).
     /// - Every pointer is a live device allocation on this device covering what the call's
-    ///   shape and strides reach (`cu_seqlens_*`: `batch + 1` i32s, `seqused_k`: `batch`), alive
+    ///   shape and strides reach (`cu_seqlens_*`: `batch + 1` i32s, `seqused_k`, `seqused_q`: `batch`), alive
     ///   until the kernels have finished on `stream`; `out`, `lse` and `workspace` overlap
     ///   nothing else.
     pub unsafe fn attention_varlen(&self, call: &VarlenCall, stream: sys::CUstream) -> Result<()> {
@@ -189,7 +193,12 @@ impl ExternalContext {
             num_sms: self.ctx.num_sms(),
             kernel: &kernel,
         };
-        let meta = [call.cu_seqlens_q, call.cu_seqlens_k, call.seqused_k];
+        let meta = [
+            call.cu_seqlens_q,
+            call.cu_seqlens_k,
+            call.seqused_k,
+            call.seqused_q,
+        ];
         // SAFETY: the caller's contract; shapes, alignment and strides validated.
         unsafe { lv::launch_device_list(&target, &p, bufs, meta, call.workspace) }
     }

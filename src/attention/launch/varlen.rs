@@ -333,21 +333,21 @@ fn build_of(kernel: &LoadedKernel) -> Result<(&cudarc::driver::CudaFunction, u64
 }
 
 /// Enqueues a varlen call whose work list the device builds from `meta` = (cu_seqlens_q,
-/// cu_seqlens_k, seqused_k or 0), i32 device arrays, with no host synchronisation: the builder
+/// cu_seqlens_k, seqused_k or 0, seqused_q or 0), i32 device arrays, with no host synchronisation: the builder
 /// kernel writes every launch's list into `workspace` ([`workspace_bytes`]), then per launch a
 /// device-to-device copy into the `__constant__` work list and the launch, all on the stream
 /// (capturable in a CUDA graph). The launch count comes from the bound `batch ·
 /// ceil(max_seqlen_q / block_m)`; units past a launch's device-side count end the walk.
 ///
 /// # Safety
-/// As for [`launch_host_list`]; `meta` hold `batch + 1`, `batch + 1`, `batch` i32s (any values:
+/// As for [`launch_host_list`]; `meta` hold `batch + 1`, `batch + 1`, `batch`, `batch` i32s (any values:
 /// the builder clamps them into the pack) and `workspace` [`workspace_bytes`] bytes, used by no
 /// other launch that may run at the same time.
 pub(crate) unsafe fn launch_device_list(
     target: &Target,
     params: &AttentionParams,
     bufs: Buffers,
-    meta: [u64; 3],
+    meta: [u64; 4],
     workspace: u64,
 ) -> Result<()> {
     let (tiles, chunks) = device_chunks(params);
@@ -362,20 +362,22 @@ pub(crate) unsafe fn launch_device_list(
         ));
     }
     let (build, work_ptr) = build_of(target.kernel)?;
-    let [cu_q, cu_k, used_k] = meta;
+    let [cu_q, cu_k, used_k, used_q] = meta;
     let mut a_cu_q = cu_q;
     let mut a_cu_k = cu_k;
     let mut a_used = used_k;
+    let mut a_used_q = used_q;
     let mut a_out = workspace;
     let mut a_batch = params.batch as i32;
     let mut a_tiles = tiles as i32;
     let mut a_total_q = bufs.totals[0] as i32;
     let mut a_total_k = bufs.totals[1] as i32;
     let mut a_chunks = chunks as i32;
-    let mut args: [*mut std::ffi::c_void; 9] = [
+    let mut args: [*mut std::ffi::c_void; 10] = [
         (&mut a_cu_q) as *mut u64 as *mut _,
         (&mut a_cu_k) as *mut u64 as *mut _,
         (&mut a_used) as *mut u64 as *mut _,
+        (&mut a_used_q) as *mut u64 as *mut _,
         (&mut a_out) as *mut u64 as *mut _,
         (&mut a_batch) as *mut i32 as *mut _,
         (&mut a_tiles) as *mut i32 as *mut _,
@@ -529,12 +531,25 @@ impl Context {
             out.len(),
             lse.as_ref().map(|l| l.len()),
         )?;
-        self.attention_varlen_device(params, q, k, v, cu_seqlens_q, cu_seqlens_k, None, out, lse)
+        self.attention_varlen_device(
+            params,
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            None,
+            None,
+            out,
+            lse,
+        )
     }
 
     /// [`Context::attention_varlen`] with the work list built on the device from the
     /// `cu_seqlens` (and `seqused_k`: i32 `[batch]`, sequence `b` then attends to its first
-    /// `seqused_k[b]` keys only) as they are when the stream reaches the call: no host
+    /// `seqused_k[b]` keys only; `seqused_q`: only its first `seqused_q[b]` queries are
+    /// computed, the rest of its rows left as they are) as they are when the stream reaches the
+    /// call: no host
     /// synchronisation, capturable in a CUDA graph. Only the shapes are checked; values that
     /// break the contract (not a prefix sum of the pack, a sequence longer than its max_seqlen)
     /// give wrong rows but never an access outside the buffers (the builder clamps them).
@@ -548,6 +563,7 @@ impl Context {
         cu_seqlens_q: &CudaSlice<i32>,
         cu_seqlens_k: &CudaSlice<i32>,
         seqused_k: Option<&CudaSlice<i32>>,
+        seqused_q: Option<&CudaSlice<i32>>,
         out: &mut CudaSlice<T>,
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
@@ -563,6 +579,9 @@ impl Context {
         check_meta_len("cu_seqlens_k", cu_seqlens_k.len(), params.batch + 1)?;
         if let Some(u) = seqused_k {
             check_meta_len("seqused_k", u.len(), params.batch)?;
+        }
+        if let Some(u) = seqused_q {
+            check_meta_len("seqused_q", u.len(), params.batch)?;
         }
         let stream = self.stream().clone();
         let kernel = self.kernel(variant_for(params))?;
@@ -594,6 +613,7 @@ impl Context {
             cu_seqlens_q.device_ptr(&stream).0,
             cu_seqlens_k.device_ptr(&stream).0,
             opt_ptr(&stream, seqused_k),
+            opt_ptr(&stream, seqused_q),
         ];
         let ws_ptr = ws.device_ptr(&stream).0;
         let target = Target {
@@ -703,6 +723,7 @@ impl Context {
             cu_seqlens_q.device_ptr(&stream).0,
             cu_seqlens_k.device_ptr(&stream).0,
             opt_ptr(&stream, seqused_k),
+            0,
             ws.device_ptr(&stream).0,
         ];
         let mut n = [
