@@ -101,7 +101,6 @@ fn write(
 
 fn run(input: &Path, output: &Path, extra: &[&str]) -> (i32, String, String) {
     let mut args = vec![
-        "attn",
         "--lse",
         "--input",
         input.to_str().unwrap(),
@@ -109,7 +108,8 @@ fn run(input: &Path, output: &Path, extra: &[&str]) -> (i32, String, String) {
         output.to_str().unwrap(),
     ];
     args.extend_from_slice(extra);
-    common::flashcore(&args)
+    let r = common::flashcore_attn(&args);
+    (r.code, r.stdout, r.stderr)
 }
 
 #[test]

@@ -40,9 +40,10 @@ impl LoadedKernel {
         };
         let build = if variant.varlen {
             let stream = ctx.default_stream();
-            let symbol = module.get_global(varlen::WORK_SYMBOL, &stream)?;
-            let work = symbol.device_ptr(&stream).0;
-            drop(symbol);
+            let work = module
+                .get_global(varlen::WORK_SYMBOL, &stream)?
+                .device_ptr(&stream)
+                .0;
             Some((
                 module.load_function(crate::kernels::VARLEN_BUILD_SYMBOL)?,
                 work,
