@@ -8,12 +8,23 @@ fn shipped_variants_are_data_oblivious_spill_free_and_use_wgmma() {
     let variants = flashcore::kernels::shipped_variants();
     let decode = variants.iter().filter(|v| v.decode).count();
     assert!(decode > 0, "decode variants are shipped");
+    let varlen = variants.iter().filter(|v| v.varlen).count();
+    assert!(varlen > 0, "varlen variants are shipped");
     let backward = flashcore::kernels::backward::shipped_bwd_variants().len();
     assert_eq!(
         audits.len(),
-        variants.len() + decode + 3 * backward,
+        variants.len() + decode + varlen + 3 * backward,
         "one audited kernel per shipped variant, two (forward and combine) per decode variant, \
-         three (preprocess, dK/dV, dQ) per backward variant"
+         two (forward and work-list builder) per varlen variant, three (preprocess, dK/dV, dQ) \
+         per backward variant"
+    );
+    // The varlen work-list builder is audited with its metadata pointers declared public.
+    assert_eq!(
+        audits
+            .iter()
+            .filter(|a| a.name == flashcore::kernels::VARLEN_BUILD_SYMBOL)
+            .count(),
+        varlen
     );
     // The combine kernel is audited too (it reads the secret partials).
     assert_eq!(

@@ -252,7 +252,12 @@ fn gpu_matches_cpu() {
     let (gl, wl) = (g["lse"].data.to_f64(), w["lse"].data.to_f64());
     let inf = |x: &[f64]| x.iter().map(|v| v.is_infinite()).collect::<Vec<bool>>();
     assert_eq!(inf(&gl), inf(&wl), "LSE: -inf rows differ");
-    let fin = |x: &[f64]| x.iter().copied().filter(|v| v.is_finite()).collect::<Vec<f64>>();
+    let fin = |x: &[f64]| {
+        x.iter()
+            .copied()
+            .filter(|v| v.is_finite())
+            .collect::<Vec<f64>>()
+    };
     let lerr = reference::rel_l2(&fin(&gl), &fin(&wl));
     assert!(lerr < 1e-3, "LSE GPU vs CPU: {lerr:.2e}");
 }
