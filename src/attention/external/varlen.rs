@@ -203,3 +203,68 @@ impl ExternalContext {
         unsafe { lv::launch_device_list(&target, &p, bufs, meta, call.workspace) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::attention::external::Strides;
+    use crate::attention::validate::rule_of;
+
+    fn call() -> VarlenCall {
+        let p = AttentionParams::new(3, 4, 200, 64).seqlen_k(300);
+        let t = |ptr, heads| DeviceTensor {
+            ptr,
+            strides: Strides {
+                batch: 0,
+                seq: heads as i64 * 64,
+                head: 64,
+            },
+        };
+        VarlenCall {
+            total_q: 250,
+            total_k: 400,
+            q: t(0x10000, 4),
+            k: t(0x20000, 4),
+            v: t(0x30000, 4),
+            out: t(0x40000, 4),
+            lse: 0x50000,
+            cu_seqlens_q: 0x60000,
+            cu_seqlens_k: 0x60100,
+            seqused_k: 0,
+            seqused_q: 0,
+            workspace: 0x70000,
+            params: p,
+        }
+    }
+
+    #[test]
+    fn a_good_call_passes_and_needs_a_workspace() {
+        validate_varlen(&call()).unwrap();
+        // 3 sequences of up to 2 tiles: 6 items, one launch's list.
+        assert_eq!(workspace_bytes(&call().params), 4096 * 16);
+        let mut c = call();
+        c.workspace = 0;
+        assert_eq!(rule_of(validate_varlen(&c).unwrap_err()).0, "workspace");
+        c.workspace = 0x70008;
+        assert_eq!(rule_of(validate_varlen(&c).unwrap_err()).0, "workspace");
+    }
+
+    #[test]
+    fn each_bad_argument_is_named() {
+        let cases: [(&str, fn(&mut VarlenCall)); 6] = [
+            ("cu_seqlens_q", |c| c.cu_seqlens_q = 0),
+            ("cu_seqlens_k", |c| c.cu_seqlens_k = 0x60102),
+            ("seqused_k", |c| c.seqused_k = 0x60201),
+            ("q", |c| c.q.ptr = 0x10008),
+            ("out", |c| {
+                c.out.strides.seq = 0;
+            }),
+            ("heads_kv", |c| c.params.heads_kv = 3),
+        ];
+        for (arg, breaks) in cases {
+            let mut c = call();
+            breaks(&mut c);
+            assert_eq!(rule_of(validate_varlen(&c).unwrap_err()).0, arg);
+        }
+    }
+}
