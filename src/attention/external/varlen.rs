@@ -251,7 +251,8 @@ mod tests {
 
     #[test]
     fn each_bad_argument_is_named() {
-        let cases: [(&str, fn(&mut VarlenCall)); 6] = [
+        type Break = fn(&mut VarlenCall);
+        let cases: [(&str, Break); 6] = [
             ("cu_seqlens_q", |c| c.cu_seqlens_q = 0),
             ("cu_seqlens_k", |c| c.cu_seqlens_k = 0x60102),
             ("seqused_k", |c| c.seqused_k = 0x60201),
