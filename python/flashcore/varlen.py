@@ -13,9 +13,10 @@ values that are not the pack's prefix sums, or sequences longer than ``max_seqle
 offset into the pack). ``check_cu_seqlens`` checks them on demand (it reads them: a sync).
 
 Each CUDA stream gets its own instance of the varlen kernel (the work list lives in the module's
-constant memory), loaded on the stream's first call; before capturing a CUDA graph on a stream
-that never ran a varlen call, call ``prepare`` on it (``torch.cuda.graph``'s capture stream is
-its own: ``prepare(..., stream=g_stream)``, or let the warm-up run there).
+constant memory), loaded on the stream's first call. A first call inside a CUDA graph capture
+loads it there (``torch.cuda.graph``'s capture stream is its own stream; this worked in the GPU
+tests, driver 580 / CUDA 13); ``prepare`` loads it beforehand for a given stream, so a capture
+never depends on that.
 """
 
 from typing import Optional, Tuple

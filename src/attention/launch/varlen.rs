@@ -589,6 +589,15 @@ impl Context {
         if total_q == 0 || ws_bytes == 0 {
             return Ok(());
         }
+        if total_k == 0 {
+            // No key anywhere: every row is fully masked (O = 0, LSE = −inf); nothing to load.
+            stream.memset_zeros(out)?;
+            if let Some(l) = lse {
+                let inf = vec![f32::NEG_INFINITY; l.len()];
+                self.copy_to_device(&inf, l)?;
+            }
+            return Ok(());
+        }
         let ws = self.alloc::<u8>(ws_bytes)?;
         let align = validate::TENSOR_ALIGN;
         let (q_ptr, _g1) = q.device_ptr(&stream);
