@@ -480,3 +480,134 @@ fn garbage_cu_seqlens_stay_inside_the_pack() {
         ctx.synchronize().unwrap();
     }
 }
+
+/// A padded batch run as a pack with seqused_q = seqused_k (the HF path): each sequence's real
+/// tokens from `b·S + start[b]`, rows no sequence uses left as they were; every real row equals
+/// the dense pack of the real tokens, bit for bit.
+#[test]
+fn padded_batch_through_seqused_q_matches_the_dense_pack() {
+    let Some(ctx) = gpu("padded_batch_through_seqused_q_matches_the_dense_pack") else {
+        return;
+    };
+    let s = seed();
+    let mut rng = rng_from(s);
+    let (b, sl, hq, hk, d) = (3usize, 300usize, 4usize, 2usize, 64usize);
+    let starts = [0usize, 37, 299];
+    let used = [300usize, 263, 1];
+    for causal in [false, true] {
+        let q: Vec<half::f16> = randn(&mut rng, b * sl * hq * d);
+        let k: Vec<half::f16> = randn(&mut rng, b * sl * hk * d);
+        let v: Vec<half::f16> = randn(&mut rng, b * sl * hk * d);
+        let mut cu: Vec<i32> = (0..b).map(|i| (i * sl + starts[i]) as i32).collect();
+        cu.push((b * sl) as i32);
+        let u: Vec<i32> = used.iter().map(|&x| x as i32).collect();
+        let p = params(DType::F16, hq, hk, d, causal, &[sl; 3], &[sl; 3]);
+        let (dq, dk, dv) = upload_qkv(&ctx, &q, &k, &v);
+        let (dcu, du) = (ctx.upload(&cu).unwrap(), ctx.upload(&u).unwrap());
+        let mut dout = ctx.upload(&vec![poison::<half::f16>(); q.len()]).unwrap();
+        ctx.attention_varlen_device(
+            &p,
+            &dq,
+            &dk,
+            &dv,
+            &dcu,
+            &dcu,
+            Some(&du),
+            Some(&du),
+            &mut dout,
+            None,
+        )
+        .unwrap();
+        let got = ctx.download(&dout).unwrap();
+        // The dense pack of the real tokens.
+        let (row_q, row_k) = (hq * d, hk * d);
+        let take = |x: &[half::f16], row: usize| -> Vec<half::f16> {
+            (0..b)
+                .flat_map(|i| {
+                    let a = (i * sl + starts[i]) * row;
+                    x[a..a + used[i] * row].to_vec()
+                })
+                .collect()
+        };
+        let (pq, pk, pv) = (take(&q, row_q), take(&k, row_k), take(&v, row_k));
+        let cu_d = prefix(&used);
+        let (want, _) = run(
+            &ctx,
+            &params(DType::F16, hq, hk, d, causal, &used, &used),
+            &cu_d,
+            &cu_d,
+            &pq,
+            &pk,
+            &pv,
+        );
+        let bits = |x: &[half::f16]| x.iter().map(|e| e.to_bits()).collect::<Vec<u16>>();
+        assert_eq!(
+            bits(&take(&got, row_q)),
+            bits(&want),
+            "seed {s} causal {causal}"
+        );
+        // Rows of padding were not written.
+        for i in 0..b {
+            for r in (0..starts[i]).chain(starts[i] + used[i]..sl) {
+                let a = (i * sl + r) * row_q;
+                assert!(got[a..a + row_q]
+                    .iter()
+                    .all(|x| x.to_bits() == poison::<half::f16>().to_bits()));
+            }
+        }
+    }
+}
+
+/// Sequences without keys on the no-sync path give O = 0, LSE = −inf: through the kernel (keys in
+/// the buffer, none in any sequence), and without a launch when the pack holds no key at all.
+#[test]
+fn packs_without_keys_give_zeros() {
+    let Some(ctx) = gpu("packs_without_keys_give_zeros") else {
+        return;
+    };
+    let p = params(DType::F16, 2, 2, 64, true, &[3, 4], &[1, 1]);
+    let q = ctx.upload(&vec![half::f16::ONE; 7 * 2 * 64]).unwrap();
+    let one_row = ctx.upload(&vec![half::f16::ONE; 2 * 64]).unwrap();
+    let (cq, ck) = (
+        ctx.upload(&[0i32, 3, 7]).unwrap(),
+        ctx.upload(&[0i32, 0, 0]).unwrap(),
+    );
+    let check = |kv: &cudarc::driver::CudaSlice<half::f16>, what: &str| {
+        let mut out = ctx
+            .upload(&vec![poison::<half::f16>(); 7 * 2 * 64])
+            .unwrap();
+        let mut lse = ctx.upload(&vec![f32::NAN; 2 * 7]).unwrap();
+        ctx.attention_varlen_device(
+            &p,
+            &q,
+            kv,
+            kv,
+            &cq,
+            &ck,
+            None,
+            None,
+            &mut out,
+            Some(&mut lse),
+        )
+        .unwrap();
+        assert!(
+            ctx.download(&out)
+                .unwrap()
+                .iter()
+                .all(|x| x.to_f64() == 0.0),
+            "{what}: O"
+        );
+        assert!(
+            ctx.download(&lse)
+                .unwrap()
+                .iter()
+                .all(|&x| x == f32::NEG_INFINITY),
+            "{what}: LSE"
+        );
+    };
+    check(&one_row, "no key in any sequence");
+    match ctx.alloc::<half::f16>(0) {
+        Ok(empty) => check(&empty, "no key in the pack"),
+        Err(e) => eprintln!("no zero-length buffer on this driver ({e}): that case not run"),
+    }
+}

@@ -259,3 +259,19 @@ def test_hf_padded_forward_served_by_varlen(side, dtype):
             assert flashcore.hf.stats["flashcore"] - stats["flashcore"] == cfg.num_hidden_layers
     print(f"hf padded ({side}) forward {dtype}: {errors}")
     assert errors[name] <= hf_models.BOUND * errors["sdpa"], errors
+
+
+def test_prepare_then_capture_on_that_stream():
+    lq, lk = [5, 200, 77], [9, 180, 77]
+    q, k, v = pack(lq, lk, 4, 4, 128, torch.bfloat16, 21)
+    cq, ck = cu(lq), cu(lk)
+    s = torch.cuda.Stream()
+    flashcore.varlen.prepare(q, k, cq, 200, 180, causal=False, stream=s)
+    eager = flashcore.flash_attn_varlen_func(q, k, v, cq, ck, 200, 180)
+    g = torch.cuda.CUDAGraph()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.graph(g, stream=s):
+        out = flashcore.flash_attn_varlen_func(q, k, v, cq, ck, 200, 180)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)
