@@ -1,18 +1,28 @@
 //! Variable-length prefill (issue 22): Q, K, V packed as `[total tokens, heads, dim]` with
 //! `cu_seqlens_q` / `cu_seqlens_k` (i32, `batch + 1` prefix sums), one launch over every
-//! sequence of the pack.
+//! sequence of the pack (per [`VARLEN_CAPACITY`] query tiles).
 //!
-//! The host turns the (public, DESIGN.md §1) `cu_seqlens` into a **work list**: one item per
-//! query tile of each non-empty sequence — the tile's first query token, the sequence's query
-//! rows from there on, its first key token and its key count — ordered heaviest first (most key
-//! blocks), so no tile is spent on padding and long sequences start first. The kernel
-//! (`FC_VARLEN`, kernels/fc_scheduler.cuh) reads item `unit / heads` for work unit `unit` from
-//! `__constant__` memory, which the host fills before each launch (stream-ordered), at most
-//! [`VARLEN_CAPACITY`] items per launch. Constant data read at a public index is public to the
-//! audit by construction; a table in global memory read through a parameter pointer was tried
-//! first and audited clean only for some variants (the provenance analysis reads shuffle
-//! sources flow-insensitively, so a shuffled register that held the table pointer elsewhere
-//! taints the softmax).
+//! The (public, DESIGN.md §1) `cu_seqlens` become a **work list**: one item per query tile of
+//! each non-empty sequence — the tile's first query token, the sequence's query rows from there
+//! on, its first key token and its key count — ordered heaviest first (most key blocks), so no
+//! tile is spent on padding and long sequences start first. The kernel (`FC_VARLEN`,
+//! kernels/fc_scheduler.cuh) reads item `1 + unit / heads` for work unit `unit` from
+//! `__constant__` memory (entry 0: the launch's item count, where the walk ends), which is
+//! filled before each launch by a stream-ordered copy. Constant data read at a public index is
+//! public to the audit by construction; a table in global memory read through a parameter
+//! pointer was tried first and audited clean only for some variants (the provenance analysis
+//! reads shuffle sources flow-insensitively, so a shuffled register that held the table pointer
+//! elsewhere taints the softmax).
+//!
+//! Two ways to build the list: on the host from checked `cu_seqlens` ([`work_list`],
+//! [`Context::attention_varlen_host`]), or — with no host synchronisation, so inside CUDA
+//! graphs — on the device by the module's `flashcore_varlen_build` kernel
+//! (kernels/fc_varlen_build.cuh: a one-CTA counting sort, with `seqused_k`/`seqused_q`) into a
+//! workspace, then a device-to-device copy per launch ([`launch_device_list`]). The launch count
+//! then comes from the bound `batch · ceil(max_seqlen_q / block_m)`; launches past the device's
+//! count find a header of 0 and end at once. Within one weight the device's order is the order
+//! its shared-memory atomics resolve in (run to run it may differ): it decides which CTA computes
+//! a tile, never what the tile computes.
 //!
 //! A tile computes with its own sequence's tokens only: Q rows past the sequence's end are
 //! computed and never stored, keys past its end are masked by select like a partial last
