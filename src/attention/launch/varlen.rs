@@ -1,6 +1,6 @@
 //! Variable-length prefill (issue 22): Q, K, V packed as `[total tokens, heads, dim]` with
 //! `cu_seqlens_q` / `cu_seqlens_k` (i32, `batch + 1` prefix sums), one launch over every
-//! sequence of the pack (per [`VARLEN_CAPACITY`] query tiles).
+//! sequence of the pack (per `VARLEN_CAPACITY` query tiles).
 //!
 //! The (public, DESIGN.md §1) `cu_seqlens` become a **work list**: one item per query tile of
 //! each non-empty sequence — the tile's first query token, the sequence's query rows from there
@@ -14,11 +14,11 @@
 //! reads shuffle sources flow-insensitively, so a shuffled register that held the table pointer
 //! elsewhere taints the softmax).
 //!
-//! Two ways to build the list: on the host from checked `cu_seqlens` ([`work_list`],
+//! Two ways to build the list: on the host from checked `cu_seqlens` (`work_list`,
 //! [`Context::attention_varlen_host`]), or — with no host synchronisation, so inside CUDA
 //! graphs — on the device by the module's `flashcore_varlen_build` kernel
 //! (kernels/fc_varlen_build.cuh: a one-CTA counting sort, with `seqused_k`/`seqused_q`) into a
-//! workspace, then a device-to-device copy per launch ([`launch_device_list`]). The launch count
+//! workspace, then a device-to-device copy per launch (`launch_device_list`). The launch count
 //! then comes from the bound `batch · ceil(max_seqlen_q / block_m)`; launches past the device's
 //! count find a header of 0 and end at once. Within one weight the device's order is the order
 //! its shared-memory atomics resolve in (run to run it may differ): it decides which CTA computes
