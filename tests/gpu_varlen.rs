@@ -576,7 +576,7 @@ fn packs_without_keys_give_zeros() {
         let mut out = ctx
             .upload(&vec![poison::<half::f16>(); 7 * 2 * 64])
             .unwrap();
-        let mut lse = ctx.upload(&vec![f32::NAN; 2 * 7]).unwrap();
+        let mut lse = ctx.upload(&[f32::NAN; 2 * 7]).unwrap();
         ctx.attention_varlen_device(
             &p,
             &q,
