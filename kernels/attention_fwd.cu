@@ -13,7 +13,8 @@
 //
 // Compile-time configuration (NVRTC -D): FC_HEAD_DIM (64|128), FC_BF16 (0|1), FC_CAUSAL (0|1),
 // FC_SECRET_LEN (0|1), FC_SPLIT (1|2|4), tile shape FC_BLOCK_M/N, FC_STAGES, FC_CONSUMERS;
-// FC_VARLEN (0|1): packed variable-length sequences from a public work list (fc_scheduler.cuh).
+// FC_VARLEN (0|1): packed variable-length sequences from a public work list (fc_scheduler.cuh),
+// built by the host or by this module's flashcore_varlen_build (fc_varlen_build.cuh).
 //
 // FC_LEAKY_CONTROL (never shipped; the power control of `flashcore leakage`): 1 = the whole CTA
 // exits at once when the first element of its first Q tile is +0.0 (an early exit on data); 2 = in
@@ -42,6 +43,9 @@
 #if FC_KV_CACHE
 #include "fc_kv_append.cuh"
 #endif
+#if FC_VARLEN
+#include "fc_varlen_build.cuh"  // the device-built work list's kernel
+#endif
 
 // Every tile of this CTA, for one consumer warpgroup.
 FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
@@ -51,7 +55,8 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
     const int lane = lane_id();
     int g = 0;       // K/V blocks consumed so far (ring position)
     int q_load = 0;  // Q tiles consumed so far
-    for (int unit = sched.first_unit(); unit < p.num_units; unit += sched.unit_step()) {
+    const int end_unit = sched.end_unit();
+    for (int unit = sched.first_unit(); unit < end_unit; unit += sched.unit_step()) {
         const int tiles = sched.tiles_in_unit(unit);
         for (int k = 0; k < tiles; ++k) {
             const Tile t = sched.tile(unit, k);

@@ -54,7 +54,8 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
     tma_prefetch_desc(&p.v_map);
     int g = 0;       // K/V blocks streamed so far (ring position)
     int q_load = 0;  // Q tiles loaded so far
-    for (int unit = sched.first_unit(); unit < p.num_units; unit += sched.unit_step()) {
+    const int end_unit = sched.end_unit();
+    for (int unit = sched.first_unit(); unit < end_unit; unit += sched.unit_step()) {
         const int tiles = sched.tiles_in_unit(unit);
         for (int k = 0; k < tiles; ++k) {
             const Tile t = sched.tile(unit, k);

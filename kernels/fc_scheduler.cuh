@@ -11,14 +11,18 @@
 #include "fc_config.cuh"
 
 #if FC_VARLEN
-// The varlen work list (src/attention/launch/varlen.rs writes it before each launch): one int4
-// per query tile — (first query token of the tile, query rows of the sequence from there on,
-// the sequence's first key token, its key count). Public metadata derived from cu_seqlens, in
-// constant memory: read at a public index (the unit), it is public to the audit by construction,
-// and no register ever holds a pointer to it. A launch covers at most VARLEN_CAPACITY tiles (the
-// host splits longer work lists over several launches).
-constexpr int VARLEN_CAPACITY = 4096;
-__constant__ int4 fc_varlen_work[VARLEN_CAPACITY];
+// The varlen work list, written before each launch (src/attention/launch/varlen.rs: a
+// stream-ordered copy from the host's list, or from the device-built one of
+// fc_varlen_build.cuh). Entry 0 is the launch's header — x: how many work items follow (at most
+// VARLEN_ITEMS); entries 1.. are the items, one int4 per query tile — (first query token of the
+// tile, query rows of the sequence from there on, the sequence's first key token, its key
+// count). Public metadata derived from cu_seqlens, in constant memory: read at a public index
+// (the unit), it is public to the audit by construction, and no register ever holds a pointer
+// to it. The host launches for a bound on the item count (it need not know the count itself:
+// no synchronisation), and units past the header's count end the walk.
+constexpr int VARLEN_SLOTS = 4096;  // int4 entries: 64 KiB, all of constant memory
+constexpr int VARLEN_ITEMS = VARLEN_SLOTS - 1;
+__constant__ int4 fc_varlen_work[VARLEN_SLOTS];
 #endif
 
 struct Tile {
@@ -57,6 +61,15 @@ struct Scheduler {
     // Units of this CTA: first, step, end (split mode: one unit per cluster).
     FC_DEVICE int first_unit() const { return cfg::SPLIT > 1 ? (int)blockIdx.x / cfg::SPLIT : (int)blockIdx.x; }
     FC_DEVICE int unit_step() const { return cfg::SPLIT > 1 ? p.num_units : (int)gridDim.x; }
+    // One past the last unit: p.num_units, or in varlen builds the units of the header's item
+    // count (public) when fewer — the host's bound may exceed the items the device built.
+    FC_DEVICE int end_unit() const {
+#if FC_VARLEN
+        return min(p.num_units, max(0, min(VARLEN_ITEMS, fc_varlen_work[0].x)) * p.heads_q);
+#else
+        return p.num_units;
+#endif
+    }
 
     FC_DEVICE int tiles_in_unit(int unit) const {
         if (FC_DECODE || !p.pair_tiles) return 1;
@@ -86,9 +99,9 @@ struct Scheduler {
         return t;
 #endif
 #if FC_VARLEN
-        // Varlen: unit = item · heads + head; item i is entry i of the host's work list (ordered
-        // heaviest first).
-        const int item = unit / p.heads_q;
+        // Varlen: unit = item · heads + head; item i is entry 1 + i of the work list (ordered
+        // heaviest first; entry 0 is the header).
+        const int item = 1 + unit / p.heads_q;
         t.head = unit % p.heads_q;
         t.batch = 0;
         t.m_block = 0;

@@ -10,13 +10,15 @@ fn shipped_variants_are_data_oblivious_spill_free_and_use_wgmma() {
     assert!(decode > 0, "decode variants are shipped");
     let kv_cache = variants.iter().filter(|v| v.is_kv_cache()).count();
     assert!(kv_cache > 0, "KV-cache variants are shipped");
+    let varlen = variants.iter().filter(|v| v.varlen).count();
+    assert!(varlen > 0, "varlen variants are shipped");
     let backward = flashcore::kernels::backward::shipped_bwd_variants().len();
     assert_eq!(
         audits.len(),
-        variants.len() + decode + kv_cache + 3 * backward,
+        variants.len() + decode + kv_cache + varlen + 3 * backward,
         "one audited kernel per shipped variant, two (forward and combine) per decode variant, \
-         a third (the append) per KV-cache variant, three (preprocess, dK/dV, dQ) per backward \
-         variant"
+         a third (the append) per KV-cache variant, two (forward and work-list builder) per \
+         varlen variant, three (preprocess, dK/dV, dQ) per backward variant"
     );
     // The append kernel is audited with its counts and table declared public.
     assert_eq!(
@@ -25,6 +27,14 @@ fn shipped_variants_are_data_oblivious_spill_free_and_use_wgmma() {
             .filter(|a| a.name == flashcore::kernels::APPEND_SYMBOL)
             .count(),
         kv_cache
+    );
+    // The varlen work-list builder is audited with its metadata pointers declared public.
+    assert_eq!(
+        audits
+            .iter()
+            .filter(|a| a.name == flashcore::kernels::VARLEN_BUILD_SYMBOL)
+            .count(),
+        varlen
     );
     // The combine kernel is audited too (it reads the secret partials).
     assert_eq!(

@@ -271,3 +271,343 @@ fn bad_cu_seqlens_are_refused() {
         assert!(e.to_string().contains("cu_seqlens_k"), "{bad:?}: {e}");
     }
 }
+
+/// The device-built work list holds exactly the host's items, heaviest first, split into
+/// launches of at most VARLEN_CAPACITY with the right headers.
+#[test]
+fn device_work_list_matches_the_host_list() {
+    use flashcore::attention::launch::varlen::{work_list, VARLEN_CAPACITY};
+    let Some(ctx) = gpu("device_work_list_matches_the_host_list") else {
+        return;
+    };
+    let n = 5000;
+    let long_q: Vec<usize> = (0..n).map(|i| 1 + i % 7).collect();
+    let long_k: Vec<usize> = (0..n).map(|i| 1 + i % 11).collect();
+    let packs: Vec<(Vec<usize>, Vec<usize>)> = vec![
+        (
+            vec![1, 17, 0, 128, 129, 4097, 5, 3],
+            vec![1, 40, 7, 128, 300, 4097, 0, 1],
+        ),
+        (vec![700, 0, 200, 129], vec![650, 5, 256, 1]),
+        (long_q, long_k),
+    ];
+    for (lq, lk) in packs {
+        for causal in [false, true] {
+            let p = params(DType::F16, 2, 2, 64, causal, &lq, &lk);
+            let (cu_q, cu_k) = (prefix(&lq), prefix(&lk));
+            let totals = [
+                *cu_q.last().unwrap() as usize,
+                *cu_k.last().unwrap() as usize,
+            ];
+            let (dq, dk) = (ctx.upload(&cu_q).unwrap(), ctx.upload(&cu_k).unwrap());
+            let chunks = ctx
+                .varlen_device_work_list(&p, &dq, &dk, None, totals)
+                .unwrap();
+            let host = work_list(&cu_q, &cu_k, 128, 128, causal);
+            // Every launch but the last full, the last holding the rest; later launches may be
+            // empty (the bound counts tiles the sequences do not have).
+            let mut left = host.len();
+            for c in &chunks {
+                assert_eq!(c.len(), left.min(VARLEN_CAPACITY), "causal {causal}");
+                left -= c.len();
+            }
+            let dev: Vec<_> = chunks.concat();
+            let blocks = |it: &flashcore::attention::launch::varlen::WorkItem| {
+                let keys = it.len_k as i64;
+                let n = (keys + 127) / 128;
+                if !causal {
+                    return n;
+                }
+                let last = 128.min(it.rows as i64) - 1;
+                let vis = keys.min(last + keys - it.rows as i64 + 1);
+                if vis <= 0 {
+                    0
+                } else {
+                    n.min((vis + 127) / 128)
+                }
+            };
+            let w: Vec<i64> = dev.iter().map(blocks).collect();
+            assert!(w.windows(2).all(|p| p[0] >= p[1]), "not heaviest first");
+            let key = |it: &flashcore::attention::launch::varlen::WorkItem| it.fields();
+            let mut a: Vec<_> = dev.iter().map(key).collect();
+            let mut b: Vec<_> = host.iter().map(key).collect();
+            a.sort();
+            b.sort();
+            assert_eq!(a, b, "causal {causal}: device and host items differ");
+        }
+    }
+}
+
+/// The host-built and the device-built lists give the same bits.
+#[test]
+fn host_and_device_lists_give_the_same_bits() {
+    let Some(ctx) = gpu("host_and_device_lists_give_the_same_bits") else {
+        return;
+    };
+    let s = seed();
+    let mut rng = rng_from(s);
+    let lq = [1, 17, 0, 128, 129, 1000, 5, 3];
+    let lk = [1, 40, 7, 128, 300, 999, 0, 1];
+    let (cu_q, cu_k) = (prefix(&lq), prefix(&lk));
+    let p = params(DType::Bf16, 4, 2, 128, true, &lq, &lk);
+    let (tq, tk) = (lq.iter().sum::<usize>(), lk.iter().sum::<usize>());
+    let q: Vec<half::bf16> = randn(&mut rng, tq * 4 * 128);
+    let k: Vec<half::bf16> = randn(&mut rng, tk * 2 * 128);
+    let v: Vec<half::bf16> = randn(&mut rng, tk * 2 * 128);
+    let (o1, l1) = run(&ctx, &p, &cu_q, &cu_k, &q, &k, &v);
+    let (dq, dk, dv) = upload_qkv(&ctx, &q, &k, &v);
+    let mut dout = ctx.upload(&vec![poison::<half::bf16>(); q.len()]).unwrap();
+    let mut dlse = ctx.upload(&vec![f32::NAN; 4 * tq]).unwrap();
+    ctx.attention_varlen_host(&p, &dq, &dk, &dv, &cu_q, &cu_k, &mut dout, Some(&mut dlse))
+        .unwrap();
+    let o2 = ctx.download(&dout).unwrap();
+    let l2 = ctx.download(&dlse).unwrap();
+    let bits = |x: &[half::bf16]| x.iter().map(|e| e.to_bits()).collect::<Vec<u16>>();
+    assert_eq!(bits(&o1), bits(&o2), "seed {s}");
+    let fb = |x: &[f32]| x.iter().map(|e| e.to_bits()).collect::<Vec<u32>>();
+    assert_eq!(fb(&l1), fb(&l2), "seed {s}");
+}
+
+/// seqused_k: each sequence attends to a prefix of its keys, against the f64 reference of the
+/// pack of those prefixes.
+#[test]
+fn seqused_k_matches_the_reference() {
+    let Some(ctx) = gpu("seqused_k_matches_the_reference") else {
+        return;
+    };
+    let s = seed();
+    let mut rng = rng_from(s);
+    let lq = [1, 17, 128, 129, 300, 0, 4];
+    let lk = [5, 40, 128, 300, 4097, 3, 9];
+    let used = [5i32, 0, 100, 129, 1000, 2, 9];
+    let (hq, hk, d) = (4, 2, 64);
+    for causal in [false, true] {
+        let p = params(DType::F16, hq, hk, d, causal, &lq, &lk);
+        let (cu_q, cu_k) = (prefix(&lq), prefix(&lk));
+        let (tq, tk) = (lq.iter().sum::<usize>(), lk.iter().sum::<usize>());
+        let q: Vec<half::f16> = randn(&mut rng, tq * hq * d);
+        let k: Vec<half::f16> = randn(&mut rng, tk * hk * d);
+        let v: Vec<half::f16> = randn(&mut rng, tk * hk * d);
+        let (dq, dk, dv) = upload_qkv(&ctx, &q, &k, &v);
+        let (dcq, dck) = (ctx.upload(&cu_q).unwrap(), ctx.upload(&cu_k).unwrap());
+        let dused = ctx.upload(&used).unwrap();
+        let mut dout = ctx.upload(&vec![poison::<half::f16>(); q.len()]).unwrap();
+        let mut dlse = ctx.upload(&vec![f32::NAN; hq * tq]).unwrap();
+        ctx.attention_varlen_device(
+            &p,
+            &dq,
+            &dk,
+            &dv,
+            &dcq,
+            &dck,
+            Some(&dused),
+            None,
+            &mut dout,
+            Some(&mut dlse),
+        )
+        .unwrap();
+        let got: Vec<f64> = ctx
+            .download(&dout)
+            .unwrap()
+            .iter()
+            .map(|x| x.to_f64())
+            .collect();
+        let lse = ctx.download(&dlse).unwrap();
+        // The reference's pack: each sequence's first used keys.
+        let row_k = hk * d;
+        let (mut rk, mut rv) = (Vec::new(), Vec::new());
+        for b in 0..lk.len() {
+            let a = cu_k[b] as usize * row_k;
+            let e = a + used[b] as usize * row_k;
+            rk.extend(k[a..e].iter().map(|x| x.to_f64()));
+            rv.extend(v[a..e].iter().map(|x| x.to_f64()));
+        }
+        let ulen: Vec<usize> = used.iter().map(|&u| u as usize).collect();
+        let rp = params(DType::F16, hq, hk, d, causal, &lq, &ulen);
+        let fq: Vec<f64> = q.iter().map(|x| x.to_f64()).collect();
+        let want = reference::varlen_f64(&rp, &cu_q, &prefix(&ulen), &fq, &rk, &rv);
+        let row = hq * d;
+        for b in 0..lq.len() {
+            let (a, e) = (cu_q[b] as usize * row, cu_q[b + 1] as usize * row);
+            if a == e {
+                continue;
+            }
+            assert!(got[a..e].iter().all(|x| x.is_finite()), "seed {s}: seq {b}");
+            if want.out[a..e].iter().all(|&x| x == 0.0) {
+                assert!(
+                    got[a..e].iter().all(|&x| x == 0.0),
+                    "seed {s}: seq {b} zero"
+                );
+            } else {
+                let err = reference::rel_l2(&got[a..e], &want.out[a..e]);
+                assert!(
+                    err <= tolerance(DType::F16),
+                    "seed {s} causal {causal} seq {b}: {err:.3e}"
+                );
+            }
+        }
+        for (i, (&g, &w)) in lse.iter().zip(&want.lse).enumerate() {
+            if w == f64::NEG_INFINITY {
+                assert_eq!(g, f32::NEG_INFINITY, "seed {s}: lse[{i}]");
+            } else {
+                assert!(
+                    ((g as f64) - w).abs() <= 1e-3 * w.abs().max(1.0),
+                    "seed {s}: lse[{i}] {g} vs {w}"
+                );
+            }
+        }
+    }
+}
+
+/// cu_seqlens that break the contract on the no-sync path (not checked there) give no fault:
+/// the builder clamps every offset into the pack.
+#[test]
+fn garbage_cu_seqlens_stay_inside_the_pack() {
+    let Some(ctx) = gpu("garbage_cu_seqlens_stay_inside_the_pack") else {
+        return;
+    };
+    let p = params(DType::F16, 2, 2, 64, true, &[8, 8], &[8, 8]);
+    let x = ctx.upload(&vec![half::f16::ONE; 16 * 2 * 64]).unwrap();
+    let mut out = ctx.upload(&vec![half::f16::ZERO; 16 * 2 * 64]).unwrap();
+    for bad in [
+        vec![0i32, 1_000_000, -5],
+        vec![-100, 3, 2],
+        vec![i32::MAX, i32::MIN, 16],
+    ] {
+        let d = ctx.upload(&bad).unwrap();
+        ctx.attention_varlen_device(&p, &x, &x, &x, &d, &d, None, None, &mut out, None)
+            .unwrap();
+        ctx.synchronize().unwrap();
+    }
+}
+
+/// A padded batch run as a pack with seqused_q = seqused_k (the HF path): each sequence's real
+/// tokens from `b·S + start[b]`, rows no sequence uses left as they were; every real row equals
+/// the dense pack of the real tokens, bit for bit.
+#[test]
+fn padded_batch_through_seqused_q_matches_the_dense_pack() {
+    let Some(ctx) = gpu("padded_batch_through_seqused_q_matches_the_dense_pack") else {
+        return;
+    };
+    let s = seed();
+    let mut rng = rng_from(s);
+    let (b, sl, hq, hk, d) = (3usize, 300usize, 4usize, 2usize, 64usize);
+    let starts = [0usize, 37, 299];
+    let used = [300usize, 263, 1];
+    for causal in [false, true] {
+        let q: Vec<half::f16> = randn(&mut rng, b * sl * hq * d);
+        let k: Vec<half::f16> = randn(&mut rng, b * sl * hk * d);
+        let v: Vec<half::f16> = randn(&mut rng, b * sl * hk * d);
+        let mut cu: Vec<i32> = (0..b).map(|i| (i * sl + starts[i]) as i32).collect();
+        cu.push((b * sl) as i32);
+        let u: Vec<i32> = used.iter().map(|&x| x as i32).collect();
+        let p = params(DType::F16, hq, hk, d, causal, &[sl; 3], &[sl; 3]);
+        let (dq, dk, dv) = upload_qkv(&ctx, &q, &k, &v);
+        let (dcu, du) = (ctx.upload(&cu).unwrap(), ctx.upload(&u).unwrap());
+        let mut dout = ctx.upload(&vec![poison::<half::f16>(); q.len()]).unwrap();
+        ctx.attention_varlen_device(
+            &p,
+            &dq,
+            &dk,
+            &dv,
+            &dcu,
+            &dcu,
+            Some(&du),
+            Some(&du),
+            &mut dout,
+            None,
+        )
+        .unwrap();
+        let got = ctx.download(&dout).unwrap();
+        // The dense pack of the real tokens.
+        let (row_q, row_k) = (hq * d, hk * d);
+        let take = |x: &[half::f16], row: usize| -> Vec<half::f16> {
+            (0..b)
+                .flat_map(|i| {
+                    let a = (i * sl + starts[i]) * row;
+                    x[a..a + used[i] * row].to_vec()
+                })
+                .collect()
+        };
+        let (pq, pk, pv) = (take(&q, row_q), take(&k, row_k), take(&v, row_k));
+        let cu_d = prefix(&used);
+        let (want, _) = run(
+            &ctx,
+            &params(DType::F16, hq, hk, d, causal, &used, &used),
+            &cu_d,
+            &cu_d,
+            &pq,
+            &pk,
+            &pv,
+        );
+        let bits = |x: &[half::f16]| x.iter().map(|e| e.to_bits()).collect::<Vec<u16>>();
+        assert_eq!(
+            bits(&take(&got, row_q)),
+            bits(&want),
+            "seed {s} causal {causal}"
+        );
+        // Rows of padding were not written.
+        for i in 0..b {
+            for r in (0..starts[i]).chain(starts[i] + used[i]..sl) {
+                let a = (i * sl + r) * row_q;
+                assert!(got[a..a + row_q]
+                    .iter()
+                    .all(|x| x.to_bits() == poison::<half::f16>().to_bits()));
+            }
+        }
+    }
+}
+
+/// Sequences without keys on the no-sync path give O = 0, LSE = −inf: through the kernel (keys in
+/// the buffer, none in any sequence), and without a launch when the pack holds no key at all.
+#[test]
+fn packs_without_keys_give_zeros() {
+    let Some(ctx) = gpu("packs_without_keys_give_zeros") else {
+        return;
+    };
+    let p = params(DType::F16, 2, 2, 64, true, &[3, 4], &[1, 1]);
+    let q = ctx.upload(&vec![half::f16::ONE; 7 * 2 * 64]).unwrap();
+    let one_row = ctx.upload(&vec![half::f16::ONE; 2 * 64]).unwrap();
+    let (cq, ck) = (
+        ctx.upload(&[0i32, 3, 7]).unwrap(),
+        ctx.upload(&[0i32, 0, 0]).unwrap(),
+    );
+    let check = |kv: &cudarc::driver::CudaSlice<half::f16>, what: &str| {
+        let mut out = ctx
+            .upload(&vec![poison::<half::f16>(); 7 * 2 * 64])
+            .unwrap();
+        let mut lse = ctx.upload(&[f32::NAN; 2 * 7]).unwrap();
+        ctx.attention_varlen_device(
+            &p,
+            &q,
+            kv,
+            kv,
+            &cq,
+            &ck,
+            None,
+            None,
+            &mut out,
+            Some(&mut lse),
+        )
+        .unwrap();
+        assert!(
+            ctx.download(&out)
+                .unwrap()
+                .iter()
+                .all(|x| x.to_f64() == 0.0),
+            "{what}: O"
+        );
+        assert!(
+            ctx.download(&lse)
+                .unwrap()
+                .iter()
+                .all(|&x| x == f32::NEG_INFINITY),
+            "{what}: LSE"
+        );
+    };
+    check(&one_row, "no key in any sequence");
+    match ctx.alloc::<half::f16>(0) {
+        Ok(empty) => check(&empty, "no key in the pack"),
+        Err(e) => eprintln!("no zero-length buffer on this driver ({e}): that case not run"),
+    }
+}

@@ -22,8 +22,10 @@ from . import ops, autograd, sdpa_backend  # noqa: E402
 from .api import attention, flash_attn_func, prepare, scaled_dot_product_attention  # noqa: E402
 from . import kvcache  # noqa: E402
 from .kvcache import flash_attn_with_kvcache  # noqa: E402
+from . import varlen  # noqa: E402
+from .varlen import flash_attn_varlen_func  # noqa: E402
 
 sdpa_backend.register()  # known to torch's registry; activated only by the user
 
 __version__ = "0.1.0"
-__all__ = ["attention", "flash_attn_func", "flash_attn_with_kvcache", "scaled_dot_product_attention", "prepare", "ops", "autograd", "sdpa_backend", "kvcache"]
+__all__ = ["attention", "flash_attn_func", "flash_attn_with_kvcache", "flash_attn_varlen_func", "varlen", "scaled_dot_product_attention", "prepare", "ops", "autograd", "sdpa_backend", "kvcache"]

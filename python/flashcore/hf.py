@@ -22,8 +22,13 @@ then every key lies in the window), ``softcap`` (None or 0), ``s_aux``, ``positi
 (Sq <= 16) whose mask says "key j is visible from each sequence's first key on" (and causal
 bottom-right): every step of a batched, left-padded ``generate()``, and sliding windows in decode,
 look like that. ``leftpad_of`` finds the first keys (one host read per mask tensor; never under
-torch.compile) and the KV-cache kernel masks the keys before them (``cache_leftpad``). Every other
-call goes to a path that computes it:
+torch.compile) and the KV-cache kernel masks the keys before them (``cache_leftpad``). A call with
+Sq == Sk and a padding mask — a forward pass or generate()'s prefill over a left- or right-padded
+batch: each real query row sees the keys of its sequence's real tokens (causal: up to itself) —
+is served by varlen (``padded_prefill_of``: one host read per mask tensor, to check the mask's
+form; the starts and counts are computed on the device): the padded batch runs as a pack with
+``seqused_q``/``seqused_k``, rows of padding come out zero. Every other call goes to a path that
+computes it:
 
 - transformers' SDPA function where SDPA expresses the call: a mask (padding, or a sliding window
   shorter than the keys: the mask carries the window, as on transformers' own SDPA and eager
@@ -202,6 +207,78 @@ def _analyse(mask):
     return None
 
 
+# Masks padded_prefill_of has analysed, as _LEFTPAD.
+_PADDED = {}
+
+
+def padded_prefill_of(mask, query, key):
+    """For a call with Sq == Sk (a forward pass or generate()'s prefill over a padded batch) whose
+    boolean mask [B or 1, 1, S, S] says, on every real query row i of sequence b, "key j is
+    visible iff start[b] <= j < end[b]" — and, causal, "j <= i" — returns (start int32 [B], end −
+    start int32 [B], causal); else None. Left and right padding both look like that (rows of
+    padding are not looked at: flashcore writes zeros there). One host read per mask tensor (two
+    comparisons fetched together), cached as for ``leftpad_of``; never under torch.compile or with
+    fake tensors (None: the call falls back)."""
+    from .ops import eager
+
+    b, sq, sk = query.shape[0], query.shape[2], key.shape[2]
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4 or sq != sk:
+        return None
+    if mask.shape[0] not in (1, b) or mask.shape[1] != 1 or tuple(mask.shape[2:]) != (sq, sk):
+        return None
+    if mask.device != query.device or not eager(mask):
+        return None
+    if mask.is_inference():
+        found = _analyse_padded(mask)
+    else:
+        hit = _PADDED.get(id(mask))
+        if hit is not None and hit[0]() is mask and hit[1] == mask._version:
+            found = hit[2]
+        else:
+            found = _analyse_padded(mask)
+            if len(_PADDED) >= 16:
+                _PADDED.clear()
+            _PADDED[id(mask)] = (weakref.ref(mask), mask._version, found)
+    if found is None:
+        return None
+    start, used, causal = found
+    return start.expand(b).contiguous(), used.expand(b).contiguous(), causal
+
+
+def _analyse_padded(mask):
+    m = mask[:, 0]
+    s = m.shape[-1]
+    seen = m.any(1)  # keys any row sees
+    has = seen.any(-1)
+    start = torch.where(has, seen.int().argmax(-1), torch.zeros_like(has, dtype=torch.long))
+    end = torch.where(has, s - seen.flip(-1).int().argmax(-1), torch.zeros_like(has, dtype=torch.long))
+    j = torch.arange(s, device=m.device)
+    keys = (j[None, None, :] >= start[:, None, None]) & (j[None, None, :] < end[:, None, None])
+    rows = (j[None, :, None] >= start[:, None, None]) & (j[None, :, None] < end[:, None, None])
+    diagonal = (j[None, :] <= j[:, None])[None]
+    causal_ok = ((m == (keys & diagonal)) | ~rows).all()
+    full_ok = ((m == keys) | ~rows).all()
+    causal, full = torch.stack([causal_ok, full_ok]).tolist()  # the host read
+    if not (causal or full):
+        return None
+    return start.to(torch.int32), (end - start).to(torch.int32), bool(causal) and s > 1
+
+
+def _padded_prefill(query, key, value, padded, scaling):
+    """A padded batch's forward through varlen: [B, H, S, D] views in, [B, S, H, D] out (padding
+    rows zero). The batch runs as the pack [B·S, H, D], sequence b from b·S + start[b] for its
+    used tokens (seqused_q = seqused_k): no unpadding, no host read."""
+    from .varlen import attention_varlen_op
+
+    start, used, causal = padded
+    b, s = query.shape[0], query.shape[2]
+    q, k, v = (t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3]) for t in (query, key, value))
+    base = torch.arange(b + 1, dtype=torch.int32, device=query.device) * s
+    cu = torch.cat([base[:b] + start, base[b:]])
+    out, _ = attention_varlen_op(q, k, v, cu, cu, used, s, s, causal, scaling, False, used)
+    return out.view(b, s, query.shape[1], query.shape[3])
+
+
 def fallback_path(reason):
     """"sdpa" or "eager": where a call that flashcore does not serve for `reason` runs."""
     return "sdpa" if reason in _SDPA_REASONS else "eager"
@@ -261,11 +338,15 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     # As transformers' SDPA path: a single query token attends to every key.
     causal = bool(is_causal) and query.shape[2] > 1
     reason = fallback_reason(query, key, value, attention_mask, dropout, scaling, kwargs)
-    leftpad = None
+    leftpad = padded = None
     if reason == "attention_mask":
         # A decode step of a padded batch: served over the keys from each sequence's first.
         leftpad = leftpad_of(attention_mask, query, key)
-        if leftpad is not None:
+        if leftpad is None and not _checks.needs_grad(query, key, value):
+            # A forward pass or prefill of a padded batch (left or right): served through varlen
+            # (inference only: varlen has no backward yet, training with padding goes to SDPA).
+            padded = padded_prefill_of(attention_mask, query, key)
+        if leftpad is not None or padded is not None:
             reason = fallback_reason(query, key, value, attention_mask, dropout, scaling, kwargs, mask_served=True)
     if reason is not None:
         path = fallback_path(reason)
@@ -291,6 +372,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         ends = torch.full_like(start, key.shape[2])
         out, _ = _attention_kvcache(q, k, v, ends, None, causal, scaling, False, False, False, start)
         return out, None
+    if padded is not None:
+        return _padded_prefill(query, key, value, padded, _checks.check_scale(scaling)), None
     return top_left(q, k, v, causal, _checks.check_scale(scaling), bhsd=False), None
 
 

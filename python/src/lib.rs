@@ -302,6 +302,137 @@ fn workspace_bytes(
     ))
 }
 
+/// A varlen call (issue 22): `shape` = (sequences, max_seqlen_q, max_seqlen_k, heads_q,
+/// heads_kv, head_dim); q/out `[total_q, Hq, D]`, k/v `[total_k, Hkv, D]` given as (pointer,
+/// (0, seq stride, head stride)); `lse` fp32 `[Hq, total_q]` or 0; `cu_seqlens_*` i32 device
+/// pointers; `seqused_k`, `seqused_q` 0 for none; `workspace` of `varlen_workspace_bytes`.
+#[allow(clippy::too_many_arguments)]
+fn varlen_call(
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+    scale: Option<f64>,
+    tensors: [PyTensor; 4],
+    totals: (usize, usize),
+    lse: u64,
+    meta: (u64, u64, u64, u64),
+    workspace: u64,
+) -> PyResult<external::VarlenCall> {
+    let [q, k, v, out] = tensors;
+    Ok(external::VarlenCall {
+        params: params(dtype, shape, causal, scale)?,
+        total_q: totals.0,
+        total_k: totals.1,
+        q: tensor(q),
+        k: tensor(k),
+        v: tensor(v),
+        out: tensor(out),
+        lse,
+        cu_seqlens_q: meta.0,
+        cu_seqlens_k: meta.1,
+        seqused_k: meta.2,
+        seqused_q: meta.3,
+        workspace,
+    })
+}
+
+/// Checks a varlen call's shapes, alignment and strides without touching a GPU.
+#[pyfunction]
+#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, totals, lse, meta, workspace))]
+#[allow(clippy::too_many_arguments)]
+fn validate_varlen(
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+    scale: Option<f64>,
+    q: PyTensor,
+    k: PyTensor,
+    v: PyTensor,
+    out: PyTensor,
+    totals: (usize, usize),
+    lse: u64,
+    meta: (u64, u64, u64, u64),
+    workspace: u64,
+) -> PyResult<()> {
+    let c = varlen_call(
+        dtype,
+        shape,
+        causal,
+        scale,
+        [q, k, v, out],
+        totals,
+        lse,
+        meta,
+        workspace,
+    )?;
+    external::validate_varlen(&c).map_err(to_py)
+}
+
+/// Validates, then enqueues a varlen call on `stream` of device `device`: the work list is built
+/// on the device from `cu_seqlens` (no host synchronisation; capturable).
+#[pyfunction]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, totals, lse, meta, workspace))]
+#[allow(clippy::too_many_arguments)]
+fn attention_varlen(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+    scale: Option<f64>,
+    q: PyTensor,
+    k: PyTensor,
+    v: PyTensor,
+    out: PyTensor,
+    totals: (usize, usize),
+    lse: u64,
+    meta: (u64, u64, u64, u64),
+    workspace: u64,
+) -> PyResult<()> {
+    let c = varlen_call(
+        dtype,
+        shape,
+        causal,
+        scale,
+        [q, k, v, out],
+        totals,
+        lse,
+        meta,
+        workspace,
+    )?;
+    let ctx = context(device)?;
+    py.detach(move || {
+        // SAFETY: see the function's doc; the call is validated again inside.
+        unsafe { ctx.attention_varlen(&c, stream as cudarc::driver::sys::CUstream) }
+    })
+    .map_err(to_py)
+}
+
+/// Loads the varlen kernel of a shape for `stream` (each stream has its own instance: its work
+/// list): the warm-up before capturing a CUDA graph on that stream.
+#[pyfunction]
+fn prepare_varlen(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+) -> PyResult<()> {
+    let p = params(dtype, shape, causal, None)?;
+    let ctx = context(device)?;
+    py.detach(move || ctx.prepare_varlen(&p, stream as cudarc::driver::sys::CUstream))
+        .map_err(to_py)
+}
+
+/// Bytes of device workspace a varlen call of this shape needs (its device-built work list).
+#[pyfunction]
+fn varlen_workspace_bytes(dtype: &str, shape: Shape, causal: bool) -> PyResult<usize> {
+    let p = params(dtype, shape, causal, None)?;
+    Ok(external::varlen::workspace_bytes(&p))
+}
+
 /// Opens device `device` (typed errors without a driver, without a device, on a non-sm_90 GPU)
 /// and returns (name, number of SMs).
 #[pyfunction]
@@ -317,6 +448,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(prepare, m)?)?;
     m.add_function(wrap_pyfunction!(device_info, m)?)?;
     m.add_function(wrap_pyfunction!(workspace_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(validate_varlen, m)?)?;
+    m.add_function(wrap_pyfunction!(attention_varlen, m)?)?;
+    m.add_function(wrap_pyfunction!(prepare_varlen, m)?)?;
+    m.add_function(wrap_pyfunction!(varlen_workspace_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(backward::attention_backward, m)?)?;
     m.add_function(wrap_pyfunction!(backward::validate_attention_backward, m)?)?;
     m.add_function(wrap_pyfunction!(backward::backward_workspace_bytes, m)?)?;

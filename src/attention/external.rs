@@ -34,6 +34,10 @@ use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+/// Varlen prefill on caller-owned memory (issue 22).
+pub mod varlen;
+pub use varlen::{validate_varlen, VarlenCall};
+
 /// Element strides of a 4-D attention tensor's (batch, seq, head) dims; the head-dim stride is
 /// 1. A dim of extent 1 may carry any stride (it is never stepped over).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -420,6 +424,10 @@ pub struct ExternalContext {
     /// threads that share one workspace per stream (the Python package does) enqueue their
     /// pairs whole, never interleaved on that stream.
     workspace_launch: Mutex<()>,
+    /// Varlen kernels per (variant, stream): one module instance, so one `__constant__` work
+    /// list, per stream ([`varlen`]).
+    varlen_kernels:
+        Mutex<HashMap<(crate::kernels::Variant, usize), Arc<super::launch::LoadedKernel>>>,
 }
 
 impl ExternalContext {
@@ -433,6 +441,7 @@ impl ExternalContext {
             ctx: Context::new(ordinal)?,
             plans: Mutex::new(HashMap::new()),
             workspace_launch: Mutex::new(()),
+            varlen_kernels: Mutex::new(HashMap::new()),
         })
     }
 

@@ -23,6 +23,9 @@ pub struct LoadedKernel {
     combine: Option<CudaFunction>,
     /// KV-cache variants' append kernel (`flashcore_kv_append`).
     append: Option<CudaFunction>,
+    /// Varlen variants' work-list builder (kernels/fc_varlen_build.cuh) and the device address
+    /// of the module's `__constant__` work list.
+    build: Option<(CudaFunction, u64)>,
     pub variant: Variant,
     pub smem_bytes: usize,
 }
@@ -42,6 +45,19 @@ impl LoadedKernel {
         } else {
             None
         };
+        let build = if variant.varlen {
+            let stream = ctx.default_stream();
+            let work = module
+                .get_global(varlen::WORK_SYMBOL, &stream)?
+                .device_ptr(&stream)
+                .0;
+            Some((
+                module.load_function(crate::kernels::VARLEN_BUILD_SYMBOL)?,
+                work,
+            ))
+        } else {
+            None
+        };
         let smem_bytes = variant.tile().smem_bytes(variant.head_dim);
         function.set_attribute(
             sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -52,6 +68,7 @@ impl LoadedKernel {
             function,
             combine,
             append,
+            build,
             variant,
             smem_bytes,
         })

@@ -14,7 +14,9 @@ use std::time::{Duration, Instant};
 /// Run attention on q, k, v from a safetensors file — or, when the file holds `k_cache`,
 /// `v_cache` and `cache_seqlens` (I32 [B]) with optional new `k`, `v`, one decode step over that
 /// KV cache: the new rows are appended at each sequence's length, the queries attend to the first
-/// `cache_seqlens[b] + n` rows, and the updated caches are written beside `out`.
+/// `cache_seqlens[b] + n` rows, and the updated caches are written beside `out`; or, when it holds
+/// `cu_seqlens_q` and `cu_seqlens_k` (I32 [B + 1]), packed variable-length sequences (q
+/// [total_q, Hq, D], k and v [total_k, Hkv, D]; `lse` is then [Hq, total_q]).
 #[derive(clap::Args, Debug)]
 pub struct AttnArgs {
     /// safetensors file holding `q`, `k`, `v` (F16 or BF16, all one dtype, 4-D in --layout).
@@ -72,6 +74,9 @@ fn attn(args: &AttnArgs) -> Result<()> {
     }
     if crate::tensor_io_kv::has_kv_cache(&args.input)? {
         return super::attn_kv::attn_kv(args);
+    }
+    if super::attn_varlen::has_varlen(&args.input)? {
+        return super::attn_varlen::attn_varlen(args);
     }
     let input = tensor_io::read_attn_input(&args.input, args.layout)?;
     // NaN/Inf inputs are outside the contract (they propagate into the rows they reach): say so,

@@ -4,6 +4,7 @@
 pub mod attn;
 pub mod attn_grad;
 pub mod attn_kv;
+pub mod attn_varlen;
 pub mod audit;
 pub mod bench;
 pub mod leakage;

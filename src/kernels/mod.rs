@@ -14,6 +14,8 @@ pub const COMBINE_SYMBOL: &str = "flashcore_decode_combine";
 
 /// Symbol of the KV-cache append kernel (KV-cache variants' cubins only).
 pub const APPEND_SYMBOL: &str = "flashcore_kv_append";
+/// Symbol of the varlen variants' work-list builder (kernels/fc_varlen_build.cuh).
+pub const VARLEN_BUILD_SYMBOL: &str = "flashcore_varlen_build";
 
 const FORWARD_SOURCE: &str = include_str!("../../kernels/attention_fwd.cu");
 
@@ -51,6 +53,7 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_instrument.cuh",
     "fc_decode.cuh",
     "fc_kv_append.cuh",
+    "fc_varlen_build.cuh",
 );
 
 // The backward kernels (issue 23): their own variant type and cubins.
@@ -451,6 +454,10 @@ impl Variant {
             if self.paged {
                 public_fields.push((0, TABLE_FIELD));
             }
+        }
+        if kernel == VARLEN_BUILD_SYMBOL && self.varlen {
+            // cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q: pointer parameters 0 to 3.
+            public_fields.extend([(0, 0), (1, 0), (2, 0), (3, 0)]);
         }
         crate::audit::Declared {
             secret_params: self.secret_params(),

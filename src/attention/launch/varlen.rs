@@ -1,18 +1,28 @@
 //! Variable-length prefill (issue 22): Q, K, V packed as `[total tokens, heads, dim]` with
 //! `cu_seqlens_q` / `cu_seqlens_k` (i32, `batch + 1` prefix sums), one launch over every
-//! sequence of the pack.
+//! sequence of the pack (per `VARLEN_CAPACITY` query tiles).
 //!
-//! The host turns the (public, DESIGN.md §1) `cu_seqlens` into a **work list**: one item per
-//! query tile of each non-empty sequence — the tile's first query token, the sequence's query
-//! rows from there on, its first key token and its key count — ordered heaviest first (most key
-//! blocks), so no tile is spent on padding and long sequences start first. The kernel
-//! (`FC_VARLEN`, kernels/fc_scheduler.cuh) reads item `unit / heads` for work unit `unit` from
-//! `__constant__` memory, which the host fills before each launch (stream-ordered), at most
-//! [`VARLEN_CAPACITY`] items per launch. Constant data read at a public index is public to the
-//! audit by construction; a table in global memory read through a parameter pointer was tried
-//! first and audited clean only for some variants (the provenance analysis reads shuffle
-//! sources flow-insensitively, so a shuffled register that held the table pointer elsewhere
-//! taints the softmax).
+//! The (public, DESIGN.md §1) `cu_seqlens` become a **work list**: one item per query tile of
+//! each non-empty sequence — the tile's first query token, the sequence's query rows from there
+//! on, its first key token and its key count — ordered heaviest first (most key blocks), so no
+//! tile is spent on padding and long sequences start first. The kernel (`FC_VARLEN`,
+//! kernels/fc_scheduler.cuh) reads item `1 + unit / heads` for work unit `unit` from
+//! `__constant__` memory (entry 0: the launch's item count, where the walk ends), which is
+//! filled before each launch by a stream-ordered copy. Constant data read at a public index is
+//! public to the audit by construction; a table in global memory read through a parameter
+//! pointer was tried first and audited clean only for some variants (the provenance analysis
+//! reads shuffle sources flow-insensitively, so a shuffled register that held the table pointer
+//! elsewhere taints the softmax).
+//!
+//! Two ways to build the list: on the host from checked `cu_seqlens` (`work_list`,
+//! [`Context::attention_varlen_host`]), or — with no host synchronisation, so inside CUDA
+//! graphs — on the device by the module's `flashcore_varlen_build` kernel
+//! (kernels/fc_varlen_build.cuh: a one-CTA counting sort, with `seqused_k`/`seqused_q`) into a
+//! workspace, then a device-to-device copy per launch (`launch_device_list`). The launch count
+//! then comes from the bound `batch · ceil(max_seqlen_q / block_m)`; launches past the device's
+//! count find a header of 0 and end at once. Within one weight the device's order is the order
+//! its shared-memory atomics resolve in (run to run it may differ): it decides which CTA computes
+//! a tile, never what the tile computes.
 //!
 //! A tile computes with its own sequence's tokens only: Q rows past the sequence's end are
 //! computed and never stored, keys past its end are masked by select like a partial last
@@ -27,13 +37,16 @@ use crate::attention::params::{AttentionParams, Layout};
 use crate::attention::{tensor_map, validate};
 use crate::error::{Error, Result};
 use crate::kernels::Variant;
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
 
-/// Work items per launch: the kernel's `__constant__` work list (kernels/fc_scheduler.cuh).
-pub const VARLEN_CAPACITY: usize = 4096;
+/// Entries of the kernel's `__constant__` work list (kernels/fc_scheduler.cuh): a header (entry
+/// 0: the launch's item count), then the items.
+pub const VARLEN_SLOTS: usize = 4096;
+/// Work items per launch.
+pub const VARLEN_CAPACITY: usize = VARLEN_SLOTS - 1;
 
 /// The kernel's work-list symbol.
-const WORK_SYMBOL: &str = "fc_varlen_work";
+pub(crate) const WORK_SYMBOL: &str = "fc_varlen_work";
 
 /// One query tile of one sequence of the pack, as the kernel reads it (an `int4`). The tile is
 /// a sequence of its own: its rows are the last `rows` queries of the sequence, whose causal
@@ -175,6 +188,21 @@ pub fn check_varlen(
     out_len: usize,
     lse_len: Option<usize>,
 ) -> Result<(usize, usize)> {
+    let (total_q, total_k) = check_varlen_shapes(params, q_len, kv_len, out_len, lse_len)?;
+    check_cu_seqlens("cu_seqlens_q", cu_q, params.batch, total_q, params.seqlen_q)?;
+    check_cu_seqlens("cu_seqlens_k", cu_k, params.batch, total_k, params.seqlen_k)?;
+    Ok((total_q, total_k))
+}
+
+/// [`check_varlen`] without the `cu_seqlens` values (the device-built list's call, which never
+/// reads them on the host).
+pub fn check_varlen_shapes(
+    params: &AttentionParams,
+    q_len: usize,
+    kv_len: [usize; 2],
+    out_len: usize,
+    lse_len: Option<usize>,
+) -> Result<(usize, usize)> {
     validate::check_params(params)?;
     if params.layout != Layout::Bshd {
         return Err(Error::invalid(
@@ -210,8 +238,6 @@ pub fn check_varlen(
         ));
     }
     let total_k = kv_len[0] / row_k;
-    check_cu_seqlens("cu_seqlens_q", cu_q, params.batch, total_q, params.seqlen_q)?;
-    check_cu_seqlens("cu_seqlens_k", cu_k, params.batch, total_k, params.seqlen_k)?;
     if out_len != q_len {
         return Err(Error::invalid(
             "out",
@@ -240,53 +266,177 @@ pub fn check_varlen(
     Ok((total_q, total_k))
 }
 
-/// Enqueues the varlen launches of a work list on the context's stream: per chunk of at most
-/// [`VARLEN_CAPACITY`] items, a copy into the kernel's `__constant__` work list and a launch
-/// (each ordered after the last on the stream).
+/// Where and how a varlen call's launches go: the stream, the SM count (the persistent grid's
+/// size) and the kernel loaded for that stream (its `__constant__` work list is the module's).
+pub(crate) struct Target<'a> {
+    pub stream: sys::CUstream,
+    pub num_sms: usize,
+    pub kernel: &'a LoadedKernel,
+}
+
+/// A varlen call's device buffers: q, k, v, o, lse (0: none) and the element strides of q, k, v,
+/// o as (unused batch, seq, head), and the pack's totals (query tokens, key tokens).
+#[derive(Clone, Copy)]
+pub(crate) struct Buffers {
+    pub ptrs: [u64; 5],
+    pub strides: [Strides; 4],
+    pub totals: [usize; 2],
+}
+
+impl Buffers {
+    /// Contiguous packed `[total, heads, head_dim]` tensors.
+    pub fn contiguous(p: &AttentionParams, ptrs: [u64; 5], totals: [usize; 2]) -> Buffers {
+        let q = Strides::contiguous(Layout::Bshd, totals[0], p.heads_q, p.head_dim);
+        let kv = Strides::contiguous(Layout::Bshd, totals[1], p.heads_kv, p.head_dim);
+        Buffers {
+            ptrs,
+            strides: [q, kv, kv, q],
+            totals,
+        }
+    }
+}
+
+/// Query tiles each sequence may have (`ceil(max_seqlen_q / block_m)`), and the work-list chunks
+/// (launches) of a device-built list: enough for every sequence to have that many.
+pub fn device_chunks(params: &AttentionParams) -> (usize, usize) {
+    let block_m = variant_for(params).tile().block_m;
+    let tiles = params.seqlen_q.div_ceil(block_m);
+    let slots = params.batch.saturating_mul(tiles);
+    (tiles, slots.div_ceil(VARLEN_CAPACITY))
+}
+
+/// Bytes of device workspace a call with a device-built work list needs: one image of the
+/// kernel's work list per launch (16-byte aligned).
+pub fn workspace_bytes(params: &AttentionParams) -> usize {
+    device_chunks(params).1 * VARLEN_SLOTS * 16
+}
+
+/// Enqueues the varlen launches of a host-built work list: per chunk of at most
+/// [`VARLEN_CAPACITY`] items, a copy of its header and items into the kernel's `__constant__`
+/// work list and a launch (each ordered after the last on the stream).
 ///
 /// # Safety
-/// `q`, `o` hold `total_q` rows and `k`, `v` `total_k` rows of the dtype (16-byte aligned), `lse`
-/// (unless 0) `heads_q · total_q` f32s; all alive until the kernels end.
-unsafe fn launch(
-    ctx: &Context,
-    kernel: &LoadedKernel,
+/// The buffers hold `totals` rows of the dtype (16-byte aligned) as their strides say, `lse`
+/// (unless 0) `heads_q · total_q` f32s; all alive until the kernels end; `stream` is live.
+unsafe fn launch_host_list(
+    target: &Target,
     params: &AttentionParams,
-    ptrs: [u64; 5],
-    totals: [usize; 2],
+    bufs: Buffers,
     items: &[WorkItem],
 ) -> Result<()> {
-    let stream = ctx.stream();
-    let work_ptr = {
-        let view = kernel._module.get_global(WORK_SYMBOL, stream)?;
-        let ptr = view.device_ptr(stream).0;
-        ptr
-    };
+    let (_, work_ptr) = build_of(target.kernel)?;
     for chunk in items.chunks(VARLEN_CAPACITY) {
-        let flat: Vec<i32> = chunk.iter().flat_map(|it| it.fields()).collect();
-        cudarc::driver::result::memcpy_htod_async(work_ptr, &flat, stream.cu_stream())?;
-        launch_chunk(ctx, kernel, params, ptrs, totals, chunk.len())?;
+        let mut flat: Vec<i32> = vec![chunk.len() as i32, 0, 0, 0];
+        flat.extend(chunk.iter().flat_map(|it| it.fields()));
+        cudarc::driver::result::memcpy_htod_async(work_ptr, &flat, target.stream)?;
+        launch_chunk(target, params, bufs, chunk.len())?;
     }
     Ok(())
 }
 
-/// One launch over the `items` work items now in constant memory.
-unsafe fn launch_chunk(
-    ctx: &Context,
-    kernel: &LoadedKernel,
+fn build_of(kernel: &LoadedKernel) -> Result<(&cudarc::driver::CudaFunction, u64)> {
+    kernel
+        .build
+        .as_ref()
+        .map(|(f, w)| (f, *w))
+        .ok_or_else(|| Error::Other("not a varlen kernel".into()))
+}
+
+/// Enqueues a varlen call whose work list the device builds from `meta` = (cu_seqlens_q,
+/// cu_seqlens_k, seqused_k or 0, seqused_q or 0), i32 device arrays, with no host synchronisation: the builder
+/// kernel writes every launch's list into `workspace` ([`workspace_bytes`]), then per launch a
+/// device-to-device copy into the `__constant__` work list and the launch, all on the stream
+/// (capturable in a CUDA graph). The launch count comes from the bound `batch ·
+/// ceil(max_seqlen_q / block_m)`; units past a launch's device-side count end the walk.
+///
+/// # Safety
+/// As for [`launch_host_list`]; `meta` hold `batch + 1`, `batch + 1`, `batch`, `batch` i32s (any values:
+/// the builder clamps them into the pack) and `workspace` [`workspace_bytes`] bytes, used by no
+/// other launch that may run at the same time.
+pub(crate) unsafe fn launch_device_list(
+    target: &Target,
     params: &AttentionParams,
-    [q, k, v, o, lse]: [u64; 5],
-    [total_q, total_k]: [usize; 2],
+    bufs: Buffers,
+    meta: [u64; 4],
+    workspace: u64,
+) -> Result<()> {
+    let (tiles, chunks) = device_chunks(params);
+    let slots = params.batch * tiles;
+    if slots == 0 || bufs.totals[0] == 0 {
+        return Ok(()); // no query row anywhere: nothing to write
+    }
+    if slots > i32::MAX as usize || chunks * VARLEN_SLOTS > i32::MAX as usize {
+        return Err(Error::invalid(
+            "max_seqlen_q",
+            "too many query tiles: batch · ceil(max_seqlen_q / 128) must fit in an i32",
+        ));
+    }
+    let (build, work_ptr) = build_of(target.kernel)?;
+    let [cu_q, cu_k, used_k, used_q] = meta;
+    let mut a_cu_q = cu_q;
+    let mut a_cu_k = cu_k;
+    let mut a_used = used_k;
+    let mut a_used_q = used_q;
+    let mut a_out = workspace;
+    let mut a_batch = params.batch as i32;
+    let mut a_tiles = tiles as i32;
+    let mut a_total_q = bufs.totals[0] as i32;
+    let mut a_total_k = bufs.totals[1] as i32;
+    let mut a_chunks = chunks as i32;
+    let mut args: [*mut std::ffi::c_void; 10] = [
+        (&mut a_cu_q) as *mut u64 as *mut _,
+        (&mut a_cu_k) as *mut u64 as *mut _,
+        (&mut a_used) as *mut u64 as *mut _,
+        (&mut a_used_q) as *mut u64 as *mut _,
+        (&mut a_out) as *mut u64 as *mut _,
+        (&mut a_batch) as *mut i32 as *mut _,
+        (&mut a_tiles) as *mut i32 as *mut _,
+        (&mut a_total_q) as *mut i32 as *mut _,
+        (&mut a_total_k) as *mut i32 as *mut _,
+        (&mut a_chunks) as *mut i32 as *mut _,
+    ];
+    cudarc::driver::result::launch_kernel(
+        build.cu_function(),
+        (1, 1, 1),
+        (BUILD_THREADS, 1, 1),
+        0,
+        target.stream,
+        &mut args,
+    )?;
+    for c in 0..chunks {
+        let items = VARLEN_CAPACITY.min(slots - c * VARLEN_CAPACITY);
+        let src = workspace + (c * VARLEN_SLOTS * 16) as u64;
+        cudarc::driver::result::memcpy_dtod_async(work_ptr, src, (1 + items) * 16, target.stream)?;
+        launch_chunk(target, params, bufs, items)?;
+    }
+    Ok(())
+}
+
+/// Threads of the builder kernel (kernels/fc_varlen_build.cuh).
+const BUILD_THREADS: u32 = 1024;
+
+/// One launch over at most `items` work items now in constant memory (the header says how many
+/// there are).
+unsafe fn launch_chunk(
+    target: &Target,
+    params: &AttentionParams,
+    bufs: Buffers,
     items: usize,
 ) -> Result<()> {
     let p = params;
+    let kernel = target.kernel;
     let tile = kernel.variant.tile();
-    let q_st = Strides::contiguous(Layout::Bshd, total_q, p.heads_q, p.head_dim);
-    let kv_st = Strides::contiguous(Layout::Bshd, total_k, p.heads_kv, p.head_dim);
+    let [q, k, v, o, lse] = bufs.ptrs;
+    let [total_q, total_k] = bufs.totals;
+    let [q_st, k_st, v_st, o_st] = bufs.strides;
     let rows = tile.block_m as u32;
     let keys = tile.block_n as u32;
+    // A pack without keys still gets maps of one row: every item has no key then (the lists
+    // clamp key counts into the pack), so no K/V load is ever issued through them.
+    let kv_rows = total_k.max(1);
     let q_map = tensor_map::encode(q, p.dtype, q_st, 1, total_q, p.heads_q, p.head_dim, rows)?;
-    let k_map = tensor_map::encode(k, p.dtype, kv_st, 1, total_k, p.heads_kv, p.head_dim, keys)?;
-    let v_map = tensor_map::encode(v, p.dtype, kv_st, 1, total_k, p.heads_kv, p.head_dim, keys)?;
+    let k_map = tensor_map::encode(k, p.dtype, k_st, 1, kv_rows, p.heads_kv, p.head_dim, keys)?;
+    let v_map = tensor_map::encode(v, p.dtype, v_st, 1, kv_rows, p.heads_kv, p.head_dim, keys)?;
     let units = items as u128 * p.heads_q as u128;
     if units > i32::MAX as u128 {
         return Err(Error::invalid(
@@ -294,7 +444,7 @@ unsafe fn launch_chunk(
             "too many query tiles: heads · tiles must fit in an i32",
         ));
     }
-    let [sb, ss, sh] = q_st.as_array();
+    let [sb, ss, sh] = o_st.as_array();
     let scale = p.softmax_scale();
     let mut block = Box::new(KernelParams {
         q_map,
@@ -330,7 +480,7 @@ unsafe fn launch_chunk(
         box_rows: keys as i32,
         starts_ptr: 0,
     });
-    let grid = (units.min(ctx.num_sms().max(1) as u128) as u32, 1, 1);
+    let grid = (units.min(target.num_sms.max(1) as u128) as u32, 1, 1);
     let mut args: [*mut std::ffi::c_void; 1] =
         [(&mut *block) as *mut KernelParams as *mut std::ffi::c_void];
     cudarc::driver::result::launch_kernel(
@@ -338,10 +488,18 @@ unsafe fn launch_chunk(
         grid,
         (tile.threads() as u32, 1, 1),
         kernel.smem_bytes as u32,
-        ctx.stream().cu_stream(),
+        target.stream,
         &mut args,
     )?;
     Ok(())
+}
+
+/// The device pointer of an optional slice (0 for none).
+fn opt_ptr<T>(
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    s: Option<&CudaSlice<T>>,
+) -> u64 {
+    s.map_or(0, |s| s.device_ptr(stream).0)
 }
 
 impl Context {
@@ -349,12 +507,16 @@ impl Context {
     /// `q` is `[total_q, heads_q, head_dim]`, `k` and `v` `[total_k, heads_kv, head_dim]`,
     /// sequence `b` owning query tokens `cu_seqlens_q[b] .. cu_seqlens_q[b + 1]` and key tokens
     /// `cu_seqlens_k[b] .. cu_seqlens_k[b + 1]` (i32, `batch + 1` entries each, on the device;
-    /// public metadata, downloaded once here — a host synchronisation). `params.batch` is the
-    /// number of sequences and `params.seqlen_q` / `seqlen_k` are `max_seqlen_q` /
-    /// `max_seqlen_k` (every sequence must fit them); heads, head dim, dtype, causal (bottom-right
-    /// per sequence) and scale as for [`Context::attention`]; the layout must be `Bshd`.
-    /// `out` is packed like `q`; `lse`, when given, is fp32 `[heads_q, total_q]`. Empty sequences
-    /// are allowed (no queries: nothing to write; no keys: O = 0, LSE = −inf).
+    /// public metadata). `params.batch` is the number of sequences and `params.seqlen_q` /
+    /// `seqlen_k` are `max_seqlen_q` / `max_seqlen_k` (every sequence must fit them); heads, head
+    /// dim, dtype, causal (bottom-right per sequence) and scale as for [`Context::attention`];
+    /// the layout must be `Bshd`. `out` is packed like `q`; `lse`, when given, is fp32
+    /// `[heads_q, total_q]`. Empty sequences are allowed (no queries: nothing to write; no keys:
+    /// O = 0, LSE = −inf).
+    ///
+    /// This entry point downloads `cu_seqlens` once to check them (a host synchronisation), then
+    /// runs exactly as [`Context::attention_varlen_device`], which does not check their values
+    /// and never synchronises.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_varlen<T: Element>(
         &self,
@@ -369,10 +531,128 @@ impl Context {
     ) -> Result<()> {
         let cu_q = self.download(cu_seqlens_q)?;
         let cu_k = self.download(cu_seqlens_k)?;
-        self.attention_varlen_host(params, q, k, v, &cu_q, &cu_k, out, lse)
+        validate::check_buffers_dtype(params, T::DTYPE)?;
+        check_varlen(
+            params,
+            &cu_q,
+            &cu_k,
+            q.len(),
+            [k.len(), v.len()],
+            out.len(),
+            lse.as_ref().map(|l| l.len()),
+        )?;
+        self.attention_varlen_device(
+            params,
+            q,
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            None,
+            None,
+            out,
+            lse,
+        )
     }
 
-    /// [`Context::attention_varlen`] with `cu_seqlens` already on the host (no synchronisation).
+    /// [`Context::attention_varlen`] with the work list built on the device from the
+    /// `cu_seqlens` (and `seqused_k`: i32 `[batch]`, sequence `b` then attends to its first
+    /// `seqused_k[b]` keys only; `seqused_q`: only its first `seqused_q[b]` queries are
+    /// computed, the rest of its rows left as they are) as they are when the stream reaches the
+    /// call: no host
+    /// synchronisation, capturable in a CUDA graph. Only the shapes are checked; values that
+    /// break the contract (not a prefix sum of the pack, a sequence longer than its max_seqlen)
+    /// give wrong rows but never an access outside the buffers (the builder clamps them).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_varlen_device<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        cu_seqlens_q: &CudaSlice<i32>,
+        cu_seqlens_k: &CudaSlice<i32>,
+        seqused_k: Option<&CudaSlice<i32>>,
+        seqused_q: Option<&CudaSlice<i32>>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
+        validate::check_buffers_dtype(params, T::DTYPE)?;
+        let (total_q, total_k) = check_varlen_shapes(
+            params,
+            q.len(),
+            [k.len(), v.len()],
+            out.len(),
+            lse.as_ref().map(|l| l.len()),
+        )?;
+        check_meta_len("cu_seqlens_q", cu_seqlens_q.len(), params.batch + 1)?;
+        check_meta_len("cu_seqlens_k", cu_seqlens_k.len(), params.batch + 1)?;
+        if let Some(u) = seqused_k {
+            check_meta_len("seqused_k", u.len(), params.batch)?;
+        }
+        if let Some(u) = seqused_q {
+            check_meta_len("seqused_q", u.len(), params.batch)?;
+        }
+        let stream = self.stream().clone();
+        let kernel = self.kernel(variant_for(params))?;
+        let ws_bytes = workspace_bytes(params);
+        if total_q == 0 || ws_bytes == 0 {
+            return Ok(());
+        }
+        if total_k == 0 {
+            // No key anywhere: every row is fully masked (O = 0, LSE = −inf); nothing to load.
+            stream.memset_zeros(out)?;
+            if let Some(l) = lse {
+                let inf = vec![f32::NEG_INFINITY; l.len()];
+                self.copy_to_device(&inf, l)?;
+            }
+            return Ok(());
+        }
+        let ws = self.alloc::<u8>(ws_bytes)?;
+        let align = validate::TENSOR_ALIGN;
+        let (q_ptr, _g1) = q.device_ptr(&stream);
+        let (k_ptr, _g2) = k.device_ptr(&stream);
+        let (v_ptr, _g3) = v.device_ptr(&stream);
+        validate::check_buffer("q", q.len(), q.len(), q_ptr, align)?;
+        validate::check_buffer("k", k.len(), k.len(), k_ptr, align)?;
+        validate::check_buffer("v", v.len(), v.len(), v_ptr, align)?;
+        let out_len = out.len();
+        let (o_ptr, _g5) = out.device_ptr_mut(&stream);
+        validate::check_buffer("out", out_len, out_len, o_ptr, 4)?;
+        let lse_ptr = match lse {
+            Some(l) => {
+                let len = l.len();
+                let (p, _g) = l.device_ptr_mut(&stream);
+                validate::check_buffer("lse", len, len, p, 4)?;
+                p
+            }
+            None => 0,
+        };
+        let meta = [
+            cu_seqlens_q.device_ptr(&stream).0,
+            cu_seqlens_k.device_ptr(&stream).0,
+            opt_ptr(&stream, seqused_k),
+            opt_ptr(&stream, seqused_q),
+        ];
+        let ws_ptr = ws.device_ptr(&stream).0;
+        let target = Target {
+            stream: stream.cu_stream(),
+            num_sms: self.num_sms(),
+            kernel: &kernel,
+        };
+        let bufs = Buffers::contiguous(
+            params,
+            [q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr],
+            [total_q, total_k],
+        );
+        // SAFETY: the buffers' lengths were checked against the pack's totals, the metadata's
+        // against the batch, their alignment just now; the workspace is this call's own (freed
+        // in stream order).
+        unsafe { launch_device_list(&target, params, bufs, meta, ws_ptr) }
+    }
+
+    /// [`Context::attention_varlen`] with `cu_seqlens` already on the host (checked; the work
+    /// list built on the host, no synchronisation).
     #[allow(clippy::too_many_arguments)]
     pub fn attention_varlen_host<T: Element>(
         &self,
@@ -401,15 +681,6 @@ impl Context {
         }
         let stream = self.stream().clone();
         let align = validate::TENSOR_ALIGN;
-        if total_k == 0 {
-            // No key anywhere: every row is fully masked (O = 0, LSE = −inf); nothing to load.
-            stream.memset_zeros(out)?;
-            if let Some(l) = lse {
-                let inf = vec![f32::NEG_INFINITY; l.len()];
-                self.copy_to_device(&inf, l)?;
-            }
-            return Ok(());
-        }
         let kernel = self.kernel(variant_for(params))?;
         let tile = kernel.variant.tile();
         let items = work_list(
@@ -437,19 +708,94 @@ impl Context {
             }
             None => 0,
         };
+        let target = Target {
+            stream: stream.cu_stream(),
+            num_sms: self.num_sms(),
+            kernel: &kernel,
+        };
+        let bufs = Buffers::contiguous(
+            params,
+            [q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr],
+            [total_q, total_k],
+        );
         // SAFETY: the buffers' lengths were checked against the pack's totals above, their
         // alignment just now.
-        unsafe {
-            launch(
-                self,
-                &kernel,
-                params,
-                [q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr],
-                [total_q, total_k],
-                &items,
-            )
-        }
+        unsafe { launch_host_list(&target, params, bufs, &items) }
     }
+
+    /// The device-built work list of a call (header and items of each launch, as the kernel
+    /// reads them): what [`Context::attention_varlen_device`] would launch, for tests.
+    pub fn varlen_device_work_list(
+        &self,
+        params: &AttentionParams,
+        cu_seqlens_q: &CudaSlice<i32>,
+        cu_seqlens_k: &CudaSlice<i32>,
+        seqused_k: Option<&CudaSlice<i32>>,
+        totals: [usize; 2],
+    ) -> Result<Vec<Vec<WorkItem>>> {
+        let kernel = self.kernel(variant_for(params))?;
+        let (build, _) = build_of(&kernel)?;
+        let (tiles, chunks) = device_chunks(params);
+        let stream = self.stream().clone();
+        let ws = self.alloc::<i32>((chunks * VARLEN_SLOTS * 4).max(4))?;
+        let mut a = [
+            cu_seqlens_q.device_ptr(&stream).0,
+            cu_seqlens_k.device_ptr(&stream).0,
+            opt_ptr(&stream, seqused_k),
+            0,
+            ws.device_ptr(&stream).0,
+        ];
+        let mut n = [
+            params.batch as i32,
+            tiles as i32,
+            totals[0] as i32,
+            totals[1] as i32,
+            chunks as i32,
+        ];
+        let mut args: Vec<*mut std::ffi::c_void> = a
+            .iter_mut()
+            .map(|x| x as *mut u64 as *mut _)
+            .chain(n.iter_mut().map(|x| x as *mut i32 as *mut _))
+            .collect();
+        // SAFETY: the builder reads batch + 1 (batch) i32s of the metadata and writes `chunks`
+        // lists into `ws`, which holds them.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                build.cu_function(),
+                (1, 1, 1),
+                (BUILD_THREADS, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut args,
+            )?;
+        }
+        let flat = self.download(&ws)?;
+        Ok((0..chunks)
+            .map(|c| {
+                let e = &flat[c * VARLEN_SLOTS * 4..(c + 1) * VARLEN_SLOTS * 4];
+                let n = e[0] as usize;
+                (1..=n)
+                    .map(|i| WorkItem {
+                        q_start: e[4 * i],
+                        rows: e[4 * i + 1],
+                        k_start: e[4 * i + 2],
+                        len_k: e[4 * i + 3],
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+}
+
+/// A metadata array's element count against the batch.
+pub(crate) fn check_meta_len(arg: &'static str, len: usize, want: usize) -> Result<()> {
+    if len != want {
+        return Err(Error::invalid(
+            arg,
+            format!("has {len} entries, a batch of sequences needs {want}"),
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,209 @@
+//! `flashcore attn` on a packed variable-length input (issue 22): `q` `[total_q, Hq, D]`, `k`,
+//! `v` `[total_k, Hkv, D]` (F16 or BF16) and `cu_seqlens_q`, `cu_seqlens_k` (I32 `[B + 1]`, flash-
+//! attn's prefix sums). Checks the metadata on the host (a clear error before any launch), runs
+//! `Context::attention_varlen_host` (or the float64 reference with --cpu) and writes `out`
+//! (q's shape) and, with --lse, `lse` F32 `[Hq, total_q]`.
+
+use super::attn::AttnArgs;
+use crate::attention::launch::varlen::check_varlen;
+use crate::attention::{validate, AttentionParams, Context, Element, Layout};
+use crate::error::{Error, Result};
+use crate::reference;
+use crate::tensor_io::{self, Tensor, TensorData};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// Whether the file holds a packed varlen input (a tensor named `cu_seqlens_q`).
+pub fn has_varlen(path: &Path) -> Result<bool> {
+    Ok(tensor_io::tensor_names(path)?
+        .iter()
+        .any(|n| n == "cu_seqlens_q"))
+}
+
+fn bad(path: &Path, msg: impl std::fmt::Display) -> Error {
+    Error::TensorFile(format!("{}: {msg}", path.display()))
+}
+
+/// The metadata array `name`: I32, 1-D.
+fn read_cu(path: &Path, name: &str) -> Result<Vec<i32>> {
+    let t = tensor_io::read_i32(path, name)?;
+    if t.shape.len() != 1 {
+        return Err(bad(
+            path,
+            format!("`{name}` must be 1-D [B + 1], got shape {:?}", t.shape),
+        ));
+    }
+    Ok(t.values)
+}
+
+pub fn attn_varlen(args: &AttnArgs) -> Result<()> {
+    let path = &args.input;
+    if args.layout != Layout::Bshd {
+        return Err(Error::invalid(
+            "layout",
+            "a varlen input is packed [total, heads, head_dim] (bshd) only",
+        ));
+    }
+    let names = tensor_io::tensor_names(path)?;
+    if !names.iter().any(|n| n == "cu_seqlens_k") {
+        return Err(bad(
+            path,
+            "a varlen input needs `cu_seqlens_k` beside `cu_seqlens_q`",
+        ));
+    }
+    let cu_q = read_cu(path, "cu_seqlens_q")?;
+    let cu_k = read_cu(path, "cu_seqlens_k")?;
+    let mut t: BTreeMap<String, Tensor> =
+        tensor_io::read_file_except(path, &["cu_seqlens_q", "cu_seqlens_k"])?;
+    let mut take = |n: &str| {
+        t.remove(n)
+            .ok_or_else(|| bad(path, format!("a varlen input needs a tensor `{n}`")))
+    };
+    let (q, k, v) = (take("q")?, take("k")?, take("v")?);
+    for (n, x) in [("q", &q), ("k", &k), ("v", &v)] {
+        if x.shape.len() != 3 {
+            return Err(bad(
+                path,
+                format!(
+                    "`{n}` must be 3-D [total, heads, head_dim], got {:?}",
+                    x.shape
+                ),
+            ));
+        }
+    }
+    let dtype = q.data.attention_dtype().ok_or_else(|| {
+        bad(
+            path,
+            format!(
+                "`q` has dtype {}; expected F16 or BF16",
+                q.data.dtype_name()
+            ),
+        )
+    })?;
+    if k.data.dtype_name() != q.data.dtype_name() || v.data.dtype_name() != q.data.dtype_name() {
+        return Err(bad(path, "q, k and v must share one dtype (F16 or BF16)"));
+    }
+    if k.shape != v.shape {
+        return Err(bad(
+            path,
+            format!("`v` must have k's shape {:?}, got {:?}", k.shape, v.shape),
+        ));
+    }
+    let lens = |cu: &[i32]| {
+        cu.windows(2)
+            .map(|w| (w[1] - w[0]).max(0) as usize)
+            .max()
+            .unwrap_or(0)
+            .max(1)
+    };
+    let p = AttentionParams {
+        batch: cu_q.len().saturating_sub(1),
+        seqlen_q: lens(&cu_q),
+        seqlen_k: lens(&cu_k),
+        heads_q: q.shape[1],
+        heads_kv: k.shape[1],
+        head_dim: q.shape[2],
+        dtype,
+        layout: Layout::Bshd,
+        causal: args.causal,
+        scale: args.scale,
+    };
+    if k.shape[2] != p.head_dim {
+        return Err(bad(
+            path,
+            format!("q has head dim {} but k has {}", p.head_dim, k.shape[2]),
+        ));
+    }
+    validate::check_params(&p)?;
+    let (total_q, _) = check_varlen(
+        &p,
+        &cu_q,
+        &cu_k,
+        q.data.len(),
+        [k.data.len(), v.data.len()],
+        q.data.len(),
+        Some(p.heads_q * q.shape[0]),
+    )?;
+    let start = std::time::Instant::now();
+    let (out, lse, engine) = if args.cpu {
+        let r = reference::varlen_f64(
+            &p,
+            &cu_q,
+            &cu_k,
+            &q.data.to_f64(),
+            &k.data.to_f64(),
+            &v.data.to_f64(),
+        );
+        let f32s = |x: Vec<f64>| x.into_iter().map(|v| v as f32).collect::<Vec<f32>>();
+        (
+            TensorData::F32(f32s(r.out)),
+            f32s(r.lse),
+            "cpu f64 reference".to_string(),
+        )
+    } else {
+        let ordinal = args.device.unwrap_or(0);
+        let ctx = Context::new(ordinal)?;
+        let name = format!("GPU {ordinal} ({})", ctx.device_name());
+        match (&q.data, &k.data, &v.data) {
+            (TensorData::F16(q), TensorData::F16(k), TensorData::F16(v)) => {
+                let (o, l) = launch(&ctx, &p, &cu_q, &cu_k, q, k, v, total_q)?;
+                (TensorData::F16(o), l, name)
+            }
+            (TensorData::Bf16(q), TensorData::Bf16(k), TensorData::Bf16(v)) => {
+                let (o, l) = launch(&ctx, &p, &cu_q, &cu_k, q, k, v, total_q)?;
+                (TensorData::Bf16(o), l, name)
+            }
+            _ => return Err(bad(path, "q, k and v must share one dtype (F16 or BF16)")),
+        }
+    };
+    let elapsed = start.elapsed();
+    let out = Tensor {
+        shape: q.shape.clone(),
+        data: out,
+    };
+    let mut tensors: Vec<(&str, &Tensor)> = vec![("out", &out)];
+    let lse = Tensor {
+        shape: vec![p.heads_q, total_q],
+        data: TensorData::F32(lse),
+    };
+    if args.lse {
+        tensors.push(("lse", &lse));
+    }
+    tensor_io::write_file(&args.output, &tensors, Some(tensor_io::attn_metadata(&p)))?;
+    println!(
+        "flashcore attn: varlen B={} total_q={total_q} total_k={} Hq={} Hkv={} D={} {}{} on {engine} in {:.3} ms (wall, incl. setup): wrote out{} to {}",
+        p.batch,
+        k.shape[0],
+        p.heads_q,
+        p.heads_kv,
+        p.head_dim,
+        p.dtype.name(),
+        if p.causal { " causal" } else { "" },
+        elapsed.as_secs_f64() * 1e3,
+        if args.lse { " and lse F32 [Hq, total_q]" } else { "" },
+        args.output.display()
+    );
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch<T: Element>(
+    ctx: &Context,
+    p: &AttentionParams,
+    cu_q: &[i32],
+    cu_k: &[i32],
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    total_q: usize,
+) -> Result<(Vec<T>, Vec<f32>)> {
+    if total_q == 0 {
+        return Ok((Vec::new(), Vec::new())); // no query anywhere: nothing to compute
+    }
+    let (dq, dk, dv) = (ctx.upload(q)?, ctx.upload(k)?, ctx.upload(v)?);
+    let mut out = ctx.alloc::<T>(q.len())?;
+    let mut lse = ctx.alloc::<f32>(p.heads_q * total_q)?;
+    ctx.attention_varlen_host(p, &dq, &dk, &dv, cu_q, cu_k, &mut out, Some(&mut lse))?;
+    let (o, l) = (ctx.download(&out)?, ctx.download(&lse)?);
+    Ok((o, l))
+}
