@@ -105,6 +105,13 @@ def _check(q, k_cache, v_cache, seqlens_k, block_table):
     return b, sq, sk, hq, hkv, d
 
 
+def _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, leftpad, return_lse):
+    """The ops' checks (shapes, counts, table, left padding), then their (out, lse) tensors."""
+    _check(q, k_cache, v_cache, seqlens_k, block_table)
+    _check_leftpad(q, leftpad)
+    return _outputs(q, return_lse)
+
+
 @torch.library.custom_op("flashcore::attention_kvcache", mutates_args=())
 def attention_kvcache_op(
     q: torch.Tensor,
@@ -124,9 +131,7 @@ def attention_kvcache_op(
     those keys (causal: bottom-right aligned to each count). Returns (out, lse); lse fp32
     [B, Hq, Sq], empty unless asked. `cache_leftpad`: each sequence's first key (keys before it
     are masked)."""
-    _check(q, k_cache, v_cache, seqlens_k, block_table)
-    _check_leftpad(q, cache_leftpad)
-    out, lse = _outputs(q, return_lse)
+    out, lse = _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse)
     launch(q, k_cache, v_cache, out, lse if return_lse else None, None, causal, _checks.check_scale(scale),
            kv_lengths=seqlens_k, kv_secret=secret_lengths, block_table=block_table,
            prefill_consistent=prefill_consistent, kv_starts=cache_leftpad)
@@ -152,9 +157,7 @@ def attention_kvcache_append_op(
     """`attention_kvcache` after writing k, v ([B, n, Hkv, D]) into the caches at rows
     seqlens_k[b] .. + n (in place: the caches are declared mutated); the attention reads
     seqlens_k[b] + n keys. `seqlens_k` itself is not changed."""
-    _check(q, k_cache, v_cache, seqlens_k, block_table)
-    _check_leftpad(q, cache_leftpad)
-    out, lse = _outputs(q, return_lse)
+    out, lse = _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse)
     _launch_append(q, k_cache, v_cache, k, v, seqlens_k, block_table, causal, scale, out,
                    lse if return_lse else None, secret_lengths, prefill_consistent, cache_leftpad)
     return out, lse
@@ -163,9 +166,7 @@ def attention_kvcache_append_op(
 @attention_kvcache_append_op.register_fake
 def _attention_kvcache_append_fake(q, k_cache, v_cache, k, v, seqlens_k, block_table, causal, scale, return_lse,
                                    secret_lengths, prefill_consistent, cache_leftpad):
-    _check(q, k_cache, v_cache, seqlens_k, block_table)
-    _check_leftpad(q, cache_leftpad)
-    return _outputs(q, return_lse)
+    return _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse)
 
 
 def _in_place(t):
@@ -194,9 +195,7 @@ def _launch_append(q, k_cache, v_cache, k, v, seqlens, block_table, causal, scal
 @attention_kvcache_op.register_fake
 def _attention_kvcache_fake(q, k_cache, v_cache, seqlens_k, block_table, causal, scale, return_lse, secret_lengths,
                             prefill_consistent, cache_leftpad):
-    _check(q, k_cache, v_cache, seqlens_k, block_table)
-    _check_leftpad(q, cache_leftpad)
-    return _outputs(q, return_lse)
+    return _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse)
 
 
 def flash_attn_with_kvcache(
