@@ -54,6 +54,8 @@ pub(crate) fn params(
         layout: Layout::Bshd,
         causal,
         scale: scale.map(|s| s as f32),
+        window: Default::default(),
+        softcap: 0.0,
     })
 }
 

@@ -209,6 +209,8 @@ pub(crate) struct CombineParams {
     pub num_splits: i32,
     pub scale_log2: f32,
     pub scale: f32,
+    /// fp32 `[heads_q]` learnable sinks (secret), or 0.
+    pub sinks_ptr: u64,
 }
 
 /// Threads per CTA of the combine kernel.

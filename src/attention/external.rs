@@ -120,6 +120,9 @@ pub struct ExternalCall {
     /// call's stream, or keeps one per stream: launches on one stream run in order); 0 when that
     /// size is 0.
     pub workspace: u64,
+    /// Learnable attention sinks (gpt-oss): fp32 `[heads_q]`, contiguous, one logit per query
+    /// head added to each row's softmax denominator (no value row); secret. 0 for none.
+    pub sinks: u64,
 }
 
 impl ExternalCall {
@@ -145,7 +148,13 @@ impl ExternalCall {
             block_table: 0,
             pages: None,
             workspace: 0,
+            sinks: 0,
         }
+    }
+    /// Learnable sinks (fp32 `[heads_q]` on the device).
+    pub fn sinks(mut self, ptr: u64) -> Self {
+        self.sinks = ptr;
+        self
     }
     /// Keep the KV-cache counts secret.
     pub fn kv_secret(mut self, secret: bool) -> Self {
@@ -548,6 +557,7 @@ impl ExternalContext {
             call.workspace,
             call.block_table,
             call.kv_starts,
+            call.sinks,
         ];
         let _pair = if call.workspace != 0 {
             Some(

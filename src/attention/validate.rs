@@ -59,6 +59,12 @@ pub fn check_params(p: &AttentionParams) -> Result<()> {
             ));
         }
     }
+    if !p.softcap.is_finite() || p.softcap < 0.0 {
+        return Err(Error::invalid(
+            "softcap",
+            format!("must be 0 (off) or positive and finite, got {}", p.softcap),
+        ));
+    }
     // Total elements must fit the kernels' 64-bit offsets and TMA's 2^40-byte stride limit.
     // Computed in u128: the product of four dimensions below 2^31 can overflow usize.
     let bytes = |s: usize, h: usize| {
