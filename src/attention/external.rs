@@ -382,6 +382,9 @@ struct PlanKey {
     causal: bool,
     scale_bits: Option<u32>,
     lengths: Lengths,
+    /// Issue 24: the window and the softcap shape the plan's parameter block (and the build).
+    window: super::params::Window,
+    softcap_bits: u32,
 }
 
 /// Plans kept per context; past this many shapes the cache starts over (a decode loop makes a
@@ -446,6 +449,8 @@ impl ExternalContext {
             causal: p.causal,
             scale_bits: p.scale.map(f32::to_bits),
             lengths,
+            window: p.window,
+            softcap_bits: p.softcap.to_bits(),
         };
         let mut plans = self
             .plans
