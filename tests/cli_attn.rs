@@ -467,7 +467,11 @@ fn window_softcap_and_sinks_flags() {
     cpu.extend(base);
     let run = flashcore_attn(&cpu);
     assert_eq!(run.code, 0, "{}", run.stderr);
-    assert!(run.stdout.contains("window=7,-1") && run.stdout.contains("softcap=5"), "{}", run.stdout);
+    assert!(
+        run.stdout.contains("window=7,-1") && run.stdout.contains("softcap=5"),
+        "{}",
+        run.stdout
+    );
     let got = read_file(&out).unwrap();
     check_close("out", &got["out"].data.to_f64(), &want.out, 1e-6).unwrap();
     check_close("lse", &got["lse"].data.to_f64(), &want.lse, 1e-6).unwrap();
@@ -481,10 +485,18 @@ fn window_softcap_and_sinks_flags() {
 
     let (i, o) = (s(&input), s(&out));
     for bad in ["1", "1,2,3", "-2,0", "a,1"] {
-        expect_failure(&["--cpu", "--input", i, "--output", o, "--window", bad], 2, &["--window"]);
+        expect_failure(
+            &["--cpu", "--input", i, "--output", o, "--window", bad],
+            2,
+            &["--window"],
+        );
     }
     for bad in ["-1", "nan", "inf"] {
-        expect_failure(&["--cpu", "--input", i, "--output", o, "--softcap", bad], 2, &["--softcap"]);
+        expect_failure(
+            &["--cpu", "--input", i, "--output", o, "--softcap", bad],
+            2,
+            &["--softcap"],
+        );
     }
     // Sinks of the wrong count or dtype; features with --grad.
     let bad_sinks = Tensor {
@@ -496,6 +508,14 @@ fn window_softcap_and_sinks_flags() {
     let named: Vec<(&str, &Tensor)> = all.iter().map(|(n, t)| (n.as_str(), t)).collect();
     let three = dir.path().join("in_three");
     write_file(&three, &named, None).unwrap();
-    expect_failure(&["--cpu", "--input", s(&three), "--output", o], 1, &["sinks", "one per query head"]);
-    expect_failure(&["--cpu", "--grad", "--input", s(&with_sinks), "--output", o], 1, &["backward"]);
+    expect_failure(
+        &["--cpu", "--input", s(&three), "--output", o],
+        1,
+        &["sinks", "one per query head"],
+    );
+    expect_failure(
+        &["--cpu", "--grad", "--input", s(&with_sinks), "--output", o],
+        1,
+        &["backward"],
+    );
 }

@@ -49,7 +49,9 @@ fn run_features<T: Element>(
     for (i, (&g, &w)) in lse.iter().zip(&want.lse).enumerate() {
         if w == f64::NEG_INFINITY {
             if g != f32::NEG_INFINITY {
-                return Err(format!("{p:?}: lse[{i}] = {g}, a row with no key and no sink gives -inf"));
+                return Err(format!(
+                    "{p:?}: lse[{i}] = {g}, a row with no key and no sink gives -inf"
+                ));
             }
         } else if !g.is_finite() {
             return Err(format!("{p:?}: lse[{i}] = {g} (want {w})"));
@@ -74,15 +76,25 @@ fn run_features<T: Element>(
             }
         }
     }
-    let lse_err = if wl.is_empty() { 0.0 } else { reference::rel_l2(&gl, &wl) };
+    let lse_err = if wl.is_empty() {
+        0.0
+    } else {
+        reference::rel_l2(&gl, &wl)
+    };
     let tol = tolerance(p.dtype);
     #[allow(clippy::neg_cmp_op_on_partial_ord)]
     if !(out_err <= tol) {
-        return Err(format!("{p:?} sinks {}: output rel L2 {out_err:.3e} > {tol:.0e}", sinks.is_some()));
+        return Err(format!(
+            "{p:?} sinks {}: output rel L2 {out_err:.3e} > {tol:.0e}",
+            sinks.is_some()
+        ));
     }
     #[allow(clippy::neg_cmp_op_on_partial_ord)]
     if !(lse_err <= 1e-3) {
-        return Err(format!("{p:?} sinks {}: LSE rel L2 {lse_err:.3e} > 1e-3", sinks.is_some()));
+        return Err(format!(
+            "{p:?} sinks {}: LSE rel L2 {lse_err:.3e} > 1e-3",
+            sinks.is_some()
+        ));
     }
     Ok((out, lse, out_err))
 }
@@ -203,7 +215,11 @@ fn adversarial_inputs_stay_finite() {
                 .map(|_| half::f16::from_f32(rng.random_range(-200.0f32..200.0)))
                 .collect()
         };
-        let (q, k, v) = (big(&mut rng, p.q_len()), big(&mut rng, p.kv_len()), randn(&mut rng, p.kv_len()));
+        let (q, k, v) = (
+            big(&mut rng, p.q_len()),
+            big(&mut rng, p.kv_len()),
+            randn(&mut rng, p.kv_len()),
+        );
         // Sinks far above and below every score.
         for sinks in [None, Some(vec![1e4f32, -1e4]), Some(vec![-80.0f32, 80.0])] {
             let (out, lse) = {
@@ -216,7 +232,9 @@ fn adversarial_inputs_stay_finite() {
                         ctx.attention_with_sinks(&p, &dq, &dk, &dv, &mut dout, Some(&mut dlse), &ds)
                             .unwrap()
                     }
-                    None => ctx.attention(&p, &dq, &dk, &dv, &mut dout, Some(&mut dlse)).unwrap(),
+                    None => ctx
+                        .attention(&p, &dq, &dk, &dv, &mut dout, Some(&mut dlse))
+                        .unwrap(),
                 }
                 (ctx.download(&dout).unwrap(), ctx.download(&dlse).unwrap())
             };
@@ -230,7 +248,9 @@ fn adversarial_inputs_stay_finite() {
                     let sees = (0..p.seqlen_k).any(|j| p.sees(i, j));
                     match (&sinks, sees) {
                         (None, false) => assert_eq!(l, f32::NEG_INFINITY, "seed {s}: row {i}"),
-                        (Some(sv), false) => assert_eq!(l, sv[h], "seed {s}: row {i}: LSE = the sink"),
+                        (Some(sv), false) => {
+                            assert_eq!(l, sv[h], "seed {s}: row {i}: LSE = the sink")
+                        }
                         _ => assert!(l.is_finite(), "seed {s}: row {i} lse {l}"),
                     }
                 }
@@ -253,7 +273,10 @@ fn features_are_deterministic_and_batch_invariant() {
             .window(w(200, 0))
             .softcap(40.0)
             .dtype(DType::Bf16);
-        let batch = AttentionParams { batch: 3, ..one.clone() };
+        let batch = AttentionParams {
+            batch: 3,
+            ..one.clone()
+        };
         let q: Vec<half::bf16> = randn(&mut rng, batch.q_len());
         let k: Vec<half::bf16> = randn(&mut rng, batch.kv_len());
         let v: Vec<half::bf16> = randn(&mut rng, batch.kv_len());
@@ -261,8 +284,13 @@ fn features_are_deterministic_and_batch_invariant() {
         let (all, all_lse, _) = run_features(&ctx, &batch, &q, &k, &v, Some(&sinks)).unwrap();
         let (again, again_lse, _) = run_features(&ctx, &batch, &q, &k, &v, Some(&sinks)).unwrap();
         assert!(
-            all.iter().zip(&again).all(|(a, b)| a.to_bits() == b.to_bits())
-                && all_lse.iter().zip(&again_lse).all(|(a, b)| a.to_bits() == b.to_bits()),
+            all.iter()
+                .zip(&again)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+                && all_lse
+                    .iter()
+                    .zip(&again_lse)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
             "seed {s}: bits differ between runs"
         );
         let (nq, nk) = (one.q_len(), one.kv_len());
@@ -277,12 +305,16 @@ fn features_are_deterministic_and_batch_invariant() {
             )
             .unwrap();
             assert!(
-                o1.iter().zip(&all[b * nq..]).all(|(a, c)| a.to_bits() == c.to_bits()),
+                o1.iter()
+                    .zip(&all[b * nq..])
+                    .all(|(a, c)| a.to_bits() == c.to_bits()),
                 "seed {s}: d{d} Sq {sq}: sequence {b}'s output bits depend on its batch"
             );
             let nl = one.lse_len();
             assert!(
-                l1.iter().zip(&all_lse[b * nl..]).all(|(a, c)| a.to_bits() == c.to_bits()),
+                l1.iter()
+                    .zip(&all_lse[b * nl..])
+                    .all(|(a, c)| a.to_bits() == c.to_bits()),
                 "seed {s}: sequence {b}'s LSE bits depend on its batch"
             );
         }

@@ -106,7 +106,11 @@ const _: () = assert!(std::mem::offset_of!(KernelParams, softcap_out) == 564);
 /// (a varlen pack's totals): (window_left, window_right, softcap_in, softcap_out). An unbounded
 /// side becomes Sq + Sk (no row's distance to a key reaches it), capped so the kernel's i32
 /// differences cannot overflow.
-pub(crate) fn feature_fields(p: &AttentionParams, seqlen_q: usize, seqlen_k: usize) -> (i32, i32, f32, f32) {
+pub(crate) fn feature_fields(
+    p: &AttentionParams,
+    seqlen_q: usize,
+    seqlen_k: usize,
+) -> (i32, i32, f32, f32) {
     let unbounded = (seqlen_q + seqlen_k).min(1 << 29);
     let w = p.effective_window();
     let side = |x: Option<usize>| x.map_or(unbounded, |v| v.min(unbounded)) as i32;

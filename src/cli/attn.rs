@@ -68,7 +68,9 @@ fn parse_scale(s: &str) -> std::result::Result<f32, String> {
 pub(super) fn parse_window(s: &str) -> std::result::Result<Window, String> {
     let parts: Vec<&str> = s.split(',').map(str::trim).collect();
     let [l, r] = parts[..] else {
-        return Err(format!("`{s}` is not LEFT,RIGHT (two integers, -1 = unbounded)"));
+        return Err(format!(
+            "`{s}` is not LEFT,RIGHT (two integers, -1 = unbounded)"
+        ));
     };
     let side = |x: &str| -> std::result::Result<i64, String> {
         let v: i64 = x
@@ -103,7 +105,8 @@ pub fn run(args: AttnArgs) -> i32 {
 fn attn(args: &AttnArgs) -> Result<()> {
     crate::output::check_not_an_input(&args.output, &[&args.input])?;
     let sinks = tensor_io::read_sinks(&args.input)?;
-    let features = args.window.is_some() || args.softcap.is_some_and(|c| c != 0.0) || sinks.is_some();
+    let features =
+        args.window.is_some() || args.softcap.is_some_and(|c| c != 0.0) || sinks.is_some();
     if args.grad {
         if features {
             return Err(Error::invalid(
@@ -158,7 +161,9 @@ fn attn(args: &AttnArgs) -> Result<()> {
     }
     let start = Instant::now();
     let (out, lse, engine) = if args.cpu {
-        let s64: Option<Vec<f64>> = sinks.as_ref().map(|s| s.iter().map(|&x| x as f64).collect());
+        let s64: Option<Vec<f64>> = sinks
+            .as_ref()
+            .map(|s| s.iter().map(|&x| x as f64).collect());
         let r = reference::attention_f64_sinks(
             &p,
             &input.q.to_f64(),

@@ -507,7 +507,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                             kv_public: false,
                             paged: false,
                             varlen: false,
-                        softcap: false,
+                            softcap: false,
                         });
                     }
                 }

@@ -180,7 +180,11 @@ pub fn check_varlen(
     // are not tested there yet.
     if params.softcap != 0.0 || !params.window.is_unbounded() {
         return Err(Error::invalid(
-            if params.softcap != 0.0 { "softcap" } else { "window" },
+            if params.softcap != 0.0 {
+                "softcap"
+            } else {
+                "window"
+            },
             "is not supported by the varlen path yet (dense calls only)",
         ));
     }
