@@ -336,6 +336,13 @@ fn bad_feature_arguments_are_rejected() {
             other => panic!("softcap {cap}: expected InvalidArgument, got {other:?}"),
         }
     }
+    // Not yet: windows with secret lengths.
+    let lens = ctx.upload(&[64i32]).unwrap();
+    let windowed = p.clone().window(w(8, 0));
+    match ctx.attention_secret_len(&windowed, &q, &q, &q, &mut out, None, &lens) {
+        Err(flashcore::Error::InvalidArgument { arg: "window", .. }) => {}
+        other => panic!("window with secret lengths: expected InvalidArgument, got {other:?}"),
+    }
     let short = ctx.alloc::<f32>(1).unwrap();
     match ctx.attention_with_sinks(&p, &q, &q, &q, &mut out, None, &short) {
         Err(flashcore::Error::InvalidArgument { arg: "sinks", .. }) => {}
