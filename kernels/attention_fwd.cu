@@ -14,7 +14,9 @@
 // Compile-time configuration (NVRTC -D): FC_HEAD_DIM (64|128), FC_BF16 (0|1), FC_CAUSAL (0|1),
 // FC_SECRET_LEN (0|1), FC_SPLIT (1|2|4), tile shape FC_BLOCK_M/N, FC_STAGES, FC_CONSUMERS;
 // FC_VARLEN (0|1): packed variable-length sequences from a public work list (fc_scheduler.cuh),
-// built by the host or by this module's flashcore_varlen_build (fc_varlen_build.cuh).
+// built by the host or by this module's flashcore_varlen_build (fc_varlen_build.cuh);
+// FC_SOFTCAP (0|1): softcap the scores (fc_consumer.cuh), its own builds — a runtime branch
+// would duplicate the main loop in every build (spills at 192 rows).
 //
 // FC_LEAKY_CONTROL (never shipped; the power control of `flashcore leakage`): 1 = the whole CTA
 // exits at once when the first element of its first Q tile is +0.0 (an early exit on data); 2 = in
@@ -68,7 +70,8 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
                              t.m_block, t.head,    t.batch,
                              lane,      tile_row0 + wg * 64 + warp * 16 + lane / 4,
                              2 * (lane % 4), smem_u32(&s.q[q_load % QBUF][0][wg * 64][0]),
-                             key_limit, kv.begin,  g,
+                             key_limit, kv.begin,  kv.lead,
+                             kv.count,  g,
                              key_start_of(p, t.batch)
 #if FC_VARLEN
                                  ,
@@ -83,7 +86,7 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
             // No visible key in this range (causal, Sq > Sk; or a split's empty share): O = 0,
             // LSE = −inf, and the producer loaded nothing for this tile.
             if (kv.count > 0) {
-                mainloop(c, o, softmax, kv, q_load);
+                mainloop<FC_SOFTCAP != 0>(c, o, softmax, kv, q_load);
                 FC_PHASE_MARK(FC_PHASE_LOOP, 128);
                 g += kv.count;
                 ++q_load;

@@ -34,6 +34,12 @@ static_assert(!(FC_KV_PUBLIC || FC_PAGED) || FC_DECODE, "KV-cache builds are dec
 #ifndef FC_VARLEN
 #define FC_VARLEN 0
 #endif
+// Softcap builds (issue 24): the scores go through softcap_out · tanh(s · softcap_in) before the
+// softmax. Plain prefill tiles only; other builds do not pass the define.
+#ifndef FC_SOFTCAP
+#define FC_SOFTCAP 0
+#endif
+static_assert(!FC_SOFTCAP || (!FC_DECODE && !FC_VARLEN && !FC_SECRET_LEN), "softcap: plain prefill tiles");
 static_assert(!FC_VARLEN || (!FC_DECODE && !FC_SECRET_LEN && FC_SPLIT == 1), "varlen: plain prefill tiles");
 static_assert(!(FC_KV_PUBLIC && FC_SECRET_LEN), "key counts are either public or secret");
 
@@ -95,6 +101,13 @@ struct Params {
     // KV-cache builds (FC_KV_CACHE): i32 [B] first key of each sequence (left padding: keys
     // before it are masked by select, never skipped), as public or secret as the counts; 0: none.
     uint64_t starts_ptr;
+    // Issue 24 (sliding windows, softcap, sinks). Window edges, softcap: public; sinks: secret.
+    uint64_t sinks_ptr;      // fp32 [Hq] learnable sink logits (gpt-oss): one more term in each row's
+                             // softmax denominator, no value row; 0: none. Read by arithmetic only.
+    int32_t window_left;     // query row r (bottom-right aligned) sees keys [r' − left, r' + right],
+    int32_t window_right;    // r' = r + keys − Sq; unbounded sides come as Sq + Sk (host-clamped)
+    float softcap_in;        // softcap: s ← softcap_out · tanh(s · softcap_in) on raw scores, with
+    float softcap_out;       // softcap_in = scale / cap, softcap_out = cap / scale; 0: no softcap
 };
 
 struct Shared {

@@ -17,7 +17,9 @@ struct Consumer {
     int lane, row0, col0;
     uint32_t q_base;
     int key_limit;  // keys at or past this are masked: Sk, or the (secret) true length
-    int kv_begin;   // first K/V block of this CTA's range (split mode), else 0
+    int kv_begin;   // first K/V block of this CTA's range (split mode, a window's left edge), else 0
+    int kv_lead;    // blocks masked by a window's left edge, visited last (kv_block)
+    int kv_count;   // blocks in the range
     int g0;         // ring position of this tile's first K/V block
     int key_start;  // KV-cache builds: keys before this are masked (left padding), else 0
 #if FC_VARLEN
@@ -55,38 +57,54 @@ struct Consumer {
     FC_DEVICE int qpos(int h) const { return m_block * qrows_per_tile(p) + ((row0 + 8 * h) >> p.pack_shift); }
 #endif
 
-    // Out-of-range keys and (causal) keys right of the diagonal become −inf, by select.
+    // The K/V block of main-loop step `it` (fc_scheduler.cuh's kv_block).
+    FC_DEVICE int block_of(int it) const {
+        if (!kLeftSkip) return kv_begin + it;
+        int rel = it + kv_lead;
+        rel = rel >= kv_count ? rel - kv_count : rel;
+        return kv_begin + rel;
+    }
+
+    // Softcap on raw scores (p.softcap_in/out fold the softmax scale in): the logit becomes
+    // cap · tanh(scale · s / cap) while the softmax keeps working in raw-score units.
+    FC_DEVICE void softcap(float (&sacc)[cfg::BN / 2]) const {
+#pragma unroll
+        for (int i = 0; i < cfg::BN / 2; ++i) sacc[i] = p.softcap_out * fast_tanh(sacc[i] * p.softcap_in);
+    }
+
+    // Out-of-range keys and keys outside the window (causal: right of the diagonal) become −inf,
+    // by select.
     FC_DEVICE void mask(float (&sacc)[cfg::BN / 2], int n_block) const {
         using namespace cfg;
-        // Relative to this thread's first key: keys [0, limit) are in range, and (causal) row
-        // half h sees keys up to diag + 8h.
+        // Relative to this thread's first key: keys [0, limit) are in range, and row half h sees
+        // keys [diag_h − left, diag_h + right] (its position bottom-right aligned to the keys).
         const int key_base = n_block * BN + col0;
         const int limit = key_limit - key_base;
 #if FC_KV_CACHE
         const int start = key_start - key_base;
 #endif
-#if FC_CAUSAL && FC_DECODE
+#if FC_DECODE
         // The queries are the last Sq positions of the visible keys: bottom-right aligned to
         // the sequence's own key count (KV-cache mode: its length, secret), else to Sk.
         const int diag_h[2] = {qpos(0) + key_limit - p.seqlen_q - key_base,
                                qpos(1) + key_limit - p.seqlen_q - key_base};
-#elif FC_CAUSAL && FC_VARLEN
+#elif FC_VARLEN
         // Bottom-right aligned per sequence: its own key and query counts.
-        const int diag = row0 + key_limit - seqlen_q - key_base;
-#elif FC_CAUSAL
-        const int diag = row0 + p.seqlen_k - p.seqlen_q - key_base;
+        const int diag_h[2] = {row0 + key_limit - seqlen_q - key_base, row0 + 8 + key_limit - seqlen_q - key_base};
+#else
+        const int diag_h[2] = {row0 + p.seqlen_k - p.seqlen_q - key_base, row0 + 8 + p.seqlen_k - p.seqlen_q - key_base};
 #endif
+        // Inside the window iff 0 <= key − lo <= width (one unsigned compare; width = left +
+        // right < 2^31, both clamped by the host).
+        const int lo_h[2] = {diag_h[0] - p.window_left, diag_h[1] - p.window_left};
+        const uint32_t width = (uint32_t)(p.window_left + window_right_of(p));
 #pragma unroll
         for (int i = 0; i < BN / 2; ++i) {
             const int key = 8 * (i / 4) + (i % 2);
-            bool visible = key < limit;
+            const int h = (i / 2) % 2;
+            bool visible = key < limit && (uint32_t)(key - lo_h[h]) <= width;
 #if FC_KV_CACHE
             visible = visible && key >= start;
-#endif
-#if FC_CAUSAL && FC_DECODE
-            visible = visible && (key <= diag_h[(i / 2) % 2]);
-#elif FC_CAUSAL
-            visible = visible && (key <= diag + 8 * ((i / 2) % 2));
 #endif
             sacc[i] = select_f(visible, sacc[i], neg_inf());
         }
@@ -123,7 +141,7 @@ struct Consumer {
 
     // One main-loop step for block `it`: issue S_it = Q K_itᵀ and O += P_{it-1} V_{it-1}; run the
     // softmax of S_it while the PV GEMM is still on the tensor cores; then rescale O.
-    template <bool kMask>
+    template <bool kMask, bool kCap>
     FC_DEVICE void iteration(int it, int n_blocks, float (&sacc)[cfg::BN / 2], uint32_t (&pf)[cfg::BN / 16][4],
                              float (&o)[cfg::D / 2], OnlineSoftmax<cfg::BN>& softmax) const {
         using namespace cfg;
@@ -146,7 +164,8 @@ struct Consumer {
         fence_regs(sacc);
         FC_FLOOR_SCORES(sacc, g0 + it);  // floor control only (fc_instrument.cuh)
         release(&s.k_empty[stage]);
-        if constexpr (kMask) mask(sacc, kv_begin + it);
+        if constexpr (kCap) softcap(sacc);
+        if constexpr (kMask) mask(sacc, block_of(it));
         float alpha[2];
         softmax.step(sacc, p.scale_log2, alpha);
         fence_regs(sacc);
@@ -170,7 +189,9 @@ struct Consumer {
 };
 
 // The tile's main loop: block 0 (S, softmax), then unmasked and masked blocks, then the last
-// P V. `q_load` counts the Q tiles this CTA loaded before this one (the q_full parity).
+// P V. `q_load` counts the Q tiles this CTA loaded before this one (the q_full parity). kCap:
+// softcap the scores (FC_SOFTCAP builds).
+template <bool kCap>
 FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax<cfg::BN>& softmax, KvRange kv,
                         int q_load) {
     using namespace cfg;
@@ -199,14 +220,15 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     FC_PHASE_MARK(FC_PHASE_S0, 128);
     FC_FLOOR_SCORES(sacc, c.g0);  // floor control only (fc_instrument.cuh)
     c.release(&s.k_empty[stage0]);
-    if (kv.first_masked == 0) c.mask(sacc, kv.begin);
+    if constexpr (kCap) c.softcap(sacc);
+    if (kv.first_masked == 0) c.mask(sacc, c.block_of(0));
     softmax.step(sacc, p.scale_log2, alpha);
     Consumer::to_fragments(sacc, pf);
 
     const int first_masked = kv.first_masked;
     int it = 1;
-    for (; it < first_masked; ++it) c.iteration<false>(it, n_blocks, sacc, pf, o, softmax);
-    for (; it < n_blocks; ++it) c.iteration<true>(it, n_blocks, sacc, pf, o, softmax);
+    for (; it < first_masked; ++it) c.iteration<false, kCap>(it, n_blocks, sacc, pf, o, softmax);
+    for (; it < n_blocks; ++it) c.iteration<true, kCap>(it, n_blocks, sacc, pf, o, softmax);
 
     // Every Q Kᵀ of this tile is complete (the last iteration waited for all GEMMs): the producer
     // may load the next tile's Q while this warpgroup finishes the last P V and the epilogue.

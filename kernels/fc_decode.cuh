@@ -47,15 +47,11 @@ FC_DEVICE void decode_epilogue(const Consumer& c, const float (&o)[cfg::D / 2], 
         if (!row.valid) continue;  // public: a padding row of the last tile
         const int64_t lrow = lse_row(p, c.batch, row.head, row.pos);
         if (p.num_splits == 1) {
-            const bool any = total[h] > 0.0f;
-            const float inv = select_f(any, fast_rcp(total[h]), 0.0f);
+            const RowNorm n = row_norm(p.sinks_ptr, row.head, p.scale_log2, p.scale, softmax.row_max[h], total[h], true);
             store_row(reinterpret_cast<uint16_t*>(p.o_ptr) + c.batch * p.o_stride_b + (int64_t)row.pos * p.o_stride_s +
                           row.head * p.o_stride_h + c.col0,
-                      o, h, inv);
-            if (p.lse_ptr != 0 && (c.lane % 4) == 0) {
-                reinterpret_cast<float*>(p.lse_ptr)[lrow] =
-                    select_f(any, lse_of(softmax.row_max[h], total[h], p.scale), neg_inf());
-            }
+                      o, h, n.inv);
+            if (p.lse_ptr != 0 && (c.lane % 4) == 0) reinterpret_cast<float*>(p.lse_ptr)[lrow] = n.lse;
         } else {
             const int64_t entry = lrow * p.num_splits + split;
             float* part = reinterpret_cast<float*>(p.ws_o_ptr) + entry * D + c.col0;
@@ -78,6 +74,7 @@ struct CombineParams {
     int32_t batch, heads_q, seqlen_q, num_splits;
     float scale_log2, scale;
     int32_t groups;  // split groups per row: a power of two ≤ 8 and ≤ num_splits (the host's rule)
+    uint64_t sinks_ptr;  // fp32 [Hq] learnable sinks (secret), or 0 (Params::sinks_ptr)
 };
 
 // One output row is merged by D/4 · groups threads: thread (g, quad) owns four columns and
@@ -153,8 +150,8 @@ FC_DEVICE void combine_rows(const CombineParams& c) {
     const int pos = row % c.seqlen_q;
     const int head = (row / c.seqlen_q) % c.heads_q;
     const int batch = row / (c.seqlen_q * c.heads_q);
-    const bool any = l > 0.0f;
-    const float inv = select_f(any, fast_rcp(l), 0.0f);
+    const RowNorm n = row_norm(c.sinks_ptr, head, c.scale_log2, c.scale, m_all, l, true);
+    const float inv = n.inv;
     uint16_t* out = reinterpret_cast<uint16_t*>(c.o_ptr) + batch * c.o_stride_b + (int64_t)pos * c.o_stride_s +
                     head * c.o_stride_h + col;
     uint2 packed;
@@ -162,6 +159,6 @@ FC_DEVICE void combine_rows(const CombineParams& c) {
     packed.y = pack_elem2(o.z * inv, o.w * inv);
     *reinterpret_cast<uint2*>(out) = packed;
     if (c.lse_ptr != 0 && col == 0) {
-        reinterpret_cast<float*>(c.lse_ptr)[row] = select_f(any, lse_of(m_use, l, c.scale), neg_inf());
+        reinterpret_cast<float*>(c.lse_ptr)[row] = n.lse;
     }
 }

@@ -11,6 +11,36 @@ FC_DEVICE float lse_of(float m_raw, float total, float scale) {
     return m * scale + fast_log2(total) * 0.69314718055994530942f;
 }
 
+// A row's normalisation: the factor for its unnormalised O (relative to its raw max `m_raw`,
+// −inf for a row with no visible key) and its LSE. `ok` false zeroes the row (secret-length
+// padding rows), by select. With learnable sinks (`sinks` ≠ 0, fp32 [Hq], secret: arithmetic
+// only) the head's sink logit adds exp(sink) to the denominator and no value row (gpt-oss): the
+// row is rebased on max(scaled max, sink), so a row with no visible key gets O = 0, LSE = sink.
+struct RowNorm {
+    float inv, lse;
+};
+FC_DEVICE RowNorm row_norm(uint64_t sinks, int head, float scale_log2, float scale, float m_raw, float total,
+                           bool ok) {
+    RowNorm r;
+    if (sinks == 0) {  // a public parameter
+        const bool any = total > 0.0f && ok;
+        r.inv = select_f(any, fast_rcp(total), 0.0f);
+        r.lse = select_f(any, lse_of(m_raw, total, scale), neg_inf());
+    } else {
+        // In log2 units: the row's scaled max (−inf for no key) and the sink; rebase on the larger.
+        const float sink2 = reinterpret_cast<const float*>(sinks)[head] * 1.44269504088896341f;
+        const float mc = m_raw * scale_log2;
+        const float big = fmaxf(mc, sink2);
+        const float base = select_f(big == neg_inf(), 0.0f, big);
+        const float w = fast_exp2(mc - base);  // the row's terms, rebased (0 for no key)
+        const float den = total * w + fast_exp2(sink2 - base);
+        const bool any = den > 0.0f && ok;
+        r.inv = select_f(any, w * fast_rcp(den), 0.0f);
+        r.lse = select_f(any, (base + fast_log2(den)) * 0.69314718055994530942f, neg_inf());
+    }
+    return r;
+}
+
 // Stores row half `h` of this thread's accumulator, scaled by `inv`, at `out` (the row's first
 // element plus this thread's column).
 FC_DEVICE void store_row(uint16_t* out, const float (&o)[cfg::D / 2], int h, float inv) {
@@ -39,17 +69,17 @@ FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const O
         const int row = c.row0 + 8 * h;
         // `any` is false only for a fully masked row; in secret-length mode rows at or past
         // the true length are zeroed too (a select on a secret, never a branch).
-        const bool any = total[h] > 0.0f && (!FC_SECRET_LEN || row < c.key_limit);
-        const float inv = select_f(any, fast_rcp(total[h]), 0.0f);
+        const RowNorm n = row_norm(p.sinks_ptr, c.head, p.scale_log2, p.scale, softmax.row_max[h], total[h],
+                                   !FC_SECRET_LEN || row < c.key_limit);
         if (row < rows_q) {
             store_row(reinterpret_cast<uint16_t*>(p.o_ptr) + c.batch * p.o_stride_b +
                           (int64_t)(row_base + row) * p.o_stride_s + c.head * p.o_stride_h + c.col0,
-                      o, h, inv);
+                      o, h, n.inv);
             if (p.lse_ptr != 0 && (c.lane % 4) == 0) {
                 // Varlen: [Hq, total tokens] (seqlen_q is the pack's total), flash-attn's layout.
                 float* lse_out = reinterpret_cast<float*>(p.lse_ptr) +
                                  ((int64_t)c.batch * p.heads_q + c.head) * p.seqlen_q + row_base + row;
-                *lse_out = select_f(any, lse_of(softmax.row_max[h], total[h], p.scale), neg_inf());
+                *lse_out = n.lse;
             }
         }
     }
@@ -112,8 +142,10 @@ FC_DEVICE void combine_split(const Params& p, Shared& s, Tile t, int key_limit) 
             o3 += v.w * w;
         }
         const int row = t.m_block * BM + r;
-        const bool any = l > 0.0f && (!FC_SECRET_LEN || row < key_limit);
-        const float inv = select_f(any, fast_rcp(l), 0.0f);
+        // m_all, not m_use: they differ only for a row with no key, whose partials are all 0.
+        const RowNorm n = row_norm(p.sinks_ptr, t.head, p.scale_log2, p.scale, m_all, l,
+                                   !FC_SECRET_LEN || row < key_limit);
+        const float inv = n.inv;
         if (row < p.seqlen_q) {
             uint16_t* out = reinterpret_cast<uint16_t*>(p.o_ptr) + t.batch * p.o_stride_b + (int64_t)row * p.o_stride_s +
                             t.head * p.o_stride_h + col;
@@ -123,7 +155,7 @@ FC_DEVICE void combine_split(const Params& p, Shared& s, Tile t, int key_limit) 
             *reinterpret_cast<uint2*>(out) = packed;
             if (p.lse_ptr != 0 && col == 0) {
                 float* lse_out = reinterpret_cast<float*>(p.lse_ptr) + ((int64_t)t.batch * p.heads_q + t.head) * p.seqlen_q + row;
-                *lse_out = select_f(any, lse_of(m_use, l, p.scale), neg_inf());
+                *lse_out = n.lse;
             }
         }
     }

@@ -83,7 +83,7 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
             for (int it = 0; it < kv.count; ++it, ++g) {
                 const int stage = ring_stage(g);
                 const uint32_t phase = ring_phase(g);
-                const int key_row = (kv.begin + it) * cfg::BN;
+                const int key_row = kv_block(kv, it) * cfg::BN;
 #if FC_PAGED
                 const BlockPages bp = block_pages(p, t.batch, key_row);
                 mbar_wait(&s.k_empty[stage], phase ^ 1);

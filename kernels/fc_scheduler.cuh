@@ -53,6 +53,7 @@ FC_DEVICE int qrows_per_tile(const Params& p) { return FC_DECODE ? cfg::BM / p.p
 // needs element masks. Public: shapes, block indices and the cluster rank only.
 struct KvRange {
     int begin, count, first_masked;
+    int lead;  // blocks masked by a window's left edge, visited last (kv_block)
 };
 
 struct Scheduler {
@@ -125,33 +126,61 @@ struct Scheduler {
     }
 };
 
-// Number of K/V blocks query tile `m_block` must visit when `keys` keys are walked (Sk; in
-// decode mode with public KV-cache counts, the sequence's count). Public: shapes, block index
-// and public counts only.
+// Rows of query tile `m_block` (positions in decode mode): [first, last], clamped to Sq.
+FC_DEVICE int tile_first_row(const Params& p, int m_block) { return m_block * qrows_per_tile(p); }
+FC_DEVICE int tile_last_row(const Params& p, int m_block, int seqlen_q) {
+    return min((m_block + 1) * qrows_per_tile(p), seqlen_q) - 1;
+}
+
+// The window's right edge: 0 for causal builds (causal is right = 0), else the public runtime
+// value (Sq + Sk when unbounded, so it never clips).
+FC_DEVICE int window_right_of(const Params& p) { return FC_CAUSAL ? 0 : p.window_right; }
+
+// One past the last K/V block query tile `m_block` must visit when `keys` keys are walked (Sk;
+// in decode mode with public KV-cache counts, the sequence's count). Public: shapes, block index,
+// window sizes and public counts only. Bottom-right alignment: row r sees keys up to
+// r + (keys − Sq) + right.
 FC_DEVICE int num_kv_blocks(const Params& p, int m_block, int keys, int seqlen_q) {
     int n = ceil_div(keys, cfg::BN);
-#if FC_CAUSAL
-    // Bottom-right alignment: query row r sees keys j <= r + (keys - Sq).
-    const int last_row = min((m_block + 1) * qrows_per_tile(p), seqlen_q) - 1;
-    const int visible = min(keys, last_row + keys - seqlen_q + 1);
+    const int visible = min(keys, tile_last_row(p, m_block, seqlen_q) + keys - seqlen_q + 1 + window_right_of(p));
     n = visible <= 0 ? 0 : min(n, ceil_div(visible, cfg::BN));
-#endif
     return n;
 }
 
-// First K/V block that may need element masks: the partial last block, or (causal) the first
-// block crossing the diagonal of the tile's first row. Every later block needs them too, so the
-// main loop runs unmasked blocks, then masked ones, each as straight-line code (a branch around
-// the mask inside one loop would make ptxas wait for the in-flight wgmma at the join).
+// Whether the window's left edge may skip blocks: it is aligned to the key count, so not when
+// that count is secret (decode with secret lengths) or lives in device memory (KV-cache builds:
+// a start derived from a count would reach the block-table offsets, which the audit cannot
+// prove public). Those builds mask the left edge by select only.
+constexpr bool kLeftSkip = !(FC_DECODE && (FC_SECRET_LEN || FC_KV_CACHE));
+
+// The first K/V block any row of the tile sees through the window's left edge (row r sees keys
+// from r + keys − Sq − left on): 0 without a window. Public, as num_kv_blocks.
+FC_DEVICE int window_first_block(const Params& p, int m_block, int keys, int seqlen_q) {
+    if (!kLeftSkip) return 0;
+    const int lo = tile_first_row(p, m_block) + keys - seqlen_q - p.window_left;
+    return lo <= 0 ? 0 : lo / cfg::BN;
+}
+
+// The first K/V block that every row of the tile sees whole through the left edge (the last
+// row's edge is the tightest); blocks before it need element masks.
+FC_DEVICE int window_clean_block(const Params& p, int m_block, int keys, int seqlen_q) {
+    const int lo = tile_last_row(p, m_block, seqlen_q) + keys - seqlen_q - p.window_left;
+    return lo <= 0 ? 0 : ceil_div(lo, cfg::BN);
+}
+
+// First K/V block that may need element masks on the right: the partial last block, or the first
+// block crossing the right edge (causal: the diagonal) of the tile's first row. Every later block
+// needs them too, so the main loop runs unmasked blocks, then masked ones, each as straight-line
+// code (a branch around the mask inside one loop would make ptxas wait for the in-flight wgmma at
+// the join).
 FC_DEVICE int first_masked_block(const Params& p, int m_block, int n_blocks, int keys, int seqlen_q) {
     if (FC_SECRET_LEN) return 0;  // the true length is secret: every block is masked
     if (FC_KV_CACHE && p.starts_ptr != 0) return 0;  // left padding: masked wherever it ends
+    if (!kLeftSkip && p.window_left < p.seqlen_k) return 0;  // a left edge masked by select only
     int first = keys / cfg::BN;
-#if FC_CAUSAL
-    // Block n is clean iff its last key (n+1)·BN − 1 <= m_block·BM + keys − Sq.
-    const int limit = m_block * qrows_per_tile(p) + keys - seqlen_q + 1;
+    // Block n is clean iff its last key (n+1)·BN − 1 <= first row + keys − Sq + right.
+    const int limit = tile_first_row(p, m_block) + keys - seqlen_q + 1 + window_right_of(p);
     first = min(first, limit <= 0 ? 0 : limit / cfg::BN);
-#endif
     return min(first, n_blocks);
 }
 
@@ -210,20 +239,38 @@ FC_DEVICE KvRange kv_range(const Params& p, Tile t, int key_limit) {
     const int per_split = p.split_blocks;
 #else
     const int split_rank = cfg::SPLIT > 1 ? (int)blockIdx.x % cfg::SPLIT : 0;
-    const int per_split = ceil_div(n_total, cfg::SPLIT);
 #endif
+    // The window's left edge (0 without one): blocks before it are never visited.
+    const int n_lo = kLeftSkip ? min(n_total, window_first_block(p, m_block, keys, seqlen_q)) : 0;
     KvRange kv;
 #if FC_DECODE
     // The split's first block whatever the count (an empty split has count 0): its K/V
-    // addresses — a paged cache's block-table offsets — then never derive from the counts.
-    kv.begin = split_rank * per_split;
-    kv.count = max(0, min(n_total, kv.begin + per_split) - kv.begin);
+    // addresses — a paged cache's block-table offsets — then never derive from the counts. A
+    // window's left edge only moves it in builds whose key count is a parameter (kLeftSkip).
+    const int split_first = split_rank * per_split;
+    kv.begin = kLeftSkip ? max(split_first, n_lo) : split_first;
+    kv.count = max(0, min(n_total, split_first + per_split) - kv.begin);
 #else
-    kv.begin = min(n_total, split_rank * per_split);
+    const int per_split = ceil_div(n_total - n_lo, cfg::SPLIT);  // the cluster shares the window's blocks
+    kv.begin = min(n_total, n_lo + split_rank * per_split);
     kv.count = min(n_total, kv.begin + per_split) - kv.begin;
 #endif
-    kv.first_masked = max(0, min(kv.count, first_masked_block(p, m_block, n_total, keys, seqlen_q) - kv.begin));
+    // Visiting order: the clean blocks and those masked on the right first, then the blocks
+    // masked by the window's left edge (`lead` of them, rotated to the end), so the masked ones
+    // form one run and the main loop keeps its two straight-line loops.
+    const int lead = kLeftSkip ? max(0, min(kv.count, window_clean_block(p, m_block, keys, seqlen_q) - kv.begin)) : 0;
+    const int right_masked = max(lead, min(kv.count, first_masked_block(p, m_block, n_total, keys, seqlen_q) - kv.begin));
+    kv.lead = lead;
+    kv.first_masked = right_masked - lead;
     return kv;
+}
+
+// The K/V block visited at step `it` of a range (see kv_range's visiting order).
+FC_DEVICE int kv_block(const KvRange& kv, int it) {
+    if (!kLeftSkip) return kv.begin + it;  // never rotated (lead 0): no count in the index
+    int rel = it + kv.lead;
+    rel = rel >= kv.count ? rel - kv.count : rel;
+    return kv.begin + rel;
 }
 
 // The K/V range a tile's producer and consumers agree on. FC_LEAKY_CONTROL == 2 (never shipped;
@@ -234,6 +281,7 @@ FC_DEVICE KvRange tile_kv(const Params& p, Tile t, int key_limit) {
 #if FC_LEAKY_CONTROL == 2
     kv.count = min(kv.count, ceil_div(key_limit, cfg::BN));
     kv.first_masked = min(kv.first_masked, kv.count);
+    kv.lead = 0;
 #endif
     return kv;
 }

@@ -189,6 +189,32 @@ pub fn tensor_names(path: &Path) -> Result<Vec<String>> {
     Ok(st.names().into_iter().map(|n| n.to_string()).collect())
 }
 
+/// The optional `sinks` tensor of an attention input: learnable attention sinks, F32 of one
+/// value per query head (shape `[Hq]`). `None` when the file has no `sinks`.
+pub fn read_sinks(path: &Path) -> Result<Option<Vec<f32>>> {
+    let bytes = load(path)?;
+    let st = parse(path, &bytes)?;
+    let Ok(view) = st.tensor("sinks") else {
+        return Ok(None);
+    };
+    if view.dtype() != Dtype::F32 || view.shape().len() != 1 {
+        return Err(bad(
+            path,
+            format!(
+                "tensor `sinks` is {:?} {:?}; expected F32 [Hq] (one logit per query head)",
+                view.dtype(),
+                view.shape()
+            ),
+        ));
+    }
+    Ok(Some(
+        view.data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    ))
+}
+
 /// An integer tensor (metadata such as `cache_seqlens`).
 pub struct I32Tensor {
     pub shape: Vec<usize>,
@@ -316,6 +342,8 @@ pub fn read_attn_input(path: &Path, layout: Layout) -> Result<AttnInput> {
         layout,
         causal: false,
         scale: None,
+        window: Default::default(),
+        softcap: 0.0,
     };
     Ok(AttnInput {
         params,

@@ -192,6 +192,8 @@ pub fn read_kv_input(path: &Path) -> Result<KvInput> {
         layout: Layout::Bshd,
         causal: false,
         scale: None,
+        window: Default::default(),
+        softcap: 0.0,
     };
     if let Some((t, pg)) = &block_table {
         validate::check_pages(&params, pg).map_err(|e| bad(path, e))?;

@@ -418,3 +418,104 @@ fn non_finite_inputs_are_warned_about_with_their_count() {
     assert_eq!(r.code, 0);
     assert!(!r.stderr.contains("warning"), "{}", r.stderr);
 }
+
+/// Issue 24's flags: `--window L,R` and `--softcap X` on the CPU reference, sinks read from the
+/// input file (`sinks`, F32 [Hq]); each bad value a usage or runtime error. With a GPU, the same
+/// file through the kernel matches the reference.
+#[test]
+fn window_softcap_and_sinks_flags() {
+    use flashcore::attention::Window;
+    let dir = tempfile::tempdir().unwrap();
+    let p = gqa(1, 40, 60, 4, 2, 64)
+        .causal(true)
+        .window(Window::from_flash_attn(7, -1))
+        .softcap(5.0);
+    let input = input_file(dir.path(), "in", &p, 31);
+    // Add the sinks to the same file.
+    let mut all = read_file(&input).unwrap();
+    let sinks = Tensor {
+        shape: vec![4],
+        data: TensorData::F32(vec![0.5, -1.0, 2.0, -30.0]),
+    };
+    all.insert("sinks".into(), sinks);
+    let named: Vec<(&str, &Tensor)> = all.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let with_sinks = dir.path().join("in_sinks");
+    write_file(&with_sinks, &named, None).unwrap();
+    let out = dir.path().join("out");
+    let inp = read_attn_input(&input, p.layout).unwrap();
+    let sinks64 = [0.5, -1.0, 2.0, -30.0];
+    let want = reference::attention_f64_sinks(
+        &p,
+        &inp.q.to_f64(),
+        &inp.k.to_f64(),
+        &inp.v.to_f64(),
+        Some(&sinks64),
+    );
+    let base = [
+        "--lse",
+        "--causal",
+        "--window",
+        "7,-1",
+        "--softcap",
+        "5",
+        "--input",
+        s(&with_sinks),
+        "--output",
+        s(&out),
+    ];
+    let mut cpu = vec!["--cpu"];
+    cpu.extend(base);
+    let run = flashcore_attn(&cpu);
+    assert_eq!(run.code, 0, "{}", run.stderr);
+    assert!(
+        run.stdout.contains("window=7,-1") && run.stdout.contains("softcap=5"),
+        "{}",
+        run.stdout
+    );
+    let got = read_file(&out).unwrap();
+    check_close("out", &got["out"].data.to_f64(), &want.out, 1e-6).unwrap();
+    check_close("lse", &got["lse"].data.to_f64(), &want.lse, 1e-6).unwrap();
+    if flashcore::attention::Context::new(0).is_ok() {
+        let run = flashcore_attn(&base);
+        assert_eq!(run.code, 0, "{}", run.stderr);
+        let got = read_file(&out).unwrap();
+        check_close("out", &got["out"].data.to_f64(), &want.out, 2e-3).unwrap();
+        check_close("lse", &got["lse"].data.to_f64(), &want.lse, 1e-3).unwrap();
+    }
+
+    let (i, o) = (s(&input), s(&out));
+    for bad in ["1", "1,2,3", "-2,0", "a,1"] {
+        expect_failure(
+            &["--cpu", "--input", i, "--output", o, "--window", bad],
+            2,
+            &["--window"],
+        );
+    }
+    for bad in ["-1", "nan", "inf"] {
+        expect_failure(
+            &["--cpu", "--input", i, "--output", o, "--softcap", bad],
+            2,
+            &["--softcap"],
+        );
+    }
+    // Sinks of the wrong count or dtype; features with --grad.
+    let bad_sinks = Tensor {
+        shape: vec![3],
+        data: TensorData::F32(vec![0.0; 3]),
+    };
+    let mut all = read_file(&input).unwrap();
+    all.insert("sinks".into(), bad_sinks);
+    let named: Vec<(&str, &Tensor)> = all.iter().map(|(n, t)| (n.as_str(), t)).collect();
+    let three = dir.path().join("in_three");
+    write_file(&three, &named, None).unwrap();
+    expect_failure(
+        &["--cpu", "--input", s(&three), "--output", o],
+        1,
+        &["sinks", "one per query head"],
+    );
+    expect_failure(
+        &["--cpu", "--grad", "--input", s(&with_sinks), "--output", o],
+        1,
+        &["backward"],
+    );
+}

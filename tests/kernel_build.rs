@@ -28,8 +28,8 @@ fn every_variant_compiles_to_hgmma_without_spills() {
     let variants = shipped_variants();
     assert_eq!(
         variants.len(),
-        92,
-        "f16/bf16 × causal/full × (plain, secret-length) × (d64 split 1/2/4, d128), plus d64 at 192 rows, d64/d128 at 64 rows, d64/d128 decode (plain, and KV-cache counts public/secret × contiguous/paged) and d64/d128 varlen"
+        100,
+        "f16/bf16 × causal/full × (plain, secret-length) × (d64 split 1/2/4, d128), plus d64 at 192 rows, d64/d128 at 64 rows, d64/d128 decode (plain, and KV-cache counts public/secret × contiguous/paged), d64/d128 varlen and d64/d128 softcap at 128 rows"
     );
     for v in variants {
         let cubin = v.cubin().unwrap_or_else(|e| panic!("{}: {e}", v.name()));
@@ -60,7 +60,7 @@ fn variant_names_are_distinct() {
     let mut names: Vec<String> = shipped_variants().iter().map(|v| v.name()).collect();
     names.sort();
     names.dedup();
-    assert_eq!(names.len(), 92);
+    assert_eq!(names.len(), 100);
 }
 
 #[test]

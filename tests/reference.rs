@@ -433,3 +433,96 @@ fn backward_matches_finite_differences() {
         }
     }
 }
+
+/// Issue 24's features straight from their definitions: a window in signed arithmetic
+/// (flash-attn's bottom-right alignment, causal forcing right = 0), the softcap, and a sink
+/// added to the denominator (exp without max subtraction: small scores).
+fn naive_features(
+    p: &AttentionParams,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    sinks: Option<&[f64]>,
+) -> (Vec<f64>, Vec<f64>) {
+    let (b_, sq, sk, hq, hkv, d_) = (
+        p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim,
+    );
+    let qd = (b_, sq, hq, d_);
+    let kd = (b_, sk, hkv, d_);
+    let scale = p.softmax_scale() as f64;
+    let (left, right) = p.window.to_flash_attn();
+    let right = if p.causal { 0 } else { right };
+    let cap = p.softcap as f64;
+    let mut out = vec![0.0; q.len()];
+    let mut lse = vec![0.0; b_ * hq * sq];
+    for b in 0..b_ {
+        for h in 0..hq {
+            let hk = h * hkv / hq;
+            for i in 0..sq {
+                let pos = i as i64 + sk as i64 - sq as i64;
+                let allowed = |j: usize| {
+                    let j = j as i64;
+                    (left < 0 || j >= pos - left) && (right < 0 || j <= pos + right)
+                };
+                let mut e = vec![0.0; sk];
+                for j in (0..sk).filter(|&j| allowed(j)) {
+                    let dot: f64 = (0..d_)
+                        .map(|d| {
+                            q[idx(p.layout, qd, b, i, h, d)] * k[idx(p.layout, kd, b, j, hk, d)]
+                        })
+                        .sum();
+                    let x = scale * dot;
+                    e[j] = if cap > 0.0 { cap * (x / cap).tanh() } else { x }.exp();
+                }
+                let z: f64 = e.iter().sum::<f64>() + sinks.map_or(0.0, |s| s[h].exp());
+                lse[(b * hq + h) * sq + i] = z.ln();
+                for d in 0..d_ {
+                    let acc: f64 = (0..sk)
+                        .map(|j| e[j] * v[idx(p.layout, kd, b, j, hk, d)])
+                        .sum();
+                    out[idx(p.layout, qd, b, i, h, d)] = if z > 0.0 { acc / z } else { 0.0 };
+                }
+            }
+        }
+    }
+    (out, lse)
+}
+
+#[test]
+fn windows_softcap_and_sinks_match_their_definitions() {
+    use flashcore::attention::Window;
+    let mut r = rng(24);
+    for (sq, sk, causal, (l, rt), cap, with_sinks) in [
+        (9, 9, true, (2, -1), 0.0, false),
+        (9, 9, false, (1, 3), 0.0, false),
+        (5, 12, true, (4, 0), 2.0, true),
+        (12, 5, false, (0, 0), 0.0, true), // rows that see no key: O = 0, LSE = the sink
+        (12, 5, true, (-1, -1), 3.0, false),
+        (7, 7, false, (-1, 2), 0.0, true),
+    ] {
+        for layout in [Layout::Bshd, Layout::Bhsd] {
+            let mut p = params(2, sq, sk, 4, 2, 8).layout(layout).causal(causal);
+            p.window = Window::from_flash_attn(l, rt);
+            p.softcap = cap;
+            let q = uniform(&mut r, p.q_len());
+            let k = uniform(&mut r, p.kv_len());
+            let v = uniform(&mut r, p.kv_len());
+            let sinks: Option<Vec<f64>> = with_sinks.then(|| uniform(&mut r, 4));
+            let got = reference::attention_f64_sinks(&p, &q, &k, &v, sinks.as_deref());
+            let (out, lse) = naive_features(&p, &q, &k, &v, sinks.as_deref());
+            check_close("out", &got.out, &out, 1e-12).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+            check_close("lse", &got.lse, &lse, 1e-12).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+        }
+    }
+    // No window, no cap, no sinks: the plain reference, bit for bit.
+    let p = params(1, 6, 6, 2, 2, 8).causal(true);
+    let (q, k, v) = (
+        uniform(&mut r, p.q_len()),
+        uniform(&mut r, p.kv_len()),
+        uniform(&mut r, p.kv_len()),
+    );
+    assert_eq!(
+        reference::attention_f64_sinks(&p, &q, &k, &v, None),
+        attention_f64(&p, &q, &k, &v)
+    );
+}

@@ -106,6 +106,8 @@ fn infers_params_in_both_layouts_with_gqa() {
         layout: Layout::Bshd,
         causal: false,
         scale: None,
+        window: Default::default(),
+        softcap: 0.0,
     };
     assert_eq!(inp.params, want);
     assert_eq!(inp.q, f16s(2 * 5 * 4 * 64));

@@ -176,3 +176,45 @@ def check_lengths(lengths, q, batch, sq, sk):
         raise ValueError(
             f"flashcore: secret_lengths needs seqlen_q == seqlen_k (the padded length), got {sq} and {sk}"
         )
+
+
+def check_features(window, softcap, sinks, q, hq, lengths=None):
+    """Issue 24's arguments: `window` flash-attn's (left, right) window_size, each −1 (unbounded)
+    or ≥ 0; `softcap` 0 (off) or positive and finite; `sinks` None or fp32 contiguous [Hq] on q's
+    device (learnable attention sinks, gpt-oss). Dense calls only so far (no secret lengths).
+    Returns (window as a tuple of ints, softcap as a float, sinks)."""
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(f"flashcore: window_size must be a pair (left, right), got {window!r}") from None
+    for side in (left, right):
+        if isinstance(side, bool) or not isinstance(side, int):
+            raise TypeError(f"flashcore: window_size entries must be ints (-1 = unbounded), got {window!r}")
+        if side < -1:
+            raise ValueError(f"flashcore: window_size entries are -1 (unbounded) or >= 0, got {window!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"flashcore: softcap must be a number, got {type(softcap).__name__}")
+    if not math.isfinite(softcap) or softcap < 0:
+        raise ValueError(f"flashcore: softcap must be 0 (off) or positive and finite, got {softcap}")
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor):
+            raise TypeError(f"flashcore: learnable_sink must be a torch.Tensor, got {type(sinks).__name__}")
+        if sinks.dtype != torch.float32 or tuple(sinks.shape) != (hq,) or sinks.device != q.device:
+            raise ValueError(
+                f"flashcore: learnable_sink must be float32 [{hq}] (one logit per query head) on {q.device}, "
+                f"got {sinks.dtype} {tuple(sinks.shape)} on {sinks.device}"
+            )
+        if not sinks.is_contiguous():
+            raise ValueError("flashcore: learnable_sink must be contiguous")
+    features = (left, right) != (-1, -1) or softcap != 0 or sinks is not None
+    if features and lengths is not None:
+        raise ValueError("flashcore: window_size, softcap and learnable_sink are not supported with secret_lengths yet")
+    return (int(left), int(right)), float(softcap), sinks
+
+
+def sinks_f32(sinks):
+    """A learnable_sink as the op takes it: float32 and contiguous (a model keeps it in its own
+    dtype, e.g. bf16). Non-tensors pass through for check_features to refuse."""
+    if isinstance(sinks, torch.Tensor) and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
+        return sinks.detach().float().contiguous()
+    return sinks

@@ -105,7 +105,8 @@ def _append_desc(k_new, v_new, counts):
 
 
 def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=False, kv_secret=False,
-           block_table=None, prefill_consistent=False, kv_starts=None, append=None):
+           block_table=None, prefill_consistent=False, kv_starts=None, window=(-1, -1), softcap=0.0, sinks=None,
+           append=None):
     """O = attention(q, k, v) into `out`. All four tensors are in [B, S, H, D] index order (or
     all four [B, H, S, D] with `bhsd`), with any strides (inputs that TMA cannot read in place
     are copied); `lse` is an fp32 contiguous [B, Hq, Sq] tensor or None; `lengths` int32 [B] or
@@ -113,9 +114,11 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=Fals
     key count in k, v; public metadata unless `kv_secret`). `block_table` int32 [B, max_pages]
     (contiguous) or None: k, v are then page pools [num_pages, page_size, Hkv, D] and the
     capacity is max_pages · page_size. `prefill_consistent` (KV-cache mode): no key splits, each
-    row the bits of the causal prefill's. `append` (KV-cache mode): new (k, v) rows [B, n, Hkv, D]
-    that one launch writes into the caches at each count before the attention reads count + n
-    keys; the caches must then be readable in place (checked by the caller)."""
+    row the bits of the causal prefill's. Issue 24: `window` flash-attn's (left, right) (−1
+    unbounded), `softcap` (0 off), `sinks` an fp32 contiguous [Hq] tensor or None. `append`
+    (KV-cache mode): new (k, v) rows [B, n, Hkv, D] that one launch writes into the caches at
+    each count before the attention reads count + n keys; the caches must then be readable in
+    place (checked by the caller)."""
     if bhsd:
         b, hq, sq, d = q.shape
         hkv, sk = k.shape[1], k.shape[2]
@@ -158,7 +161,20 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=Fals
         ws,
         kv_lengths.data_ptr() if kv_lengths is not None else 0,
         **extras,
+        **_features(window, softcap, sinks),
     )
+
+
+def _features(window, softcap, sinks):
+    """Issue 24's keywords of a launch, only where they differ from the defaults."""
+    extra = {}
+    if window != (-1, -1):
+        extra["window"] = window
+    if softcap:
+        extra["softcap"] = float(softcap)
+    if sinks is not None:
+        extra["sinks"] = sinks.data_ptr()
+    return extra
 
 
 def _kv_extras(kv_secret, block_table, page_size, num_pages, prefill_consistent=False, kv_starts=None):

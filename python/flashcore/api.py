@@ -25,7 +25,8 @@ def _call(q, k, v, causal, scale, bhsd, return_lse, lengths):
     return ops.attention_op(q, k, v, causal, scale, bhsd, return_lse, lengths)
 
 
-def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=False, secret_lengths=None):
+def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=False, secret_lengths=None,
+              window_size=(-1, -1), softcap=0.0, learnable_sink=None):
     """Fused attention ``softmax(scale · q kᵀ + mask) v``, fp16/bf16, head dim 64 or 128.
 
     `layout` "bshd" (flash-attn: [B, S, H, D], the default) or "bhsd" (SDPA: [B, H, S, D]). K and
@@ -40,7 +41,15 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=Fa
     Differentiable: with an input that requires grad (under grad mode) the call records its
     backward (flashcore.autograd: dq, dk, dv, GQA sums, bitwise deterministic); lse is not
     differentiable. `secret_lengths` has no backward (RuntimeError).
+
+    Issue 24 (forward only, dense calls): `window_size` (left, right) sliding window (−1
+    unbounded; causal means right = 0), `softcap` (0 off), `learnable_sink` [Hq] sinks — see
+    `flash_attn_func`. With an input that requires grad they raise RuntimeError.
     """
+    window = tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size
+    if window != (-1, -1) or softcap != 0.0 or learnable_sink is not None:
+        return _attention_features(q, k, v, causal, scale, layout, return_lse, secret_lengths, window, softcap,
+                                   learnable_sink)
     if secret_lengths is None and (layout == "bshd" or layout == "bhsd"):
         r = _fast(q, k, v, bool(causal), scale, layout == "bhsd", bool(return_lse))
         if r is not None:  # plain eager call, served in one pass (_launch.fast)
@@ -66,28 +75,35 @@ def flash_attn_func(
     return_attn_probs=False,
     *,
     return_lse=False,
+    learnable_sink=None,
 ):
     """flash-attn's ``flash_attn_func`` on [B, S, H, D] tensors, as a drop-in (differentiable, as
-    `attention`).
+    `attention`, for calls without the features below).
 
-    What flash-attn offers and flashcore does not (dropout, sliding windows, softcap, ALiBi,
-    attention probabilities) raises ``ValueError``; `deterministic` is accepted (flashcore is
-    always bitwise deterministic). Returns `out`, or `(out, lse)` when `return_lse`.
+    `window_size=(left, right)` (−1 unbounded; `causal` sets right = 0, as flash-attn does):
+    query i, aligned bottom-right to the keys, sees key j iff i − left ≤ j ≤ i + right; whole key
+    blocks outside the window are skipped. `softcap`: scores become softcap · tanh(scale · q·k /
+    softcap) (Gemma 2). `learnable_sink` (FA4's name; [Hq], any float dtype, taken as fp32): one
+    logit per query head joining every row's softmax denominator with no value row (gpt-oss).
+    These three are forward-only so far: with an input that requires grad they raise
+    RuntimeError. What flash-attn offers and flashcore does not (dropout, ALiBi, attention
+    probabilities) raises ``ValueError``; `deterministic` is accepted (flashcore is always bitwise
+    deterministic). Returns `out`, or `(out, lse)` when `return_lse`.
     """
     if dropout_p != 0.0:
         raise ValueError(f"flashcore: dropout_p={dropout_p} is not supported (use 0.0)")
-    if tuple(window_size) != (-1, -1):
-        raise ValueError(f"flashcore: window_size={tuple(window_size)} (sliding window) is not supported")
-    if softcap != 0.0:
-        raise ValueError(f"flashcore: softcap={softcap} is not supported")
     if alibi_slopes is not None:
         raise ValueError("flashcore: alibi_slopes is not supported")
     if return_attn_probs:
         raise ValueError("flashcore: return_attn_probs is not supported (use return_lse=True for the log-sum-exp)")
-    r = _fast(q, k, v, bool(causal), softmax_scale, False, bool(return_lse))
-    if r is not None:  # plain eager call, served in one pass (_launch.fast)
-        return r if return_lse else r[0]
-    return attention(q, k, v, causal=causal, scale=softmax_scale, layout="bshd", return_lse=return_lse)
+    window = tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size
+    if window == (-1, -1) and softcap == 0.0 and learnable_sink is None:
+        r = _fast(q, k, v, bool(causal), softmax_scale, False, bool(return_lse))
+        if r is not None:  # plain eager call, served in one pass (_launch.fast)
+            return r if return_lse else r[0]
+        return attention(q, k, v, causal=causal, scale=softmax_scale, layout="bshd", return_lse=return_lse)
+    return attention(q, k, v, causal=causal, scale=softmax_scale, layout="bshd", return_lse=return_lse,
+                     window_size=window, softcap=softcap, learnable_sink=learnable_sink)
 
 
 def scaled_dot_product_attention(
@@ -142,3 +158,26 @@ def prepare(q, k, *, causal=False, scale=None, layout="bshd", secret_lengths=Fal
     compiles with NVRTC, ~1 s, then hits the disk cache). Do it before capturing a CUDA graph."""
     b, sq, sk, hq, hkv, d = _checks.split_shape(q, k, k, layout)
     _prepare(q.device, q.dtype, (b, sq, sk, hq, hkv, d), causal, _checks.check_scale(scale), secret_lengths)
+
+
+def _attention_features(q, k, v, causal, scale, layout, return_lse, lengths, window, softcap, sinks):
+    """`attention` with a window, a softcap or sinks: checked here, then the op (directly in plain
+    eager mode, through the dispatcher otherwise). No backward yet: refused before the launch."""
+    b, sq, sk, hq, hkv, d = _checks.split_shape(q, k, v, layout)
+    scale = _checks.check_scale(scale)
+    _checks.check_lengths(lengths, q, b, sq, sk)
+    if _checks.needs_grad(q, k, v, sinks if isinstance(sinks, torch.Tensor) else None):
+        raise RuntimeError(
+            "flashcore: window_size, softcap and learnable_sink have no backward pass yet (forward only): "
+            "call it under torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
+        )
+    sinks = _checks.sinks_f32(sinks)
+    window, softcap, sinks = _checks.check_features(window, softcap, sinks, q, hq, lengths)
+    bhsd = layout == "bhsd"
+    if ops.eager(q, k, v, lengths, sinks):
+        out, lse = ops.run(q, k, v, bool(causal), scale, bhsd, bool(return_lse), lengths, (b, hq, sq),
+                           (window, softcap, sinks))
+    else:
+        out, lse = ops.attention_op(q, k, v, bool(causal), scale, bhsd, bool(return_lse), lengths, window[0],
+                                    window[1], softcap, sinks)
+    return (out, lse) if return_lse else out

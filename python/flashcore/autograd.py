@@ -58,7 +58,11 @@ def _attention_backward_fake(grad_out, q, k, v, out, lse, causal, scale, bhsd):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, scale, bhsd, return_lse, lengths = inputs
+    q, k, v, causal, scale, bhsd, return_lse, lengths = inputs[:8]
+    extra = inputs[8:]  # window_left, window_right, softcap, sinks (issue 24), when given
+    ctx.features = bool(extra) and (tuple(extra[:2]) != (-1, -1) or (len(extra) > 2 and extra[2] != 0.0)
+                                    or (len(extra) > 3 and extra[3] is not None))
+    ctx.n_inputs = len(inputs)
     out, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.save_for_backward(q, k, v, out, lse)
@@ -72,10 +76,15 @@ def _backward(ctx, grad_out, grad_lse):
             "flashcore: secret_lengths has no backward pass: train on unpadded sequences, or compute "
             "this call under torch.no_grad()"
         )
+    if ctx.features:
+        raise RuntimeError(
+            "flashcore: window_size, softcap and learnable_sink have no backward pass yet: call it under "
+            "torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
+        )
     q, k, v, out, lse = ctx.saved_tensors
     dq, dk, dv = attention_backward_op(grad_out, q, k, v, out, lse, ctx.causal, ctx.scale, ctx.bhsd)
     want = ctx.needs_input_grad
-    return (dq if want[0] else None, dk if want[1] else None, dv if want[2] else None, None, None, None, None, None)
+    return (dq if want[0] else None, dk if want[1] else None, dv if want[2] else None) + (None,) * (ctx.n_inputs - 3)
 
 
 ops.attention_op.register_autograd(_backward, setup_context=_setup_context)

@@ -15,10 +15,12 @@ when it understands every argument the model passed: no mask, no dropout, fp16/b
 64/128, an sm_90 GPU, and keyword arguments from an allow-list at
 values that change nothing flashcore computes — ``position_ids``, ``use_cache``,
 ``output_hidden_states``, ``output_router_logits``, ``num_items_in_batch``,
-``encoder_hidden_states`` (any value), ``sliding_window`` (None, or at least the number of keys:
-then every key lies in the window), ``softcap`` (None or 0), ``s_aux``, ``position_bias`` (None),
-``output_attentions`` (false). Served calls run with SDPA's semantics
-(causal top-left aligned when Sq ≠ Sk). A call with a mask is served too when it is a decode step
+``encoder_hidden_states`` (any value), ``position_bias`` (None), ``output_attentions`` (false);
+and, computed by flashcore itself (issue 24), ``sliding_window`` (a window of W keys is flash-attn's
+window_size (W − 1, 0); its mask, when it is exactly the window — ``window_of`` — is computed from
+the window), ``softcap`` (Gemma 2) and ``s_aux`` (gpt-oss's learnable sinks, one logit per query
+head). Served calls run with SDPA's semantics (causal top-left aligned when Sq ≠ Sk; a window's
+mask is bottom-right, as transformers builds it). A call with a mask is served too when it is a decode step
 (Sq <= 16) whose mask says "key j is visible from each sequence's first key on" (and causal
 bottom-right): every step of a batched, left-padded ``generate()``, and sliding windows in decode,
 look like that. ``leftpad_of`` finds the first keys (one host read per mask tensor; never under
@@ -30,12 +32,12 @@ form; the starts and counts are computed on the device): the padded batch runs a
 ``seqused_q``/``seqused_k``, rows of padding come out zero. Every other call goes to a path that
 computes it:
 
-- transformers' SDPA function where SDPA expresses the call: a mask (padding, or a sliding window
-  shorter than the keys: the mask carries the window, as on transformers' own SDPA and eager
-  paths), dropout, ``position_bias``, another dtype, head dim, device or GPU;
-- the model's own eager attention where it does not: attention sinks (``s_aux``, gpt-oss),
-  ``softcap`` (Gemma 2), ``output_attentions``, a window shorter than the keys without a mask, and
-  any keyword argument not on the allow-list (a future transformers' too). That is the
+- transformers' SDPA function where SDPA expresses the call: a mask (padding, or a window mask
+  with padding in it), dropout, ``position_bias``, another dtype, head dim, device or GPU;
+- the model's own eager attention where it does not: any such call that also has sinks, a
+  softcap or an unmasked window (SDPA computes none of them), a decode step of a padded batch
+  with sinks or a softcap (its KV-cache kernel takes none yet), ``output_attentions``, and any
+  keyword argument not on the allow-list (a future transformers' too). That is the
   module-level ``eager_attention_forward`` of the module that defines the attention layer's class;
   the boolean mask is made additive (0 / the dtype's lowest value, as transformers' ``eager_mask``)
   and a causal mask built where the mask builder left it out. With no eager function to be found
@@ -106,23 +108,61 @@ def fallback_reason(query, key, value, attention_mask, dropout=0.0, scaling=None
     for name in kwargs:
         if name not in _ALLOWED:
             return f"unknown argument {name!r}"
-    if kwargs.get("s_aux") is not None:
-        return "s_aux"
-    if _nonzero(kwargs.get("softcap")):
-        return "softcap"
+    # Issue 24: flashcore computes attention sinks (s_aux, gpt-oss: one logit per query head),
+    # a softcap (Gemma 2) and sliding windows itself, on its dense path. A call with one of them
+    # that flashcore does not serve for another reason goes to the model's eager attention (SDPA
+    # computes none of them), so their reasons come first then.
+    feature = _feature_reason(query, key, attention_mask, kwargs, mask_served)
+    if feature is not None:
+        return feature
     if kwargs.get("output_attentions"):
         return "output_attentions"
+    reason = _base_reason(query, key, value, attention_mask, dropout, scaling, kwargs, mask_served)
+    if reason is not None and _features_asked(kwargs, attention_mask, key):
+        return "s_aux" if kwargs.get("s_aux") is not None else "softcap" if _nonzero(kwargs.get("softcap")) else "sliding_window"
+    return reason
+
+
+def _features_asked(kwargs, attention_mask, key):
+    """Whether the call asks for something only flashcore or the model's eager attention computes:
+    sinks, a softcap, or a window shorter than the keys that no mask carries."""
     window = kwargs.get("sliding_window")
+    unmasked_window = window is not None and attention_mask is None and key.shape[2] > window
+    return kwargs.get("s_aux") is not None or _nonzero(kwargs.get("softcap")) or unmasked_window
+
+
+def _feature_reason(query, key, attention_mask, kwargs, mask_served):
+    """Why flashcore cannot take this call's sinks, softcap or window as given (a reason), else
+    None. Served: s_aux a float tensor [Hq]; softcap a positive finite number; sliding_window a
+    positive int. A decode step served over its mask's first keys (`mask_served`, the KV-cache
+    kernel) takes none of them yet."""
+    s_aux = kwargs.get("s_aux")
+    if s_aux is not None:
+        if (not isinstance(s_aux, torch.Tensor) or not s_aux.is_floating_point() or s_aux.dim() != 1
+                or query.dim() != 4 or s_aux.shape[0] != query.shape[1] or s_aux.device != query.device):
+            return "s_aux"
+        if mask_served:
+            return "s_aux"
+    softcap = kwargs.get("softcap")
+    if _nonzero(softcap):
+        if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not (0 < softcap < float("inf")):
+            return "softcap"
+        if mask_served:
+            return "softcap"
     # transformers' windows: key j is visible to query i when i - j < window (masking_utils'
-    # sliding_window_overlay; its flash path passes window_size = (window - 1, window - 1) once
-    # Sk > window). With Sk <= window every key is inside it and the window changes nothing.
-    # Beyond that the mask carries it (transformers' sliding-window mask builder never leaves such
-    # a mask out), as on transformers' SDPA and eager paths; a call without a mask goes to eager.
+    # sliding_window_overlay): flash-attn's window_size (window - 1, 0) with causal. With Sk <=
+    # window every key is inside it and the window changes nothing. Beyond that the mask carries
+    # it (transformers' sliding-window mask builder never leaves such a mask out); flashcore serves
+    # such a mask when it is exactly the window (``window_of``), and a call without one by the
+    # window itself.
+    window = kwargs.get("sliding_window")
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
             return "sliding_window"
-        if attention_mask is None and key.shape[2] > window:
-            return "sliding_window"
+    return None
+
+
+def _base_reason(query, key, value, attention_mask, dropout, scaling, kwargs, mask_served):
     if kwargs.get("position_bias") is not None:
         return "position_bias"
     if attention_mask is not None and not mask_served:
@@ -279,6 +319,40 @@ def _padded_prefill(query, key, value, padded, scaling):
     return out.view(b, s, query.shape[1], query.shape[3])
 
 
+# Masks window_of has analysed: id -> (weak reference, version, shape, window, result), as _LEFTPAD.
+_WINDOW = {}
+
+
+def window_of(mask, query, key, window):
+    """Whether a boolean mask [B or 1, 1, Sq, Sk] is exactly transformers' causal sliding window of
+    `window` with no padding: query i (position Sk − Sq + i) sees key j iff
+    i + Sk − Sq − window < j <= i + Sk − Sq. Then flashcore computes it as causal attention with
+    window_size (window − 1, 0). One host read per mask tensor, as ``leftpad_of``; never under
+    torch.compile or with fake tensors (False: the call falls back)."""
+    from .ops import eager
+
+    if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.dim() != 4 or not eager(mask):
+        return False
+    sq, sk = query.shape[2], key.shape[2]
+    if mask.shape[0] not in (1, query.shape[0]) or mask.shape[1] != 1 or tuple(mask.shape[2:]) != (sq, sk):
+        return False
+    if mask.device != query.device:
+        return False
+    key_ = (id(mask), sq, sk, window)
+    hit = _WINDOW.get(key_)
+    if hit is not None and not mask.is_inference() and hit[0]() is mask and hit[1] == mask._version:
+        return hit[2]
+    i = torch.arange(sq, device=mask.device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=mask.device)[None, :]
+    want = (j <= i) & (j > i - window)
+    found = bool(torch.equal(mask[:, 0], want[None].expand(mask.shape[0], sq, sk)))  # the host read
+    if not mask.is_inference():
+        if len(_WINDOW) >= 16:
+            _WINDOW.clear()
+        _WINDOW[key_] = (weakref.ref(mask), mask._version, found)
+    return found
+
+
 def fallback_path(reason):
     """"sdpa" or "eager": where a call that flashcore does not serve for `reason` runs."""
     return "sdpa" if reason in _SDPA_REASONS else "eager"
@@ -339,6 +413,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     causal = bool(is_causal) and query.shape[2] > 1
     reason = fallback_reason(query, key, value, attention_mask, dropout, scaling, kwargs)
     leftpad = padded = None
+    windowed = False
+    window = kwargs.get("sliding_window")
+    if (reason is not None and attention_mask is not None and isinstance(window, int) and not isinstance(window, bool)
+            and window > 0 and window_of(attention_mask, query, key, window)):
+        # The mask is the causal window itself: flashcore computes it from the window when it
+        # serves the same call without the mask; otherwise the call keeps its reason (and mask).
+        if fallback_reason(query, key, value, None, dropout, scaling, kwargs) is None:
+            windowed, reason = True, None
     if reason == "attention_mask":
         # A decode step of a padded batch: served over the keys from each sequence's first.
         leftpad = leftpad_of(attention_mask, query, key)
@@ -348,6 +430,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
             padded = padded_prefill_of(attention_mask, query, key)
         if leftpad is not None or padded is not None:
             reason = fallback_reason(query, key, value, attention_mask, dropout, scaling, kwargs, mask_served=True)
+    if reason is None and leftpad is None and not windowed and causal and query.shape[2] != key.shape[2]:
+        # Sinks, a softcap or a window on a causal call of Sq != Sk without a mask: SDPA's top-left
+        # alignment, which flashcore's features do not take yet.
+        if _served_features(kwargs, key, False) is not None:
+            reason = "s_aux" if kwargs.get("s_aux") is not None else "softcap" if _nonzero(kwargs.get("softcap")) else "sliding_window"
     if reason is not None:
         path = fallback_path(reason)
         stats["fallback"] += 1
@@ -374,7 +461,31 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         return out, None
     if padded is not None:
         return _padded_prefill(query, key, value, padded, _checks.check_scale(scaling)), None
+    features = _served_features(kwargs, key, windowed)
+    if features is not None:
+        from .api import attention
+
+        window_size, softcap, sinks = features
+        # A window mask is bottom-right aligned (positions Sk − Sq + i); without a mask the call is
+        # square or has one query (where both alignments agree) or is not causal.
+        return attention(q, k, v, causal=causal or windowed, scale=_checks.check_scale(scaling), layout="bshd",
+                         window_size=window_size, softcap=softcap, learnable_sink=sinks), None
     return top_left(q, k, v, causal, _checks.check_scale(scaling), bhsd=False), None
+
+
+def _served_features(kwargs, key, windowed):
+    """flashcore's (window_size, softcap, learnable_sink) for a served call, or None when the call
+    has none of them (then it runs as before)."""
+    window = kwargs.get("sliding_window")
+    wsize = (-1, -1)
+    if window is not None and (windowed or key.shape[2] > window):
+        wsize = (window - 1, 0)
+    softcap = kwargs.get("softcap")
+    softcap = float(softcap) if _nonzero(softcap) else 0.0
+    sinks = kwargs.get("s_aux")
+    if wsize == (-1, -1) and softcap == 0.0 and sinks is None:
+        return None
+    return wsize, softcap, sinks
 
 
 _SDPA_MASKS = {}

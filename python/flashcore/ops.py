@@ -35,30 +35,43 @@ def attention_op(
     bhsd: bool,
     return_lse: bool,
     lengths: Optional[torch.Tensor],
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Returns (out, lse): out contiguous in the input layout, lse fp32 [B, Hq, Sq] (empty
-    unless `return_lse`)."""
+    unless `return_lse`). Issue 24: a sliding window (flash-attn's window_size, −1 unbounded),
+    a softcap (0 off) and learnable sinks (fp32 [Hq], or None)."""
     b, sq, sk, hq, hkv, d = _checks.split_shape(q, k, v, _layout(bhsd))
     scale = _checks.check_scale(scale)
     _checks.check_lengths(lengths, q, b, sq, sk)
-    out, lse = run(q, k, v, causal, scale, bhsd, return_lse, lengths, (b, hq, sq))
+    feats = _checks.check_features((window_left, window_right), softcap, sinks, q, hq, lengths)
+    out, lse = run(q, k, v, causal, scale, bhsd, return_lse, lengths, (b, hq, sq), feats)
     return out, lse if return_lse else _no_lse(q)
 
 
-def run(q, k, v, causal, scale, bhsd, return_lse, lengths, bhs):
-    """The op's body, on arguments already checked; `bhs` = (batch, heads_q, seqlen_q). Returns
-    (out, lse), lse None unless `return_lse`."""
+def run(q, k, v, causal, scale, bhsd, return_lse, lengths, bhs, feats=None):
+    """The op's body, on arguments already checked; `bhs` = (batch, heads_q, seqlen_q); `feats`
+    (window, softcap, sinks) as `_checks.check_features` returns them, or None. Returns (out,
+    lse), lse None unless `return_lse`."""
     b, hq, sq = bhs
     out, lse = _outputs(q, return_lse, hq, sq, b)
-    launch(q, k, v, out, lse, lengths, causal, scale, bhsd=bhsd)
+    if feats is None:
+        launch(q, k, v, out, lse, lengths, causal, scale, bhsd=bhsd)
+    else:
+        window, softcap, sinks = feats
+        launch(q, k, v, out, lse, lengths, causal, scale, bhsd=bhsd, window=window, softcap=softcap, sinks=sinks)
     return out, lse
 
 
 @attention_op.register_fake
-def _attention_fake(q, k, v, causal, scale, bhsd, return_lse, lengths):
+def _attention_fake(q, k, v, causal, scale, bhsd, return_lse, lengths, window_left=-1, window_right=-1,
+                    softcap=0.0, sinks=None):
     b, sq, sk, hq, hkv, d = _checks.split_shape(q, k, v, _layout(bhsd))
     _checks.check_scale(scale)
     _checks.check_lengths(lengths, q, b, sq, sk)
+    _checks.check_features((window_left, window_right), softcap, sinks, q, hq, lengths)
     out, lse = _outputs(q, return_lse, hq, sq, b)
     return out, lse if return_lse else _no_lse(q)
 

@@ -9,7 +9,7 @@ use flashcore::attention::external::{self, DeviceTensor, ExternalCall, ExternalC
 use flashcore::attention::kv_append::KvAppend;
 use flashcore::attention::launch::Lengths;
 use flashcore::attention::Pages;
-use flashcore::attention::{AttentionParams, DType, Layout};
+use flashcore::attention::{AttentionParams, DType, Layout, Window};
 use flashcore::Error;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -55,6 +55,8 @@ pub(crate) fn params(
         layout: Layout::Bshd,
         causal,
         scale: scale.map(|s| s as f32),
+        window: Default::default(),
+        softcap: 0.0,
     })
 }
 
@@ -73,9 +75,11 @@ fn call(
     workspace: u64,
     kv_lengths: u64,
     kv: KvArgs,
+    features: Features,
 ) -> PyResult<ExternalCall> {
-    let p = params(dtype, shape, causal, scale)?;
+    let p = features.apply(params(dtype, shape, causal, scale)?)?;
     let c = ExternalCall::new(p, tensor(q), tensor(k), tensor(v), tensor(out))
+        .sinks(features.sinks)
         .lse(lse)
         .lengths(lengths)
         .kv_lengths(kv_lengths)
@@ -96,6 +100,39 @@ fn call(
         Some(pg) => c.paged(kv.block_table, pg),
         None => c,
     })
+}
+
+/// Issue 24's extras of a call: flash-attn's `window_size` (−1 unbounded), the softcap (0 off)
+/// and the learnable sinks' device pointer (fp32 `[heads_q]`, 0 none).
+#[derive(Clone, Copy)]
+pub(crate) struct Features {
+    pub window: (i64, i64),
+    pub softcap: f64,
+    pub sinks: u64,
+}
+
+impl Default for Features {
+    fn default() -> Self {
+        Features {
+            window: (-1, -1),
+            softcap: 0.0,
+            sinks: 0,
+        }
+    }
+}
+
+impl Features {
+    fn apply(&self, mut p: AttentionParams) -> PyResult<AttentionParams> {
+        let (l, r) = self.window;
+        if l < -1 || r < -1 {
+            return Err(PyValueError::new_err(format!(
+                "flashcore: window_size sides are -1 (unbounded) or >= 0, got ({l}, {r})"
+            )));
+        }
+        p.window = Window::from_flash_attn(l, r);
+        p.softcap = self.softcap as f32;
+        Ok(p)
+    }
 }
 
 /// A KV-cache call's extras: secret counts, a paged cache's block table and geometry
@@ -140,7 +177,7 @@ pub(crate) fn context(device: usize) -> PyResult<Arc<ExternalContext>> {
 
 /// Checks a call's shapes, alignment and strides without touching a GPU.
 #[pyfunction]
-#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false, kv_starts=0, append=None))]
+#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false, kv_starts=0, window=(-1, -1), softcap=0.0, sinks=0, append=None))]
 #[allow(clippy::too_many_arguments)]
 fn validate(
     dtype: &str,
@@ -161,6 +198,9 @@ fn validate(
     num_pages: usize,
     kv_prefill_consistent: bool,
     kv_starts: u64,
+    window: (i64, i64),
+    softcap: f64,
+    sinks: u64,
     append: Option<(PyTensor, PyTensor, usize, u64)>,
 ) -> PyResult<()> {
     let kv = KvArgs {
@@ -172,8 +212,13 @@ fn validate(
         starts: kv_starts,
         append,
     };
+    let f = Features {
+        window,
+        softcap,
+        sinks,
+    };
     let c = call(
-        dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths, kv,
+        dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths, kv, f,
     )?;
     external::validate(&c).map_err(to_py)
 }
@@ -183,7 +228,7 @@ fn validate(
 /// device memory covering what the strides reach; the Python package guarantees that by
 /// passing tensors it holds until the op returns (the stream orders their reuse).
 #[pyfunction]
-#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false, kv_starts=0, append=None))]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false, kv_starts=0, window=(-1, -1), softcap=0.0, sinks=0, append=None))]
 #[allow(clippy::too_many_arguments)]
 fn attention(
     py: Python<'_>,
@@ -207,6 +252,9 @@ fn attention(
     num_pages: usize,
     kv_prefill_consistent: bool,
     kv_starts: u64,
+    window: (i64, i64),
+    softcap: f64,
+    sinks: u64,
     append: Option<(PyTensor, PyTensor, usize, u64)>,
 ) -> PyResult<()> {
     let kv = KvArgs {
@@ -218,8 +266,13 @@ fn attention(
         starts: kv_starts,
         append,
     };
+    let f = Features {
+        window,
+        softcap,
+        sinks,
+    };
     let c = call(
-        dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths, kv,
+        dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths, kv, f,
     )?;
     let ctx = context(device)?;
     // The first call of a shape may compile a kernel (NVRTC, seconds): let other threads run.
@@ -233,7 +286,7 @@ fn attention(
 /// Loads (compiling on first use) the kernel for a shape without launching: the warm-up to do
 /// before capturing a CUDA graph.
 #[pyfunction]
-#[pyo3(signature = (device, dtype, shape, causal, scale, secret_lengths=false, kv_lengths=false, kv_secret=false, page_size=0, num_pages=0, kv_prefill_consistent=false))]
+#[pyo3(signature = (device, dtype, shape, causal, scale, secret_lengths=false, kv_lengths=false, kv_secret=false, page_size=0, num_pages=0, kv_prefill_consistent=false, window=(-1, -1), softcap=0.0))]
 #[allow(clippy::too_many_arguments)]
 fn prepare(
     py: Python<'_>,
@@ -248,8 +301,15 @@ fn prepare(
     page_size: usize,
     num_pages: usize,
     kv_prefill_consistent: bool,
+    window: (i64, i64),
+    softcap: f64,
 ) -> PyResult<()> {
-    let p = params(dtype, shape, causal, scale)?;
+    let f = Features {
+        window,
+        softcap,
+        sinks: 0,
+    };
+    let p = f.apply(params(dtype, shape, causal, scale)?)?;
     let ctx = context(device)?;
     let kv = KvArgs {
         secret: kv_secret,

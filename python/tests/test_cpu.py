@@ -145,10 +145,14 @@ def test_flash_attn_func_rejects_what_it_does_not_do(fake):
     q = cuda(1, 8, 2, 64)
     for kwargs, message in [
         (dict(dropout_p=0.1), "dropout"),
-        (dict(window_size=(16, 0)), "sliding window"),
-        (dict(softcap=30.0), "softcap"),
         (dict(alibi_slopes=torch.zeros(2, device="cuda")), "alibi"),
         (dict(return_attn_probs=True), "return_lse"),
+        # Issue 24's arguments are implemented; their bad values are refused.
+        (dict(window_size=(-2, 0)), "window_size"),
+        (dict(window_size=(1, 2, 3)), "window_size"),
+        (dict(softcap=-1.0), "softcap"),
+        (dict(softcap=float("nan")), "softcap"),
+        (dict(learnable_sink=torch.zeros(3, device="cuda")), "learnable_sink"),
     ]:
         with pytest.raises(ValueError, match=message):
             flashcore.flash_attn_func(q, q, q, **kwargs)
@@ -169,7 +173,7 @@ def test_flash_attn_func_takes_flash_attns_arguments_and_drops_none(mock_launch)
                   for n, p in params.items() if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD]
     assert positional == FLASH_ATTN_FUNC
     extra = [n for n, p in params.items() if p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD]
-    assert extra == ["return_lse"]  # flashcore's own, keyword-only
+    assert extra == ["return_lse", "learnable_sink"]  # flashcore's own and FA4's, keyword-only
     q = torch.zeros(1, 8, 2, 64, dtype=F16)
     # Implemented: softmax_scale and causal reach the launch (shape, causal, scale are args 3-5);
     # deterministic changes nothing (flashcore is always bitwise deterministic).
@@ -178,9 +182,16 @@ def test_flash_attn_func_takes_flash_attns_arguments_and_drops_none(mock_launch)
     flashcore.flash_attn_func(q, q, q, deterministic=True)
     assert [c[4:6] for c in mock_launch] == [(False, None), (True, 0.5), (False, None)]
     _same_launch(mock_launch[0], mock_launch[2])
+    # Issue 24: the window, the softcap and the sinks reach the launch as keywords (only there).
+    sinks = torch.zeros(2)
+    flashcore.flash_attn_func(q, q, q, causal=True, window_size=(16, 0), softcap=30.0, learnable_sink=sinks)
+    kw = dict(x for x in mock_launch[-1] if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str))
+    assert kw["window"] == (16, 0) and kw["softcap"] == 30.0 and kw["sinks"] == sinks.data_ptr()
+    flashcore.flash_attn_func(q, q, q, window_size=[-1, -1], softcap=0.0)
+    _same_launch(mock_launch[0], mock_launch[-1])
     # The rest: every value but the default raises (test_flash_attn_func_rejects_what_it_does_not_do).
-    handled = {"q", "k", "v", "softmax_scale", "causal", "deterministic"}
-    refused = {"dropout_p", "window_size", "softcap", "alibi_slopes", "return_attn_probs"}
+    handled = {"q", "k", "v", "softmax_scale", "causal", "deterministic", "window_size", "softcap"}
+    refused = {"dropout_p", "alibi_slopes", "return_attn_probs"}
     assert handled | refused == {n for n, _ in FLASH_ATTN_FUNC} and not handled & refused
 
 

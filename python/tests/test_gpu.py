@@ -353,9 +353,8 @@ def test_hf_models_match_sdpa(kind, dtype):
 def test_hf_model_families(family, dtype):
     """Each family's logits through "fcore" vs an fp32 eager model on the same (sharpened) weights,
     within hf_models.BOUND of the best backend transformers has in this dtype, with flashcore
-    serving what it can (Llama, Qwen2's full-attention layer, Mistral with its window longer than
-    the sequence) and the rest falling back where it must (masks and head dim 96 to SDPA, sinks
-    and softcap to the model's eager attention)."""
+    serving what it can (every family's layers, windows, Gemma 2's softcap and gpt-oss' sinks
+    included: issue 24) and Phi-3 falling back where it must (head dim 96, to SDPA)."""
     pytest.importorskip("transformers")
     import hf_models
 
@@ -934,3 +933,107 @@ def test_hf_training_step_matches_sdpa(dtype):
     # (and bf16's resolution), not the best's.
     worst_loss = max(e[0] for e in errors.values())
     assert fcore[0] <= max(hf_models.BOUND * worst_loss, 1e-3), (fcore, errors)
+
+
+# --- issue 24: sliding windows, softcap, learnable sinks ------------------------------------------
+
+
+def reference_features(q, k, v, causal, scale=None, window=(-1, -1), softcap=0.0, sinks=None):
+    """float64 attention on [B, S, H, D] with a flash-attn window (bottom-right aligned), a softcap
+    and gpt-oss sinks; returns (out, lse). Rows that see nothing: O = 0, LSE = -inf or the sink."""
+    q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq != hkv:
+        k, v = k.repeat_interleave(hq // hkv, 1), v.repeat_interleave(hq // hkv, 1)
+    sq, sk = q.shape[2], k.shape[2]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = (q @ k.transpose(-1, -2)) * scale
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=q.device)[None, :]
+    left, right = window
+    right = 0 if causal else right
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if left >= 0:
+        visible &= j >= i - left
+    if right >= 0:
+        visible &= j <= i + right
+    s = s.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        col = sinks.double().view(1, hq, 1, 1).expand(q.shape[0], hq, sq, 1)
+        s = torch.cat([s, col], -1)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+    if sinks is not None:
+        p = p[..., :-1]
+    return (p @ v).transpose(1, 2), lse
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize(
+    "b,sq,sk,hq,hkv,d,causal,window,softcap,with_sinks",
+    [
+        (2, 1000, 1000, 4, 2, 64, True, (128, 0), 0.0, False),
+        (1, 777, 1500, 4, 4, 128, False, (100, 50), 0.0, False),
+        (1, 300, 77, 4, 2, 64, True, (20, -1), 30.0, True),
+        (2, 1, 2000, 8, 2, 128, True, (127, 0), 0.0, True),
+        (1, 17, 17, 2, 2, 64, False, (-1, -1), 5.0, False),
+        (1, 2048, 2048, 8, 2, 64, True, (127, 0), 0.0, True),  # gpt-oss' sliding layer
+        (1, 300, 20, 2, 2, 128, False, (5, 5), 0.0, True),     # rows that see no key
+    ],
+)
+def test_flash_attn_func_window_softcap_sinks(b, sq, sk, hq, hkv, d, causal, window, softcap, with_sinks, dtype):
+    torch.manual_seed(sq + sk + d)
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype)
+    k = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, sk, hkv, d, device="cuda", dtype=dtype)
+    sinks = (torch.randn(hq, device="cuda") * 2).to(torch.bfloat16) if with_sinks else None  # any float dtype
+    out, lse = flashcore.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                         learnable_sink=sinks, return_lse=True)
+    want, want_lse = reference_features(q, k, v, causal, window=window, softcap=softcap,
+                                        sinks=None if sinks is None else sinks.float())
+    assert torch.isfinite(out).all()
+    assert rel_l2(out, want) <= TOL[dtype]
+    finite = torch.isfinite(want_lse)
+    assert torch.equal(torch.isfinite(lse), finite)
+    if finite.any():
+        assert rel_l2(lse[finite], want_lse[finite]) <= 1e-3
+    # The op through the dispatcher (what torch.compile and autograd see) gives the same bits.
+    op_out, _ = torch.ops.flashcore.attention(q, k, v, causal, None, False, True, None, window[0], window[1],
+                                              float(softcap), None if sinks is None else sinks.float())
+    assert torch.equal(op_out, out)
+
+
+def test_features_refuse_grad_and_bad_values():
+    q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="no backward"):
+        flashcore.flash_attn_func(q.clone().requires_grad_(), q, q, window_size=(8, 0))
+    with pytest.raises(RuntimeError, match="no backward"):
+        flashcore.flash_attn_func(q, q, q, learnable_sink=torch.zeros(2, device="cuda", requires_grad=True))
+    with pytest.raises(ValueError, match="window_size"):
+        flashcore.flash_attn_func(q, q, q, window_size=(-2, 0))
+    with pytest.raises(ValueError, match="softcap"):
+        flashcore.flash_attn_func(q, q, q, softcap=-1.0)
+    with pytest.raises(ValueError, match="learnable_sink"):
+        flashcore.flash_attn_func(q, q, q, learnable_sink=torch.zeros(3, device="cuda"))
+    with pytest.raises(ValueError, match="secret_lengths"):
+        flashcore.attention(q, q, q, window_size=(8, 0), secret_lengths=torch.full((1,), 64, dtype=torch.int32,
+                                                                                   device="cuda"))
+    # Still the plain path when the features are off, grad included.
+    out = flashcore.flash_attn_func(q.clone().requires_grad_(), q, q, window_size=(-1, -1), softcap=0.0)
+    assert out.requires_grad
+
+
+def test_opcheck_with_features():
+    q = torch.randn(2, 200, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(2, 300, 2, 64, device="cuda", dtype=torch.bfloat16)
+    sinks = torch.randn(4, device="cuda")
+    torch.library.opcheck(torch.ops.flashcore.attention.default,
+                          (q, k, k, True, None, False, True, None, 64, 0, 20.0, sinks),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_static"))
+    compiled = torch.compile(lambda a, b: flashcore.flash_attn_func(a, b, b, causal=True, window_size=(64, 0),
+                                                                   softcap=20.0, learnable_sink=sinks),
+                             fullgraph=True)
+    assert torch.equal(compiled(q, k), flashcore.flash_attn_func(q, k, k, causal=True, window_size=(64, 0),
+                                                                 softcap=20.0, learnable_sink=sinks))

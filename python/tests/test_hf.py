@@ -63,11 +63,10 @@ def test_a_plain_call_is_served_with_the_inert_kwargs(gpu):
 @pytest.mark.parametrize(
     "kwargs, want",
     [
-        (dict(s_aux=torch.zeros(4)), "s_aux"),
-        (dict(softcap=50.0), "softcap"),
+        (dict(s_aux=torch.zeros(4)), "s_aux"),  # on the CPU, q on the GPU
         (dict(softcap=torch.tensor(50.0)), "softcap"),  # not a plain number: taken for a cap
+        (dict(softcap=-5.0), "softcap"),
         (dict(output_attentions=True), "output_attentions"),
-        (dict(sliding_window=63), "sliding_window"),  # 64 keys, a window of 63, no mask
         (dict(sliding_window=(16, 16)), "sliding_window"),
         (dict(foo=None), "unknown argument 'foo'"),  # unknown, even when None
         (dict(cu_seq_lens_q=torch.zeros(3, dtype=torch.int32)), "unknown argument 'cu_seq_lens_q'"),
@@ -80,9 +79,50 @@ def test_what_sdpa_cannot_express_goes_to_eager(gpu, kwargs, want):
     assert reason(q, k, v, **kwargs) == want
     assert fh.fallback_path(want) == "eager"
     # They come first: a mask (which SDPA could take) does not send them to SDPA.
-    assert reason(q, k, v, mask=torch.ones(2, 1, 64, 64, dtype=torch.bool, device="cuda"), **kwargs) == (
-        "attention_mask" if want == "sliding_window" and not isinstance(kwargs["sliding_window"], tuple) else want
-    )
+    assert reason(q, k, v, mask=torch.ones(2, 1, 64, 64, dtype=torch.bool, device="cuda"), **kwargs) == want
+
+
+@pytest.mark.parametrize("case", ["sinks", "softcap", "window", "all"])
+def test_sinks_softcap_and_windows_are_served(gpu, case):
+    # Issue 24: flashcore computes gpt-oss' sinks, Gemma 2's softcap and windows (64 keys, a
+    # window of 63 with no mask: window_size (62, 0)) itself.
+    kwargs = {
+        "sinks": dict(s_aux=torch.zeros(4, device="cuda")),
+        "softcap": dict(softcap=50.0),
+        "window": dict(sliding_window=63),
+        "all": dict(s_aux=torch.zeros(4, device="cuda", dtype=BF16), softcap=30, sliding_window=16),
+    }[case]
+    assert reason(*qkv(), s_aux=torch.zeros(3, device="cuda")) == "s_aux"  # not one per query head
+    q, k, v = qkv()
+    assert reason(q, k, v, **kwargs) is None
+    # With a mask flashcore does not serve, SDPA computes none of them: the model's eager attention
+    # (a window alone: the mask carries it, SDPA).
+    mask = torch.ones(2, 1, 64, 64, dtype=torch.bool, device="cuda")
+    want = "s_aux" if "s_aux" in kwargs else "softcap" if "softcap" in kwargs else "attention_mask"
+    assert reason(q, k, v, mask=mask, **kwargs) == want
+    assert fh.fallback_path(want) == ("sdpa" if want == "attention_mask" else "eager")
+    # ... and so does any other reason (here fp32) when they come with one.
+    if "sliding_window" not in kwargs:
+        assert reason(*qkv(dtype=torch.float32), **kwargs) == want
+
+
+def test_window_of_recognises_transformers_sliding_masks():
+    # transformers' own sliding-window causal masks, prefill and a cached chunk (bottom-right):
+    # exactly the window; padding or another window is not.
+    for sq, sk, window in ((64, 64, 16), (8, 40, 16), (1, 40, 7)):
+        q = torch.empty(2, 4, sq, 64)
+        k = torch.empty(2, 2, sk, 64)
+        i = torch.arange(sq)[:, None] + (sk - sq)
+        j = torch.arange(sk)[None, :]
+        mask = ((j <= i) & (i - j < window))[None, None].expand(2, 1, sq, sk).clone()
+        assert fh.window_of(mask, q, k, window)
+        assert not fh.window_of(mask, q, k, window + 1)
+        padded = mask.clone()
+        padded[1, :, :, -1] = False  # a key every row sees, masked in one sequence
+        assert not fh.window_of(padded, q, k, window)
+    n = 64
+    sliding = sdpa_mask(2, n, n, mask_function=sliding_window_causal_mask_function(16), allow_is_causal_skip=False)
+    assert fh.window_of(sliding, torch.empty(2, 4, n, 64), torch.empty(2, 2, n, 64), 16)
 
 
 def test_what_sdpa_expresses_goes_to_sdpa(gpu, monkeypatch):

@@ -61,6 +61,19 @@ const MAX_GRID_YZ: usize = 65_535;
 /// The shape rules of the backward: the forward's, plus the launch grid's limits.
 pub fn check_backward_params(p: &AttentionParams) -> Result<()> {
     validate::check_params(p)?;
+    // Issue 24's features are forward-only so far: a gradient through them would be wrong.
+    if p.window.left.is_some() || (!p.causal && p.window.right.is_some()) {
+        return Err(Error::invalid(
+            "window",
+            "the backward does not support sliding windows yet (forward only)",
+        ));
+    }
+    if p.softcap != 0.0 {
+        return Err(Error::invalid(
+            "softcap",
+            "the backward does not support softcap yet (forward only)",
+        ));
+    }
     if p.batch > MAX_GRID_YZ {
         return Err(Error::invalid(
             "batch",

@@ -253,7 +253,26 @@ impl Context {
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
         let plan = self.plan(params)?;
-        self.launch_checked(&plan, params, q, k, v, out, lse, [0; 3])
+        self.launch_checked(&plan, params, q, k, v, out, lse, [0; 3], None)
+    }
+
+    /// As [`Context::attention`], with learnable attention sinks (gpt-oss): `sinks` holds one
+    /// fp32 logit per query head, which joins every row's softmax denominator as `exp(sink)`
+    /// with no value row (the LSE includes it; a row that sees no key gets O = 0, LSE = sink).
+    /// The sinks are model weights and stay secret: the kernel only does arithmetic on them.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_with_sinks<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+        sinks: &CudaSlice<f32>,
+    ) -> Result<()> {
+        let plan = self.plan(params)?;
+        self.launch_checked(&plan, params, q, k, v, out, lse, [0; 3], Some(sinks))
     }
 
     /// Checks every buffer against the plan's shape (K and V against a paged plan's pools),
@@ -270,6 +289,7 @@ impl Context {
         out: &mut CudaSlice<T>,
         lse: Option<&mut CudaSlice<f32>>,
         [lens, table, starts]: [u64; 3],
+        sinks: Option<&CudaSlice<f32>>,
     ) -> Result<()> {
         validate::check_buffers_dtype(params, T::DTYPE)?;
         let align = validate::TENSOR_ALIGN;
@@ -296,9 +316,27 @@ impl Context {
             }
             None => 0,
         };
+        let (sinks_ptr, _g5) = match sinks {
+            Some(s) => {
+                let (p, g) = s.device_ptr(&self.stream);
+                validate::check_buffer("sinks", s.len(), params.heads_q, p, 4)?;
+                (p, Some(g))
+            }
+            None => (0, None),
+        };
         // SAFETY: every buffer's length and alignment was checked against the plan's shape.
         unsafe {
-            if matches!(plan.lengths(), Lengths::KvCache { .. }) {
+            if sinks_ptr != 0 {
+                plan.launch_raw_with_sinks(
+                    q_ptr,
+                    k_ptr,
+                    v_ptr,
+                    o_ptr,
+                    lse_ptr,
+                    [lens, table, starts],
+                    sinks_ptr,
+                )
+            } else if matches!(plan.lengths(), Lengths::KvCache { .. }) {
                 plan.launch_raw_kv_cache(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, lens, table, starts)
             } else if plan.secret_len() {
                 plan.launch_raw_with_lengths(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, lens)
@@ -331,7 +369,7 @@ impl Context {
         }
         let plan = self.plan_secret_len(params)?;
         let (lens_ptr, _g) = lengths.device_ptr(&self.stream);
-        self.launch_checked(&plan, params, q, k, v, out, lse, [lens_ptr, 0, 0])
+        self.launch_checked(&plan, params, q, k, v, out, lse, [lens_ptr, 0, 0], None)
     }
 
     /// Attention of a few new queries over a KV cache ([`Lengths::KvCache`], flash-attn's
@@ -393,6 +431,7 @@ impl Context {
             out,
             lse,
             [lens_ptr, t_ptr, s_ptr],
+            None,
         )
     }
 

@@ -217,6 +217,8 @@ pub(crate) struct CombineParams {
     pub scale_log2: f32,
     pub scale: f32,
     pub groups: i32,
+    /// fp32 `[heads_q]` learnable sinks (secret), or 0.
+    pub sinks_ptr: u64,
 }
 
 /// Threads per CTA of the combine kernel (`COMBINE_THREADS` in kernels/fc_decode.cuh).

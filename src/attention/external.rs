@@ -127,6 +127,9 @@ pub struct ExternalCall {
     /// KV-cache mode: new rows to write into the cache first, by a launch of their own on the
     /// same stream ([`super::kv_append`]); the attention then reads the counts after the append.
     pub append: Option<super::kv_append::KvAppend>,
+    /// Learnable attention sinks (gpt-oss): fp32 `[heads_q]`, contiguous, one logit per query
+    /// head added to each row's softmax denominator (no value row); secret. 0 for none.
+    pub sinks: u64,
 }
 
 impl ExternalCall {
@@ -153,12 +156,18 @@ impl ExternalCall {
             pages: None,
             workspace: 0,
             append: None,
+            sinks: 0,
         }
     }
     /// Append new K/V rows at each sequence's count before the attention (flash-attn's
     /// `flash_attn_with_kvcache(k=, v=)`).
     pub fn append(mut self, append: super::kv_append::KvAppend) -> Self {
         self.append = Some(append);
+        self
+    }
+    /// Learnable sinks (fp32 `[heads_q]` on the device).
+    pub fn sinks(mut self, ptr: u64) -> Self {
+        self.sinks = ptr;
         self
     }
     /// Keep the KV-cache counts secret.
@@ -390,6 +399,9 @@ struct PlanKey {
     causal: bool,
     scale_bits: Option<u32>,
     lengths: Lengths,
+    /// Issue 24: the window and the softcap shape the plan's parameter block (and the build).
+    window: super::params::Window,
+    softcap_bits: u32,
 }
 
 /// Plans kept per context; past this many shapes the cache starts over (a decode loop makes a
@@ -459,6 +471,8 @@ impl ExternalContext {
             causal: p.causal,
             scale_bits: p.scale.map(f32::to_bits),
             lengths,
+            window: p.window,
+            softcap_bits: p.softcap.to_bits(),
         };
         let mut plans = self
             .plans
@@ -570,6 +584,7 @@ impl ExternalContext {
             call.workspace,
             call.block_table,
             call.kv_starts,
+            call.sinks,
         ];
         let _pair = if call.workspace != 0 {
             Some(

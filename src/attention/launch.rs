@@ -111,14 +111,42 @@ struct KernelParams {
     page_shift: i32,
     box_rows: i32,
     starts_ptr: u64,
+    sinks_ptr: u64,
+    window_left: i32,
+    window_right: i32,
+    softcap_in: f32,
+    softcap_out: f32,
 }
 
-// The device's `Params` ends at byte 544 (576 with its 64-byte alignment); cudarc's CUtensorMap is
+// The device's `Params` ends at byte 568 (576 with its 64-byte alignment); cudarc's CUtensorMap is
 // 128-aligned, so this mirror pads to 640. The launch copies the kernel's declared size: the
 // offsets are what must agree.
 const _: () = assert!(std::mem::offset_of!(KernelParams, table_ptr) == 512);
 const _: () = assert!(std::mem::offset_of!(KernelParams, box_rows) == 532);
 const _: () = assert!(std::mem::offset_of!(KernelParams, starts_ptr) == 536);
+const _: () = assert!(std::mem::offset_of!(KernelParams, sinks_ptr) == 544);
+const _: () = assert!(std::mem::offset_of!(KernelParams, softcap_out) == 564);
+
+/// The kernel's window and softcap fields for `p` over `seqlen_q` query and `seqlen_k` key rows
+/// (a varlen pack's totals): (window_left, window_right, softcap_in, softcap_out). An unbounded
+/// side becomes Sq + Sk (no row's distance to a key reaches it), capped so the kernel's i32
+/// differences cannot overflow.
+pub(crate) fn feature_fields(
+    p: &AttentionParams,
+    seqlen_q: usize,
+    seqlen_k: usize,
+) -> (i32, i32, f32, f32) {
+    let unbounded = (seqlen_q + seqlen_k).min(1 << 29);
+    let w = p.effective_window();
+    let side = |x: Option<usize>| x.map_or(unbounded, |v| v.min(unbounded)) as i32;
+    let scale = p.softmax_scale();
+    let (cap_in, cap_out) = if p.softcap > 0.0 {
+        (scale / p.softcap, p.softcap / scale)
+    } else {
+        (0.0, 0.0)
+    };
+    (side(w.left), side(w.right), cap_in, cap_out)
+}
 
 /// Byte offsets in the parameter block of the pointers to public metadata: the key counts of
 /// `FC_KV_PUBLIC` builds and the block table of `FC_PAGED` ones. The audit treats what is read
@@ -295,7 +323,7 @@ impl Lengths {
 }
 
 /// Buffers and element strides (q, k, v, o) a parameter block was built for.
-type LaunchKey = ([u64; 9], [Strides; 4]);
+type LaunchKey = ([u64; 10], [Strides; 4]);
 
 /// Everything one shape needs to launch, prepared once: the loaded kernel, grid, and the
 /// parameter block of the last buffers seen (rebuilt only when the pointers change), so
@@ -346,6 +374,24 @@ impl Plan {
                 );
                 tuning_overrides(v)
             }
+        };
+        // Issue 24's features are built and tested on the dense path (no lengths) so far.
+        if lengths != Lengths::None && !params.window.is_unbounded() {
+            return Err(Error::invalid(
+                "window",
+                "is not supported with secret lengths or over a KV cache yet (dense calls only)",
+            ));
+        }
+        // A softcap runs in its own builds (plain 128-row prefill tiles, any Sq).
+        let variant = if params.softcap > 0.0 {
+            variant.with_softcap().ok_or_else(|| {
+                Error::invalid(
+                    "softcap",
+                    "is not supported with secret lengths or over a KV cache yet",
+                )
+            })?
+        } else {
+            variant
         };
         // The leakage test's builds (power controls, hardware floor, cycle timer): the same
         // launch, a build that is never shipped.
@@ -426,7 +472,7 @@ impl Plan {
         maps: Option<[sys::CUtensorMap; 3]>,
     ) -> Result<KernelParams> {
         let p = &self.params;
-        let [q, k, v, o, lse, lens, ws, table, starts] = ptrs;
+        let [q, k, v, o, lse, lens, ws, table, starts, sinks] = ptrs;
         let [q_st, k_st, v_st, o_st] = strides;
         let (ws_o_ptr, ws_ml_ptr) = self.decode.map_or((0, 0), |d| d.workspace_parts(p, ws));
         let [q_map, k_map, v_map] = match maps {
@@ -437,6 +483,8 @@ impl Plan {
         let box_rows = self.kv_box_rows();
         let [sb, ss, sh] = o_st.as_array();
         let scale = p.softmax_scale();
+        let (window_left, window_right, softcap_in, softcap_out) =
+            feature_fields(p, p.seqlen_q, p.seqlen_k);
         Ok(KernelParams {
             q_map,
             k_map,
@@ -476,6 +524,11 @@ impl Plan {
             } else {
                 0
             },
+            sinks_ptr: sinks,
+            window_left,
+            window_right,
+            softcap_in,
+            softcap_out,
         })
     }
 
@@ -543,7 +596,40 @@ impl Plan {
                 "this plan is in secret-length mode: use launch_raw_with_lengths",
             ));
         }
-        self.launch(q, k, v, o, lse, 0, 0, 0)
+        self.launch(q, k, v, o, lse, [0; 4])
+    }
+
+    /// As [`Plan::launch_raw`] or (in a lengths mode) [`Plan::launch_raw_with_lengths`] /
+    /// [`Plan::launch_raw_kv_cache`], plus `sinks`: learnable attention sinks, fp32 `[heads_q]`
+    /// logits (gpt-oss), each adding `exp(sink)` to its head's softmax denominators; 0 for none.
+    /// `extra` = (lengths, block table, KV-cache starts), 0 where absent.
+    ///
+    /// # Safety
+    /// As for the launch this mode needs; `sinks`, unless 0, must hold `params().heads_q` f32s.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn launch_raw_with_sinks(
+        &self,
+        q: u64,
+        k: u64,
+        v: u64,
+        o: u64,
+        lse: u64,
+        [lens, table, starts]: [u64; 3],
+        sinks: u64,
+    ) -> Result<()> {
+        if self.secret_len() != (lens != 0) {
+            return Err(Error::invalid(
+                "lengths",
+                "a lengths buffer goes with a lengths plan (and only there)",
+            ));
+        }
+        if self.lengths.pages().is_some() != (table != 0) {
+            return Err(Error::invalid(
+                "block_table",
+                "a paged plan needs its block table, a contiguous one none",
+            ));
+        }
+        self.launch(q, k, v, o, lse, [lens, table, starts, sinks])
     }
 
     /// Secret-length mode: as [`Plan::launch_raw`], plus `lens`, a device buffer of `batch` i32
@@ -573,7 +659,7 @@ impl Plan {
                 "this plan reads a paged cache: use launch_raw_kv_cache",
             ));
         }
-        self.launch(q, k, v, o, lse, lens, 0, 0)
+        self.launch(q, k, v, o, lse, [lens, 0, 0, 0])
     }
 
     /// Any KV-cache plan: `lens` the key counts, `table` the block table of a paged plan (0 for
@@ -611,10 +697,9 @@ impl Plan {
                 "a paged plan needs its block table, a contiguous one none",
             ));
         }
-        self.launch(q, k, v, o, lse, lens, table, starts)
+        self.launch(q, k, v, o, lse, [lens, table, starts, 0])
     }
 
-    #[allow(clippy::too_many_arguments)]
     unsafe fn launch(
         &self,
         q: u64,
@@ -622,9 +707,7 @@ impl Plan {
         v: u64,
         o: u64,
         lse: u64,
-        lens: u64,
-        table: u64,
-        starts: u64,
+        [lens, table, starts, sinks]: [u64; 4],
     ) -> Result<()> {
         let p = &self.params;
         let q_st = Strides::contiguous(p.layout, p.seqlen_q, p.heads_q, p.head_dim);
@@ -638,15 +721,15 @@ impl Plan {
             .as_ref()
             .map_or(0, |w| w.device_ptr(&self.stream).0);
         self.launch_on(
-            [q, k, v, o, lse, lens, ws, table, starts],
+            [q, k, v, o, lse, lens, ws, table, starts, sinks],
             strides,
             self.stream.cu_stream(),
         )
     }
 
     /// Enqueues the kernel on `stream` for tensors with explicit element strides (q, k, v, o);
-    /// `ptrs` = (q, k, v, o, lse, lengths, workspace, block table, KV-cache starts), 0 for an
-    /// absent one.
+    /// `ptrs` = (q, k, v, o, lse, lengths, workspace, block table, KV-cache starts, sinks), 0 for
+    /// an absent one.
     ///
     /// # Safety
     /// As for [`Plan::launch_raw`], with each buffer covering what its strides reach, the
@@ -655,10 +738,16 @@ impl Plan {
     /// [`super::external::validate`].
     pub(crate) unsafe fn launch_on(
         &self,
-        ptrs: [u64; 9],
+        ptrs: [u64; 10],
         strides: [Strides; 4],
         stream: sys::CUstream,
     ) -> Result<()> {
+        if ptrs[9] != 0 && self.lengths != Lengths::None {
+            return Err(Error::invalid(
+                "sinks",
+                "are not supported with secret lengths or over a KV cache yet (dense calls only)",
+            ));
+        }
         if self.lengths.pages().is_some() && ptrs[7] == 0 {
             return Err(Error::invalid(
                 "block_table",
@@ -747,6 +836,7 @@ impl Plan {
             scale_log2: k.scale_log2,
             scale: k.scale,
             groups: decode::combine_groups(d.num_splits) as i32,
+            sinks_ptr: k.sinks_ptr,
         };
         let grid =
             decode::combine_ctas(DecodeSchedule::rows(p), p.head_dim, c.groups as usize) as u32;

@@ -14,4 +14,4 @@ pub mod validate;
 pub use context::{Context, Element, KvCache};
 pub use decode::Pages;
 pub use launch::Plan;
-pub use params::{AttentionParams, DType, Layout};
+pub use params::{AttentionParams, DType, Layout, Window};

@@ -92,6 +92,45 @@ impl Layout {
     }
 }
 
+/// A sliding window (flash-attn's `window_size`): query row `i`, bottom-right aligned to the keys
+/// (`i' = i + Sk − Sq`), sees key `j` iff `i' − left ≤ j ≤ i' + right`; `None` is unbounded
+/// (flash-attn's −1). Causal is `right = 0`: with `causal` set, `right` is taken as 0 whatever
+/// it says (flash-attn's rule). Public: it shapes the key range each query tile walks.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+pub struct Window {
+    pub left: Option<usize>,
+    pub right: Option<usize>,
+}
+
+impl Window {
+    /// No window: every key (causal: every key up to the diagonal).
+    pub const UNBOUNDED: Window = Window {
+        left: None,
+        right: None,
+    };
+
+    /// From flash-attn's `(left, right)`, where −1 (any negative) is unbounded.
+    pub fn from_flash_attn(left: i64, right: i64) -> Window {
+        let side = |x: i64| if x < 0 { None } else { Some(x as usize) };
+        Window {
+            left: side(left),
+            right: side(right),
+        }
+    }
+
+    /// Back to flash-attn's `(left, right)` with −1 for unbounded.
+    pub fn to_flash_attn(self) -> (i64, i64) {
+        let side = |x: Option<usize>| x.map_or(-1, |v| v.min(i64::MAX as usize) as i64);
+        (side(self.left), side(self.right))
+    }
+
+    pub fn is_unbounded(self) -> bool {
+        self.left.is_none() && self.right.is_none()
+    }
+}
+
 /// Parameters of one forward call. `scale: None` means 1/sqrt(head_dim).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct AttentionParams {
@@ -105,6 +144,13 @@ pub struct AttentionParams {
     pub layout: Layout,
     pub causal: bool,
     pub scale: Option<f32>,
+    /// Sliding window ([`Window`]); unbounded by default.
+    #[serde(default)]
+    pub window: Window,
+    /// Logit softcap: scores become `softcap · tanh(scale · q·k / softcap)` before the softmax
+    /// (Gemma 2); 0 is off. Public.
+    #[serde(default)]
+    pub softcap: f32,
 }
 
 impl AttentionParams {
@@ -121,6 +167,8 @@ impl AttentionParams {
             layout: Layout::Bshd,
             causal: false,
             scale: None,
+            window: Window::UNBOUNDED,
+            softcap: 0.0,
         }
     }
     pub fn seqlen_k(mut self, s: usize) -> Self {
@@ -142,6 +190,35 @@ impl AttentionParams {
     pub fn scale(mut self, s: f32) -> Self {
         self.scale = Some(s);
         self
+    }
+    pub fn window(mut self, w: Window) -> Self {
+        self.window = w;
+        self
+    }
+    pub fn softcap(mut self, cap: f32) -> Self {
+        self.softcap = cap;
+        self
+    }
+
+    /// The window the kernels apply: `right` is 0 when causal.
+    pub fn effective_window(&self) -> Window {
+        Window {
+            left: self.window.left,
+            right: if self.causal {
+                Some(0)
+            } else {
+                self.window.right
+            },
+        }
+    }
+
+    /// Whether query row `i` sees key `j` (window and causal mask, bottom-right aligned).
+    pub fn sees(&self, i: usize, j: usize) -> bool {
+        let w = self.effective_window();
+        // Row i's aligned position i + Sk − Sq, in i128 so nothing overflows.
+        let pos = i as i128 + self.seqlen_k as i128 - self.seqlen_q as i128;
+        let j = j as i128;
+        w.left.is_none_or(|l| j >= pos - l as i128) && w.right.is_none_or(|r| j <= pos + r as i128)
     }
 
     pub fn softmax_scale(&self) -> f32 {

@@ -59,6 +59,12 @@ pub fn check_params(p: &AttentionParams) -> Result<()> {
             ));
         }
     }
+    if !p.softcap.is_finite() || p.softcap < 0.0 {
+        return Err(Error::invalid(
+            "softcap",
+            format!("must be 0 (off) or positive and finite, got {}", p.softcap),
+        ));
+    }
     // Total elements must fit the kernels' 64-bit offsets and TMA's 2^40-byte stride limit.
     // Computed in u128: the product of four dimensions below 2^31 can overflow usize.
     let bytes = |s: usize, h: usize| {
@@ -289,6 +295,42 @@ pub(crate) fn arg_of(r: Result<()>) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn softcap_must_be_zero_or_positive_and_finite() {
+        let p = AttentionParams::new(1, 2, 8, 64);
+        assert!(check_params(&p.clone().softcap(0.0)).is_ok());
+        assert!(check_params(&p.clone().softcap(50.0)).is_ok());
+        for bad in [-1.0f32, f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let (arg, rule) = rule_of(check_params(&p.clone().softcap(bad)).unwrap_err());
+            assert_eq!(arg, "softcap");
+            assert!(rule.contains("positive and finite"), "{rule}");
+        }
+    }
+
+    #[test]
+    fn the_backward_refuses_windows_and_softcap() {
+        use crate::attention::backward::check_backward_params;
+        use crate::attention::Window;
+        let p = AttentionParams::new(1, 2, 8, 64);
+        assert!(check_backward_params(&p).is_ok());
+        // Causal is the window (None, 0): still plain causal.
+        let causal = p
+            .clone()
+            .causal(true)
+            .window(Window::from_flash_attn(-1, 0));
+        assert!(check_backward_params(&causal).is_ok());
+        assert_eq!(
+            arg_of(check_backward_params(
+                &p.clone().window(Window::from_flash_attn(4, 0))
+            )),
+            "window"
+        );
+        assert_eq!(
+            arg_of(check_backward_params(&p.clone().softcap(5.0))),
+            "softcap"
+        );
+    }
     use crate::attention::params::AttentionParams;
 
     #[test]

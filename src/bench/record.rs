@@ -2,7 +2,7 @@
 //! schema is documented in docs/bench-json.md. `bench/sdpa.py` writes the same schema.
 
 use super::stats::Stats;
-use crate::attention::{AttentionParams, DType, Layout};
+use crate::attention::{AttentionParams, DType, Layout, Window};
 use crate::error::{Error, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -98,6 +98,9 @@ pub struct Shape {
     pub causal: bool,
     #[serde(default)]
     pub layout: Layout,
+    /// A sliding window, flash-attn's `(left, right)` with −1 unbounded; absent without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<(i64, i64)>,
 }
 
 impl Shape {
@@ -111,6 +114,7 @@ impl Shape {
             head_dim: p.head_dim,
             causal: p.causal,
             layout: p.layout,
+            window: (!p.window.is_unbounded()).then(|| p.window.to_flash_attn()),
         }
     }
 
@@ -126,6 +130,10 @@ impl Shape {
             layout: self.layout,
             causal: self.causal,
             scale: None,
+            window: self
+                .window
+                .map_or_else(Default::default, |(l, r)| Window::from_flash_attn(l, r)),
+            softcap: 0.0,
         }
     }
 }

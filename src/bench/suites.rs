@@ -175,11 +175,17 @@ pub fn label(p: &AttentionParams) -> String {
         format!("{}/{}", p.seqlen_q, p.seqlen_k)
     };
     format!(
-        "b{} h{} s{} d{}{}",
+        "b{} h{} s{} d{}{}{}",
         p.batch,
         heads,
         seq,
         p.head_dim,
-        if p.causal { " causal" } else { "" }
+        if p.causal { " causal" } else { "" },
+        if p.window.is_unbounded() {
+            String::new()
+        } else {
+            let (l, r) = p.window.to_flash_attn();
+            format!(" window {l},{r}")
+        }
     )
 }

@@ -4,7 +4,7 @@
 //! Exit codes: 0 ok; 1 runtime errors (unreadable or malformed file, unsupported shape, no GPU);
 //! 2 usage errors (reported by clap before anything runs).
 
-use crate::attention::{validate, AttentionParams, Context, Element, Layout};
+use crate::attention::{validate, AttentionParams, Context, Element, Layout, Window};
 use crate::error::{Error, Result};
 use crate::reference;
 use crate::tensor_io::{self, AttnInput, TensorData};
@@ -34,6 +34,13 @@ pub struct AttnArgs {
     /// Softmax scale (positive, finite); default 1/sqrt(head_dim).
     #[arg(long, value_name = "X", value_parser = parse_scale, allow_negative_numbers = true)]
     pub scale: Option<f32>,
+    /// Sliding window `LEFT,RIGHT` (flash-attn's window_size; −1 = unbounded): query i, aligned
+    /// bottom-right to the keys, sees key j iff i − LEFT ≤ j ≤ i + RIGHT (causal forces RIGHT = 0).
+    #[arg(long, value_name = "LEFT,RIGHT", value_parser = parse_window, allow_hyphen_values = true)]
+    pub window: Option<Window>,
+    /// Logit softcap: scores become X · tanh(scale · q·k / X) before the softmax (Gemma 2); 0 = off.
+    #[arg(long, value_name = "X", value_parser = parse_softcap, allow_negative_numbers = true)]
+    pub softcap: Option<f32>,
     /// Also write `lse` (F32 [B, Hq, Sq], natural log; −inf for fully masked rows).
     #[arg(long)]
     pub lse: bool,
@@ -60,6 +67,36 @@ fn parse_scale(s: &str) -> std::result::Result<f32, String> {
     }
 }
 
+pub(super) fn parse_window(s: &str) -> std::result::Result<Window, String> {
+    let parts: Vec<&str> = s.split(',').map(str::trim).collect();
+    let [l, r] = parts[..] else {
+        return Err(format!(
+            "`{s}` is not LEFT,RIGHT (two integers, -1 = unbounded)"
+        ));
+    };
+    let side = |x: &str| -> std::result::Result<i64, String> {
+        let v: i64 = x
+            .parse()
+            .map_err(|e| format!("`{x}` in `{s}` is not an integer ({e})"))?;
+        if v < -1 {
+            return Err(format!("window sides are -1 (unbounded) or >= 0, got {v}"));
+        }
+        Ok(v)
+    };
+    Ok(Window::from_flash_attn(side(l)?, side(r)?))
+}
+
+fn parse_softcap(s: &str) -> std::result::Result<f32, String> {
+    let x: f32 = s
+        .parse()
+        .map_err(|e| format!("`{s}` is not a number ({e})"))?;
+    if x.is_finite() && x >= 0.0 {
+        Ok(x)
+    } else {
+        Err(format!("must be 0 (off) or positive and finite, got {s}"))
+    }
+}
+
 pub fn run(args: AttnArgs) -> i32 {
     match attn(&args) {
         Ok(()) => 0,
@@ -69,13 +106,34 @@ pub fn run(args: AttnArgs) -> i32 {
 
 fn attn(args: &AttnArgs) -> Result<()> {
     crate::output::check_not_an_input(&args.output, &[&args.input])?;
+    let sinks = tensor_io::read_sinks(&args.input)?;
+    let features =
+        args.window.is_some() || args.softcap.is_some_and(|c| c != 0.0) || sinks.is_some();
     if args.grad {
+        if features {
+            return Err(Error::invalid(
+                "grad",
+                "the backward does not support --window, --softcap or sinks yet",
+            ));
+        }
         return super::attn_grad::attn_grad(args);
     }
     if crate::tensor_io_kv::has_kv_cache(&args.input)? {
+        if features {
+            return Err(Error::invalid(
+                "input",
+                "--window, --softcap and sinks are not supported over a KV cache (k_cache) yet",
+            ));
+        }
         return super::attn_kv::attn_kv(args);
     }
     if super::attn_varlen::has_varlen(&args.input)? {
+        if features {
+            return Err(Error::invalid(
+                "input",
+                "--window, --softcap and sinks are not supported with cu_seqlens (varlen) yet",
+            ));
+        }
         return super::attn_varlen::attn_varlen(args);
     }
     let input = tensor_io::read_attn_input(&args.input, args.layout)?;
@@ -94,13 +152,36 @@ fn attn(args: &AttnArgs) -> Result<()> {
     let p = AttentionParams {
         causal: args.causal,
         scale: args.scale,
+        window: args.window.unwrap_or_default(),
+        softcap: args.softcap.unwrap_or(0.0),
         ..input.params.clone()
     };
     validate::check_params(&p).map_err(|e| with_inferred_shapes(e, &args.input, &p))?;
+    if let Some(s) = &sinks {
+        if s.len() != p.heads_q {
+            return Err(Error::invalid(
+                "sinks",
+                format!(
+                    "`sinks` in {} has {} values, one per query head needs {}",
+                    args.input.display(),
+                    s.len(),
+                    p.heads_q
+                ),
+            ));
+        }
+    }
     let start = Instant::now();
     let (out, lse, engine) = if args.cpu {
-        let r =
-            reference::attention_f64(&p, &input.q.to_f64(), &input.k.to_f64(), &input.v.to_f64());
+        let s64: Option<Vec<f64>> = sinks
+            .as_ref()
+            .map(|s| s.iter().map(|&x| x as f64).collect());
+        let r = reference::attention_f64_sinks(
+            &p,
+            &input.q.to_f64(),
+            &input.k.to_f64(),
+            &input.v.to_f64(),
+            s64.as_deref(),
+        );
         let f32s = |x: Vec<f64>| x.into_iter().map(|v| v as f32).collect::<Vec<f32>>();
         (
             TensorData::F32(f32s(r.out)),
@@ -108,7 +189,7 @@ fn attn(args: &AttnArgs) -> Result<()> {
             "cpu f64 reference".to_string(),
         )
     } else {
-        gpu(args.device.unwrap_or(0), &p, &input)?
+        gpu(args.device.unwrap_or(0), &p, &input, sinks.as_deref())?
     };
     let elapsed = start.elapsed();
     let (out_dtype, shape) = (
@@ -131,16 +212,17 @@ fn gpu(
     ordinal: usize,
     p: &AttentionParams,
     input: &AttnInput,
+    sinks: Option<&[f32]>,
 ) -> Result<(TensorData, Vec<f32>, String)> {
     let ctx = Context::new(ordinal)?;
     let name = format!("GPU {ordinal} ({})", ctx.device_name());
     Ok(match (&input.q, &input.k, &input.v) {
         (TensorData::F16(q), TensorData::F16(k), TensorData::F16(v)) => {
-            let (o, l) = launch(&ctx, p, q, k, v)?;
+            let (o, l) = launch(&ctx, p, q, k, v, sinks)?;
             (TensorData::F16(o), l, name)
         }
         (TensorData::Bf16(q), TensorData::Bf16(k), TensorData::Bf16(v)) => {
-            let (o, l) = launch(&ctx, p, q, k, v)?;
+            let (o, l) = launch(&ctx, p, q, k, v, sinks)?;
             (TensorData::Bf16(o), l, name)
         }
         // read_attn_input guarantees one 16-bit dtype for all three.
@@ -158,11 +240,18 @@ fn launch<T: Element>(
     q: &[T],
     k: &[T],
     v: &[T],
+    sinks: Option<&[f32]>,
 ) -> Result<(Vec<T>, Vec<f32>)> {
     let (dq, dk, dv) = (ctx.upload(q)?, ctx.upload(k)?, ctx.upload(v)?);
     let mut out = ctx.alloc::<T>(p.q_len())?;
     let mut lse = ctx.alloc::<f32>(p.lse_len())?;
-    ctx.attention(p, &dq, &dk, &dv, &mut out, Some(&mut lse))?;
+    match sinks {
+        Some(s) => {
+            let ds = ctx.upload(s)?;
+            ctx.attention_with_sinks(p, &dq, &dk, &dv, &mut out, Some(&mut lse), &ds)?
+        }
+        None => ctx.attention(p, &dq, &dk, &dv, &mut out, Some(&mut lse))?,
+    }
     Ok((ctx.download(&out)?, ctx.download(&lse)?))
 }
 
@@ -195,11 +284,22 @@ fn dims(p: &AttentionParams) -> String {
 /// share.
 pub(super) fn run_summary(p: &AttentionParams, engine: &str, elapsed: Duration) -> String {
     format!(
-        "{} {} {}{} scale={} on {engine} in {:.3} ms (wall, incl. setup)",
+        "{} {} {}{}{}{} scale={} on {engine} in {:.3} ms (wall, incl. setup)",
         dims(p),
         p.dtype.name(),
         p.layout.name(),
         if p.causal { " causal" } else { "" },
+        if p.window.is_unbounded() {
+            String::new()
+        } else {
+            let (l, r) = p.window.to_flash_attn();
+            format!(" window={l},{r}")
+        },
+        if p.softcap > 0.0 {
+            format!(" softcap={}", p.softcap)
+        } else {
+            String::new()
+        },
         p.softmax_scale(),
         elapsed.as_secs_f64() * 1e3,
     )

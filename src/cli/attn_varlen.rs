@@ -107,6 +107,9 @@ pub fn attn_varlen(args: &AttnArgs) -> Result<()> {
         layout: Layout::Bshd,
         causal: args.causal,
         scale: args.scale,
+        // Refused with cu_seqlens before this point (cli/attn.rs).
+        window: Default::default(),
+        softcap: 0.0,
     };
     if k.shape[2] != p.head_dim {
         return Err(bad(

@@ -62,6 +62,10 @@ pub struct BenchArgs {
     /// Ad-hoc shape: causal mask.
     #[arg(long)]
     pub causal: bool,
+    /// Ad-hoc shape: sliding window `LEFT,RIGHT` (flash-attn's window_size, −1 unbounded).
+    /// FLOPs and TFLOPS are still counted for the whole (or causal) score matrix: compare times.
+    #[arg(long, value_name = "LEFT,RIGHT", value_parser = super::attn::parse_window, allow_hyphen_values = true)]
+    pub window: Option<crate::attention::Window>,
     /// Layout of q, k, v, o.
     #[arg(long, default_value = "bshd", value_name = "bshd|bhsd")]
     pub layout: Layout,
@@ -127,7 +131,8 @@ pub fn shapes(args: &BenchArgs) -> Result<Vec<AttentionParams>, String> {
         || args.seqlen.is_some()
         || args.seqlen_k.is_some()
         || args.headdim.is_some()
-        || args.causal;
+        || args.causal
+        || args.window.is_some();
     match (args.suite, adhoc) {
         (Some(_), true) => Err(
             "give either --suite or an ad-hoc shape (--heads, --seqlen, --headdim, …), not both"
@@ -149,7 +154,8 @@ pub fn shapes(args: &BenchArgs) -> Result<Vec<AttentionParams>, String> {
                 .seqlen_k(args.seqlen_k.unwrap_or(s))
                 .dtype(args.dtype.unwrap_or(DType::F16))
                 .layout(args.layout)
-                .causal(args.causal);
+                .causal(args.causal)
+                .window(args.window.unwrap_or_default());
             p.heads_kv = args.heads_kv.unwrap_or(h);
             Ok(vec![p])
         }

@@ -140,6 +140,9 @@ pub struct Variant {
     /// Variable-length prefill (`FC_VARLEN`, issue 22): packed `[total, heads, dim]` sequences
     /// walked through a public work list ([`Variant::varlen`]).
     pub varlen: bool,
+    /// Softcap builds (`FC_SOFTCAP`, issue 24): scores go through `cap · tanh(s / cap)` before
+    /// the softmax. Plain prefill tiles of 128 rows only ([`Variant::with_softcap`]).
+    pub softcap: bool,
 }
 
 /// The deliberately leaky kernels that prove `flashcore leakage` can fail (and that the audit
@@ -219,7 +222,7 @@ impl Variant {
             self.block_m,
             if self.secret_len { "_slen" } else { "" },
             if self.varlen { "_varlen" } else { "" },
-        )
+        ) + if self.softcap { "_softcap" } else { "" }
     }
 
     /// A plain variant (no secret length, no split, not a control) with the given tile height.
@@ -239,6 +242,7 @@ impl Variant {
             kv_public: false,
             paged: false,
             varlen: false,
+            softcap: false,
         }
     }
 
@@ -323,6 +327,7 @@ impl Variant {
             kv_public: false,
             paged: false,
             varlen: false,
+            softcap: false,
         }
     }
 
@@ -336,6 +341,20 @@ impl Variant {
     /// the tile height (each consumer warpgroup computes its 64 rows with the same instructions
     /// whatever the tile; `tests/gpu_tile_invariance.rs` checks the bits), so batch invariance
     /// holds across the rule's boundary.
+    /// The softcap build for a call with a softcap: the plain 128-row tile of this dtype, head
+    /// dim and mask (the only softcap builds shipped: a softcap in every build would need a
+    /// second main loop in each, and the 192-row tiles spill with it). `None` for modes that
+    /// have none (secret lengths, decode over a KV cache, varlen).
+    pub fn with_softcap(self) -> Option<Variant> {
+        if self.secret_len || self.kv_public || self.paged || self.varlen {
+            return None;
+        }
+        Some(Variant {
+            softcap: true,
+            ..Variant::basic(self.dtype, self.head_dim, self.causal, 128)
+        })
+    }
+
     pub fn with_light_tiles(
         self,
         batch: usize,
@@ -412,6 +431,10 @@ impl Variant {
         // Varlen builds only.
         if self.varlen {
             o.push("-DFC_VARLEN=1".into());
+        }
+        // Softcap builds only.
+        if self.softcap {
+            o.push("-DFC_SOFTCAP=1".into());
         }
         // Measurement builds only: shipped variants pass neither define (both default to 0).
         if self.floor_control {
@@ -506,6 +529,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                             kv_public: false,
                             paged: false,
                             varlen: false,
+                            softcap: false,
                         });
                     }
                 }
@@ -522,6 +546,11 @@ pub fn shipped_variants() -> Vec<Variant> {
                         v.push(Variant::kv_cache(dtype, head_dim, causal, secret, paged));
                     }
                 }
+                // Softcap (issue 24): plain 128-row prefill tiles only (Variant::with_softcap).
+                v.push(Variant {
+                    softcap: true,
+                    ..Variant::basic(dtype, head_dim, causal, 128)
+                });
                 if head_dim == 64 {
                     v.push(Variant {
                         dtype,
@@ -538,6 +567,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                         kv_public: false,
                         paged: false,
                         varlen: false,
+                        softcap: false,
                     });
                 }
             }

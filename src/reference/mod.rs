@@ -48,7 +48,24 @@ pub fn visible_keys(causal: bool, i: usize, seqlen_q: usize, seqlen_k: usize) ->
 /// `heads_q` (a test bug, not an input error: callers with user input run
 /// [`check_params`](crate::attention::validate::check_params) first).
 pub fn attention_f64(p: &AttentionParams, q: &[f64], k: &[f64], v: &[f64]) -> RefOutput {
+    attention_f64_sinks(p, q, k, v, None)
+}
+
+/// [`attention_f64`] with issue 24's features: `p.window` (query `i` sees key `j` iff
+/// [`AttentionParams::sees`]), `p.softcap` (scores `cap · tanh(scale · q·k / cap)`), and
+/// learnable `sinks` (one logit per query head: `exp(sink)` joins each row's denominator with no
+/// value row, so a row that sees no key gets O = 0 and LSE = sink).
+pub fn attention_f64_sinks(
+    p: &AttentionParams,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    sinks: Option<&[f64]>,
+) -> RefOutput {
     check_inputs(p, q, k, v);
+    if let Some(s) = sinks {
+        assert_eq!(s.len(), p.heads_q, "reference: one sink per query head");
+    }
     let (sq, sk, hq, d) = (p.seqlen_q, p.seqlen_k, p.heads_q, p.head_dim);
     let group = p.heads_q / p.heads_kv;
     let qs = p.layout.strides(sq, hq, d);
@@ -64,21 +81,28 @@ pub fn attention_f64(p: &AttentionParams, q: &[f64], k: &[f64], v: &[f64]) -> Re
             let key = |j: usize| b * ks[0] + j * ks[1] + hk * ks[2];
             let mut o = vec![0.0f64; sq * d];
             let mut lse = vec![f64::NEG_INFINITY; sq];
-            let mut s = vec![0.0f64; sk];
+            let sink = sinks.map(|s| s[h]);
+            let cap = p.softcap as f64;
+            let mut s: Vec<(usize, f64)> = Vec::with_capacity(sk);
             for i in 0..sq {
-                let n = visible_keys(p.causal, i, sq, sk);
-                if n == 0 {
-                    continue; // fully masked: O row stays 0, LSE stays −inf
-                }
+                s.clear();
                 let qrow = &q[b * qs[0] + i * qs[1] + h * qs[2]..][..d];
-                for (j, sj) in s[..n].iter_mut().enumerate() {
+                for j in (0..sk).filter(|&j| p.sees(i, j)) {
                     let krow = &k[key(j)..][..d];
-                    *sj = scale * qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f64>();
+                    let x = scale * qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f64>();
+                    s.push((j, if cap > 0.0 { cap * (x / cap).tanh() } else { x }));
                 }
-                let m = s[..n].iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let m = s
+                    .iter()
+                    .map(|&(_, x)| x)
+                    .chain(sink)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                if m == f64::NEG_INFINITY {
+                    continue; // fully masked, no sink: O row stays 0, LSE stays −inf
+                }
                 let orow = &mut o[i * d..][..d];
-                let mut l = 0.0f64;
-                for (j, &sj) in s[..n].iter().enumerate() {
+                let mut l = sink.map_or(0.0, |z| (z - m).exp());
+                for &(j, sj) in &s {
                     let w = (sj - m).exp();
                     l += w;
                     for (oc, vc) in orow.iter_mut().zip(&v[key(j)..][..d]) {

@@ -204,6 +204,18 @@ pub fn check_varlen_shapes(
     lse_len: Option<usize>,
 ) -> Result<(usize, usize)> {
     validate::check_params(params)?;
+    // Issue 24's features on the dense path first: varlen builds have no softcap, and windows
+    // are not tested there yet.
+    if params.softcap != 0.0 || !params.window.is_unbounded() {
+        return Err(Error::invalid(
+            if params.softcap != 0.0 {
+                "softcap"
+            } else {
+                "window"
+            },
+            "is not supported by the varlen path yet (dense calls only)",
+        ));
+    }
     if params.layout != Layout::Bshd {
         return Err(Error::invalid(
             "layout",
@@ -446,6 +458,10 @@ unsafe fn launch_chunk(
     }
     let [sb, ss, sh] = o_st.as_array();
     let scale = p.softmax_scale();
+    // Windows and softcap apply per sequence (each tile's mask is aligned to its own counts);
+    // the unbounded sides use the pack's totals.
+    let (window_left, window_right, softcap_in, softcap_out) =
+        super::feature_fields(p, total_q, total_k);
     let mut block = Box::new(KernelParams {
         q_map,
         k_map,
@@ -479,6 +495,11 @@ unsafe fn launch_chunk(
         page_shift: 0,
         box_rows: keys as i32,
         starts_ptr: 0,
+        sinks_ptr: 0,
+        window_left,
+        window_right,
+        softcap_in,
+        softcap_out,
     });
     let grid = (units.min(target.num_sms.max(1) as u128) as u32, 1, 1);
     let mut args: [*mut std::ffi::c_void; 1] =
