@@ -137,6 +137,8 @@ fn cpu_matches_the_per_sequence_reference() {
             layout: Layout::Bshd,
             causal,
             scale: None,
+            window: Default::default(),
+            softcap: 0.0,
         };
         let f = |x: &[bf16]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
         let want =
