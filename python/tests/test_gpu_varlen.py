@@ -4,26 +4,15 @@ between replays: the work list is built on the device), opcheck, two streams at 
 Skips visibly without a usable GPU; FLASHCORE_REQUIRE_GPU=1 turns the skips into failures."""
 
 import math
-import os
 
 import pytest
 import torch
 
 import flashcore
+import gpu_gate
 
 
-def _gpu_reason():
-    if not torch.cuda.is_available():
-        return "no CUDA device"
-    if torch.cuda.get_device_capability(0) != (9, 0):
-        return "device 0 is %s, not sm_90" % torch.cuda.get_device_name(0)
-    return None
-
-
-_REASON = _gpu_reason()
-if _REASON and os.environ.get("FLASHCORE_REQUIRE_GPU") == "1":
-    raise RuntimeError("FLASHCORE_REQUIRE_GPU=1 but no usable GPU: " + _REASON)
-pytestmark = pytest.mark.skipif(_REASON is not None, reason="SKIPPED: no usable GPU (%s)" % _REASON)
+pytestmark = gpu_gate.skip_without_gpu
 
 TOL = {torch.float16: 2e-3, torch.bfloat16: 1e-2}
 

@@ -583,6 +583,17 @@ impl Plan {
             .map_or(keys, |pg| keys.min(pg.page_size as u32))
     }
 
+    /// A paged plan's launch needs its block table; a contiguous plan's none.
+    fn check_table(&self, table: u64) -> Result<()> {
+        if self.lengths.pages().is_some() != (table != 0) {
+            return Err(Error::invalid(
+                "block_table",
+                "a paged plan needs its block table, a contiguous one none",
+            ));
+        }
+        Ok(())
+    }
+
     /// Enqueues the kernel on the context's stream.
     ///
     /// # Safety
@@ -623,12 +634,7 @@ impl Plan {
                 "a lengths buffer goes with a lengths plan (and only there)",
             ));
         }
-        if self.lengths.pages().is_some() != (table != 0) {
-            return Err(Error::invalid(
-                "block_table",
-                "a paged plan needs its block table, a contiguous one none",
-            ));
-        }
+        self.check_table(table)?;
         self.launch(q, k, v, o, lse, [lens, table, starts, sinks])
     }
 
@@ -691,12 +697,7 @@ impl Plan {
                 "needs a KV-cache plan (Context::plan_kv_cache) and a key-count buffer",
             ));
         }
-        if self.lengths.pages().is_some() != (table != 0) {
-            return Err(Error::invalid(
-                "block_table",
-                "a paged plan needs its block table, a contiguous one none",
-            ));
-        }
+        self.check_table(table)?;
         self.launch(q, k, v, o, lse, [lens, table, starts, 0])
     }
 

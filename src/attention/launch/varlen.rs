@@ -515,6 +515,41 @@ unsafe fn launch_chunk(
     Ok(())
 }
 
+/// The packed tensors' device addresses (q, k, v, out, and lse or 0), each checked for
+/// alignment (16 bytes for TMA's inputs, 4 for the outputs), with the guards that order their
+/// use on `stream` until dropped.
+fn packed_ptrs<'a, T: Element>(
+    stream: &'a std::sync::Arc<cudarc::driver::CudaStream>,
+    q: &'a CudaSlice<T>,
+    k: &'a CudaSlice<T>,
+    v: &'a CudaSlice<T>,
+    out: &'a mut CudaSlice<T>,
+    lse: Option<&'a mut CudaSlice<f32>>,
+) -> Result<([u64; 5], Vec<cudarc::driver::SyncOnDrop<'a>>)> {
+    let align = validate::TENSOR_ALIGN;
+    let mut guards = Vec::with_capacity(5);
+    let mut ptrs = [0u64; 5];
+    for (i, (name, t)) in [("q", q), ("k", k), ("v", v)].into_iter().enumerate() {
+        let (ptr, g) = t.device_ptr(stream);
+        validate::check_buffer(name, t.len(), t.len(), ptr, align)?;
+        ptrs[i] = ptr;
+        guards.push(g);
+    }
+    let out_len = out.len();
+    let (o_ptr, g) = out.device_ptr_mut(stream);
+    validate::check_buffer("out", out_len, out_len, o_ptr, 4)?;
+    ptrs[3] = o_ptr;
+    guards.push(g);
+    if let Some(l) = lse {
+        let len = l.len();
+        let (p, g) = l.device_ptr_mut(stream);
+        validate::check_buffer("lse", len, len, p, 4)?;
+        ptrs[4] = p;
+        guards.push(g);
+    }
+    Ok((ptrs, guards))
+}
+
 /// The device pointer of an optional slice (0 for none).
 fn opt_ptr<T>(
     stream: &std::sync::Arc<cudarc::driver::CudaStream>,
@@ -630,25 +665,7 @@ impl Context {
             return Ok(());
         }
         let ws = self.alloc::<u8>(ws_bytes)?;
-        let align = validate::TENSOR_ALIGN;
-        let (q_ptr, _g1) = q.device_ptr(&stream);
-        let (k_ptr, _g2) = k.device_ptr(&stream);
-        let (v_ptr, _g3) = v.device_ptr(&stream);
-        validate::check_buffer("q", q.len(), q.len(), q_ptr, align)?;
-        validate::check_buffer("k", k.len(), k.len(), k_ptr, align)?;
-        validate::check_buffer("v", v.len(), v.len(), v_ptr, align)?;
-        let out_len = out.len();
-        let (o_ptr, _g5) = out.device_ptr_mut(&stream);
-        validate::check_buffer("out", out_len, out_len, o_ptr, 4)?;
-        let lse_ptr = match lse {
-            Some(l) => {
-                let len = l.len();
-                let (p, _g) = l.device_ptr_mut(&stream);
-                validate::check_buffer("lse", len, len, p, 4)?;
-                p
-            }
-            None => 0,
-        };
+        let (ptrs, _guards) = packed_ptrs(&stream, q, k, v, out, lse)?;
         let meta = [
             cu_seqlens_q.device_ptr(&stream).0,
             cu_seqlens_k.device_ptr(&stream).0,
@@ -661,11 +678,7 @@ impl Context {
             num_sms: self.num_sms(),
             kernel: &kernel,
         };
-        let bufs = Buffers::contiguous(
-            params,
-            [q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr],
-            [total_q, total_k],
-        );
+        let bufs = Buffers::contiguous(params, ptrs, [total_q, total_k]);
         // SAFETY: the buffers' lengths were checked against the pack's totals, the metadata's
         // against the batch, their alignment just now; the workspace is this call's own (freed
         // in stream order).
@@ -701,7 +714,6 @@ impl Context {
             return Ok(()); // no query anywhere: nothing to write
         }
         let stream = self.stream().clone();
-        let align = validate::TENSOR_ALIGN;
         let kernel = self.kernel(variant_for(params))?;
         let tile = kernel.variant.tile();
         let items = work_list(
@@ -711,34 +723,13 @@ impl Context {
             tile.block_n,
             params.causal,
         );
-        let (q_ptr, _g1) = q.device_ptr(&stream);
-        let (k_ptr, _g2) = k.device_ptr(&stream);
-        let (v_ptr, _g3) = v.device_ptr(&stream);
-        validate::check_buffer("q", q.len(), q.len(), q_ptr, align)?;
-        validate::check_buffer("k", k.len(), k.len(), k_ptr, align)?;
-        validate::check_buffer("v", v.len(), v.len(), v_ptr, align)?;
-        let out_len = out.len();
-        let (o_ptr, _g5) = out.device_ptr_mut(&stream);
-        validate::check_buffer("out", out_len, out_len, o_ptr, 4)?;
-        let lse_ptr = match lse {
-            Some(l) => {
-                let len = l.len();
-                let (p, _g) = l.device_ptr_mut(&stream);
-                validate::check_buffer("lse", len, len, p, 4)?;
-                p
-            }
-            None => 0,
-        };
+        let (ptrs, _guards) = packed_ptrs(&stream, q, k, v, out, lse)?;
         let target = Target {
             stream: stream.cu_stream(),
             num_sms: self.num_sms(),
             kernel: &kernel,
         };
-        let bufs = Buffers::contiguous(
-            params,
-            [q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr],
-            [total_q, total_k],
-        );
+        let bufs = Buffers::contiguous(params, ptrs, [total_q, total_k]);
         // SAFETY: the buffers' lengths were checked against the pack's totals above, their
         // alignment just now.
         unsafe { launch_host_list(&target, params, bufs, &items) }
