@@ -152,6 +152,50 @@ fn page_index_from_k_is_flagged_with_the_block_table_public() {
     assert!(!b.public_loads.contains(&v[0].2) && !b.public_loads.contains(&src.offset));
 }
 
+/// (j, k) The KV-cache append's shape (kernels/fc_kv_append.cuh): rows addressed by the counts,
+/// K's values moved. Clean with the counts public; rule 2 at the store, its chain from the counts'
+/// load, without. A row taken from K's own data is flagged at the store even with the counts
+/// public, its chain starting at K's load.
+#[test]
+fn kv_append_rows_are_clean_only_when_addressed_by_public_counts() {
+    let k = "pb_append_rows";
+    let public = audit(k, &["cache_seqlens"]);
+    clean(&public);
+    let counts_load = only_buffer(&public).public_loads.clone();
+    assert_eq!(counts_load.len(), 1, "{counts_load:?}");
+    let secret = audit(k, &[]);
+    let v = verdicts(&secret);
+    let store = secret
+        .findings
+        .iter()
+        .zip(&v)
+        .find(|(_, (rule, op, _))| *rule == Rule::MemoryAddress && op == "STG")
+        .unwrap_or_else(|| panic!("the store's address is secret without the declaration: {v:?}"));
+    assert_eq!(chain_start(store.0), counts_load[0]);
+
+    let k = "pb_append_row_from_k";
+    let a = audit(k, &["cache_seqlens"]);
+    let b = only_buffer(&a);
+    assert_eq!(
+        b.public_loads.len(),
+        1,
+        "the counts are really read: {b:#?}"
+    );
+    let v = verdicts(&a);
+    let store = a
+        .findings
+        .iter()
+        .zip(&v)
+        .find(|(_, (rule, op, _))| *rule == Rule::MemoryAddress && op == "STG")
+        .unwrap_or_else(|| panic!("a row from K's data must be flagged: {v:?}"));
+    let src = insn_at(k, chain_start(store.0));
+    assert!(
+        src.opcode.starts_with("LDG") && !b.public_loads.contains(&src.offset),
+        "the chain starts at the load of K's value: {}",
+        src.text
+    );
+}
+
 /// (c) A loop bounded by `cache_seqlens[b]`: clean when it is public, rule 1 at the loop's
 /// branches (chains from the length load) when not.
 #[test]

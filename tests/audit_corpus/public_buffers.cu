@@ -173,3 +173,24 @@ extern "C" __global__ void pb_predicated_read(const int* block_table, const floa
     if (j < n) page = block_table[blockIdx.x * n + j];
     out[blockIdx.x * blockDim.x + j] = k[page * stride];
 }
+
+// (j) A KV-cache append, the shape of kernels/fc_kv_append.cuh: row i of sequence b's new K goes
+// to cache row cache_seqlens[b] + i (rows past the capacity dropped). Clean with cache_seqlens
+// public; without, the store's address (and the drop's branch) come from a secret.
+extern "C" __global__ void pb_append_rows(const int* cache_seqlens, const float* k_new, float* k_cache,
+                                          int rows, int capacity, int width) {
+    int b = blockIdx.x, i = threadIdx.y, c = threadIdx.x;
+    int r = cache_seqlens[b] + i;
+    if (r >= capacity) return;
+    k_cache[((long long)b * capacity + r) * width + c] = k_new[((long long)b * rows + i) * width + c];
+}
+
+// (k) The same append with the row taken from the new K's data: rule 2 at the store even with
+// cache_seqlens public.
+extern "C" __global__ void pb_append_row_from_k(const int* cache_seqlens, const int* k_new, int* k_cache,
+                                                int rows, int capacity, int width) {
+    int b = blockIdx.x, i = threadIdx.y, c = threadIdx.x;
+    int v = k_new[((long long)b * rows + i) * width + c];
+    int r = min(max(cache_seqlens[b] + (v & 7), 0), capacity - 1);
+    k_cache[((long long)b * capacity + r) * width + c] = v;
+}
