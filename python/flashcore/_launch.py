@@ -87,6 +87,15 @@ def _workspace(n, dev, stream):
     return w
 
 
+def _dims(q, k, bhsd):
+    """(B, Sq, Sk, Hq, Hkv, D) of q and k, both [B, S, H, D] or (`bhsd`) [B, H, S, D]."""
+    if bhsd:
+        b, hq, sq, d = q.shape
+        return b, sq, k.shape[2], hq, k.shape[1], d
+    b, sq, hq, d = q.shape
+    return b, sq, k.shape[1], hq, k.shape[2], d
+
+
 def _scratch(n, batch, dev, stream, append):
     """(workspace address, counts address) of one call: `n` bytes of decode workspace and, for a
     fused KV-cache append, room for the int32 [B] counts after it (16-byte aligned), in one
@@ -119,12 +128,7 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=Fals
     (KV-cache mode): new (k, v) rows [B, n, Hkv, D] that one launch writes into the caches at
     each count before the attention reads count + n keys; the caches must then be readable in
     place (checked by the caller)."""
-    if bhsd:
-        b, hq, sq, d = q.shape
-        hkv, sk = k.shape[1], k.shape[2]
-    else:
-        b, sq, hq, d = q.shape
-        sk, hkv = k.shape[1], k.shape[2]
+    b, sq, sk, hq, hkv, d = _dims(q, k, bhsd)
     page_size = num_pages = 0
     if block_table is not None:
         page_size, num_pages = k.shape[1], k.shape[0]
@@ -213,12 +217,7 @@ def launch_backward(d_o, q, k, v, out, lse, dq, dk, dv, causal, scale, bhsd=Fals
     q's layout (`bhsd`: [B, H, S, D], else [B, S, H, D]); `lse` fp32 contiguous [B, Hq, Sq]. GQA:
     dk, dv are summed over the query heads of each K/V head. The scratch comes from torch's
     allocator on the same stream."""
-    if bhsd:
-        b, hq, sq, d = q.shape
-        hkv, sk = k.shape[1], k.shape[2]
-    else:
-        b, sq, hq, d = q.shape
-        sk, hkv = k.shape[1], k.shape[2]
+    b, sq, sk, hq, hkv, d = _dims(q, k, bhsd)
     q, qd = _in_desc(q, bhsd)
     k, kd = _in_desc(k, bhsd)
     v, vd = _in_desc(v, bhsd)

@@ -197,6 +197,23 @@ def _base_reason(query, key, value, attention_mask, dropout, scaling, kwargs, ma
 _LEFTPAD = {}
 
 
+def _per_mask(cache, mask, analyse, extra=()):
+    """`analyse(mask)`, computed once per mask tensor (and `extra` key) and kept in `cache` while
+    the tensor lives unchanged (same object, same version counter); at every call for inference
+    tensors, which have no version counter to notice an in-place change by. At most 16 entries."""
+    if mask.is_inference():
+        return analyse(mask)
+    key = (id(mask),) + tuple(extra)
+    hit = cache.get(key)
+    if hit is not None and hit[0]() is mask and hit[1] == mask._version:
+        return hit[2]
+    found = analyse(mask)
+    if len(cache) >= 16:
+        cache.clear()
+    cache[key] = (weakref.ref(mask), mask._version, found)
+    return found
+
+
 def leftpad_of(mask, query, key):
     """For a decode call (Sq <= 16) whose boolean mask [B or 1, 1, Sq, Sk] is exactly "query i
     sees key j iff j >= start[b]" — and, causal, "j <= Sk - Sq + i" — returns (start int32 [B],
@@ -214,18 +231,7 @@ def leftpad_of(mask, query, key):
         return None
     if sq > MAX_SEQLEN_Q or mask.device != query.device or not eager(mask):
         return None
-    if mask.is_inference():
-        # No version counter to notice an in-place change by: read it at every call.
-        found = _analyse(mask)
-    else:
-        hit = _LEFTPAD.get(id(mask))
-        if hit is not None and hit[0]() is mask and hit[1] == mask._version:
-            found = hit[2]
-        else:
-            found = _analyse(mask)
-            if len(_LEFTPAD) >= 16:
-                _LEFTPAD.clear()
-            _LEFTPAD[id(mask)] = (weakref.ref(mask), mask._version, found)
+    found = _per_mask(_LEFTPAD, mask, _analyse)
     if found is None:
         return None
     start, causal = found
@@ -268,17 +274,7 @@ def padded_prefill_of(mask, query, key):
         return None
     if mask.device != query.device or not eager(mask):
         return None
-    if mask.is_inference():
-        found = _analyse_padded(mask)
-    else:
-        hit = _PADDED.get(id(mask))
-        if hit is not None and hit[0]() is mask and hit[1] == mask._version:
-            found = hit[2]
-        else:
-            found = _analyse_padded(mask)
-            if len(_PADDED) >= 16:
-                _PADDED.clear()
-            _PADDED[id(mask)] = (weakref.ref(mask), mask._version, found)
+    found = _per_mask(_PADDED, mask, _analyse_padded)
     if found is None:
         return None
     start, used, causal = found
@@ -319,7 +315,7 @@ def _padded_prefill(query, key, value, padded, scaling):
     return out.view(b, s, query.shape[1], query.shape[3])
 
 
-# Masks window_of has analysed: id -> (weak reference, version, shape, window, result), as _LEFTPAD.
+# Masks window_of has analysed, keyed by (id, Sq, Sk, window), as _LEFTPAD.
 _WINDOW = {}
 
 
@@ -338,19 +334,13 @@ def window_of(mask, query, key, window):
         return False
     if mask.device != query.device:
         return False
-    key_ = (id(mask), sq, sk, window)
-    hit = _WINDOW.get(key_)
-    if hit is not None and not mask.is_inference() and hit[0]() is mask and hit[1] == mask._version:
-        return hit[2]
-    i = torch.arange(sq, device=mask.device)[:, None] + (sk - sq)
-    j = torch.arange(sk, device=mask.device)[None, :]
-    want = (j <= i) & (j > i - window)
-    found = bool(torch.equal(mask[:, 0], want[None].expand(mask.shape[0], sq, sk)))  # the host read
-    if not mask.is_inference():
-        if len(_WINDOW) >= 16:
-            _WINDOW.clear()
-        _WINDOW[key_] = (weakref.ref(mask), mask._version, found)
-    return found
+    def analyse(m):
+        i = torch.arange(sq, device=m.device)[:, None] + (sk - sq)
+        j = torch.arange(sk, device=m.device)[None, :]
+        want = (j <= i) & (j > i - window)
+        return bool(torch.equal(m[:, 0], want[None].expand(m.shape[0], sq, sk)))  # the host read
+
+    return _per_mask(_WINDOW, mask, analyse, (sq, sk, window))
 
 
 def fallback_path(reason):
