@@ -431,7 +431,7 @@ impl Context {
             out,
             lse,
             [lens_ptr, t_ptr, s_ptr],
-            None,
+            cache.sinks,
         )
     }
 
@@ -616,9 +616,18 @@ pub struct KvCache<'a, T> {
     /// (what RL rollouts need to match the training forward). Slower where the splits would
     /// have filled the GPU (few sequences over long caches): BENCHMARKS.md "KV cache".
     pub prefill_consistent: bool,
+    /// Learnable attention sinks (fp32 `[heads_q]`, gpt-oss), as [`Context::attention_with_sinks`].
+    pub sinks: Option<&'a CudaSlice<f32>>,
 }
 
 impl<'a, T> KvCache<'a, T> {
+    /// The same cache read with learnable sinks (one fp32 logit per query head).
+    pub fn sinks(self, sinks: &'a CudaSlice<f32>) -> Self {
+        KvCache {
+            sinks: Some(sinks),
+            ..self
+        }
+    }
     /// A contiguous cache with public counts.
     pub fn contiguous(
         k: &'a CudaSlice<T>,
@@ -633,6 +642,7 @@ impl<'a, T> KvCache<'a, T> {
             secret_lengths: false,
             leftpad: None,
             prefill_consistent: false,
+            sinks: None,
         }
     }
     /// A paged cache with public counts.

@@ -375,11 +375,16 @@ impl Plan {
                 tuning_overrides(v)
             }
         };
-        // Issue 24's features are built and tested on the dense path (no lengths) so far.
-        if lengths != Lengths::None && !params.window.is_unbounded() {
+        // Issue 24's features: dense calls and KV caches (windows masked by select there: the
+        // first block never moves by a count read from memory). Not yet with secret-length
+        // prefill, nor in the prefill-consistent mode (its bits would differ from the prefill's,
+        // which visits a window's left-edge blocks last).
+        if (lengths == Lengths::SecretPadded || lengths.is_prefill_consistent())
+            && !params.window.is_unbounded()
+        {
             return Err(Error::invalid(
                 "window",
-                "is not supported with secret lengths or over a KV cache yet (dense calls only)",
+                "is not supported with secret-length prefill or a prefill-consistent KV cache yet",
             ));
         }
         // A softcap runs in its own builds (plain 128-row prefill tiles, any Sq).
@@ -743,10 +748,10 @@ impl Plan {
         strides: [Strides; 4],
         stream: sys::CUstream,
     ) -> Result<()> {
-        if ptrs[9] != 0 && self.lengths != Lengths::None {
+        if ptrs[9] != 0 && self.lengths == Lengths::SecretPadded {
             return Err(Error::invalid(
                 "sinks",
-                "are not supported with secret lengths or over a KV cache yet (dense calls only)",
+                "are not supported with secret-length prefill yet",
             ));
         }
         if self.lengths.pages().is_some() && ptrs[7] == 0 {

@@ -3,7 +3,7 @@
 //! positions of those keys (a causal mask aligned bottom-right to the count); a sequence with no
 //! key gives O = 0 and LSE = −inf.
 
-use super::{attention_f64, RefOutput};
+use super::RefOutput;
 use crate::attention::AttentionParams;
 
 /// `q` `[B, Sq, Hq, D]`, caches `[B, capacity = p.seqlen_k, Hkv, D]`, both bshd.
@@ -30,6 +30,22 @@ pub fn kv_cache_leftpad_f64(
     starts: &[usize],
     counts: &[usize],
 ) -> RefOutput {
+    kv_cache_sinks_f64(p, q, k_cache, v_cache, starts, counts, None)
+}
+
+/// [`kv_cache_leftpad_f64`] with learnable sinks (one logit per query head, see
+/// [`super::attention_f64_sinks`]); `p.window` and `p.softcap` apply as in the dense reference
+/// (positions bottom-right aligned to each sequence's count). A sequence with no key gets O = 0
+/// and LSE = its head's sink (−inf without sinks).
+pub fn kv_cache_sinks_f64(
+    p: &AttentionParams,
+    q: &[f64],
+    k_cache: &[f64],
+    v_cache: &[f64],
+    starts: &[usize],
+    counts: &[usize],
+    sinks: Option<&[f64]>,
+) -> RefOutput {
     assert_eq!(counts.len(), p.batch, "reference: one count per sequence");
     assert_eq!(starts.len(), p.batch, "reference: one start per sequence");
     let (row_q, row_k) = (p.seqlen_q * p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
@@ -44,10 +60,10 @@ pub fn kv_cache_leftpad_f64(
         let start = start.min(n);
         if n == start {
             out.extend(std::iter::repeat_n(0.0, row_q));
-            lse.extend(std::iter::repeat_n(
-                f64::NEG_INFINITY,
-                p.heads_q * p.seqlen_q,
-            ));
+            for h in 0..p.heads_q {
+                let z = sinks.map_or(f64::NEG_INFINITY, |s| s[h]);
+                lse.extend(std::iter::repeat_n(z, p.seqlen_q));
+            }
             continue;
         }
         let one = AttentionParams {
@@ -56,11 +72,12 @@ pub fn kv_cache_leftpad_f64(
             ..p.clone()
         };
         let base = (b * p.seqlen_k + start) * row_k;
-        let r = attention_f64(
+        let r = super::attention_f64_sinks(
             &one,
             &q[b * row_q..(b + 1) * row_q],
             &k_cache[base..base + (n - start) * row_k],
             &v_cache[base..base + (n - start) * row_k],
+            sinks,
         );
         out.extend(r.out);
         lse.extend(r.lse);
