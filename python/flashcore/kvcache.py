@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import _checks, _native, ops
+from . import _checks, _native, chunked, ops
 from ._launch import _append_ready, fast, launch, prepare_kv
 
 MAX_SEQLEN_Q = _native.DECODE_MAX_SEQLEN_Q  # query positions per sequence (16)
@@ -220,6 +220,9 @@ def flash_attn_with_kvcache(
     return_softmax_lse=False,
     *,
     secret_lengths=False,
+    cu_seqlens_q=None,
+    max_seqlen_q=None,
+    cu_seqlens_k_new=None,
 ):
     """flash-attn's ``flash_attn_with_kvcache`` on [B, S, H, D] tensors (inference).
 
@@ -229,7 +232,7 @@ def flash_attn_with_kvcache(
     [B, n, Hkv, D]): written into the caches in place at rows ``cache_seqlens[b] ..`` (the caller
     keeps n within the capacity). `cache_seqlens`: int or int32 [B] (None: the caches are full).
     Attention then runs over the first ``cache_seqlens[b] + n`` rows; with `causal`, q's Sq
-    positions are the last ones of those keys. At most 16 query positions per sequence.
+    positions are the last ones of those keys.
     flash-attn arguments flashcore does not implement (rotary embedding, `cache_batch_idx`,
     windows, softcap, ALiBi) raise ValueError. `cache_leftpad` (int32 [B]): sequence b's keys
     are rows ``cache_leftpad[b] .. cache_seqlens[b] + n`` (left padding: the rows before are
@@ -244,6 +247,14 @@ def flash_attn_with_kvcache(
     flash-attn (the kernel clamps them, so no access leaves the cache). `secret_lengths=True`
     (flashcore's own) keeps the counts secret from timing: the kernel walks the full capacity.
     Returns `out`, or ``(out, softmax_lse)`` with `return_softmax_lse`.
+
+    Chunked prefill (``flashcore.chunked``): q with more than 16 positions per sequence, or q
+    packed ``[total_q, Hq, D]`` with ``cu_seqlens_q`` (int32 ``[B + 1]``) and ``max_seqlen_q``
+    (FlashAttention-3's names; new `k`, `v` then packed ``[total_new, Hkv, D]`` by
+    ``cu_seqlens_k_new``, default ``cu_seqlens_q``), runs the varlen prefill kernel over the cache
+    in place (a paged cache is gathered first); causal rows are those of a one-shot causal prefill
+    of each whole sequence. Packed calls return lse ``[Hq, total_q]``. `secret_lengths` is not
+    offered there yet (ValueError).
     """
     unsupported = {
         "rotary_cos": rotary_cos is not None,
@@ -264,6 +275,13 @@ def flash_attn_with_kvcache(
     if (k is None) != (v is None):
         raise ValueError("flashcore: give both k and v to append, or neither")
     _checks.check_no_grad("flash_attn_with_kvcache", q, k_cache, v_cache)
+    chunk = cu_seqlens_q is not None or (isinstance(q, torch.Tensor) and q.dim() == 4 and q.shape[1] > MAX_SEQLEN_Q)
+    if chunk:
+        return _chunked_prefill(q, k_cache, v_cache, k, v, cache_seqlens, cache_leftpad, block_table, softmax_scale,
+                                causal, return_softmax_lse, secret_lengths, cu_seqlens_q, max_seqlen_q,
+                                cu_seqlens_k_new)
+    if max_seqlen_q is not None or cu_seqlens_k_new is not None:
+        raise ValueError("flashcore: max_seqlen_q and cu_seqlens_k_new go with cu_seqlens_q (a packed q)")
     b = q.shape[0]
     s_cache = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
     if cache_seqlens is None:
@@ -290,6 +308,30 @@ def flash_attn_with_kvcache(
         out, lse = _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, bool(causal), softmax_scale,
                                       bool(return_softmax_lse), bool(secret_lengths), num_splits == 1, cache_leftpad)
     return (out, lse) if return_softmax_lse else out
+
+
+def _chunked_prefill(q, k_cache, v_cache, k, v, cache_seqlens, leftpad, block_table, scale, causal, return_lse,
+                     secret, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new):
+    """flash_attn_with_kvcache's chunked-prefill path (`chunked.attention`), after the argument
+    types: the counts as an int32 tensor, `secret_lengths` refused."""
+    if secret:
+        raise ValueError("flashcore: secret_lengths is not offered with chunked prefill (more than "
+                         f"{MAX_SEQLEN_Q} query positions, or cu_seqlens_q) yet")
+    b = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
+    if cache_seqlens is None:
+        if k is not None:
+            raise ValueError("flashcore: appending k/v needs cache_seqlens (where to write)")
+        s_cache = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
+        seqlens = torch.full((b,), s_cache, dtype=torch.int32, device=q.device)
+    elif isinstance(cache_seqlens, int):
+        seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
+    elif isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dtype == torch.int32:
+        seqlens = cache_seqlens
+    else:
+        raise TypeError("flashcore: cache_seqlens must be an int or an int32 tensor")
+    out, lse = chunked.attention(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, cu_seqlens_q, max_seqlen_q,
+                                 cu_seqlens_k_new, bool(causal), scale, bool(return_lse))
+    return (out, lse) if return_lse else out
 
 
 def _attention_kvcache_append(q, k_cache, v_cache, k, v, seqlens, block_table, causal, scale, return_lse, secret,
