@@ -62,7 +62,6 @@ def unpage(pool, table):
 @pytest.mark.parametrize("causal, hq, hkv, d", [(True, 8, 2, 128), (False, 4, 4, 64), (True, 8, 1, 64)])
 def test_chunked_prefill_matches_float64(dtype, layout, causal, hq, hkv, d):
     gen = torch.Generator(device="cuda").manual_seed(torch.seed() % 2**31)
-    cpu_gen = torch.Generator().manual_seed(7)
     b, cap = 3, 1024
     counts = [0, 17, 700]
     new = [100, 100, 100] if layout == "dense" else [1, 300, 33]
@@ -83,8 +82,8 @@ def test_chunked_prefill_matches_float64(dtype, layout, causal, hq, hkv, d):
         kw.update(cu_seqlens_q=cu, max_seqlen_q=max(new))
     kc, vc = cache_k, cache_v
     if layout == "paged-packed":
-        kc, table = paged(cache_k, 64, cpu_gen)
-        vc, _ = paged(cache_v, 64, cpu_gen)
+        kc, table = paged(cache_k, 64, torch.Generator().manual_seed(7))
+        vc, _ = paged(cache_v, 64, torch.Generator().manual_seed(7))  # the same pages as K's
         kw["block_table"] = table
     out, lse = flashcore.flash_attn_with_kvcache(q, kc, vc, k, v, **kw)
     assert torch.equal(seqlens.cpu(), torch.tensor(counts, dtype=torch.int32)), "cache_seqlens itself is not changed"
