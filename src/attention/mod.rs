@@ -2,6 +2,7 @@
 
 pub mod backward;
 pub mod backward_external;
+pub mod chunked;
 pub mod context;
 pub mod decode;
 pub mod external;

@@ -1,0 +1,101 @@
+//! Chunked prefill over a KV cache (issue 22): many new queries per sequence — a long prompt
+//! split into chunks, or new tokens after a reused prefix — attending to a cache plus
+//! themselves. The varlen kernel reads a contiguous cache in place: sequence `b` is the slice
+//! of one pack that starts at row `b · capacity`, and its key count is the varlen `seqused_k`,
+//! so nothing is copied and nothing synchronises with the host. Because each query row is
+//! computed over the same key blocks in the same order as in a one-shot varlen prefill of the
+//! whole sequence, a prompt prefilled chunk by chunk gets that prefill's bits (GPU-tested).
+
+use cudarc::driver::CudaSlice;
+
+use super::context::{Context, Element, KvCache};
+use super::params::{AttentionParams, Layout};
+use crate::error::{Error, Result};
+
+impl Context {
+    /// Chunked prefill: `q` is packed `[total_q, heads_q, head_dim]` by `cu_seqlens_q` (i32
+    /// `[batch + 1]` on the device, public metadata); sequence `b`'s queries are the last
+    /// positions of its first `cache.seqlens_k[b]` cache rows (append them first:
+    /// [`Context::append_kv`]), causal bottom-right aligned to that count. `params.seqlen_q` is
+    /// the longest chunk (max_seqlen_q), `params.seqlen_k` the cache's capacity; heads, head dim,
+    /// dtype and scale as for [`Context::attention`]. `out` is packed like `q`; `lse`, when
+    /// given, fp32 `[heads_q, total_q]`. Takes contiguous bshd caches `[batch, capacity,
+    /// heads_kv, head_dim]` with public counts: a paged cache, secret counts, left padding, the
+    /// prefill-consistent mode (chunks already get the prefill's bits) and sinks are refused —
+    /// not built on this path yet (the Python path gathers a paged cache first). Counts are not
+    /// read back: values past the capacity are clamped on the device.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_kv_chunked<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        cache: &KvCache<'_, T>,
+        cu_seqlens_q: &CudaSlice<i32>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
+        check_chunked_cache(params, cache)?;
+        let capacity = params.seqlen_k;
+        let starts = (0..=params.batch)
+            .map(|b| i32::try_from(b * capacity))
+            .collect::<std::result::Result<Vec<i32>, _>>()
+            .map_err(|_| {
+                Error::invalid(
+                    "seqlen_k",
+                    "batch × capacity rows must index in i32 (the varlen pack's limit)",
+                )
+            })?;
+        let cu_seqlens_k = self.upload(&starts)?;
+        self.attention_varlen_device(
+            params,
+            q,
+            cache.k,
+            cache.v,
+            cu_seqlens_q,
+            &cu_seqlens_k,
+            Some(cache.seqlens_k),
+            None,
+            out,
+            lse,
+        )
+    }
+}
+
+/// What the chunked path takes of a [`KvCache`] (the rest is checked as a varlen call).
+fn check_chunked_cache<T>(params: &AttentionParams, cache: &KvCache<'_, T>) -> Result<()> {
+    let refuse = |arg: &'static str, what: &str| {
+        Err(Error::invalid(
+            arg,
+            format!("{what} is not supported by chunked prefill over a cache yet"),
+        ))
+    };
+    if cache.block_table.is_some() {
+        return refuse("block_table", "a paged cache");
+    }
+    if cache.secret_lengths {
+        return refuse("secret_lengths", "a secret count");
+    }
+    if cache.leftpad.is_some() {
+        return refuse("leftpad", "left padding");
+    }
+    if cache.prefill_consistent {
+        return refuse("prefill_consistent", "the prefill-consistent mode");
+    }
+    if cache.sinks.is_some() {
+        return refuse("sinks", "a learnable sink");
+    }
+    if params.layout != Layout::Bshd {
+        return refuse("layout", "a bhsd layout");
+    }
+    if cache.seqlens_k.len() != params.batch {
+        return Err(Error::invalid(
+            "seqlens_k",
+            format!(
+                "has {} entries, batch is {}",
+                cache.seqlens_k.len(),
+                params.batch
+            ),
+        ));
+    }
+    Ok(())
+}
