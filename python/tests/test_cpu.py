@@ -83,7 +83,7 @@ def test_not_a_tensor(fake):
         (lambda: (cuda(1, 8, 2, 64, dtype=torch.float32),) * 3, TypeError, "float32.*half"),
         (lambda: (cuda(1, 8, 2, 64), cuda(1, 8, 2, 64, dtype=torch.bfloat16), cuda(1, 8, 2, 64)), TypeError, "one dtype"),
         (lambda: (cuda(8, 2, 64),) * 3, ValueError, "must be 4-D"),
-        (lambda: (cuda(1, 8, 2, 96),) * 3, ValueError, "head dim 96 is not supported"),
+        (lambda: (cuda(1, 8, 2, 80),) * 3, ValueError, "head dim 80 is not supported"),
         (lambda: (cuda(1, 8, 6, 64), cuda(1, 8, 4, 64), cuda(1, 8, 4, 64)), ValueError, "multiple of the key/value heads"),
         (lambda: (cuda(1, 8, 2, 64), cuda(2, 8, 2, 64), cuda(2, 8, 2, 64)), ValueError, "batch"),
         (lambda: (cuda(1, 8, 2, 64), cuda(1, 8, 2, 128), cuda(1, 8, 2, 128)), ValueError, "head dim"),
