@@ -35,7 +35,7 @@ def test_op_is_registered_with_its_schema():
     schema = str(torch.ops.flashcore.attention.default._schema)
     assert schema.startswith("flashcore::attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale")
     assert "-> (Tensor, Tensor)" in schema
-    assert _native.SUPPORTED_HEAD_DIMS == [64, 128]
+    assert _native.SUPPORTED_HEAD_DIMS == [64, 96, 128, 256]
 
 
 def test_nvrtc_from_the_torch_wheel_is_found():

@@ -296,11 +296,16 @@ def test_sdpa_backend_activate_and_restore():
             assert stats["flashcore"] == before["flashcore"] + 1
             assert torch.equal(got, want)
             assert got.stride() == native.stride()  # the query's memory layout, as torch's kernel gives
-            # A head dim flashcore lacks takes the fallback and stays right.
+            # A head dim flashcore lacks takes the fallback and stays right; 96 (issue 24) is served.
+            q80, k80 = randn(1, 4, 200, 80), randn(1, 4, 200, 80)
+            out80 = F.scaled_dot_product_attention(q80, k80, k80, is_causal=True)
+            assert stats["fallback"] == before["fallback"] + 1
             q96, k96 = randn(1, 4, 200, 96), randn(1, 4, 200, 96)
             out96 = F.scaled_dot_product_attention(q96, k96, k96, is_causal=True)
-            assert stats["fallback"] == before["fallback"] + 1
+            assert stats["flashcore"] == before["flashcore"] + 2
         # (float64 has no flash kernel: the reference runs outside the flash-only context.)
+        ref80 = F.scaled_dot_product_attention(q80.double(), k80.double(), k80.double(), is_causal=True)
+        assert rel_l2(out80, ref80) < 2e-3
         ref96 = F.scaled_dot_product_attention(q96.double(), k96.double(), k96.double(), is_causal=True)
         assert rel_l2(out96, ref96) < 2e-3
         compiled = torch.compile(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=True), fullgraph=True)
