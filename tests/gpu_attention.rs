@@ -84,12 +84,20 @@ fn bf16_all_variants_match_reference() {
 /// Issue 24's head dims: 96 (Phi-3; 64-byte swizzled rows) and 256 (Gemma 2; 64-key stages).
 #[test]
 fn f16_head_dims_96_256_match_reference() {
-    sweep_test::<half::f16>("f16_head_dims_96_256_match_reference", DType::F16, &[96, 256]);
+    sweep_test::<half::f16>(
+        "f16_head_dims_96_256_match_reference",
+        DType::F16,
+        &[96, 256],
+    );
 }
 
 #[test]
 fn bf16_head_dims_96_256_match_reference() {
-    sweep_test::<half::bf16>("bf16_head_dims_96_256_match_reference", DType::Bf16, &[96, 256]);
+    sweep_test::<half::bf16>(
+        "bf16_head_dims_96_256_match_reference",
+        DType::Bf16,
+        &[96, 256],
+    );
 }
 
 /// GQA and a custom scale at d96 and d256 (the sweep above runs Hq = Hkv).

@@ -115,8 +115,16 @@ fn decode_bf16_matches_reference() {
 /// 64 column quads).
 #[test]
 fn decode_head_dims_96_256_match_reference() {
-    sweep_test::<half::f16>("decode_head_dims_96_256_match_reference", DType::F16, &[96, 256]);
-    sweep_test::<half::bf16>("decode_head_dims_96_256_match_reference", DType::Bf16, &[96, 256]);
+    sweep_test::<half::f16>(
+        "decode_head_dims_96_256_match_reference",
+        DType::F16,
+        &[96, 256],
+    );
+    sweep_test::<half::bf16>(
+        "decode_head_dims_96_256_match_reference",
+        DType::Bf16,
+        &[96, 256],
+    );
 }
 
 fn bits<T: Element>(x: &[T]) -> Vec<u64> {

@@ -186,12 +186,20 @@ fn sweep_test<T: Element>(name: &str, dtype: DType, head_dims: &[usize]) {
 
 #[test]
 fn f16_windows_softcap_sinks_match_reference() {
-    sweep_test::<half::f16>("f16_windows_softcap_sinks_match_reference", DType::F16, &[64, 128]);
+    sweep_test::<half::f16>(
+        "f16_windows_softcap_sinks_match_reference",
+        DType::F16,
+        &[64, 128],
+    );
 }
 
 #[test]
 fn bf16_windows_softcap_sinks_match_reference() {
-    sweep_test::<half::bf16>("bf16_windows_softcap_sinks_match_reference", DType::Bf16, &[64, 128]);
+    sweep_test::<half::bf16>(
+        "bf16_windows_softcap_sinks_match_reference",
+        DType::Bf16,
+        &[64, 128],
+    );
 }
 
 /// The same combinations at issue 24's head dims 96 (Phi-3) and 256 (Gemma 2: softcap 50,

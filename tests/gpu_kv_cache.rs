@@ -239,11 +239,7 @@ fn kv_cache_f16_matches_reference() {
 
 #[test]
 fn kv_cache_bf16_matches_reference() {
-    modes_match_reference::<half::bf16>(
-        "kv_cache_bf16_matches_reference",
-        DType::Bf16,
-        &[64, 128],
-    );
+    modes_match_reference::<half::bf16>("kv_cache_bf16_matches_reference", DType::Bf16, &[64, 128]);
 }
 
 /// Issue 24's head dims over every KV-cache mode (contiguous and paged, public and secret

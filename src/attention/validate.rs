@@ -55,7 +55,10 @@ pub fn check_params(p: &AttentionParams) -> Result<()> {
     if !SUPPORTED_HEAD_DIMS.contains(&p.head_dim) {
         return Err(Error::invalid(
             "head_dim",
-            format!("{} is not supported (supported: 64, 96, 128, 256)", p.head_dim),
+            format!(
+                "{} is not supported (supported: 64, 96, 128, 256)",
+                p.head_dim
+            ),
         ));
     }
     if p.heads_q % p.heads_kv != 0 {
