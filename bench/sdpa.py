@@ -141,7 +141,7 @@ def seed_suite(layout="bshd"):
 def fa3_suite(layout="bshd"):
     out = []
     for dt in DTYPES:
-        for d in (64, 128):
+        for d in (64, 128, 256):
             for causal in (False, True):
                 for s in (512, 1024, 2048, 4096, 8192, 16384):
                     out.append((dt, make_shape(16384 // s, 2048 // d, s, d, causal, layout)))
@@ -351,13 +351,16 @@ def parse_backends(s):
 
 def select_shapes(args):
     """[(dtype, shape)] the arguments ask for, or raises ValueError (a usage error)."""
-    adhoc = any(v is not None for v in (args.batch, args.heads, args.heads_kv, args.seqlen, args.seqlen_k, args.headdim)) or args.causal
+    # With --suite, --headdim (like --dtype) keeps that head dim's shapes.
+    adhoc = any(v is not None for v in (args.batch, args.heads, args.heads_kv, args.seqlen, args.seqlen_k)) or args.causal
+    adhoc = adhoc or (args.headdim is not None and not args.suite)
     if args.suite and adhoc:
         raise ValueError("give either --suite or an ad-hoc shape (--heads, --seqlen, --headdim, ...), not both")
     if args.suite:
-        out = [(dt, s) for dt, s in SUITES[args.suite](args.layout) if args.dtype in (None, dt)]
+        out = [(dt, s) for dt, s in SUITES[args.suite](args.layout)
+               if args.dtype in (None, dt) and args.headdim in (None, s["head_dim"])]
         if not out:
-            raise ValueError("the suite has no shapes of that dtype")
+            raise ValueError("the suite has no shapes of that dtype and head dim")
         return out
     if adhoc:
         if args.heads is None or args.seqlen is None or args.headdim is None:

@@ -48,7 +48,13 @@ constexpr int D = FC_HEAD_DIM;
 constexpr int BM = FC_BLOCK_M;              // query rows per tile
 constexpr int BN = FC_BLOCK_N;              // keys per pipeline stage
 constexpr int STAGES = FC_STAGES;           // K/V ring depth
-constexpr int CHUNKS = D / 64;              // 128-byte swizzle atoms across the head dim
+// Shared tiles are [CHUNKS][rows][SW_ELEMS]: 64-element (128-byte) swizzled rows where the head
+// dim is a multiple of 64; d96 (an odd multiple of 32) uses 32-element (64-byte) rows with the
+// 64-byte swizzle, so no padding columns are loaded or multiplied (issue 24). The host's tensor
+// maps use the same box and swizzle (src/attention/tensor_map.rs).
+static_assert(D == 64 || D == 96 || D == 128 || D == 256, "head dims 64, 96, 128, 256");
+constexpr int SW_ELEMS = D % 64 == 0 ? 64 : 32;
+constexpr int CHUNKS = D / SW_ELEMS;        // swizzle atoms across the head dim
 constexpr int CONSUMERS = FC_CONSUMERS;     // consumer warpgroups, 64 query rows each
 // Q buffers: decode mode double-buffers Q, so the producer loads the next work unit's Q (and
 // then its K/V) while this unit's last Q Kᵀ is still to come — its units are short.
@@ -59,10 +65,14 @@ constexpr int SPLIT = FC_SPLIT;             // CTAs per cluster sharing one quer
 static_assert(SPLIT == 1 || (BM % SPLIT == 0 && (BM / SPLIT) * D % (4 * 128) == 0), "combine tiling");
 static_assert(!FC_DECODE || (BM == 64 && SPLIT == 1), "decode: one 64-row consumer, no cluster");
 constexpr int THREADS = 128 * (1 + CONSUMERS);
-constexpr int ROW_BYTES = 128;              // one swizzled row of 64 two-byte elements
+constexpr int ROW_BYTES = SW_ELEMS * 2;     // one swizzled row of two-byte elements
+constexpr int GROUP_BYTES = 8 * ROW_BYTES;  // one 8-row swizzle atom (the descriptors' stride)
 // Register split after setmaxnreg: the producer gives registers back, consumers take them.
-constexpr int PRODUCER_REGS = CONSUMERS <= 2 ? 56 : 32;
-constexpr int CONSUMER_REGS = CONSUMERS == 1 ? 240 : CONSUMERS == 2 ? 224 : 160;  // 1: light 64-row tiles
+// d256's two consumers hold a 128-register O accumulator each (PERF_NOTES, issue 24): they take
+// 232, the producer keeps 40.
+constexpr int PRODUCER_REGS = CONSUMERS <= 2 ? (D > 128 && CONSUMERS == 2 ? 40 : 56) : 32;
+constexpr int CONSUMER_REGS =
+    CONSUMERS == 1 ? 240 : CONSUMERS == 2 ? (D > 128 ? 232 : 224) : 160;  // 1: light 64-row tiles
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
 constexpr uint32_t Q_BYTES = BM * D * 2;
 constexpr uint32_t KV_BYTES = BN * D * 2;
@@ -111,9 +121,9 @@ struct Params {
 };
 
 struct Shared {
-    uint16_t q[cfg::QBUF][cfg::CHUNKS][cfg::BM][64];
-    uint16_t k[cfg::STAGES][cfg::CHUNKS][cfg::BN][64];
-    uint16_t v[cfg::STAGES][cfg::CHUNKS][cfg::BN][64];
+    uint16_t q[cfg::QBUF][cfg::CHUNKS][cfg::BM][cfg::SW_ELEMS];
+    uint16_t k[cfg::STAGES][cfg::CHUNKS][cfg::BN][cfg::SW_ELEMS];
+    uint16_t v[cfg::STAGES][cfg::CHUNKS][cfg::BN][cfg::SW_ELEMS];
     uint64_t q_full[cfg::QBUF], q_empty[cfg::QBUF];
     uint64_t k_full[cfg::STAGES], v_full[cfg::STAGES];
     uint64_t k_empty[cfg::STAGES], v_empty[cfg::STAGES];

@@ -27,15 +27,18 @@ struct Consumer {
     int q_start;    // its first token in packed Q / O
 #endif
 
-    // S = Q Kᵀ over the head dim, 16 at a time (32 bytes inside a 128-byte swizzle row).
+    // S = Q Kᵀ over the head dim, 16 at a time (32 bytes inside a swizzled row; STEPS per row).
     FC_DEVICE void issue_qk(float (&sacc)[cfg::BN / 2], int stage) const {
         using namespace cfg;
+        constexpr int STEPS = SW_ELEMS / 16;
         const uint32_t k_base = smem_u32(&s.k[stage][0][0][0]);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t kin = (kk % 4) * 32;
-            const uint64_t da = wgmma_desc_sw128(q_base + (kk / 4) * (BM * ROW_BYTES) + kin, 16, 1024);
-            const uint64_t db = wgmma_desc_sw128(k_base + (kk / 4) * (BN * ROW_BYTES) + kin, 16, 1024);
+            const uint32_t kin = (kk % STEPS) * 32;
+            const uint64_t da =
+                wgmma_desc_rows<ROW_BYTES>(q_base + (kk / STEPS) * (BM * ROW_BYTES) + kin, 16, GROUP_BYTES);
+            const uint64_t db =
+                wgmma_desc_rows<ROW_BYTES>(k_base + (kk / STEPS) * (BN * ROW_BYTES) + kin, 16, GROUP_BYTES);
             Mma<BN>::ss(sacc, da, db, kk > 0);
         }
     }
@@ -46,7 +49,8 @@ struct Consumer {
         const uint32_t v_base = smem_u32(&s.v[stage][0][0][0]);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            const uint64_t db = wgmma_desc_sw128(v_base + kk * 16 * ROW_BYTES, BN * ROW_BYTES, 1024);
+            // MN-major: LBO steps to the next swizzle atom along the head dim, SBO to the next 8 keys.
+            const uint64_t db = wgmma_desc_rows<ROW_BYTES>(v_base + kk * 16 * ROW_BYTES, BN * ROW_BYTES, GROUP_BYTES);
             Mma<D>::rs_tb(o, pf[kk], db, 1);
         }
     }

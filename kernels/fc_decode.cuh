@@ -82,8 +82,9 @@ struct CombineParams {
 // order through shared memory. Every step is fixed by num_splits (a function of Sk) alone, so
 // the bits are deterministic and batch-invariant, and a row with many splits (one sequence over
 // a long cache) is merged by up to 8 times as many threads as one per column quad would give.
-// The CTA holds COMBINE_THREADS / (D/4 · groups) whole rows; `row` past the last is public and
-// only skips loads and stores (every thread reaches the barriers).
+// The CTA holds COMBINE_THREADS / (D/4 · groups) whole rows (the host keeps D/4 · groups ≤
+// COMBINE_THREADS); `row` past the last is public and only skips loads and stores (every thread
+// reaches the barriers).
 constexpr int COMBINE_THREADS = 256;
 
 FC_DEVICE void combine_rows(const CombineParams& c) {
@@ -99,8 +100,12 @@ FC_DEVICE void combine_rows(const CombineParams& c) {
     const int quad = t % QUADS;
     const int col = quad * 4;
     const int rows = c.batch * c.heads_q * c.seqlen_q;
-    const int row = (int)blockIdx.x * (COMBINE_THREADS / per_row) + t / per_row;
-    const bool live = row < rows;
+    // d96's 24 quads per group do not divide the CTA: the threads past its whole rows idle
+    // (public: the head dim and the split count).
+    const int rows_per_cta = COMBINE_THREADS / per_row;
+    const bool in_cta = t < rows_per_cta * per_row;
+    const int row = (int)blockIdx.x * rows_per_cta + t / per_row;
+    const bool live = in_cta && row < rows;
     const int64_t first = (int64_t)min(row, rows - 1) * c.num_splits;
     const float2* ml = reinterpret_cast<const float2*>(c.ws_ml_ptr) + first;
     const float4* part = reinterpret_cast<const float4*>(reinterpret_cast<const float*>(c.ws_o_ptr) + first * D + col);
@@ -113,7 +118,9 @@ FC_DEVICE void combine_rows(const CombineParams& c) {
     red_ml[t].x = m_g;
     __syncthreads();
     float m_all = neg_inf();
-    for (int j = 0; j < groups; ++j) m_all = fmaxf(m_all, red_ml[base + j * QUADS + quad].x);
+    if (in_cta) {
+        for (int j = 0; j < groups; ++j) m_all = fmaxf(m_all, red_ml[base + j * QUADS + quad].x);
+    }
     const float m_use = select_f(m_all == neg_inf(), 0.0f, m_all);
 
     float l = 0.0f;

@@ -31,7 +31,7 @@ FC_DEVICE BlockPages block_pages(const Params& p, int batch, int key_row) {
     return bp;
 }
 
-FC_DEVICE void load_kv_block(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][64], const TensorMap* map, uint64_t* bar,
+FC_DEVICE void load_kv_block(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][cfg::SW_ELEMS], const TensorMap* map, uint64_t* bar,
                              const Params& p, const BlockPages& bp, int key_row, int kv_head) {
     const int row_mask = (1 << p.page_shift) - 1;
 #pragma unroll
@@ -40,7 +40,7 @@ FC_DEVICE void load_kv_block(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][64], const Te
             const int row = (key_row + i * p.box_rows) & row_mask;  // the row inside its page
 #pragma unroll
             for (int c = 0; c < cfg::CHUNKS; ++c) {
-                tma_load_4d(&dst[c][i * p.box_rows][0], map, bar, c * 64, row, kv_head, bp.page[i]);
+                tma_load_4d(&dst[c][i * p.box_rows][0], map, bar, c * cfg::SW_ELEMS, row, kv_head, bp.page[i]);
             }
         }
     }
@@ -70,13 +70,13 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
 #if FC_DECODE
                 // The packed map's dims are (dim, head, seq, batch): a box of `pack` heads by
                 // BM / pack query positions fills the tile's 64 rows, position-major.
-                tma_load_4d(&s.q[qb][c][0][0], &p.q_map, &s.q_full[qb], c * 64, t.head, t.m_block * qrows_per_tile(p), t.batch);
+                tma_load_4d(&s.q[qb][c][0][0], &p.q_map, &s.q_full[qb], c * cfg::SW_ELEMS, t.head, t.m_block * qrows_per_tile(p), t.batch);
 #elif FC_VARLEN
                 // The sequence's tile inside the pack; rows past its end (the next sequence's,
                 // or past the pack: zeros) are computed and never stored.
-                tma_load_4d(&s.q[qb][c][0][0], &p.q_map, &s.q_full[qb], c * 64, t.q_start + t.m_block * cfg::BM, t.head, 0);
+                tma_load_4d(&s.q[qb][c][0][0], &p.q_map, &s.q_full[qb], c * cfg::SW_ELEMS, t.q_start + t.m_block * cfg::BM, t.head, 0);
 #else
-                tma_load_4d(&s.q[qb][c][0][0], &p.q_map, &s.q_full[qb], c * 64, t.m_block * cfg::BM, t.head, t.batch);
+                tma_load_4d(&s.q[qb][c][0][0], &p.q_map, &s.q_full[qb], c * cfg::SW_ELEMS, t.m_block * cfg::BM, t.head, t.batch);
 #endif
             }
             ++q_load;
@@ -104,13 +104,13 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
                 mbar_arrive_expect_tx(&s.k_full[stage], cfg::KV_BYTES);
 #pragma unroll
                 for (int c = 0; c < cfg::CHUNKS; ++c) {
-                    tma_load_4d(&s.k[stage][c][0][0], &p.k_map, &s.k_full[stage], c * 64, kv_row, kv_head, t.batch);
+                    tma_load_4d(&s.k[stage][c][0][0], &p.k_map, &s.k_full[stage], c * cfg::SW_ELEMS, kv_row, kv_head, t.batch);
                 }
                 mbar_wait(&s.v_empty[stage], phase ^ 1);
                 mbar_arrive_expect_tx(&s.v_full[stage], cfg::KV_BYTES);
 #pragma unroll
                 for (int c = 0; c < cfg::CHUNKS; ++c) {
-                    tma_load_4d(&s.v[stage][c][0][0], &p.v_map, &s.v_full[stage], c * 64, kv_row, kv_head, t.batch);
+                    tma_load_4d(&s.v[stage][c][0][0], &p.v_map, &s.v_full[stage], c * cfg::SW_ELEMS, kv_row, kv_head, t.batch);
                 }
 #endif
             }

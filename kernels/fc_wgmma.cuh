@@ -15,6 +15,18 @@ FC_DEVICE uint64_t wgmma_desc_sw128(uint32_t smem_addr, uint32_t lbo, uint32_t s
     return d;
 }
 
+// The same with the 64-byte swizzle (32-element rows: d96's tiles, fc_config.cuh).
+FC_DEVICE uint64_t wgmma_desc_sw64(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+    return (wgmma_desc_sw128(smem_addr, lbo, sbo) & ~((uint64_t)3 << 62)) | ((uint64_t)2 << 62);
+}
+
+// The descriptor for a tile whose swizzled rows are `ROW_BYTES` long (128 or 64).
+template <int ROW_BYTES>
+FC_DEVICE uint64_t wgmma_desc_rows(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+    static_assert(ROW_BYTES == 128 || ROW_BYTES == 64, "128- or 64-byte swizzle");
+    return ROW_BYTES == 128 ? wgmma_desc_sw128(smem_addr, lbo, sbo) : wgmma_desc_sw64(smem_addr, lbo, sbo);
+}
+
 FC_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 FC_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
@@ -73,6 +85,28 @@ struct Mma<128> {
         wgmma_rs_m64n128k16_bf16_tb(d, a, b, scale_d);
 #else
         wgmma_rs_m64n128k16_f16_tb(d, a, b, scale_d);
+#endif
+    }
+};
+
+// O += P V at head dims 96 and 256 (issue 24): N is the head dim, so only the RS form exists.
+template <>
+struct Mma<96> {
+    FC_DEVICE static void rs_tb(float (&d)[48], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+#if FC_BF16
+        wgmma_rs_m64n96k16_bf16_tb(d, a, b, scale_d);
+#else
+        wgmma_rs_m64n96k16_f16_tb(d, a, b, scale_d);
+#endif
+    }
+};
+template <>
+struct Mma<256> {
+    FC_DEVICE static void rs_tb(float (&d)[128], const uint32_t (&a)[4], uint64_t b, int scale_d) {
+#if FC_BF16
+        wgmma_rs_m64n256k16_bf16_tb(d, a, b, scale_d);
+#else
+        wgmma_rs_m64n256k16_f16_tb(d, a, b, scale_d);
 #endif
     }
 };

@@ -54,7 +54,8 @@ parts = [
 for ty in ("f16", "bf16"):
     for n in (64, 128):
         parts.append(ss(n, ty))
-    for n in (64, 128):
+    # O += P V has N = the head dim: 64, 96, 128, 256 (issue 24).
+    for n in (64, 96, 128, 256):
         parts.append(rs(n, ty))
 OUT.write_text("".join(parts))
 print(f"wrote {OUT}")

@@ -50,16 +50,16 @@ fn seed_suite_shapes() {
 #[test]
 fn fa3_suite_shapes() {
     let s = fa3(Layout::Bshd);
-    assert_eq!(s.len(), 6 * 2 * 2 * 2);
+    assert_eq!(s.len(), 6 * 2 * 3 * 2);
     for p in &s {
         // 16k tokens, hidden 2048.
         assert_eq!(p.batch * p.seqlen_q, 16384);
         assert_eq!(p.heads_q * p.head_dim, 2048);
-        assert!([64, 128].contains(&p.head_dim));
+        assert!([64, 128, 256].contains(&p.head_dim));
         assert!([512, 1024, 2048, 4096, 8192, 16384].contains(&p.seqlen_q));
     }
     for dt in [DType::F16, DType::Bf16] {
-        for d in [64, 128] {
+        for d in [64, 128, 256] {
             for c in [false, true] {
                 let n = s
                     .iter()
@@ -237,7 +237,24 @@ fn python_argument_errors_exit_2() {
     let o = run(&["--suite", "fa3", "--dtype", "bf16", "--print-shapes"]).unwrap();
     assert!(o.status.success());
     let v: Vec<(DType, Shape)> = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v.len(), 24);
+    assert_eq!(v.len(), 36);
+    // --headdim with a suite keeps that head dim's shapes (issue 24's d256 rows: H = 8).
+    let o = run(&[
+        "--suite",
+        "fa3",
+        "--dtype",
+        "bf16",
+        "--headdim",
+        "256",
+        "--print-shapes",
+    ])
+    .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Vec<(DType, Shape)> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v.len(), 12);
+    assert!(v.iter().all(|(_, s)| s.head_dim == 256 && s.heads_q == 8));
+    let o = run(&["--suite", "seed", "--headdim", "96", "--print-shapes"]).unwrap();
+    assert_eq!(o.status.code(), Some(2));
     let o = run(&[
         "--heads",
         "16",

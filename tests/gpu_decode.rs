@@ -45,10 +45,10 @@ fn params(
     p
 }
 
-fn sweep<T: Element>(ctx: &Context, dtype: DType, seed: u64) -> Vec<String> {
+fn sweep<T: Element>(ctx: &Context, dtype: DType, seed: u64, head_dims: &[usize]) -> Vec<String> {
     let mut rng = rng_from(seed);
     let mut failures = Vec::new();
-    for d in [64, 128] {
+    for &d in head_dims {
         for causal in [false, true] {
             for (i, &shape) in SHAPES.iter().enumerate() {
                 // Both layouts, alternating over the shapes (each layout sees every feature).
@@ -87,12 +87,12 @@ fn sweep<T: Element>(ctx: &Context, dtype: DType, seed: u64) -> Vec<String> {
     failures
 }
 
-fn sweep_test<T: Element>(name: &str, dtype: DType) {
+fn sweep_test<T: Element>(name: &str, dtype: DType, head_dims: &[usize]) {
     let Some(ctx) = gpu(name) else {
         return;
     };
     let s = seed();
-    let failures = sweep::<T>(&ctx, dtype, s);
+    let failures = sweep::<T>(&ctx, dtype, s, head_dims);
     assert!(
         failures.is_empty(),
         "seed {s}: {} failures:\n{}",
@@ -103,12 +103,28 @@ fn sweep_test<T: Element>(name: &str, dtype: DType) {
 
 #[test]
 fn decode_f16_matches_reference() {
-    sweep_test::<half::f16>("decode_f16_matches_reference", DType::F16);
+    sweep_test::<half::f16>("decode_f16_matches_reference", DType::F16, &[64, 128]);
 }
 
 #[test]
 fn decode_bf16_matches_reference() {
-    sweep_test::<half::bf16>("decode_bf16_matches_reference", DType::Bf16);
+    sweep_test::<half::bf16>("decode_bf16_matches_reference", DType::Bf16, &[64, 128]);
+}
+
+/// Issue 24's head dims in decode mode (d256: two 64-key stages; the combine's rows of 24 and
+/// 64 column quads).
+#[test]
+fn decode_head_dims_96_256_match_reference() {
+    sweep_test::<half::f16>(
+        "decode_head_dims_96_256_match_reference",
+        DType::F16,
+        &[96, 256],
+    );
+    sweep_test::<half::bf16>(
+        "decode_head_dims_96_256_match_reference",
+        DType::Bf16,
+        &[96, 256],
+    );
 }
 
 fn bits<T: Element>(x: &[T]) -> Vec<u64> {

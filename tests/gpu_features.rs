@@ -108,7 +108,7 @@ fn w(left: i64, right: i64) -> Window {
     Window::from_flash_attn(left, right)
 }
 
-fn sweep<T: Element>(ctx: &Context, dtype: DType, seed: u64) -> Vec<String> {
+fn sweep<T: Element>(ctx: &Context, dtype: DType, seed: u64, head_dims: &[usize]) -> Vec<String> {
     let mut rng = rng_from(seed);
     let mut failures = Vec::new();
     // (B, Hq, Hkv, Sq, Sk, causal, window, softcap, sinks)
@@ -144,7 +144,7 @@ fn sweep<T: Element>(ctx: &Context, dtype: DType, seed: u64) -> Vec<String> {
         (1, 2, 1, 1000, 100, true, w(10, 0), 50.0, true),
         (1, 2, 2, 16, 100, false, w(2, -1), 0.0, true),
     ];
-    for head_dim in [64, 128] {
+    for &head_dim in head_dims {
         for &(b, hq, hkv, sq, sk, causal, window, cap, with_sinks) in &cases {
             let mut p = AttentionParams::new(b, hq, sq, head_dim)
                 .seqlen_k(sk)
@@ -170,12 +170,12 @@ fn sweep<T: Element>(ctx: &Context, dtype: DType, seed: u64) -> Vec<String> {
     failures
 }
 
-fn sweep_test<T: Element>(name: &str, dtype: DType) {
+fn sweep_test<T: Element>(name: &str, dtype: DType, head_dims: &[usize]) {
     let Some(ctx) = gpu(name) else {
         return;
     };
     let s = seed();
-    let failures = sweep::<T>(&ctx, dtype, s);
+    let failures = sweep::<T>(&ctx, dtype, s, head_dims);
     assert!(
         failures.is_empty(),
         "seed {s}: {} failures:\n{}",
@@ -186,12 +186,40 @@ fn sweep_test<T: Element>(name: &str, dtype: DType) {
 
 #[test]
 fn f16_windows_softcap_sinks_match_reference() {
-    sweep_test::<half::f16>("f16_windows_softcap_sinks_match_reference", DType::F16);
+    sweep_test::<half::f16>(
+        "f16_windows_softcap_sinks_match_reference",
+        DType::F16,
+        &[64, 128],
+    );
 }
 
 #[test]
 fn bf16_windows_softcap_sinks_match_reference() {
-    sweep_test::<half::bf16>("bf16_windows_softcap_sinks_match_reference", DType::Bf16);
+    sweep_test::<half::bf16>(
+        "bf16_windows_softcap_sinks_match_reference",
+        DType::Bf16,
+        &[64, 128],
+    );
+}
+
+/// The same combinations at issue 24's head dims 96 (Phi-3) and 256 (Gemma 2: softcap 50,
+/// windows of 4096 on alternating layers).
+#[test]
+fn f16_head_dims_96_256_windows_softcap_sinks_match_reference() {
+    sweep_test::<half::f16>(
+        "f16_head_dims_96_256_windows_softcap_sinks_match_reference",
+        DType::F16,
+        &[96, 256],
+    );
+}
+
+#[test]
+fn bf16_head_dims_96_256_windows_softcap_sinks_match_reference() {
+    sweep_test::<half::bf16>(
+        "bf16_head_dims_96_256_windows_softcap_sinks_match_reference",
+        DType::Bf16,
+        &[96, 256],
+    );
 }
 
 /// Scores far past the fp16 range's comfort (large inputs, large scale), softcap and sinks on

@@ -150,7 +150,7 @@ fn f64s<T: Element>(x: &[T]) -> Vec<f64> {
 }
 
 /// Every mode against the reference, sequence by sequence: empty, short, odd, full caches.
-fn modes_match_reference<T: Element>(name: &str, dtype: DType) {
+fn modes_match_reference<T: Element>(name: &str, dtype: DType, head_dims: &[usize]) {
     let Some(ctx) = gpu(name) else {
         return;
     };
@@ -160,7 +160,7 @@ fn modes_match_reference<T: Element>(name: &str, dtype: DType) {
     let counts = [0usize, 7, 1999, 3072, 129, 2048];
     let starts = [0usize, 3, 1000, 3000, 129, 17];
     let tol = tolerance(dtype);
-    for d in [64, 128] {
+    for &d in head_dims {
         for (sq, causal, hq, hkv) in [(1, false, 8, 2), (4, true, 8, 1), (3, false, 4, 4)] {
             let p = params(dtype, d, causal, counts.len(), hq, hkv, sq, cap);
             let q: Vec<T> = randn(&mut rng, p.q_len());
@@ -234,12 +234,21 @@ fn modes_match_reference<T: Element>(name: &str, dtype: DType) {
 
 #[test]
 fn kv_cache_f16_matches_reference() {
-    modes_match_reference::<half::f16>("kv_cache_f16_matches_reference", DType::F16);
+    modes_match_reference::<half::f16>("kv_cache_f16_matches_reference", DType::F16, &[64, 128]);
 }
 
 #[test]
 fn kv_cache_bf16_matches_reference() {
-    modes_match_reference::<half::bf16>("kv_cache_bf16_matches_reference", DType::Bf16);
+    modes_match_reference::<half::bf16>("kv_cache_bf16_matches_reference", DType::Bf16, &[64, 128]);
+}
+
+/// Issue 24's head dims over every KV-cache mode (contiguous and paged, public and secret
+/// counts, left padding): d96 in fp16, d256 in bf16.
+#[test]
+fn kv_cache_head_dims_96_256_match_reference() {
+    let name = "kv_cache_head_dims_96_256_match_reference";
+    modes_match_reference::<half::f16>(name, DType::F16, &[96]);
+    modes_match_reference::<half::bf16>(name, DType::Bf16, &[256]);
 }
 
 /// One sequence alone, among 6 and among 63 other sequences of other lengths, in paged caches

@@ -155,6 +155,33 @@ fn mixed_lengths_match_the_reference() {
     );
 }
 
+/// Issue 24's head dims: mixed packs at d96 (fp16, GQA) and d256 (bf16), causal and not.
+#[test]
+fn head_dims_96_256_match_the_reference() {
+    let Some(ctx) = gpu("head_dims_96_256_match_the_reference") else {
+        return;
+    };
+    let s = seed();
+    let lq = [1, 17, 0, 128, 129, 1000, 5];
+    let lk = [1, 40, 7, 128, 300, 1000, 0];
+    for causal in [false, true] {
+        check_pack::<half::f16>(
+            &ctx,
+            &params(DType::F16, 4, 2, 96, causal, &lq, &lk),
+            &lq,
+            &lk,
+            s,
+        );
+        check_pack::<half::bf16>(
+            &ctx,
+            &params(DType::Bf16, 2, 2, 256, causal, &lq, &lk),
+            &lq,
+            &lk,
+            s + 1,
+        );
+    }
+}
+
 /// A pack of more tiles than one launch's work list holds (several launches).
 #[test]
 fn many_short_sequences_span_several_launches() {

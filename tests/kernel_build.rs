@@ -28,8 +28,8 @@ fn every_variant_compiles_to_hgmma_without_spills() {
     let variants = shipped_variants();
     assert_eq!(
         variants.len(),
-        100,
-        "f16/bf16 × causal/full × (plain, secret-length) × (d64 split 1/2/4, d128), plus d64 at 192 rows, d64/d128 at 64 rows, d64/d128 decode (plain, and KV-cache counts public/secret × contiguous/paged), d64/d128 varlen and d64/d128 softcap at 128 rows"
+        180,
+        "f16/bf16 × causal/full × (plain, secret-length) × (d64 split 1/2/4, d96, d128, d256), plus d64 at 192 rows, and at every head dim (64, 96, 128, 256): 64 rows, decode (plain, and KV-cache counts public/secret × contiguous/paged), varlen and softcap at 128 rows"
     );
     for v in variants {
         let cubin = v.cubin().unwrap_or_else(|e| panic!("{}: {e}", v.name()));
@@ -60,7 +60,7 @@ fn variant_names_are_distinct() {
     let mut names: Vec<String> = shipped_variants().iter().map(|v| v.name()).collect();
     names.sort();
     names.dedup();
-    assert_eq!(names.len(), 100);
+    assert_eq!(names.len(), 180);
 }
 
 #[test]
@@ -112,7 +112,7 @@ fn light_tiles_only_when_one_wave_of_64_row_units_fits() {
     let slen = Variant::for_shape(DType::F16, 64, false, true, 512, 512);
     assert_eq!(slen.with_light_tiles(1, 8, 512, sms).block_m, 128);
     let shipped = shipped_variants();
-    for d in [64, 128] {
+    for d in [64, 96, 128, 256] {
         for causal in [false, true] {
             for dtype in [DType::F16, DType::Bf16] {
                 let light = Variant::for_shape(dtype, d, causal, false, 100, 100)

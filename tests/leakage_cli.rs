@@ -28,7 +28,7 @@ fn usage_errors_exit_2() {
     usage_error(&["--budget-s=-3"], "--budget-s");
     usage_error(&["--budget-s", "nan"], "--budget-s");
     usage_error(&["--pool", "4"], "--pool must be at least 16");
-    usage_error(&["--headdim", "96"], "head_dim");
+    usage_error(&["--headdim", "80"], "head_dim");
     usage_error(&["--control", "early-exit", "--secret-len"], "early-exit");
     usage_error(&["--control", "sometimes"], "invalid value");
     usage_error(&["--dtype", "f32"], "f32");

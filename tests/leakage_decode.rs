@@ -174,7 +174,7 @@ fn decode_shape_errors_before_any_device() {
     refused(&["--decode", "--secret-len", "--seqlen-q", "0"], "seqlen_q");
     refused(&["--decode", "--secret-len", "--kv-heads", "3"], "heads_kv");
     refused(&["--decode", "--secret-len", "--kv-heads", "0"], "heads_kv");
-    refused(&["--decode", "--secret-len", "--headdim", "96"], "head_dim");
+    refused(&["--decode", "--secret-len", "--headdim", "80"], "head_dim");
     refused(
         &["--decode", "--secret-len", "--page-size", "24"],
         "power of two",

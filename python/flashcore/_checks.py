@@ -9,7 +9,17 @@ import math
 import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-SUPPORTED_HEAD_DIMS = (64, 128)
+SUPPORTED_HEAD_DIMS = (64, 96, 128, 256)
+# Head dims with a backward: 96 (Phi-3) and 256 (Gemma 2) are forward-only so far (issue 24).
+BACKWARD_HEAD_DIMS = (64, 128)
+
+
+def check_backward_head_dim(d):
+    if d not in BACKWARD_HEAD_DIMS:
+        raise RuntimeError(
+            f"flashcore: head dim {d} has no backward pass yet (gradients: head dims 64 and 128; 96 and 256 "
+            "are forward-only): call it under torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
+        )
 LAYOUTS = ("bshd", "bhsd")
 
 
@@ -56,6 +66,7 @@ def check_backward(grad_out, q, k, v, out, lse, layout):
     log-sum-exp, fp32 [B, Hq, Sq]. Returns the split shape."""
     shape = split_shape(q, k, v, layout)
     b, sq, sk, hq, hkv, d = shape
+    check_backward_head_dim(d)
     for name, t in (("grad_out", grad_out), ("out", out)):
         check_tensor(name, t)
         if tuple(t.shape) != tuple(q.shape):
@@ -141,7 +152,7 @@ def _split_shape_checked(q, k, v, layout):
     if dk != d:
         raise ValueError(f"flashcore: q has head dim {d} but k has {dk}")
     if d not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"flashcore: head dim {d} is not supported (supported: 64, 128)")
+        raise ValueError(f"flashcore: head dim {d} is not supported (supported: 64, 96, 128, 256)")
     for name, n in (("batch", b), ("seqlen_q", sq), ("seqlen_k", sk), ("heads_q", hq), ("heads_kv", hkv)):
         if n == 0:
             raise ValueError(f"flashcore: {name} is 0; zero-sized dimensions are not supported")

@@ -302,7 +302,7 @@ def fast(q, k, v, causal, scale, bhsd, return_lse, kv_lengths=None, gqa=True, to
     else:
         b, sq, hq, d = qs
         bk, sk, hkv, dk = ks
-    if bk != b or dk != d or (d != 64 and d != 128) or not (b and sq and sk and hq and hkv) or hq % hkv:
+    if bk != b or dk != d or (d != 64 and d != 128 and d != 96 and d != 256) or not (b and sq and sk and hq and hkv) or hq % hkv:
         return None
     if (hq != hkv and not gqa) or (top_left and causal and sq != sk):
         return None

@@ -13,6 +13,7 @@ def _call(q, k, v, causal, scale, bhsd, return_lse, lengths):
     dispatcher (torch.ops.flashcore.attention) whenever torch is tracing or faking tensors or
     autograd records the call — then with the log-sum-exp, which the backward needs."""
     if _checks.needs_grad(q, k, v):
+        _checks.check_backward_head_dim(q.shape[-1])
         if lengths is not None:
             raise RuntimeError(
                 "flashcore: secret_lengths has no backward pass: call it under torch.no_grad() or "
@@ -27,7 +28,8 @@ def _call(q, k, v, causal, scale, bhsd, return_lse, lengths):
 
 def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=False, secret_lengths=None,
               window_size=(-1, -1), softcap=0.0, learnable_sink=None):
-    """Fused attention ``softmax(scale · q kᵀ + mask) v``, fp16/bf16, head dim 64 or 128.
+    """Fused attention ``softmax(scale · q kᵀ + mask) v``, fp16/bf16, head dim 64, 96, 128 or 256
+    (96 and 256 forward only: with an input that requires grad they raise RuntimeError).
 
     `layout` "bshd" (flash-attn: [B, S, H, D], the default) or "bhsd" (SDPA: [B, H, S, D]). K and
     V may have fewer heads than Q (grouped-query attention: Hq a multiple of Hkv) and another

@@ -6,13 +6,13 @@ the same hook). Registered on import, never activated: after
 
 every ``F.scaled_dot_product_attention`` call that PyTorch sends to its flash backend runs on
 flashcore (``restore_flash_attention_impl()`` undoes it). Calls flashcore cannot serve — a head
-dim other than 64/128, dropout, or a GPU that is not sm_90 — run on PyTorch's memory-efficient
+dim other than 64/96/128/256, dropout, or a GPU that is not sm_90 — run on PyTorch's memory-efficient
 kernel instead (exact semantics kept; counted in ``stats``). Never a wrong result.
 
 Training: the hook also serves the op's backward (``aten::_scaled_dot_product_flash_attention_backward``)
 with flashcore's (``flashcore.autograd``'s kernels: bitwise deterministic, GQA sums); a call whose
-forward fell back gets its gradients from an fp32 recomputation (``_fallback_backward``), except
-dropout, whose mask cannot be recomputed here: its backward raises.
+forward fell back gets its gradients from an fp32 recomputation (``_fallback_backward``), and so
+does one at head dim 96 or 256 (forward-only kernels so far), except dropout, whose mask cannot be recomputed here: its backward raises.
 """
 
 import torch
@@ -135,6 +135,8 @@ def _flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_
             "flashcore SDPA backend: no backward for a call with dropout (its forward ran PyTorch's "
             "kernel, whose dropout mask is not kept): restore_flash_attention_impl() to train with dropout"
         )
+    if reason is None and query.shape[-1] not in _checks.BACKWARD_HEAD_DIMS:
+        reason = "head dim"  # 96 and 256: flashcore's forward, no backward kernels yet
     if reason is not None:
         stats["fallback_backward"] += 1
         return _fallback_backward(grad_out, query, key, value, is_causal, scale)

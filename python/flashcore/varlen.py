@@ -63,7 +63,7 @@ def _check(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, seqused_q=None):
     if dk != d:
         raise ValueError(f"flashcore: q has head dim {d} but k has {dk}")
     if d not in _native.SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"flashcore: head dim {d} is not supported (supported: 64, 128)")
+        raise ValueError(f"flashcore: head dim {d} is not supported (supported: 64, 96, 128, 256)")
     if hq == 0 or hkv == 0 or hq % hkv:
         raise ValueError(f"flashcore: heads_q ({hq}) must be a positive multiple of heads_kv ({hkv})")
     _check_meta("cu_seqlens_q", cu_q, None, q.device)
@@ -192,7 +192,7 @@ def flash_attn_varlen_func(
     return_lse=False,
 ):
     """flash-attn's ``flash_attn_varlen_func`` (inference): q ``[total_q, Hq, D]``, k and v
-    ``[total_k, Hkv, D]`` (GQA: Hq a multiple of Hkv), float16 or bfloat16, D 64 or 128;
+    ``[total_k, Hkv, D]`` (GQA: Hq a multiple of Hkv), float16 or bfloat16, D 64, 96, 128 or 256;
     ``cu_seqlens_q`` / ``cu_seqlens_k`` int32 ``[B + 1]`` on q's device; ``max_seqlen_q`` /
     ``max_seqlen_k`` Python ints bounding every sequence (the launch count derives from
     ``B · ceil(max_seqlen_q / 128)``). ``causal`` is bottom-right aligned per sequence (query i of

@@ -22,7 +22,7 @@ VOCAB = 256
 def configs():
     """One fresh config object per family (from_config writes the implementation into the config
     it is given, so each model gets its own deep copy as well). Head dim 64 (96 for Phi-3), GQA 4/2,
-    2 layers; windows of 16 tokens where a family has them, smaller than the sequences used."""
+    2 layers (Gemma 2 also at its real head dim 256); windows of 16 tokens where a family has them, smaller than the sequences used."""
     import transformers as tf
 
     c = dict(
@@ -39,6 +39,10 @@ def configs():
         # layers sliding / full, softcap on both; a cap of 10 so that it matters at these scores
         "gemma2": tf.Gemma2Config(
             **c, head_dim=64, query_pre_attn_scalar=64, sliding_window=16, attn_logit_softcapping=10.0
+        ),
+        # Gemma 2's real head dim (256) and softcap (50), layers sliding / full (issue 24)
+        "gemma2_d256": tf.Gemma2Config(
+            **c, head_dim=256, query_pre_attn_scalar=256, sliding_window=16, attn_logit_softcapping=50.0
         ),
         # head dim 96; Phi-3-mini's window (2047), longer than the sequence
         "phi3": tf.Phi3Config(**{**c, "hidden_size": 384}, sliding_window=2047),
@@ -59,18 +63,20 @@ EXPECTED = {
         "mistral": {"attention_mask": 2},
         "mistral_wide": {"device": 2},
         "gemma2": {"softcap": 2},
+        "gemma2_d256": {"softcap": 2},
         "phi3": {"device": 2},
         "gpt_oss": {"s_aux": 2},
     },
-    # Issue 24: windows (their masks recognised by flashcore.hf.window_of), softcap and sinks are
-    # served; only Phi-3's head dim 96 falls back.
+    # Issue 24: windows (their masks recognised by flashcore.hf.window_of), softcap, sinks and head
+    # dims 96 (Phi-3) and 256 (Gemma 2) are served.
     "cuda": {
         "llama": {"flashcore": 2},
         "qwen2": {"flashcore": 2},
         "mistral": {"flashcore": 2},
         "mistral_wide": {"flashcore": 2},
         "gemma2": {"flashcore": 2},
-        "phi3": {"head_dim": 2},
+        "gemma2_d256": {"flashcore": 2},
+        "phi3": {"flashcore": 2},
         "gpt_oss": {"flashcore": 2},
     },
 }

@@ -35,7 +35,7 @@ def test_op_is_registered_with_its_schema():
     schema = str(torch.ops.flashcore.attention.default._schema)
     assert schema.startswith("flashcore::attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale")
     assert "-> (Tensor, Tensor)" in schema
-    assert _native.SUPPORTED_HEAD_DIMS == [64, 128]
+    assert _native.SUPPORTED_HEAD_DIMS == [64, 96, 128, 256]
 
 
 def test_nvrtc_from_the_torch_wheel_is_found():
@@ -83,7 +83,7 @@ def test_not_a_tensor(fake):
         (lambda: (cuda(1, 8, 2, 64, dtype=torch.float32),) * 3, TypeError, "float32.*half"),
         (lambda: (cuda(1, 8, 2, 64), cuda(1, 8, 2, 64, dtype=torch.bfloat16), cuda(1, 8, 2, 64)), TypeError, "one dtype"),
         (lambda: (cuda(8, 2, 64),) * 3, ValueError, "must be 4-D"),
-        (lambda: (cuda(1, 8, 2, 96),) * 3, ValueError, "head dim 96 is not supported"),
+        (lambda: (cuda(1, 8, 2, 80),) * 3, ValueError, "head dim 80 is not supported"),
         (lambda: (cuda(1, 8, 6, 64), cuda(1, 8, 4, 64), cuda(1, 8, 4, 64)), ValueError, "multiple of the key/value heads"),
         (lambda: (cuda(1, 8, 2, 64), cuda(2, 8, 2, 64), cuda(2, 8, 2, 64)), ValueError, "batch"),
         (lambda: (cuda(1, 8, 2, 64), cuda(1, 8, 2, 128), cuda(1, 8, 2, 128)), ValueError, "head dim"),

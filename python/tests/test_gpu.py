@@ -64,6 +64,15 @@ CASES = [
     (2, 257, 100, 4, 2, 128, True),  # Sq > Sk: the first rows see no key
     (3, 1, 77, 6, 3, 64, False),  # a decode step
     (1, 1024, 1024, 16, 16, 128, False),
+    # Issue 24's head dims: 96 (Phi-3) and 256 (Gemma 2), GQA, Sq != Sk both ways, S = 1, 17, 1000.
+    (1, 300, 300, 4, 4, 96, False),
+    (1, 17, 1000, 4, 2, 96, True),
+    (2, 1000, 17, 4, 1, 96, False),
+    (2, 1, 300, 8, 2, 96, True),
+    (1, 1000, 1000, 8, 4, 256, True),
+    (2, 17, 17, 2, 2, 256, False),
+    (2, 1, 1000, 8, 2, 256, False),
+    (1, 257, 100, 4, 2, 256, True),
 ]
 
 
@@ -247,9 +256,24 @@ def test_ten_thousand_calls_leak_no_memory():
 
 
 def test_unsupported_head_dim_raises():
-    q = randn(1, 64, 2, 96)
-    with pytest.raises(ValueError, match="head dim 96"):
+    q = randn(1, 64, 2, 80)
+    with pytest.raises(ValueError, match="head dim 80"):
         flashcore.attention(q, q, q)
+
+
+@pytest.mark.parametrize("d", [96, 256])
+def test_head_dims_96_256_are_forward_only(d):
+    q = randn(1, 64, 2, d)
+    for fn in (flashcore.attention, flashcore.flash_attn_func):
+        with pytest.raises(RuntimeError, match=f"head dim {d} has no backward"):
+            fn(q.clone().requires_grad_(), q, q, causal=True)
+    with torch.no_grad():
+        out = flashcore.flash_attn_func(q.clone().requires_grad_(), q, q, causal=True)
+    assert not out.requires_grad and torch.isfinite(out).all()
+    # The backward op itself refuses them too (a forward run with the log-sum-exp).
+    out, lse = flashcore.attention(q, q, q, causal=True, return_lse=True)
+    with pytest.raises(RuntimeError, match=f"head dim {d} has no backward"):
+        torch.ops.flashcore.attention_backward(out, q, q, q, out, lse, True, None, False)
 
 
 # --- the SDPA backend ----------------------------------------------------------------------
@@ -272,11 +296,16 @@ def test_sdpa_backend_activate_and_restore():
             assert stats["flashcore"] == before["flashcore"] + 1
             assert torch.equal(got, want)
             assert got.stride() == native.stride()  # the query's memory layout, as torch's kernel gives
-            # A head dim flashcore lacks takes the fallback and stays right.
+            # A head dim flashcore lacks takes the fallback and stays right; 96 (issue 24) is served.
+            q80, k80 = randn(1, 4, 200, 80), randn(1, 4, 200, 80)
+            out80 = F.scaled_dot_product_attention(q80, k80, k80, is_causal=True)
+            assert stats["fallback"] == before["fallback"] + 1
             q96, k96 = randn(1, 4, 200, 96), randn(1, 4, 200, 96)
             out96 = F.scaled_dot_product_attention(q96, k96, k96, is_causal=True)
-            assert stats["fallback"] == before["fallback"] + 1
+            assert stats["flashcore"] == before["flashcore"] + 2
         # (float64 has no flash kernel: the reference runs outside the flash-only context.)
+        ref80 = F.scaled_dot_product_attention(q80.double(), k80.double(), k80.double(), is_causal=True)
+        assert rel_l2(out80, ref80) < 2e-3
         ref96 = F.scaled_dot_product_attention(q96.double(), k96.double(), k96.double(), is_causal=True)
         assert rel_l2(out96, ref96) < 2e-3
         compiled = torch.compile(lambda a, b, c: F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=True), fullgraph=True)
@@ -338,7 +367,8 @@ def test_hf_models_match_sdpa(kind, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "mistral_wide", "gemma2", "phi3", "gpt_oss"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "mistral_wide", "gemma2", "gemma2_d256", "phi3",
+                                    "gpt_oss"])
 def test_hf_model_families(family, dtype):
     """Each family's logits through "fcore" vs an fp32 eager model on the same (sharpened) weights,
     within hf_models.BOUND of the best backend transformers has in this dtype, with flashcore
@@ -970,6 +1000,12 @@ def reference_features(q, k, v, causal, scale=None, window=(-1, -1), softcap=0.0
         (1, 17, 17, 2, 2, 64, False, (-1, -1), 5.0, False),
         (1, 2048, 2048, 8, 2, 64, True, (127, 0), 0.0, True),  # gpt-oss' sliding layer
         (1, 300, 20, 2, 2, 128, False, (5, 5), 0.0, True),     # rows that see no key
+        # Issue 24's head dims: Gemma 2's softcap 50 with a causal window (d256), Phi-3 (d96).
+        (1, 1000, 1000, 8, 4, 256, True, (255, 0), 50.0, False),
+        (2, 17, 300, 4, 2, 256, True, (-1, -1), 50.0, True),
+        (1, 1, 1000, 8, 1, 256, False, (100, 0), 0.0, True),
+        (1, 1000, 1000, 4, 4, 96, True, (200, 0), 0.0, False),
+        (1, 300, 77, 4, 2, 96, False, (30, 10), 20.0, True),
     ],
 )
 def test_flash_attn_func_window_softcap_sinks(b, sq, sk, hq, hkv, d, causal, window, softcap, with_sinks, dtype):

@@ -134,8 +134,8 @@ def test_what_sdpa_expresses_goes_to_sdpa(gpu, monkeypatch):
         (reason(q, k, v, dropout=0.1), "dropout"),
         (reason(q, k, v, position_bias=torch.zeros(1, 4, 64, 64, device="cuda")), "position_bias"),
         (reason(*qkv(dtype=torch.float32)), "dtype"),
-        (reason(*qkv(d=96)), "head_dim"),
-        (reason(*qkv(d=256)), "head_dim"),
+        (reason(*qkv(d=80)), "head_dim"),
+        (reason(*qkv(d=512)), "head_dim"),
         (reason(*qkv(hq=3, hkv=2)), "heads"),
         (reason(q, k, v, scaling=-1.0), "scaling"),
         (reason(*qkv(sk=0)), "empty"),
@@ -144,6 +144,13 @@ def test_what_sdpa_expresses_goes_to_sdpa(gpu, monkeypatch):
         assert got == want and fh.fallback_path(want) == "sdpa"
     w = torch.empty(2, 4, 64, 64, dtype=BF16, device="cuda", requires_grad=True)
     assert reason(w, k, v) is None  # training is served (flashcore.autograd)
+    # Head dims 96 and 256 are served for inference; their training goes to SDPA (no backward).
+    for d in (96, 256):
+        assert reason(*qkv(d=d)) is None
+        qd, kd, vd = qkv(d=d)
+        assert reason(qd.clone().requires_grad_(), kd, vd) == "head_dim"
+        with torch.no_grad():
+            assert reason(qd.clone().requires_grad_(), kd, vd) is None
     monkeypatch.setattr(fh, "_gpu_ok", lambda device: False)
     assert reason(q, k, v) == "gpu" and fh.fallback_path("gpu") == "sdpa"
 

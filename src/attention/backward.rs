@@ -61,6 +61,7 @@ const MAX_GRID_YZ: usize = 65_535;
 /// The shape rules of the backward: the forward's, plus the launch grid's limits.
 pub fn check_backward_params(p: &AttentionParams) -> Result<()> {
     validate::check_params(p)?;
+    validate::check_backward_head_dim(p)?;
     // Issue 24's features are forward-only so far: a gradient through them would be wrong.
     if p.window.left.is_some() || (!p.causal && p.window.right.is_some()) {
         return Err(Error::invalid(

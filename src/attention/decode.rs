@@ -228,9 +228,10 @@ pub(crate) const COMBINE_THREADS: u32 = 256;
 /// split count. A row is merged by `head_dim / 4 · groups` threads, each summing every
 /// `groups`-th split in order, then the groups in order: a function of the split count (of Sk)
 /// alone, so the bits stay batch-invariant.
-pub(crate) fn combine_groups(num_splits: usize) -> usize {
+/// A row's threads never outnumber the CTA's (d256: at most 4 groups of 64 quads).
+pub(crate) fn combine_groups(num_splits: usize, head_dim: usize) -> usize {
     let mut g = 1;
-    while g < 8 && 2 * g <= num_splits {
+    while g < 8 && 2 * g <= num_splits && head_dim / 4 * 2 * g <= COMBINE_THREADS as usize {
         g *= 2;
     }
     g
@@ -290,12 +291,23 @@ mod tests {
 
     #[test]
     fn combine_groups_are_powers_of_two_up_to_eight_and_tile_the_cta() {
-        assert_eq!(combine_groups(1), 1);
-        assert_eq!(combine_groups(2), 2);
-        assert_eq!(combine_groups(3), 2);
-        assert_eq!(combine_groups(7), 4);
-        assert_eq!(combine_groups(8), 8);
-        assert_eq!(combine_groups(200), 8);
+        assert_eq!(combine_groups(1, 128), 1);
+        assert_eq!(combine_groups(2, 128), 2);
+        assert_eq!(combine_groups(3, 128), 2);
+        assert_eq!(combine_groups(7, 128), 4);
+        assert_eq!(combine_groups(8, 128), 8);
+        assert_eq!(combine_groups(200, 128), 8);
+        // d256: a row's 64 quads in at most 4 groups fill the CTA; d96's 24 quads in 8 groups
+        // leave 64 threads idle (kernels/fc_decode.cuh).
+        assert_eq!(combine_groups(200, 256), 4);
+        assert_eq!(combine_groups(200, 96), 8);
+        assert_eq!(combine_ctas(5, 96, 8), 5);
+        assert_eq!(combine_ctas(5, 256, 4), 5);
+        for d in [64, 96, 128, 256] {
+            for n in [1, 2, 3, 8, 200] {
+                assert!(d / 4 * combine_groups(n, d) <= COMBINE_THREADS as usize);
+            }
+        }
         // d128, 8 groups: one row per CTA; d64, 2 groups: eight rows per CTA.
         assert_eq!(combine_ctas(8, 128, 8), 8);
         assert_eq!(combine_ctas(17, 64, 2), 3);

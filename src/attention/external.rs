@@ -747,7 +747,7 @@ mod tests {
 
     #[test]
     fn shape_rules_apply() {
-        let (arg, _) = rule_of(validate(&call(AttentionParams::new(1, 2, 8, 96))).unwrap_err());
+        let (arg, _) = rule_of(validate(&call(AttentionParams::new(1, 2, 8, 80))).unwrap_err());
         assert_eq!(arg, "head_dim");
         let p = AttentionParams {
             heads_kv: 3,

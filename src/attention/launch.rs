@@ -841,7 +841,7 @@ impl Plan {
             num_splits: d.num_splits as i32,
             scale_log2: k.scale_log2,
             scale: k.scale,
-            groups: decode::combine_groups(d.num_splits) as i32,
+            groups: decode::combine_groups(d.num_splits, p.head_dim) as i32,
             sinks_ptr: k.sinks_ptr,
         };
         let grid =

@@ -1,5 +1,5 @@
 //! TMA tensor maps (CUtensorMap) for Q, K, V: 4-D views (dim, seq, head, batch) of a tensor
-//! with any 16-byte-aligned strides (contiguous `bshd`, `bhsd`, or a framework's strided view), tiled in 64-element (128-byte) rows with 128-byte swizzle — the shared-memory
+//! with any 16-byte-aligned strides (contiguous `bshd`, `bhsd`, or a framework's strided view), tiled in 64-element (128-byte) rows with 128-byte swizzle (d96: 32-element rows, 64-byte swizzle) — the shared-memory
 //! layout the kernel's wgmma descriptors expect. Out-of-range rows read as zeros.
 
 use super::external::Strides;
@@ -9,6 +9,25 @@ use cudarc::driver::sys;
 
 /// Elements per swizzled row: 128 bytes of 16-bit values.
 pub const SWIZZLE_ELEMS: u32 = 64;
+
+/// Elements per swizzled row for a head dim: 64 (128-byte swizzle) for multiples of 64, else 32
+/// with the 64-byte swizzle (d96: three 64-byte atoms, no padding columns). Must match
+/// `cfg::SW_ELEMS` in kernels/fc_config.cuh.
+pub fn swizzle_elems(head_dim: usize) -> u32 {
+    if head_dim % 64 == 0 {
+        SWIZZLE_ELEMS
+    } else {
+        SWIZZLE_ELEMS / 2
+    }
+}
+
+fn swizzle_mode(head_dim: usize) -> sys::CUtensorMapSwizzle {
+    if swizzle_elems(head_dim) == SWIZZLE_ELEMS {
+        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B
+    } else {
+        sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B
+    }
+}
 
 /// Q in decode mode (kernels/fc_decode.cuh): dims (dim, head, seq, batch) — heads before
 /// positions — and a box of `pack` heads by `rows / pack` positions, so one load fills a tile's
@@ -32,7 +51,7 @@ pub fn encode_packed(
         dtype,
         dims,
         [sh, ss, sb],
-        [SWIZZLE_ELEMS, pack, rows / pack, 1],
+        [swizzle_elems(head_dim), pack, rows / pack, 1],
     )
 }
 
@@ -61,7 +80,7 @@ pub fn encode(
         dtype,
         dims,
         [ss, sh, sb],
-        [SWIZZLE_ELEMS, box_rows, 1, 1],
+        [swizzle_elems(head_dim), box_rows, 1, 1],
     )
 }
 
@@ -91,7 +110,7 @@ fn encode_dims(
             boxes.as_ptr(),
             elem_strides.as_ptr(),
             sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            swizzle_mode(dims[0] as usize),
             sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )

@@ -3,8 +3,26 @@
 use super::params::{AttentionParams, DType};
 use crate::error::{Error, Result};
 
-/// Head dimensions the shipped kernels are built for.
-pub const SUPPORTED_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Head dimensions the shipped forward kernels are built for (96: Phi-3; 256: Gemma 2).
+pub const SUPPORTED_HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
+
+/// Head dimensions the backward kernels are built for (a subset: issue 24's dims are forward-only).
+pub const BACKWARD_HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// The backward's head-dim rule (check_backward_params): the forward's dims 96 and 256 have no
+/// backward kernels yet.
+pub fn check_backward_head_dim(p: &AttentionParams) -> Result<()> {
+    if !BACKWARD_HEAD_DIMS.contains(&p.head_dim) {
+        return Err(Error::invalid(
+            "head_dim",
+            format!(
+                "{} has no backward (gradients: 64, 128; head dims 96 and 256 are forward-only)",
+                p.head_dim
+            ),
+        ));
+    }
+    Ok(())
+}
 
 /// TMA addresses rows in 16-byte units, and the tensor-map fields cap extents and strides.
 /// Base-address alignment TMA needs for Q, K and V.
@@ -37,7 +55,10 @@ pub fn check_params(p: &AttentionParams) -> Result<()> {
     if !SUPPORTED_HEAD_DIMS.contains(&p.head_dim) {
         return Err(Error::invalid(
             "head_dim",
-            format!("{} is not supported (supported: 64, 128)", p.head_dim),
+            format!(
+                "{} is not supported (supported: 64, 96, 128, 256)",
+                p.head_dim
+            ),
         ));
     }
     if p.heads_q % p.heads_kv != 0 {
@@ -400,9 +421,28 @@ mod tests {
 
     #[test]
     fn rejects_unsupported_head_dim() {
-        let (arg, rule) = rule_of(check_params(&AttentionParams::new(1, 1, 8, 96)).unwrap_err());
-        assert_eq!(arg, "head_dim");
-        assert!(rule.contains("96"));
+        for d in [8, 80, 112, 192, 512] {
+            let (arg, rule) = rule_of(check_params(&AttentionParams::new(1, 1, 8, d)).unwrap_err());
+            assert_eq!(arg, "head_dim");
+            assert!(rule.contains(&d.to_string()), "{rule}");
+        }
+        for d in [64, 96, 128, 256] {
+            check_params(&AttentionParams::new(1, 1, 8, d)).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_backward_refuses_head_dims_96_and_256() {
+        use crate::attention::backward::check_backward_params;
+        for d in [96, 256] {
+            let p = AttentionParams::new(1, 2, 8, d);
+            let (arg, rule) = rule_of(check_backward_params(&p).unwrap_err());
+            assert_eq!(arg, "head_dim");
+            assert!(rule.contains("forward-only"), "{rule}");
+        }
+        for d in [64, 128] {
+            check_backward_params(&AttentionParams::new(1, 2, 8, d)).unwrap();
+        }
     }
 
     #[test]

@@ -7,7 +7,7 @@ use crate::attention::{AttentionParams, DType, Layout};
 pub enum Suite {
     /// The seed shapes: latency (1,8,512,64), (1,16,1024,64), and throughput shapes up to 16k.
     Seed,
-    /// FlashAttention-3 paper sweep: 16k tokens, S = 512..16k, D ∈ {64, 128}, hidden 2048.
+    /// FlashAttention-3 paper sweep: 16k tokens, S = 512..16k, D ∈ {64, 128, 256}, hidden 2048.
     Fa3,
     /// Decode: one or four query positions over 1k–128k cached keys, GQA 32/8 and 8/1 at
     /// D 128, MHA 16/16 at D 64, bf16.
@@ -64,12 +64,12 @@ pub fn seed(layout: Layout) -> Vec<AttentionParams> {
     out
 }
 
-/// fp16 then bf16 × D ∈ {64, 128} × non-causal then causal × S ∈ {512, …, 16384}, with
-/// B = 16384 / S and H = 2048 / D.
+/// fp16 then bf16 × D ∈ {64, 128, 256} × non-causal then causal × S ∈ {512, …, 16384}, with
+/// B = 16384 / S and H = 2048 / D (d256: issue 24, H = 8).
 pub fn fa3(layout: Layout) -> Vec<AttentionParams> {
     let mut out = Vec::new();
     for dtype in [DType::F16, DType::Bf16] {
-        for d in [64usize, 128] {
+        for d in [64usize, 128, 256] {
             for causal in [false, true] {
                 for s in [512usize, 1024, 2048, 4096, 8192, 16384] {
                     out.push(

@@ -34,7 +34,7 @@ impl ModeArg {
 /// Time flashcore on a suite or an ad-hoc shape.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
-    /// A named suite: seed (16 shapes), fa3 (FlashAttention-3 paper sweep, 48 shapes), decode,
+    /// A named suite: seed (16 shapes), fa3 (FlashAttention-3 paper sweep, 72 shapes), decode,
     /// or backward (issue 23's training shapes, bf16).
     #[arg(long, value_enum)]
     pub suite: Option<Suite>,
@@ -53,7 +53,7 @@ pub struct BenchArgs {
     /// Ad-hoc shape: key sequence length (default: --seqlen).
     #[arg(long, value_name = "S")]
     pub seqlen_k: Option<usize>,
-    /// Ad-hoc shape: head dimension.
+    /// Ad-hoc shape: head dimension (with --suite: keep only this head dim's shapes).
     #[arg(long, value_name = "D")]
     pub headdim: Option<usize>,
     /// Element type (ad-hoc: default f16; suites: keep only this dtype's shapes).
@@ -130,7 +130,7 @@ pub fn shapes(args: &BenchArgs) -> Result<Vec<AttentionParams>, String> {
         || args.heads_kv.is_some()
         || args.seqlen.is_some()
         || args.seqlen_k.is_some()
-        || args.headdim.is_some()
+        || (args.headdim.is_some() && args.suite.is_none())
         || args.causal
         || args.window.is_some();
     match (args.suite, adhoc) {
@@ -138,11 +138,18 @@ pub fn shapes(args: &BenchArgs) -> Result<Vec<AttentionParams>, String> {
             "give either --suite or an ad-hoc shape (--heads, --seqlen, --headdim, …), not both"
                 .into(),
         ),
-        (Some(suite), false) => Ok(suite
-            .shapes(args.layout)
-            .into_iter()
-            .filter(|p| args.dtype.is_none_or(|d| d == p.dtype))
-            .collect()),
+        (Some(suite), false) => {
+            let out: Vec<AttentionParams> = suite
+                .shapes(args.layout)
+                .into_iter()
+                .filter(|p| args.dtype.is_none_or(|d| d == p.dtype))
+                .filter(|p| args.headdim.is_none_or(|d| d == p.head_dim))
+                .collect();
+            if out.is_empty() {
+                return Err("the suite has no shapes of that dtype and head dim".into());
+            }
+            Ok(out)
+        }
         (None, true) => {
             let (Some(h), Some(s), Some(d)) = (args.heads, args.seqlen, args.headdim) else {
                 return Err(

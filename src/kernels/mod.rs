@@ -232,7 +232,7 @@ impl Variant {
             head_dim,
             causal,
             block_m,
-            block_n: 128,
+            block_n: block_n_for(head_dim),
             secret_len: false,
             split: 1,
             decode: false,
@@ -317,7 +317,7 @@ impl Variant {
             head_dim,
             causal,
             block_m,
-            block_n: 128,
+            block_n: block_n_for(head_dim),
             secret_len,
             split,
             decode: false,
@@ -386,9 +386,10 @@ impl Variant {
         // Decode streams K/V with little compute per byte: at d128 a third stage keeps more of
         // it in flight (what fits in 227 KiB beside two Q buffers). d64 keeps four (six measured
         // no better: PERF_NOTES step 16).
+        // d256 decode: two Q buffers (64 KiB) leave room for two 64-key stages (64 KiB each).
         let stages = match (self.decode, self.head_dim) {
             (_, 64) => 4,
-            (false, _) => 2,
+            (false, _) | (true, 256) => 2,
             (true, _) => 3,
         };
         Tile {
@@ -490,6 +491,18 @@ impl Variant {
     }
 }
 
+/// Keys per K/V stage for a head dim: 128, or 64 at d256, whose two consumer warpgroups each
+/// hold a 128-register O accumulator — with 128-key scores (64 registers) and their fragments
+/// (32) beside it they would spill at 232 registers (PERF_NOTES, issue 24) — and whose
+/// 128-row Q tile (64 KiB) leaves room for two 64-key stages of 64 KiB.
+pub fn block_n_for(head_dim: usize) -> usize {
+    if head_dim > 128 {
+        64
+    } else {
+        128
+    }
+}
+
 /// Key-range split across a cluster: measured on the H100 (PERF_NOTES.md, step 4) to be no
 /// faster than one CTA per query tile at any shape tried (1,8,512,64: 8.9 µs unsplit vs 9.0 / 14.0
 /// µs split 2 / 4, graph replay), because each CTA's fixed latency dominates and clusters of 4
@@ -507,7 +520,8 @@ pub const MAX_SMEM_BYTES: usize = 232_448;
 pub fn shipped_variants() -> Vec<Variant> {
     let mut v = Vec::new();
     for dtype in [DType::F16, DType::Bf16] {
-        for head_dim in [64, 128] {
+        // Issue 24: head dims 96 (Phi-3) and 256 (Gemma 2) in every mode but the cluster split.
+        for head_dim in [64, 96, 128, 256] {
             for causal in [false, true] {
                 for secret_len in [false, true] {
                     // Split variants (off by default; `FLASHCORE_SPLIT`) only at d64: at d128 the
@@ -519,7 +533,7 @@ pub fn shipped_variants() -> Vec<Variant> {
                             head_dim,
                             causal,
                             block_m: 128,
-                            block_n: 128,
+                            block_n: block_n_for(head_dim),
                             secret_len,
                             split,
                             decode: false,
