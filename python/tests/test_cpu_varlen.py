@@ -30,8 +30,8 @@ def test_shape_checks_name_the_argument():
         varlen._check(q, k, v, cq, ck, None, 5, 6, _cu([1, 2, 3]))
     with pytest.raises(ValueError, match="heads_q"):
         varlen._check(q[:, :3], k, v, cq, ck, None, 5, 6)
-    with pytest.raises(ValueError, match="head dim 96"):
-        varlen._check(*_pack(d=96), cq, ck, None, 5, 6)
+    with pytest.raises(ValueError, match="head dim 80"):
+        varlen._check(*_pack(d=80), cq, ck, None, 5, 6)
     with pytest.raises(ValueError, match="max_seqlen_k"):
         varlen._check(q, k, v, cq, ck, None, 5, True)
     with pytest.raises(ValueError, match="CUDA"):
