@@ -134,9 +134,10 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         wgmma_commit();
         turns.pass(it);
         if constexpr (DQ) {
-            // The previous tile's reductions are long issued: make them visible, then hand the
-            // query tile to the next key block.
-            if (it > 0) {
+            // The previous tile's reductions are issued: make them visible, then hand its query
+            // tile to the next key block. (Releasing later, at this tile's dSᵀ barrier, measured
+            // slower: non-causal key blocks wait on their predecessor just in time.)
+            if (it > 0 && OP_ORDERED) {
                 fence_acq_rel_gpu();
                 named_bar_sync(CONSUMER_BAR, 2 * 128);
                 if (threadIdx.x == 128) red_release_gpu_inc(prev_flag);
@@ -198,12 +199,19 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         if constexpr (DQ) {
             // dSᵀ to shared memory for both warpgroups, then this warpgroup's 64×64 piece of the
             // tile's dQ partial: d128, all 64 queries × head-dim half wg; d64, query half wg × 64.
+            float dq[32];
+#if FC_OP_DIAG >= 3
+#pragma unroll
+            for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
+#endif
+#if FC_OP_DIAG < 4
             onepass_store_ds(ds[it & 1], sf, wg * 64 + warp * 16 + lane / 4, col0);
             fence_proxy_async_smem();
             named_bar_sync(CONSUMER_BAR, 2 * 128);
-            float dq[32];
+#endif
             const uint32_t a_base = smem_u32(&ds[it & 1][QCH == 1 ? 0 : wg][0][0]);
             const uint32_t b_base = smem_u32(&s.k[QCH == 1 ? wg : 0][0][0]);
+#if FC_OP_DIAG < 3
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < KV_BN / 16; ++kk) {
@@ -211,6 +219,10 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
                                       wgmma_desc_sw128(b_base + kk * 16 * ROW_BYTES, KV_BN * ROW_BYTES, 1024), kk > 0);
             }
             wgmma_commit();
+#else
+            (void)a_base;
+            (void)b_base;
+#endif
             wgmma_wait<0>();
             fence_regs(dv);
             fence_regs(dk);
@@ -219,13 +231,15 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
             fence_frags(sf);
             // This key block's turn on (batch, head, m_block): rank 0 stores, the others add.
             const int64_t bh = (int64_t)batch * p.heads_q + head;
-            int* flag = reinterpret_cast<int*>(p.flags_ptr) + bh * p.kv_m_blocks + m_block;
             const int rank = onepass_rank(p, n_block, m_block);
-            if (threadIdx.x == 128) {
-                while (ld_acquire_gpu(flag) != rank) {
+            int* flag = reinterpret_cast<int*>(p.flags_ptr) + bh * p.kv_m_blocks + m_block;
+            if (OP_ORDERED) {
+                if (threadIdx.x == 128) {
+                    while (ld_acquire_gpu(flag) != rank) {
+                    }
                 }
+                named_bar_sync(CONSUMER_BAR, 2 * 128);
             }
-            named_bar_sync(CONSUMER_BAR, 2 * 128);
             const int qoff = QCH == 1 ? 0 : 64 * wg, doff = QCH == 1 ? 64 * wg : 0;
             float* acc = reinterpret_cast<float*>(p.dq_acc_ptr) +
                          (bh * p.sq_pad + m_block * KV_BM + qoff + warp * 16 + lane / 4) * D + doff + col0;
@@ -234,7 +248,8 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     float* a = acc + 8 * h * D + 8 * j;
-                    if (rank == 0) {
+                    if (FC_OP_DIAG >= 2) {
+                    } else if (rank == 0) {
                         st_f32x2(a, dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
                     } else {
                         red_add_f32x2(a, dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
@@ -251,7 +266,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         bwd_release(&s.empty[st]);
     }
     if constexpr (DQ) {
-        if (total > 0) {
+        if (total > 0 && OP_ORDERED) {
             fence_acq_rel_gpu();
             named_bar_sync(CONSUMER_BAR, 2 * 128);
             if (threadIdx.x == 128) red_release_gpu_inc(prev_flag);

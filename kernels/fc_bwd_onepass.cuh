@@ -13,6 +13,16 @@
 #pragma once
 #include "fc_bwd_config.cuh"
 
+// Measurement only, never shipped (BwdVariant::diag): 1 = no turn wait (reductions in arrival
+// order: nondeterministic), 2 = no wait and no reductions (dQ wrong), 3 = also no dQ GEMM, 4 =
+// also no dSᵀ exchange between the warpgroups (the dK/dV kernel's work alone): what the order,
+// the reductions, the fifth GEMM and the per-tile lockstep cost.
+#ifndef FC_OP_DIAG
+#define FC_OP_DIAG 0
+#endif
+// The turn protocol runs (waits, fences, releases) unless a diagnostic build drops it.
+#define OP_ORDERED (FC_OP_DIAG == 0)
+
 namespace bw {
 // 64-query chunks of a streamed tile: dSᵀ is kept in shared memory as [chunk][key][64 queries].
 constexpr int QCH = KV_BM / 64;

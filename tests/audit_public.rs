@@ -698,7 +698,11 @@ fn a_turn_counter_written_with_secret_values_is_not_public() {
     let b = only_buffer(&a);
     assert!(!b.public_writes, "{b:#?}");
     assert!(b.public_loads.is_empty(), "{b:#?}");
-    assert_eq!(b.unproven_loads.len(), 1, "the counter's read, demoted: {b:#?}");
+    assert_eq!(
+        b.unproven_loads.len(),
+        1,
+        "the counter's read, demoted: {b:#?}"
+    );
     let v = verdicts(&a);
     assert_eq!(v.len(), 1, "{v:?}");
     assert_eq!((v[0].0, v[0].1.as_str()), (Rule::ControlFlow, "BRA"));

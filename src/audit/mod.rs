@@ -244,7 +244,11 @@ pub fn audit_section_with(
             let an = taint::analyze(sec, &g, &secrets).map_err(refused)?;
             let mut changed = false;
             for x in 0..p.writes.len() {
-                if p.writes_public[x] && p.writes[x].iter().any(|&i| rules::secret_operands(&g, &an, i)) {
+                if p.writes_public[x]
+                    && p.writes[x]
+                        .iter()
+                        .any(|&i| rules::secret_operands(&g, &an, i))
+                {
                     p.writes_public[x] = false;
                     changed = true;
                 }

@@ -74,6 +74,11 @@ pub struct BwdVariant {
     /// order (kernels/fc_bwd_onepass.cuh), instead of a second kernel recomputing S and dP.
     /// Its consumers work in lockstep (`pingpong` false).
     pub onepass: bool,
+    /// Measurement only, never shipped or audited (`FC_OP_DIAG`, `FLASHCORE_BWD_OP_DIAG`): 1 =
+    /// the one-pass kernel adds without waiting for its turn (nondeterministic), 2 = it neither
+    /// waits nor adds (dQ wrong), 3 = nor runs the dQ GEMM, 4 = nor exchanges dSᵀ between its
+    /// warpgroups. What the ordering, the reductions, the fifth GEMM and the lockstep cost.
+    pub diag: u8,
 }
 
 impl BwdVariant {
@@ -85,7 +90,13 @@ impl BwdVariant {
             self.head_dim,
             if self.causal { "causal" } else { "full" },
             if self.onepass {
-                "_onepass"
+                [
+                    "_onepass",
+                    "_onepass_diag1",
+                    "_onepass_diag2",
+                    "_onepass_diag3",
+                    "_onepass_diag4",
+                ][self.diag.min(4) as usize]
             } else if self.pingpong {
                 ""
             } else {
@@ -104,12 +115,17 @@ impl BwdVariant {
             _ => default_onepass(head_dim, causal),
         };
         let pingpong = !onepass && std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0");
+        let diag = match std::env::var("FLASHCORE_BWD_OP_DIAG").map(|s| s.parse::<u8>()) {
+            Ok(Ok(d @ 1..=4)) if onepass => d,
+            _ => 0,
+        };
         BwdVariant {
             dtype,
             head_dim,
             causal,
             pingpong,
             onepass,
+            diag,
         }
     }
 
@@ -147,6 +163,7 @@ impl BwdVariant {
         o.push(format!("-DFC_Q_STAGES={}", t.q_stages));
         o.push(format!("-DFC_PINGPONG={}", self.pingpong as u8));
         o.push(format!("-DFC_ONEPASS={}", self.onepass as u8));
+        o.push(format!("-DFC_OP_DIAG={}", self.diag));
         o.push(format!("-DFC_HEAD_DIM={}", self.head_dim));
         o.push(format!("-DFC_BF16={}", (self.dtype == DType::Bf16) as u8));
         o.push(format!("-DFC_CAUSAL={}", self.causal as u8));
@@ -247,6 +264,7 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                         causal,
                         pingpong,
                         onepass: false,
+                        diag: 0,
                     });
                 }
                 v.push(BwdVariant {
@@ -255,6 +273,7 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                     causal,
                     pingpong: false,
                     onepass: true,
+                    diag: 0,
                 });
             }
         }
