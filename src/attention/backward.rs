@@ -700,6 +700,32 @@ mod tests {
     }
 
     #[test]
+    fn one_pass_workspace_holds_the_accumulator_and_counters() {
+        let p = params(); // B 2, Hq 4, Sq 100 (padded 128), D 64
+        let two = BwdVariant::for_call(p.dtype, p.head_dim, p.causal);
+        let one = BwdVariant {
+            onepass: true,
+            pingpong: false,
+            diag: 0,
+            ..two
+        };
+        let rows = 2 * 4 * 128;
+        let two_pass = BwdVariant {
+            onepass: false,
+            ..two
+        };
+        assert_eq!(
+            workspace_layout(&p, two_pass),
+            (rows * 4, 2 * rows * 4, 2 * rows * 4, 2 * rows * 4)
+        );
+        let (dvec, acc, flags, end) = workspace_layout(&p, one);
+        assert_eq!((dvec, acc), (rows * 4, 2 * rows * 4));
+        assert_eq!(flags, acc + rows * 64 * 4);
+        // d64 streams 128-row query tiles: one int32 counter per (sequence, head, tile), 2 · 4 · 1.
+        assert_eq!(end, flags + 8 * 4);
+    }
+
+    #[test]
     fn parameter_block_offsets_match_the_kernel() {
         // kernels/fc_bwd_config.cuh: four 128-byte maps, eight pointers, six strides, then i32s.
         let b = std::mem::MaybeUninit::<BwdKernelParams>::uninit();
