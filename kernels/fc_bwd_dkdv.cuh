@@ -67,14 +67,14 @@ FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int
     }
 }
 
-// One pass: dS of the last two tiles ([KCH][KV_BM][64] each), beside DkdvShared.
+// One pass: dSᵀ of the last two tiles ([QCH][KV_BN][64] each), beside DkdvShared.
 struct OnepassShared {
-    uint16_t ds[2][bw::KCH][bw::KV_BM][64];
+    uint16_t ds[2][bw::QCH][bw::KV_BN][64];
     DkdvShared kv;
 };
 
 template <bool DQ>
-FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[bw::KCH][bw::KV_BM][64], int wg,
+FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[bw::QCH][bw::KV_BN][64], int wg,
                              int n_block, int kv_head, int batch) {
     using namespace bw;
     const int warp = warp_id_in_block() % 4;
@@ -197,9 +197,8 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         }
         wgmma_commit();
         if constexpr (DQ) {
-            // dS (the dSᵀ fragments transposed) to shared memory for both warpgroups, then this
-            // warpgroup's 64×64 piece of the tile's dQ partial: d128, all 64 queries × head-dim
-            // half wg; d64, query half wg × all 64 dims.
+            // dSᵀ to shared memory for both warpgroups, then this warpgroup's 64×64 piece of the
+            // tile's dQ partial: d128, all 64 queries × head-dim half wg; d64, query half wg × 64.
             float dq[32];
 #if FC_OP_DIAG >= 3
 #pragma unroll
@@ -210,14 +209,13 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
             fence_proxy_async_smem();
             named_bar_sync(CONSUMER_BAR, 2 * 128);
 #endif
-            const uint32_t a_base = smem_u32(&ds[it & 1][0][QCH == 1 ? 0 : 64 * wg][0]);
+            const uint32_t a_base = smem_u32(&ds[it & 1][QCH == 1 ? 0 : wg][0][0]);
             const uint32_t b_base = smem_u32(&s.k[QCH == 1 ? wg : 0][0][0]);
 #if FC_OP_DIAG < 3
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < KV_BN / 16; ++kk) {
-                const uint32_t ain = (kk / 4) * (KV_BM * ROW_BYTES) + (kk % 4) * 32;
-                wgmma_ss_tb_m64n64k16(dq, wgmma_desc_sw128(a_base + ain, 16, 1024),
+                wgmma_ss_tt_m64n64k16(dq, wgmma_desc_sw128(a_base + kk * 16 * ROW_BYTES, KV_BN * ROW_BYTES, 1024),
                                       wgmma_desc_sw128(b_base + kk * 16 * ROW_BYTES, KV_BN * ROW_BYTES, 1024), kk > 0);
             }
             wgmma_commit();

@@ -24,18 +24,15 @@
 #define OP_ORDERED (FC_OP_DIAG == 0)
 
 namespace bw {
-// 64-query pieces of a streamed tile (which warpgroup computes which part of dQ).
+// 64-query chunks of a streamed tile: dSᵀ is kept in shared memory as [chunk][key][64 queries].
 constexpr int QCH = KV_BM / 64;
-// 64-key chunks of a key block: dS is kept in shared memory as [chunk][query][64 keys], i.e.
-// K-major for the dQ GEMM's A operand (a transposed A from shared memory measured slow).
-constexpr int KCH = KV_BN / 64;
 // Named barrier of the two consumer warpgroups (ids 1, 2 are the ping-pong turns).
 constexpr int CONSUMER_BAR = 3;
 }  // namespace bw
 
-// D[64x64] (+)= A[64x16] B[16x64], A and B from shared memory, A K-major, B MN-major
-// (transposed: B's rows of the K index hold N contiguous).
-FC_DEVICE void wgmma_ss_tb_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+// D[64x64] (+)= A[64x16] B[16x64], A and B from shared memory, both MN-major (transposed): A's
+// rows of the K index hold M contiguous, B's hold N contiguous.
+FC_DEVICE void wgmma_ss_tt_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
 #if FC_BF16
@@ -44,7 +41,7 @@ FC_DEVICE void wgmma_ss_tb_m64n64k16(float (&d)[32], uint64_t desc_a, uint64_t d
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
 #endif
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, "
-        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 1;\n}\n"
+        "%21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 1, 1;\n}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
           "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
           "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
@@ -96,30 +93,20 @@ FC_DEVICE void st_f32x2(float* ptr, float a, float b) {
 }
 
 // This thread's 16-bit dSᵀ fragments (the A operand of dK += dSᵀ Q: rows = its two keys, k-slice
-// kk = queries 16kk..16kk+15) into `ds` ([KCH][KV_BM][64]: dS rows = queries, 128-byte
-// swizzled), `key` being the thread's first key row within the CTA's block. Transposing costs
-// 16-bit stores: each packed pair holds two queries, i.e. two rows of dS.
-FC_DEVICE void onepass_store_ds(uint16_t (*ds)[bw::KV_BM][64], const uint32_t (&sf)[bw::KV_BM / 16][4], int key,
+// kk = queries 16kk..16kk+15) into `ds` ([QCH][KV_BN][64], 128-byte swizzled), `key` being the
+// thread's first key row within the CTA's block.
+FC_DEVICE void onepass_store_ds(uint16_t (*ds)[bw::KV_BN][64], const uint32_t (&sf)[bw::KV_BM / 16][4], int key,
                                 int col0) {
     using namespace bw;
-    // Query q = 16kk + 8(r/2) + col0 + e has q % 8 = col0 + e, so each (key half h, element e)
-    // has one swizzled base and the loop adds immediates only.
-    uint8_t* base[2][2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int kl = (key + 8 * h) % 64;
-        uint8_t* chunk = reinterpret_cast<uint8_t*>(&ds[(key + 8 * h) / 64][0][0]);
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-            base[h][e] = chunk + (col0 + e) * ROW_BYTES + (((kl / 8) ^ (col0 + e)) * 16) + (kl % 8) * 2;
-    }
 #pragma unroll
     for (int kk = 0; kk < KV_BM / 16; ++kk)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-            const int row = 16 * kk + 8 * (r / 2);
-            *reinterpret_cast<uint16_t*>(base[r % 2][0] + row * ROW_BYTES) = (uint16_t)(sf[kk][r] & 0xffffu);
-            *reinterpret_cast<uint16_t*>(base[r % 2][1] + row * ROW_BYTES) = (uint16_t)(sf[kk][r] >> 16);
+            const int row = key + 8 * (r % 2);
+            const int q = 16 * kk + 8 * (r / 2) + col0;  // even: a 4-byte pair
+            const int chunk16 = ((q % 64) / 8) ^ (row % 8);
+            uint8_t* base = reinterpret_cast<uint8_t*>(&ds[q / 64][0][0]);
+            *reinterpret_cast<uint32_t*>(base + row * ROW_BYTES + chunk16 * 16 + (q % 8) * 2) = sf[kk][r];
         }
 }
 
