@@ -2,11 +2,15 @@
 //
 // Three launches, in order, on one stream:
 //   flashcore_bwd_preprocess (fc_bwd_preprocess.cuh) — per query row D = rowsum(dO ∘ O) and the
-//       LSE in base 2, into a padded fp32 workspace;
-//   flashcore_bwd_dkdv (fc_bwd_dkdv.cuh) — one CTA per (key block, K/V head, batch): dK, dV;
-//   flashcore_bwd_dq (fc_bwd_dq.cuh) — one CTA per (query tile, query head, batch): dQ.
-// Every gradient element is summed by one CTA in an order fixed by the shapes: no atomics, bitwise
-// deterministic, and a sequence's bits do not depend on the batch it is in.
+//       LSE in base 2, into a padded fp32 workspace (one pass: also zeroes the turn counters);
+//   two passes (FC_ONEPASS=0): flashcore_bwd_dkdv (fc_bwd_dkdv.cuh) — one CTA per (key block,
+//       K/V head, batch): dK, dV; flashcore_bwd_dq (fc_bwd_dq.cuh) — one CTA per (query tile,
+//       query head, batch): dQ. Every gradient element is summed by one CTA in an order fixed by
+//       the shapes: no atomics;
+//   one pass (FC_ONEPASS=1): flashcore_bwd_onepass — the dK/dV kernel plus each tile's dQ
+//       partial, added to an fp32 accumulator in an order fixed by the shapes (turn counters,
+//       fc_bwd_onepass.cuh); flashcore_bwd_dq_convert — that accumulator to dQ.
+// Either way bitwise deterministic, and a sequence's bits do not depend on the batch it is in.
 // The GEMM kernels are warp-specialised like the forward: warpgroup 0 is the producer (one thread
 // issues TMA loads into an mbarrier ring), warpgroups 1 and 2 compute on wgmma.
 // Data-oblivious: loop bounds, branches and addresses depend only on shapes and block indices;
@@ -20,6 +24,7 @@
 #include "fc_bwd_preprocess.cuh"
 #include "fc_bwd_dkdv.cuh"
 #include "fc_bwd_dq.cuh"
+#include "fc_bwd_onepass.cuh"
 
 // Rows of the padded workspace, one warp each: grid (sq_pad / 8, heads_q, batch).
 extern "C" __global__ void __launch_bounds__(256) flashcore_bwd_preprocess(const __grid_constant__ BwdParams p) {
@@ -34,6 +39,37 @@ FC_DEVICE S& bwd_shared() {
     const uint32_t pad = (1024u - (smem_u32(smem_raw) & 1023u)) & 1023u;
     return *reinterpret_cast<S*>(smem_raw + pad);
 }
+
+#if FC_ONEPASS
+// One pass: dK, dV and dQ partials in one kernel (fc_bwd_onepass.cuh), then the dQ conversion.
+extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_onepass(const __grid_constant__ BwdParams p) {
+    OnepassShared& s = bwd_shared<OnepassShared>();
+    const int n_block = onepass_key_block(p, blockIdx.x);
+    if (threadIdx.x == 0) {
+        mbar_init(&s.kv.kv_full, 1);
+#pragma unroll
+        for (int i = 0; i < bw::KV_STAGES; ++i) {
+            mbar_init(&s.kv.full[i], 1);
+            mbar_init(&s.kv.empty[i], bw::CONSUMERS * 4);
+        }
+        fence_barrier_init();
+    }
+    __syncthreads();
+    const int warp = warp_id_in_block();
+    if (warp < 4) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(bw::PRODUCER_REGS));
+        if (threadIdx.x == 0) dkdv_producer(p, s.kv, n_block, blockIdx.y, blockIdx.z);
+    } else {
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(bw::CONSUMER_REGS));
+        dkdv_consumer<true>(p, s.kv, s.ds, warp / 4 - 1, n_block, blockIdx.y, blockIdx.z);
+    }
+}
+
+// Rows of the padded workspace, one warp each: grid (sq_pad / 8, heads_q, batch).
+extern "C" __global__ void __launch_bounds__(256) flashcore_bwd_dq_convert(const __grid_constant__ BwdParams p) {
+    bwd_dq_convert_row(p, blockIdx.x * 8 + threadIdx.x / 32, blockIdx.y, blockIdx.z);
+}
+#else
 
 // Each role stays inside its own branch to the end: code after a join would be compiled for the
 // producer's reduced register budget.
@@ -55,7 +91,7 @@ extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_dkdv(
         if (threadIdx.x == 0) dkdv_producer(p, s, blockIdx.x, blockIdx.y, blockIdx.z);
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(bw::CONSUMER_REGS));
-        dkdv_consumer(p, s, warp / 4 - 1, blockIdx.x, blockIdx.y, blockIdx.z);
+        dkdv_consumer<false>(p, s, nullptr, warp / 4 - 1, blockIdx.x, blockIdx.y, blockIdx.z);
     }
 }
 
@@ -83,3 +119,4 @@ extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_dq(co
         dq_consumer(p, s, warp / 4 - 1, m_block, blockIdx.y, blockIdx.z);
     }
 }
+#endif  // FC_ONEPASS

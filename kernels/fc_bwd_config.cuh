@@ -12,6 +12,11 @@
 #error "the backward variant's defines are missing (see BwdVariant::options)"
 #endif
 
+// FC_ONEPASS: 1 = the one-pass kernels (fc_bwd_onepass.cuh), 0 = the two-pass ones.
+#ifndef FC_ONEPASS
+#define FC_ONEPASS 0
+#endif
+
 // FC_BWD_LEAKY_CONTROL (never shipped; tests/audit_backward.rs builds it to show the audit of
 // these kernels is not vacuous): 1 = each kernel reads memory at an address taken from a secret
 // (the preprocess from its dot product, the GEMM kernels from a wgmma accumulator).
@@ -60,9 +65,13 @@ struct BwdParams {
     float scale_log2, scale;                 // softmax scale · log2(e), softmax scale
     int32_t kv_m_blocks;                     // ceil(Sq / KV_BM)
     int32_t q_n_blocks;                      // ceil(Sk / Q_BN)
+    // One pass (FC_ONEPASS, fc_bwd_onepass.cuh): the fp32 dQ accumulator [B·Hq][sq_pad][D] and the
+    // turn counters [B·Hq][kv_m_blocks] in the workspace; key blocks ceil(Sk / KV_BN).
+    uint64_t dq_acc_ptr, flags_ptr;
+    int32_t kv_n_blocks;
     // To 768 bytes: the host's CUtensorMap is 128-byte aligned (CUDA 13 headers), so its copy of
     // this block is a multiple of 128 bytes long.
-    int32_t reserved[26];
+    int32_t reserved[21];
 };
 static_assert(sizeof(BwdParams) == 768, "BwdKernelParams in src/attention/backward.rs is 768 bytes");
 

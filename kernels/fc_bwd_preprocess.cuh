@@ -46,4 +46,7 @@ FC_DEVICE void bwd_preprocess_row(const BwdParams& p, int i, int h, int b) {
         reinterpret_cast<float*>(p.dvec_ptr)[r] = dot;
         reinterpret_cast<float*>(p.lse2_ptr)[r] = lse2;
     }
+    // One pass: the query tile's turn counter starts at 0 (the first row of each tile clears it).
+    if (FC_ONEPASS && lane == 0 && i % KV_BM == 0 && i / KV_BM < p.kv_m_blocks)
+        reinterpret_cast<int*>(p.flags_ptr)[bh * p.kv_m_blocks + i / KV_BM] = 0;
 }

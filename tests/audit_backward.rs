@@ -1,9 +1,10 @@
 //! CI gate for the backward kernels (issue 23; DESIGN.md §1, §5): every shipped backward variant's
 //! three kernels audit clean with dO, Q, K, V, O and the LSE secret (everything read from device
-//! memory is), no spill (LDL/STL), and the two GEMM kernels use wgmma (HGMMA). Needs NVRTC and
+//! memory is; the one-pass variants' turn counters are a declared public buffer), no spill
+//! (LDL/STL), and the GEMM kernels use wgmma (HGMMA). Needs NVRTC and
 //! nvdisasm (`bash scripts/install-cuda-tools.sh`); fails, never skips, without them.
 
-use flashcore::kernels::backward::{shipped_bwd_variants, DKDV_SYMBOL, DQ_SYMBOL, SYMBOLS};
+use flashcore::kernels::backward::{shipped_bwd_variants, DKDV_SYMBOL, DQ_SYMBOL, ONEPASS_SYMBOL};
 
 #[test]
 fn backward_variants_are_data_oblivious_spill_free_and_use_wgmma() {
@@ -11,18 +12,19 @@ fn backward_variants_are_data_oblivious_spill_free_and_use_wgmma() {
     let mut all = Vec::new();
     for v in shipped_bwd_variants() {
         let cubin = v.cubin().unwrap_or_else(|e| panic!("{}: {e}", v.name()));
-        let audits = flashcore::audit::audit_cubin(&cubin, &v.secret_params())
+        let audits = flashcore::audit::audit_variant(&cubin, &v.name(), &v.declared())
             .unwrap_or_else(|e| panic!("{}: audit failed: {e}", v.name()));
         let mut names: Vec<&str> = audits.iter().map(|a| a.name.as_str()).collect();
         names.sort();
-        let mut want = SYMBOLS.to_vec();
+        let mut want = v.symbols().to_vec();
         want.sort();
         assert_eq!(names, want, "{}: one audit per backward kernel", v.name());
         for a in &audits {
             for why in a.gate_failures() {
                 failures.push(format!("{} {}: {why}", v.name(), a.name));
             }
-            if (a.name == DKDV_SYMBOL || a.name == DQ_SYMBOL) && a.resources.hgmma == 0 {
+            let gemm = [DKDV_SYMBOL, DQ_SYMBOL, ONEPASS_SYMBOL].contains(&a.name.as_str());
+            if gemm && a.resources.hgmma == 0 {
                 failures.push(format!("{} {}: no HGMMA (wgmma)", v.name(), a.name));
             }
             if a.resources.slow_path_calls > 0 {
@@ -46,12 +48,12 @@ fn backward_variants_are_data_oblivious_spill_free_and_use_wgmma() {
 fn leaky_control_build_is_flagged_in_every_backward_kernel() {
     for v in shipped_bwd_variants()
         .into_iter()
-        .filter(|v| v.dtype == flashcore::DType::Bf16 && v.pingpong)
+        .filter(|v| v.dtype == flashcore::DType::Bf16 && (v.pingpong || v.onepass))
     {
         let cubin = v
             .leaky_control_cubin()
             .unwrap_or_else(|e| panic!("{}: {e}", v.name()));
-        let audits = flashcore::audit::audit_cubin(&cubin, &v.secret_params())
+        let audits = flashcore::audit::audit_variant(&cubin, &v.name(), &v.declared())
             .unwrap_or_else(|e| panic!("{}: audit failed: {e}", v.name()));
         assert_eq!(audits.len(), 3, "{}", v.name());
         for a in &audits {

@@ -666,3 +666,45 @@ fn cli_public_param_error_paths() {
     assert_eq!(code, 0, "{out}\n{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// (l) A turn counter the kernel polls and increments by a public 1 at a public index: written,
+/// but only with public values, so its reads stay public and the spin loop is clean; undeclared,
+/// the loop's branch is a rule-1 finding whose chain starts at the counter's load.
+#[test]
+fn a_turn_counter_written_with_public_values_stays_public() {
+    let k = "pb_turn_counter";
+    let a = audit(k, &["turns"]);
+    clean(&a);
+    let b = only_buffer(&a);
+    assert!(b.public_writes, "{b:#?}");
+    assert_eq!(b.writes.len(), 1, "{b:#?}");
+    assert!(insn_at(k, b.writes[0]).op().starts_with("RED"), "{b:#?}");
+    assert_eq!(b.public_loads.len(), 1, "{b:#?}");
+    assert!(b.unproven_loads.is_empty(), "{b:#?}");
+    let spin = b.public_loads[0];
+    let a = audit(k, &[]);
+    let v = verdicts(&a);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!((v[0].0, v[0].1.as_str()), (Rule::ControlFlow, "BRA"));
+    assert_eq!(chain_start(&a.findings[0]), spin);
+}
+
+/// (m) The same counter incremented by a value derived from the data: declared public or not,
+/// its reads are secret and the spin loop's branch is a rule-1 finding.
+#[test]
+fn a_turn_counter_written_with_secret_values_is_not_public() {
+    let k = "pb_turn_counter_secret";
+    let a = audit(k, &["turns"]);
+    let b = only_buffer(&a);
+    assert!(!b.public_writes, "{b:#?}");
+    assert!(b.public_loads.is_empty(), "{b:#?}");
+    assert_eq!(
+        b.unproven_loads.len(),
+        1,
+        "the counter's read, demoted: {b:#?}"
+    );
+    let v = verdicts(&a);
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert_eq!((v[0].0, v[0].1.as_str()), (Rule::ControlFlow, "BRA"));
+    assert_eq!(chain_start(&a.findings[0]), b.unproven_loads[0]);
+}

@@ -50,10 +50,17 @@ struct BwdKernelParams {
     scale: f32,
     kv_m_blocks: i32,
     q_n_blocks: i32,
-    reserved: [i32; 26],
+    dq_acc_ptr: u64,
+    flags_ptr: u64,
+    kv_n_blocks: i32,
+    reserved: [i32; 21],
 }
 
 const _: () = assert!(std::mem::size_of::<BwdKernelParams>() == 768);
+
+/// Byte offset of the turn counters' pointer in the parameter block (declared public to the
+/// audit for the one-pass variants: [`BwdVariant::declared`]).
+pub const FLAGS_FIELD: u32 = std::mem::offset_of!(BwdKernelParams, flags_ptr) as u32;
 
 /// Grid dimensions y and z (heads, batch) are at most 65535.
 const MAX_GRID_YZ: usize = 65_535;
@@ -186,12 +193,18 @@ fn loaded(cuda: &Arc<CudaContext>, variant: BwdVariant) -> Result<Arc<LoadedBack
         return Ok(k.clone());
     }
     let module = cuda.load_module(cudarc::nvrtc::Ptx::from_binary(variant.cubin()?))?;
-    let preprocess = module.load_function(kb::PREPROCESS_SYMBOL)?;
-    let dkdv = module.load_function(kb::DKDV_SYMBOL)?;
-    let dq = module.load_function(kb::DQ_SYMBOL)?;
+    let [pre_sym, main_sym, last_sym] = variant.symbols();
+    let preprocess = module.load_function(pre_sym)?;
+    // Two passes: the dK/dV and dQ kernels; one pass: the one-pass kernel and dQ's conversion.
+    let dkdv = module.load_function(main_sym)?;
+    let dq = module.load_function(last_sym)?;
     let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-    dkdv.set_attribute(attr, variant.dkdv_smem_bytes() as i32)?;
-    dq.set_attribute(attr, variant.dq_smem_bytes() as i32)?;
+    if variant.onepass {
+        dkdv.set_attribute(attr, variant.onepass_smem_bytes() as i32)?;
+    } else {
+        dkdv.set_attribute(attr, variant.dkdv_smem_bytes() as i32)?;
+        dq.set_attribute(attr, variant.dq_smem_bytes() as i32)?;
+    }
     let k = Arc::new(LoadedBackward {
         _cuda: cuda.clone(),
         _module: module,
@@ -204,9 +217,26 @@ fn loaded(cuda: &Arc<CudaContext>, variant: BwdVariant) -> Result<Arc<LoadedBack
 }
 
 /// Bytes of scratch one backward call needs: the LSE in base 2 and D = rowsum(dO ∘ O), fp32,
-/// `batch · heads_q · padded Sq` each (Sq padded to a multiple of 128).
+/// `batch · heads_q · padded Sq` each (Sq padded to a multiple of 128); for the one-pass
+/// variant the call runs ([`BwdVariant::for_call`]), also dQ's fp32 accumulator (`head_dim`
+/// floats per padded row) and an int32 turn counter per (sequence, head, query tile).
 pub fn workspace_bytes(p: &AttentionParams) -> usize {
-    2 * p.batch * p.heads_q * padded_rows(p.seqlen_q) * 4
+    workspace_layout(p, BwdVariant::for_call(p.dtype, p.head_dim, p.causal)).3
+}
+
+/// Byte offsets of the workspace's parts (D, dQ accumulator, counters) and its size.
+fn workspace_layout(p: &AttentionParams, v: BwdVariant) -> (usize, usize, usize, usize) {
+    let rows = p.batch * p.heads_q * padded_rows(p.seqlen_q);
+    let dvec = rows * 4;
+    let two = 2 * rows * 4;
+    if !v.onepass {
+        return (dvec, two, two, two);
+    }
+    let acc = two;
+    let flags = acc + rows * p.head_dim * 4;
+    let tiles = p.seqlen_q.div_ceil(v.tiles().kv_block_m);
+    let end = flags + (p.batch * p.heads_q * tiles * 4).div_ceil(16) * 16;
+    (dvec, acc, flags, end)
 }
 
 /// A backward pass prepared for one shape: the variant's three kernels loaded, the grids, and —
@@ -296,7 +326,7 @@ impl BackwardPlan {
         };
         let (sq, sk, hq, hkv) = (p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv);
         let scale = p.softmax_scale();
-        let ws_half = (p.batch * p.heads_q * padded_rows(p.seqlen_q) * 4) as u64;
+        let (ws_dvec, ws_acc, ws_flags, _) = workspace_layout(p, self.variant);
         Ok(BwdKernelParams {
             q_map: map(ptrs.q, input.q, sq, hq, q_rows)?,
             k_map: map(ptrs.k, input.k, sk, hkv, k_rows)?,
@@ -309,7 +339,7 @@ impl BackwardPlan {
             dk_ptr: ptrs.dk,
             dv_ptr: ptrs.dv,
             lse2_ptr: workspace,
-            dvec_ptr: workspace + ws_half,
+            dvec_ptr: workspace + ws_dvec as u64,
             q_stride_b: q_st.batch,
             q_stride_s: q_st.seq,
             q_stride_h: q_st.head,
@@ -326,7 +356,10 @@ impl BackwardPlan {
             scale,
             kv_m_blocks: p.seqlen_q.div_ceil(t.kv_block_m) as i32,
             q_n_blocks: p.seqlen_k.div_ceil(t.q_block_n) as i32,
-            reserved: [0; 26],
+            dq_acc_ptr: workspace + ws_acc as u64,
+            flags_ptr: workspace + ws_flags as u64,
+            kv_n_blocks: p.seqlen_k.div_ceil(t.kv_block_n) as i32,
+            reserved: [0; 21],
         })
     }
 
@@ -414,7 +447,11 @@ impl BackwardPlan {
         }
         if which[1] {
             let grid = (p.seqlen_k.div_ceil(t.kv_block_n) as u32, hkv, b);
-            let smem = self.variant.dkdv_smem_bytes();
+            let smem = if self.variant.onepass {
+                self.variant.onepass_smem_bytes()
+            } else {
+                self.variant.dkdv_smem_bytes()
+            };
             launch(
                 &self.kernels.dkdv,
                 grid,
@@ -423,7 +460,21 @@ impl BackwardPlan {
                 &mut kv_block,
             )?;
         }
-        if which[2] {
+        if which[2] && self.variant.onepass {
+            // dQ's conversion: one warp per padded row, as the preprocess.
+            let grid = (
+                (padded_rows(p.seqlen_q) / kb::PREPROCESS_ROWS) as u32,
+                hq,
+                b,
+            );
+            launch(
+                &self.kernels.dq,
+                grid,
+                kb::PREPROCESS_THREADS,
+                0,
+                &mut kv_block,
+            )?;
+        } else if which[2] {
             let grid = (p.seqlen_q.div_ceil(t.q_block_m) as u32, hq, b);
             let smem = self.variant.dq_smem_bytes();
             launch(&self.kernels.dq, grid, kb::GEMM_THREADS, smem, &mut q_block)?;
@@ -650,6 +701,32 @@ mod tests {
     }
 
     #[test]
+    fn one_pass_workspace_holds_the_accumulator_and_counters() {
+        let p = params(); // B 2, Hq 4, Sq 100 (padded 128), D 64
+        let two = BwdVariant::for_call(p.dtype, p.head_dim, p.causal);
+        let one = BwdVariant {
+            onepass: true,
+            pingpong: false,
+            diag: 0,
+            ..two
+        };
+        let rows = 2 * 4 * 128;
+        let two_pass = BwdVariant {
+            onepass: false,
+            ..two
+        };
+        assert_eq!(
+            workspace_layout(&p, two_pass),
+            (rows * 4, 2 * rows * 4, 2 * rows * 4, 2 * rows * 4)
+        );
+        let (dvec, acc, flags, end) = workspace_layout(&p, one);
+        assert_eq!((dvec, acc), (rows * 4, 2 * rows * 4));
+        assert_eq!(flags, acc + rows * 64 * 4);
+        // d64 streams 128-row query tiles: one int32 counter per (sequence, head, tile), 2 · 4 · 1.
+        assert_eq!(end, flags + 8 * 4);
+    }
+
+    #[test]
     fn parameter_block_offsets_match_the_kernel() {
         // kernels/fc_bwd_config.cuh: four 128-byte maps, eight pointers, six strides, then i32s.
         let b = std::mem::MaybeUninit::<BwdKernelParams>::uninit();
@@ -663,6 +740,9 @@ mod tests {
             assert_eq!(off(std::ptr::addr_of!((*p).batch) as *const u8), 624);
             assert_eq!(off(std::ptr::addr_of!((*p).scale_log2) as *const u8), 648);
             assert_eq!(off(std::ptr::addr_of!((*p).kv_m_blocks) as *const u8), 656);
+            assert_eq!(off(std::ptr::addr_of!((*p).dq_acc_ptr) as *const u8), 664);
+            assert_eq!(FLAGS_FIELD, 672);
+            assert_eq!(off(std::ptr::addr_of!((*p).kv_n_blocks) as *const u8), 680);
         }
     }
 }

@@ -227,13 +227,38 @@ pub fn audit_section_with(
     };
     let g = cfg::build(sec);
     let mut prov = None;
-    if !slots.starts.is_empty() {
+    let an = if slots.starts.is_empty() {
+        taint::analyze(sec, &g, &secrets).map_err(refused)?
+    } else {
         let effects = taint::section_effects(sec, &secrets).map_err(refused)?;
-        let p = provenance::analyze(sec, &g, &effects, &slots).map_err(refused)?;
-        secrets.public_reads = p.public_reads();
-        prov = Some(p);
-    }
-    let an = taint::analyze(sec, &g, &secrets).map_err(refused)?;
+        let mut p = provenance::analyze(sec, &g, &effects, &slots).map_err(refused)?;
+        // A written buffer's reads are public only if every write of it is a public value at a
+        // public address (a turn counter). Assume so, check each write against the taint
+        // analysis that assumption gives, and demote the buffers with a secret write until
+        // nothing changes (demoting only adds taint, so this ends).
+        for x in 0..p.writes.len() {
+            p.writes_public[x] = !p.writes[x].is_empty();
+        }
+        loop {
+            secrets.public_reads = p.public_reads();
+            let an = taint::analyze(sec, &g, &secrets).map_err(refused)?;
+            let mut changed = false;
+            for x in 0..p.writes.len() {
+                if p.writes_public[x]
+                    && p.writes[x]
+                        .iter()
+                        .any(|&i| rules::secret_operands(&g, &an, i))
+                {
+                    p.writes_public[x] = false;
+                    changed = true;
+                }
+            }
+            if !changed {
+                prov = Some(p);
+                break an;
+            }
+        }
+    };
     let findings = rules::findings(sec, &g, &an);
     let public_buffers = match &prov {
         Some(p) => public::report(sec, info, &slots, p, |i| {
@@ -519,13 +544,9 @@ pub fn audit_shipped() -> Result<Vec<KernelAudit>> {
         )?);
     }
     // The backward kernels (issue 23): Q, K, V, O, dO and the LSE are read from device memory
-    // (secret); no parameter is secret and no buffer is public metadata.
+    // (secret); no parameter is secret; the one-pass variants' turn counters are a public buffer.
     for v in crate::kernels::backward::shipped_bwd_variants() {
-        let decl = Declared {
-            secret_params: v.secret_params(),
-            ..Default::default()
-        };
-        out.extend(audit_variant(&v.cubin()?, &v.name(), &decl)?);
+        out.extend(audit_variant(&v.cubin()?, &v.name(), &v.declared())?);
     }
     Ok(out)
 }

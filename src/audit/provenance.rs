@@ -47,9 +47,14 @@
 //! register that is X's pointer on one path (or lane) and K's on another is not X's.
 //!
 //! **Writes.** A store, atomic, reduction, bulk copy, tensor store, surface write or call to code
-//! outside the kernel whose address (or argument) may derive from X's pointer (`May` ∋ X) makes
-//! every read of X secret: a buffer the kernel writes is not metadata. Tensor loads (`UTMALDG`)
-//! and `LDGSTS` write shared memory only, whatever their coordinates derive from.
+//! outside the kernel whose address (or argument) may derive from X's pointer (`May` ∋ X) is a
+//! write of X. Tensor loads (`UTMALDG`) and `LDGSTS` write shared memory only, whatever their
+//! coordinates derive from. A written buffer stays public only when every write of it stores
+//! public values at a public address under a public guard — a synchronisation counter that
+//! CTAs increment and poll, whose contents are then public values written at times that
+//! depend on scheduling only. The caller ([`super::audit_section_with`]) decides that against
+//! the taint analysis ([`Provenance::writes_public`]); any write of a secret (or at a secret
+//! address, or under a secret guard) makes every read of X secret: such a buffer is not metadata.
 //!
 //! **What this does not prove** (SECURITY.md, "Metadata"): that the offset stays inside X (an
 //! out-of-range block-table entry or index, or an offset that reaches another buffer, reads
@@ -706,16 +711,25 @@ pub struct Provenance {
     pub unproven: Vec<Vec<usize>>,
     /// Per buffer: instructions that may write through its pointer.
     pub writes: Vec<Vec<usize>>,
+    /// Per buffer: every write of it is proven to store public values at a public address
+    /// (set by the caller from the taint analysis; false until then).
+    pub writes_public: Vec<bool>,
 }
 
 impl Provenance {
+    /// Whether buffer `x`'s reads are public: the kernel never writes it, or writes only public
+    /// values at public addresses ([`Provenance::writes_public`]).
+    pub fn readable(&self, x: usize) -> bool {
+        self.writes[x].is_empty() || self.writes_public[x]
+    }
+
     /// Indices of the instructions whose global read is of a public buffer that the kernel never
-    /// writes: the reads whose values are not taint sources.
+    /// writes, or writes only with public values: the reads whose values are not taint sources.
     pub fn public_reads(&self) -> Vec<usize> {
         self.reads
             .iter()
             .enumerate()
-            .filter_map(|(i, r)| r.filter(|&x| self.writes[x as usize].is_empty()).map(|_| i))
+            .filter_map(|(i, r)| r.filter(|&x| self.readable(x as usize)).map(|_| i))
             .collect()
     }
 }
@@ -766,6 +780,7 @@ pub fn analyze(
         reads: vec![None; n],
         unproven: vec![Vec::new(); nbuf],
         writes: vec![Vec::new(); nbuf],
+        writes_public: vec![false; nbuf],
     };
     for (b, blk) in cfg.blocks.iter().enumerate() {
         let Some(mut st) = block_in[b].clone() else {

@@ -185,9 +185,13 @@ pub struct PublicBuffer {
     /// derive from its pointer without being proven to be based on it (a mixed join, an
     /// unknown derivation), or the buffer is written.
     pub unproven_loads: Vec<u32>,
-    /// Offsets of instructions that may write through its pointer. When there is any, the
-    /// buffer is not metadata: every read of it is secret (listed in `unproven_loads`).
+    /// Offsets of instructions that may write through its pointer. When there is any and one
+    /// of them may store a secret (or at a secret address), the buffer is not metadata: every
+    /// read of it is secret (listed in `unproven_loads`).
     pub writes: Vec<u32>,
+    /// Every write of it stores public values at public addresses (a turn counter the kernel's
+    /// CTAs increment and poll): its reads stay public.
+    pub public_writes: bool,
 }
 
 /// The per-buffer report of a provenance analysis; `secret_address(i)` tells whether read `i`
@@ -221,7 +225,7 @@ pub fn report(
             let (secret, public): (Vec<usize>, Vec<usize>) =
                 based.into_iter().partition(|&i| secret_address(i));
             let mut unproven = prov.unproven[x].clone();
-            let written = !prov.writes[x].is_empty();
+            let written = !prov.readable(x);
             if written {
                 unproven.extend(&public);
                 unproven.sort_unstable();
@@ -235,6 +239,7 @@ pub fn report(
                 secret_address_loads: off(&secret),
                 unproven_loads: off(&unproven),
                 writes: off(&prov.writes[x]),
+                public_writes: !prov.writes[x].is_empty() && prov.writes_public[x],
             }
         })
         .collect()
@@ -276,9 +281,14 @@ pub fn describe(b: &PublicBuffer) -> String {
             list(&b.unproven_loads)
         );
     }
-    if !b.writes.is_empty() {
+    if b.public_writes {
         s += &format!(
-            "; written through it at {}: every read of it is secret",
+            "; written through it at {}, only public values at public addresses: its reads stay public",
+            list(&b.writes)
+        );
+    } else if !b.writes.is_empty() {
+        s += &format!(
+            "; written through it at {}, a secret value or address among them: every read of it is secret",
             list(&b.writes)
         );
     }

@@ -551,3 +551,21 @@ pub fn findings(sec: &Section, cfg: &Cfg, an: &Analysis) -> Vec<Finding> {
     }
     out
 }
+
+/// Whether instruction `i` reads a secret — a register operand (address or data), its guard, or
+/// shared memory holding secrets — in the taint state before it; false when it is unreachable.
+/// Decides whether a write of a public buffer stores only public values at a public address.
+pub fn secret_operands(cfg: &Cfg, an: &Analysis, i: usize) -> bool {
+    let b = cfg.block_of[i];
+    let Some(mut s) = an.block_in[b].clone() else {
+        return false;
+    };
+    for j in cfg.blocks[b].start..i {
+        taint::transfer(j, &an.effects[j], &mut s, &an.globals);
+    }
+    let e = &an.effects[i];
+    let view = s.view(e.guard.map(|l| (l, e.guard_neg)));
+    e.guard.is_some_and(|l| view[l] != NONE)
+        || e.srcs.iter().any(|&l| view[l] != NONE)
+        || (e.reads_smem && view[taint::SMEM] != NONE)
+}

@@ -25,7 +25,7 @@ Public buffers (--public-param): what a pointer parameter, or a pointer field of
 parameter (PARAM:OFFSET, the field's byte offset as offsetof gives it), points to is public \
 metadata — a block table, cache_seqlens, cu_seqlens. A global load is public only when its \
 address is that pointer plus public offsets on every path; an address mixing in a secret is still \
-a finding and its value stays secret; a buffer the kernel writes is not public. The report lists \
+a finding and its value stays secret; a buffer the kernel writes stays public only if every write stores a public value at a public address (a turn counter). The report lists \
 each public buffer with the loads proven to read it.
 
 Exit codes: 0 clean, 1 a finding, 2 a usage or tool error.

@@ -10,8 +10,14 @@ use crate::jit::{self, Header};
 pub const PREPROCESS_SYMBOL: &str = "flashcore_bwd_preprocess";
 pub const DKDV_SYMBOL: &str = "flashcore_bwd_dkdv";
 pub const DQ_SYMBOL: &str = "flashcore_bwd_dq";
-/// Every backward kernel symbol; the GEMM kernels (the last two) must use wgmma.
+/// The one-pass variants' kernels after the preprocess: dK, dV and dQ partials, then dQ's
+/// conversion from the fp32 accumulator.
+pub const ONEPASS_SYMBOL: &str = "flashcore_bwd_onepass";
+pub const CONVERT_SYMBOL: &str = "flashcore_bwd_dq_convert";
+/// Every two-pass kernel symbol; the GEMM kernels (the last two) must use wgmma.
 pub const SYMBOLS: [&str; 3] = [PREPROCESS_SYMBOL, DKDV_SYMBOL, DQ_SYMBOL];
+/// Every one-pass kernel symbol; the GEMM kernel (the second) must use wgmma.
+pub const ONEPASS_SYMBOLS: [&str; 3] = [PREPROCESS_SYMBOL, ONEPASS_SYMBOL, CONVERT_SYMBOL];
 
 const SOURCE: &str = include_str!("../../kernels/attention_bwd.cu");
 
@@ -26,6 +32,7 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_bwd_preprocess.cuh",
     "fc_bwd_dkdv.cuh",
     "fc_bwd_dq.cuh",
+    "fc_bwd_onepass.cuh",
 );
 
 /// Keys per dK/dV CTA and query rows per dQ CTA: 64 per consumer warpgroup, two consumers
@@ -63,29 +70,71 @@ pub struct BwdVariant {
     /// The two consumer warpgroups take turns issuing their score GEMMs (`FC_PINGPONG`,
     /// kernels/fc_bwd_config.cuh). Changes the schedule, never the arithmetic.
     pub pingpong: bool,
+    /// One pass (`FC_ONEPASS`): dQ partials formed beside dK/dV and added in a shape-fixed
+    /// order (kernels/fc_bwd_onepass.cuh), instead of a second kernel recomputing S and dP.
+    /// Its consumers work in lockstep (`pingpong` false).
+    pub onepass: bool,
+    /// Measurement only, never shipped or audited (`FC_OP_DIAG`, `FLASHCORE_BWD_OP_DIAG`): 1 =
+    /// the one-pass kernel adds without waiting for its turn (nondeterministic), 2 = it neither
+    /// waits nor adds (dQ wrong), 3 = nor runs the dQ GEMM, 4 = nor exchanges dSᵀ between its
+    /// warpgroups. What the ordering, the reductions, the fifth GEMM and the lockstep cost.
+    pub diag: u8,
 }
 
 impl BwdVariant {
-    /// A stable, human-readable name, e.g. `bwd_bf16_d128_causal`.
+    /// A stable, human-readable name, e.g. `bwd_bf16_d128_causal`, `bwd_f16_d64_full_onepass`.
     pub fn name(&self) -> String {
         format!(
             "bwd_{}_d{}_{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
-            if self.pingpong { "" } else { "_lockstep" }
+            if self.onepass {
+                [
+                    "_onepass",
+                    "_onepass_diag1",
+                    "_onepass_diag2",
+                    "_onepass_diag3",
+                    "_onepass_diag4",
+                ][self.diag.min(4) as usize]
+            } else if self.pingpong {
+                ""
+            } else {
+                "_lockstep"
+            }
         )
     }
 
-    /// The variant a call of this dtype, head dim and mask runs: ping-pong unless
-    /// `FLASHCORE_BWD_PINGPONG=0` (a measurement knob; both schedules are shipped and audited).
+    /// The variant a call of this dtype, head dim and mask runs: [`default_onepass`] unless
+    /// `FLASHCORE_BWD_ONEPASS` is `0` or `1`; the two-pass kernels ping-pong unless
+    /// `FLASHCORE_BWD_PINGPONG=0` (measurement knobs; every variant is shipped and audited).
     pub fn for_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant {
-        let pingpong = std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0");
+        let onepass = match std::env::var("FLASHCORE_BWD_ONEPASS").as_deref() {
+            Ok("0") => false,
+            Ok("1") => true,
+            _ => default_onepass(head_dim, causal),
+        };
+        let pingpong = !onepass && std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0");
+        let diag = match std::env::var("FLASHCORE_BWD_OP_DIAG").map(|s| s.parse::<u8>()) {
+            Ok(Ok(d @ 1..=4)) if onepass => d,
+            _ => 0,
+        };
         BwdVariant {
             dtype,
             head_dim,
             causal,
             pingpong,
+            onepass,
+            diag,
+        }
+    }
+
+    /// The kernel symbols of this variant, in launch order.
+    pub fn symbols(&self) -> [&'static str; 3] {
+        if self.onepass {
+            ONEPASS_SYMBOLS
+        } else {
+            SYMBOLS
         }
     }
 
@@ -113,6 +162,8 @@ impl BwdVariant {
         o.push(format!("-DFC_Q_BN={}", t.q_block_n));
         o.push(format!("-DFC_Q_STAGES={}", t.q_stages));
         o.push(format!("-DFC_PINGPONG={}", self.pingpong as u8));
+        o.push(format!("-DFC_ONEPASS={}", self.onepass as u8));
+        o.push(format!("-DFC_OP_DIAG={}", self.diag));
         o.push(format!("-DFC_HEAD_DIM={}", self.head_dim));
         o.push(format!("-DFC_BF16={}", (self.dtype == DType::Bf16) as u8));
         o.push(format!("-DFC_CAUSAL={}", self.causal as u8));
@@ -157,6 +208,13 @@ impl BwdVariant {
             + 1024
     }
 
+    /// Dynamic shared memory of the one-pass kernel: two dSᵀ tiles (16-bit, KV_BN × KV_BM) in
+    /// front of the dK/dV kernel's layout.
+    pub fn onepass_smem_bytes(&self) -> usize {
+        let t = self.tiles();
+        2 * t.kv_block_n * t.kv_block_m * 2 + self.dkdv_smem_bytes()
+    }
+
     /// Dynamic shared memory of the dQ kernel: Q and dO tiles, the (K, V) ring, mbarriers, slack.
     pub fn dq_smem_bytes(&self) -> usize {
         let (d, t) = (self.head_dim, self.tiles());
@@ -166,11 +224,31 @@ impl BwdVariant {
             + 1024
     }
 
+    /// What the audit is told about this variant's parameters: nothing is secret beyond device
+    /// memory; the one-pass variants' turn counters (`BwdParams::flags_ptr`) are a public buffer
+    /// that the one-pass kernel writes with public values only (SECURITY.md).
+    pub fn declared(&self) -> crate::audit::Declared {
+        crate::audit::Declared {
+            secret_params: self.secret_params(),
+            public_fields: if self.onepass {
+                vec![(0, crate::attention::backward::FLAGS_FIELD)]
+            } else {
+                Vec::new()
+            },
+            ..Default::default()
+        }
+    }
+
     /// Ordinals of kernel parameters that hold secrets (none: Q, K, V, O, dO and the LSE reach
     /// the kernels only through device memory, which the audit treats as secret).
     pub fn secret_params(&self) -> Vec<usize> {
         Vec::new()
     }
+}
+
+/// Whether a call runs the one-pass kernels by default (by measurement: PERF_NOTES.md, issue 23).
+pub fn default_onepass(_head_dim: usize, _causal: bool) -> bool {
+    false
 }
 
 /// Every backward variant the library can launch.
@@ -185,8 +263,18 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                         head_dim,
                         causal,
                         pingpong,
+                        onepass: false,
+                        diag: 0,
                     });
                 }
+                v.push(BwdVariant {
+                    dtype,
+                    head_dim,
+                    causal,
+                    pingpong: false,
+                    onepass: true,
+                    diag: 0,
+                });
             }
         }
     }
@@ -200,7 +288,7 @@ mod tests {
     #[test]
     fn shared_memory_fits_and_names_are_distinct() {
         let vs = shipped_bwd_variants();
-        assert_eq!(vs.len(), 16);
+        assert_eq!(vs.len(), 24);
         let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), vs.len());
         for v in &vs {
@@ -211,6 +299,11 @@ mod tests {
             );
             assert!(
                 v.dq_smem_bytes() <= super::super::MAX_SMEM_BYTES,
+                "{}",
+                v.name()
+            );
+            assert!(
+                v.onepass_smem_bytes() <= super::super::MAX_SMEM_BYTES,
                 "{}",
                 v.name()
             );

@@ -194,3 +194,44 @@ extern "C" __global__ void pb_append_row_from_k(const int* cache_seqlens, const 
     int r = min(max(cache_seqlens[b] + (v & 7), 0), capacity - 1);
     k_cache[((long long)b * capacity + r) * width + c] = v;
 }
+
+// (l) Turn counters (the one-pass backward's dQ order, kernels/fc_bwd_onepass.cuh): CTA (rank,
+// tile) waits until turns[tile] == rank, adds its part, and hands the tile on. The kernel writes
+// `turns`, but only public values (+1) at public addresses, so its reads stay public: clean with
+// turns public; without, rule 1 at the spin loop's branch.
+__device__ int pb_ld_acquire(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ void pb_release_add(int* p, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+extern "C" __global__ void pb_turn_counter(int* turns, const float* part, float* acc, int n) {
+    int tile = blockIdx.y, rank = blockIdx.x;
+    if (threadIdx.x == 0)
+        while (pb_ld_acquire(turns + tile) != rank) {
+        }
+    __syncthreads();
+    long long i = (long long)tile * blockDim.x + threadIdx.x;
+    acc[i] += part[(long long)rank * n + i];
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) pb_release_add(turns + tile, 1);
+}
+
+// (m) The same with the increment derived from the data: the counter is no longer public, so
+// even declared public its reads are secret: rule 1 at the spin loop's branch.
+extern "C" __global__ void pb_turn_counter_secret(int* turns, const float* part, float* acc, int n) {
+    int tile = blockIdx.y, rank = blockIdx.x;
+    if (threadIdx.x == 0)
+        while (pb_ld_acquire(turns + tile) != rank) {
+        }
+    __syncthreads();
+    long long i = (long long)tile * blockDim.x + threadIdx.x;
+    float x = part[(long long)rank * n + i];
+    acc[i] += x;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) pb_release_add(turns + tile, 1 + (__float_as_int(x) & 1));
+}
