@@ -438,8 +438,9 @@ pub struct ExternalContext {
     workspace_launch: Mutex<()>,
     /// Varlen kernels per (variant, stream): one module instance, so one `__constant__` work
     /// list, per stream ([`varlen`]).
-    varlen_kernels:
-        Mutex<HashMap<(crate::kernels::Variant, usize), Arc<super::launch::LoadedKernel>>>,
+    varlen_kernels: Mutex<
+        HashMap<(crate::kernels::Variant, varlen::StreamKey), Arc<super::launch::LoadedKernel>>,
+    >,
 }
 
 impl ExternalContext {
