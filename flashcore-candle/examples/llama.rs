@@ -288,5 +288,14 @@ fn main() -> Result<()> {
         "  flashcore vs candle attention, every position:                       {:.4}",
         max_abs_diff(&logits_fc, &logits_candle)?
     );
+    let (a, b) = (
+        logits_fc.to_dtype(DType::F32)?,
+        logits_candle.to_dtype(DType::F32)?,
+    );
+    let rel = ((&a - &b)?.sqr()?.sum_all()?.sqrt()? / b.sqr()?.sum_all()?.sqrt()?)?;
+    println!(
+        "relative L2 difference of all logits, flashcore vs candle attention: {:.2e}",
+        rel.to_scalar::<f32>()?
+    );
     Ok(())
 }

@@ -235,8 +235,14 @@ impl DenseSpec {
         Ok(DenseSpec { params: p })
     }
 
-    /// The call on q, k, v at these layouts and addresses, `out` contiguous at `out`.
-    pub(crate) fn call(&self, l: [&Layout; 3], base: [u64; 4]) -> ExternalCall {
+    /// Device scratch of the decode kernels' key splits (calls of at most 16 query positions).
+    pub fn workspace_bytes(&self) -> usize {
+        decode::workspace_bytes(&self.params, Lengths::None)
+    }
+
+    /// The call on q, k, v at these layouts and addresses, `out` contiguous at `base[3]`, the
+    /// workspace at `base[4]`.
+    pub(crate) fn call(&self, l: [&Layout; 3], base: [u64; 5]) -> ExternalCall {
         let p = &self.params;
         let es = p.dtype.size();
         let out = DeviceTensor {
@@ -250,13 +256,19 @@ impl DenseSpec {
             device_tensor(l[2], base[2], es),
             out,
         )
+        .workspace(base[4])
     }
 
     /// flashcore's rules on the call the op would make (no GPU).
     pub fn validate(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> candle_core::Result<()> {
+        let ws = if self.workspace_bytes() > 0 {
+            FAKE_BASE[4]
+        } else {
+            0
+        };
         let c = self.call(
             [q.layout(), k.layout(), v.layout()],
-            [FAKE_BASE[0], FAKE_BASE[1], FAKE_BASE[2], FAKE_BASE[3]],
+            [FAKE_BASE[0], FAKE_BASE[1], FAKE_BASE[2], FAKE_BASE[3], ws],
         );
         external::validate(&c).map_err(from_flashcore)
     }

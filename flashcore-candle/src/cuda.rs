@@ -139,19 +139,28 @@ impl CustomOp3 for Dense {
         let stream = dev.cuda_stream();
         let ctx = context(&stream)?;
         let mut out = alloc_out(dev, p.dtype, p.q_len())?;
+        let mut ws = scratch(dev, self.0.workspace_bytes())?;
         {
             let (qp, _q) = ptr(q, &stream)?;
             let (kp, _k) = ptr(k, &stream)?;
             let (vp, _v) = ptr(v, &stream)?;
             let (op, _o) = ptr_mut(&mut out, &stream)?;
+            let (wp, _w) = match ws.as_mut() {
+                Some(w) => {
+                    let (p, g) = w.device_ptr_mut(&stream);
+                    (p, Some(g))
+                }
+                None => (0, None),
+            };
             maybe_poison(op, p.q_len() * 2, &stream)?;
-            let call = self.0.call([ql, kl, vl], [qp, kp, vp, op]);
+            let call = self.0.call([ql, kl, vl], [qp, kp, vp, op, wp]);
             // SAFETY: the pointers are live candle storages on this device that cover what the
             // layouts reach (candle checked each layout against its storage; flashcore checks
             // the strides), kept alive by candle until the op returns and by the stream order
             // after; `out` is a fresh allocation that aliases nothing.
             unsafe { ctx.attention(&call, stream.cu_stream()) }.map_err(from_flashcore)?;
         }
+        drop(ws);
         let shape = Shape::from((p.batch, p.seqlen_q, p.heads_q, p.head_dim));
         Ok((out, shape))
     }

@@ -449,6 +449,9 @@ impl ExternalContext {
     /// The thread's current context is left as it was (creating the context binds it).
     pub fn new(ordinal: usize) -> Result<ExternalContext> {
         super::context::probe_driver()?;
+        // Reading the current context needs an initialised driver, and nothing may have called
+        // cuInit yet (a Rust framework's first CUDA call can be this one; torch always had).
+        cudarc::driver::result::init()?;
         let _restore = RestoreCurrent::save()?;
         Ok(ExternalContext {
             ctx: Context::new(ordinal)?,
