@@ -75,7 +75,7 @@ fn maybe_poison(ptr: u64, bytes: usize, stream: &CudaStream) -> Result<()> {
                 stream.cu_stream(),
             )
         }
-        .map_err(|e| err(e))?;
+        .map_err(err)?;
     }
     Ok(())
 }

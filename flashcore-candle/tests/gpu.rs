@@ -435,9 +435,9 @@ fn gpu_kvcache_append_contiguous_and_paged() {
             let (mut hk, mut hv) = (logical(&kc), logical(&vc));
             let (kn, vn) = (host(&knew), host(&vnew));
             let row = hkv * d;
-            for s in 0..b {
+            for (s, &count) in counts.iter().enumerate() {
                 for i in 0..n {
-                    let r = counts[s] + i;
+                    let r = count + i;
                     let dst = (s * cap + r) * row;
                     let src = (s * n + i) * row;
                     hk[dst..dst + row].copy_from_slice(&kn[src..src + row]);
