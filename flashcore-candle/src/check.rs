@@ -36,6 +36,8 @@ pub(crate) fn unsupported_alibi() -> candle_core::Error {
     err("alibi_slopes: ALiBi is not supported by flashcore")
 }
 
+/// Without the `cuda` feature no tensor passes [`on_cuda`], so the calls never get this far;
+/// the error keeps their signatures whole.
 #[cfg_attr(feature = "cuda", allow(dead_code))]
 pub(crate) fn no_cuda_feature() -> candle_core::Error {
     err("built without the `cuda` feature: candle has no CUDA tensors to run on")
@@ -136,8 +138,13 @@ pub(crate) fn on_cuda(all: &[(&str, &Tensor)]) -> candle_core::Result<()> {
     let (n0, t0) = all[0];
     for &(n, t) in all {
         if !t.device().is_cuda() {
+            let build = if cfg!(feature = "cuda") {
+                ""
+            } else {
+                " (and this build has no `cuda` feature, so candle has none)"
+            };
             return Err(err(format!(
-                "{n} is on {:?}: flashcore runs on CUDA tensors of an sm_90 GPU (H100/H200)",
+                "{n} is on {:?}: flashcore runs on CUDA tensors of an sm_90 GPU (H100/H200){build}",
                 t.device().location()
             )));
         }

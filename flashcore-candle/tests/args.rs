@@ -81,6 +81,9 @@ fn dense_errors() {
         flash_attn_windowed(&q, &kv, &kv, 0.1, Some(4), Some(0)),
         "q is on Cpu",
     );
+    if !cfg!(feature = "cuda") {
+        expect(f(&q, &kv, &kv), "this build has no `cuda` feature");
+    }
 }
 
 #[test]
