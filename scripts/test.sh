@@ -7,4 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-cuda-tools.sh
 cargo test --release "$@"
+# The candle crate (flashcore-candle/): argument checks without a GPU; its GPU tests need the
+# `cuda` feature (candle's CUDA backend) and skip visibly without it.
+cargo test --release -p flashcore-candle
 bash scripts/python-tests.sh

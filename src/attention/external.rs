@@ -438,8 +438,9 @@ pub struct ExternalContext {
     workspace_launch: Mutex<()>,
     /// Varlen kernels per (variant, stream): one module instance, so one `__constant__` work
     /// list, per stream ([`varlen`]).
-    varlen_kernels:
-        Mutex<HashMap<(crate::kernels::Variant, usize), Arc<super::launch::LoadedKernel>>>,
+    varlen_kernels: Mutex<
+        HashMap<(crate::kernels::Variant, varlen::StreamKey), Arc<super::launch::LoadedKernel>>,
+    >,
 }
 
 impl ExternalContext {
@@ -448,6 +449,9 @@ impl ExternalContext {
     /// The thread's current context is left as it was (creating the context binds it).
     pub fn new(ordinal: usize) -> Result<ExternalContext> {
         super::context::probe_driver()?;
+        // Reading the current context needs an initialised driver, and nothing may have called
+        // cuInit yet (a Rust framework's first CUDA call can be this one; torch always had).
+        cudarc::driver::result::init()?;
         let _restore = RestoreCurrent::save()?;
         Ok(ExternalContext {
             ctx: Context::new(ordinal)?,

@@ -5,7 +5,8 @@
 //!
 //! **One work list per stream.** The list lives in the kernel module's `__constant__` memory,
 //! which each launch's copy overwrites; two streams launching varlen at the same time on one
-//! module would race on it. So each stream gets its own instance of the varlen module (loaded on
+//! module would race on it. So each stream (the per-thread default stream, candle's: each thread's)
+//! gets its own instance of the varlen module (loaded on
 //! the stream's first varlen call, or by [`ExternalContext::prepare_varlen`] before a CUDA graph
 //! capture on it), and calls on one stream are ordered by the stream. A captured graph replays
 //! the copies and launches of its capture stream's instance: replaying it concurrently with
@@ -120,20 +121,44 @@ pub fn validate_varlen(call: &VarlenCall) -> Result<()> {
     Ok(())
 }
 
+/// The handle of CUDA's per-thread default stream (`CU_STREAM_PER_THREAD`).
+const STREAM_PER_THREAD: usize = 2;
+
+/// Which stream a varlen module instance belongs to: the handle, and for the per-thread default
+/// stream (candle's default stream) the thread too, since that one handle names a different
+/// stream in each thread, and two threads' work lists must not share a module.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct StreamKey(usize, Option<std::thread::ThreadId>);
+
+impl StreamKey {
+    pub(crate) fn of(stream: sys::CUstream) -> StreamKey {
+        let handle = stream as usize;
+        StreamKey(
+            handle,
+            (handle == STREAM_PER_THREAD).then(|| std::thread::current().id()),
+        )
+    }
+}
+
 impl ExternalContext {
     /// The varlen kernel of `params` for `stream` (its own module instance: see the module doc),
     /// loading it on first use.
-    fn varlen_kernel(&self, params: &AttentionParams, stream: usize) -> Result<Arc<LoadedKernel>> {
+    fn varlen_kernel(
+        &self,
+        params: &AttentionParams,
+        stream: sys::CUstream,
+    ) -> Result<Arc<LoadedKernel>> {
         let variant = lv::variant_for(params);
+        let key = (variant, StreamKey::of(stream));
         let mut map = self
             .varlen_kernels
             .lock()
             .map_err(|_| Error::Other("kernel cache lock poisoned".into()))?;
-        if let Some(k) = map.get(&(variant, stream)) {
+        if let Some(k) = map.get(&key) {
             return Ok(k.clone());
         }
         let k = Arc::new(LoadedKernel::load(self.ctx.cuda(), variant)?);
-        map.insert((variant, stream), k.clone());
+        map.insert(key, k.clone());
         Ok(k)
     }
 
@@ -142,7 +167,7 @@ impl ExternalContext {
     pub fn prepare_varlen(&self, params: &AttentionParams, stream: sys::CUstream) -> Result<()> {
         let _restore = RestoreCurrent::save()?;
         self.ctx.cuda().bind_to_thread()?;
-        self.varlen_kernel(params, stream as usize).map(|_| ())
+        self.varlen_kernel(params, stream).map(|_| ())
     }
 
     /// Validates `call` ([`validate_varlen`]) and enqueues the builder, the copies and the
@@ -174,7 +199,7 @@ impl ExternalContext {
         if call.total_q == 0 {
             return Ok(());
         }
-        let kernel = self.varlen_kernel(&p, stream as usize)?;
+        let kernel = self.varlen_kernel(&p, stream)?;
         let hd = p.head_dim;
         let q_ext = [1, call.total_q, p.heads_q];
         let kv_ext = [1, call.total_k.max(1), p.heads_kv];
@@ -235,6 +260,27 @@ mod tests {
             workspace: 0x70000,
             params: p,
         }
+    }
+
+    #[test]
+    fn the_per_thread_stream_is_keyed_by_thread() {
+        let per_thread = STREAM_PER_THREAD as sys::CUstream;
+        let other = 0x1234usize as sys::CUstream;
+        let here = (StreamKey::of(per_thread), StreamKey::of(other));
+        let there = std::thread::spawn(move || {
+            (
+                StreamKey::of(STREAM_PER_THREAD as sys::CUstream),
+                StreamKey::of(0x1234usize as sys::CUstream),
+            )
+        })
+        .join()
+        .unwrap();
+        assert_ne!(here.0, there.0, "one handle, two threads' streams");
+        assert_eq!(
+            here.1, there.1,
+            "an ordinary stream is one stream in every thread"
+        );
+        assert_eq!(here.0, StreamKey::of(per_thread));
     }
 
     #[test]
