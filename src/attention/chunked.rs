@@ -87,15 +87,5 @@ fn check_chunked_cache<T>(params: &AttentionParams, cache: &KvCache<'_, T>) -> R
     if params.layout != Layout::Bshd {
         return refuse("layout", "a bhsd layout");
     }
-    if cache.seqlens_k.len() != params.batch {
-        return Err(Error::invalid(
-            "seqlens_k",
-            format!(
-                "has {} entries, batch is {}",
-                cache.seqlens_k.len(),
-                params.batch
-            ),
-        ));
-    }
-    Ok(())
+    cache.check_counts(params.batch)
 }

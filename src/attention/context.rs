@@ -390,16 +390,7 @@ impl Context {
         out: &mut CudaSlice<T>,
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
-        if cache.seqlens_k.len() != params.batch {
-            return Err(Error::invalid(
-                "seqlens_k",
-                format!(
-                    "has {} entries, batch is {}",
-                    cache.seqlens_k.len(),
-                    params.batch
-                ),
-            ));
-        }
+        cache.check_counts(params.batch)?;
         let pages = cache.block_table.map(|(_, pg)| pg);
         let plan = self.plan_lengths(params, cache.lengths(), true)?;
         let counts = self.download(cache.seqlens_k)?;
@@ -678,6 +669,16 @@ impl<'a, T> KvCache<'a, T> {
             prefill_consistent: true,
             ..self
         }
+    }
+    /// One count per sequence of a batch of `batch`.
+    pub(crate) fn check_counts(&self, batch: usize) -> Result<()> {
+        if self.seqlens_k.len() != batch {
+            return Err(Error::invalid(
+                "seqlens_k",
+                format!("has {} entries, batch is {batch}", self.seqlens_k.len()),
+            ));
+        }
+        Ok(())
     }
     /// The plan's lengths mode for this cache.
     pub fn lengths(&self) -> Lengths {
