@@ -9,7 +9,7 @@
 //! - Inputs are read in place wherever TMA can address them (16-byte aligned start and strides,
 //!   contiguous head dim): views from `narrow`, `transpose` or a fused QKV projection are not
 //!   copied. Other layouts (a broadcast, an odd offset) are copied once to a contiguous tensor.
-//! - What flashcore does not do (ALiBi, other head dims, f32) is a candle error naming the
+//! - What flashcore does not do (ALiBi, head dims flashcore does not build, f32) is a candle error naming the
 //!   argument, raised before anything is launched.
 //!
 //! The argument checks need no GPU and no `cuda` feature; without the `cuda` feature (candle's

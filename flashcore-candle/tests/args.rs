@@ -54,10 +54,10 @@ fn dense_errors() {
         "k: batch 3",
     );
     // flashcore's own rules, checked on the call the op would make.
-    let d96 = h(&[2, 17, 2, 96]);
+    let d80 = h(&[2, 17, 2, 80]);
     expect(
-        f(&h(&[2, 17, 8, 96]), &d96, &d96),
-        "`head_dim`: 96 is not supported",
+        f(&h(&[2, 17, 8, 80]), &d80, &d80),
+        "`head_dim`: 80 is not supported",
     );
     let h3 = h(&[2, 17, 3, 64]);
     expect(f(&q, &h3, &h3), "`heads_kv`");
