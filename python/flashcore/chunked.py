@@ -170,8 +170,18 @@ def attention(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, cu_seqle
         if cu_seqlens_k_new is not None:
             _check_packed_new("k", k, k_cache, cu_seqlens_k_new)
             _check_packed_new("v", v, v_cache, cu_seqlens_k_new)
+            if v.shape != k.shape:
+                raise ValueError(f"flashcore: v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
             if cu_seqlens_k_new.shape[0] != b + 1:
                 raise ValueError(f"flashcore: cu_seqlens_k_new must have shape ({b + 1},), got {tuple(cu_seqlens_k_new.shape)}")
+        else:
+            for name, t, c in (("k", k, k_cache), ("v", v, v_cache)):
+                if (t.dim() != 4 or t.shape[0] != b or t.shape[2:] != c.shape[2:] or t.dtype != c.dtype
+                        or t.device != c.device or t.shape != k.shape):
+                    raise ValueError(
+                        f"flashcore: `{name}` must be [B, n, Hkv, D] = [{b}, n, {c.shape[2]}, {c.shape[3]}] of "
+                        f"{c.dtype} (k's shape for v), got {tuple(t.shape)} of {t.dtype}"
+                    )
         counts = append(k_cache, v_cache, k, v, seqlens, block_table, cu_seqlens_k_new, capacity)
     elif cu_seqlens_k_new is not None:
         raise ValueError("flashcore: cu_seqlens_k_new given without new k, v")

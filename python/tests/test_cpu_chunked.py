@@ -152,11 +152,19 @@ def test_chunk_errors(fake):
         flashcore.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens.long())
     with pytest.raises(ValueError, match="needs cache_seqlens"):
         flashcore.flash_attn_with_kvcache(q, kc, kc, cuda(2, 20, 8, 64), cuda(2, 20, 8, 64))
+    with pytest.raises(ValueError, match="`k` must be \\[B, n, Hkv, D\\]"):
+        flashcore.flash_attn_with_kvcache(q, kc, kc, cuda(3, 20, 8, 64), cuda(3, 20, 8, 64), cache_seqlens=lens)
+    with pytest.raises(ValueError, match="`v` must be \\[B, n, Hkv, D\\]"):
+        flashcore.flash_attn_with_kvcache(q, kc, kc, cuda(2, 20, 8, 64), cuda(2, 20, 8, 64, dtype=torch.float16),
+                                          cache_seqlens=lens)
     with pytest.raises(ValueError, match="cache_leftpad must be int32 of shape"):
         flashcore.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens, cache_leftpad=lens.long())
     with pytest.raises(ValueError, match="`k` must be \\[total_new, Hkv, D\\]"):
         flashcore.flash_attn_with_kvcache(packed, kc, kc, cuda(40, 4, 64), cuda(40, 4, 64), cache_seqlens=lens,
                                           cu_seqlens_q=cu, max_seqlen_q=20)
+    with pytest.raises(ValueError, match="v must have k's shape"):
+        flashcore.flash_attn_with_kvcache(packed, kc, kc, packed, packed[:39], cache_seqlens=lens, cu_seqlens_q=cu,
+                                          max_seqlen_q=20)
     with pytest.raises(ValueError, match="cu_seqlens_k_new must have shape \\(3,\\)"):
         flashcore.flash_attn_with_kvcache(packed, kc, kc, packed, packed, cache_seqlens=lens, cu_seqlens_q=cu,
                                           max_seqlen_q=20, cu_seqlens_k_new=torch.zeros(4, dtype=torch.int32,
