@@ -229,3 +229,18 @@ def sinks_f32(sinks):
     if isinstance(sinks, torch.Tensor) and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
         return sinks.detach().float().contiguous()
     return sinks
+
+
+def check_block_table(block_table, b, pool, device):
+    """A paged KV cache's block table: int32 ``[B, max_pages]`` on `device`, over a pool
+    ``[num_pages, page_size, Hkv, D]`` whose page size is a power of two of at least 16 rows."""
+    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
+        raise TypeError("flashcore: block_table must be an int32 tensor")
+    if block_table.dim() != 2 or block_table.shape[0] != b or block_table.device != device:
+        raise ValueError(
+            f"flashcore: block_table must be [B, max_pages] = [{b}, max_pages] on {device}, "
+            f"got {tuple(block_table.shape)} on {block_table.device}"
+        )
+    page = pool.shape[1] if pool.dim() == 4 else 0
+    if page < 16 or page & (page - 1):
+        raise ValueError(f"flashcore: the page size must be a power of two of at least 16 rows, got {page}")

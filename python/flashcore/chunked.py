@@ -25,7 +25,7 @@ tests also check the bits against ``flash_attn_varlen_func`` over the whole sequ
 
 import torch
 
-from . import varlen
+from . import _checks, varlen
 
 
 def _rows_per_batch(cache):
@@ -126,8 +126,8 @@ def _check_packed_new(name, t, cache, cu_new):
 
 def attention(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, cu_seqlens_q, max_seqlen_q,
               cu_seqlens_k_new, causal, softmax_scale, return_lse):
-    """The chunked-prefill call of ``flash_attn_with_kvcache`` (arguments checked there for
-    types): returns (out, lse) in its layouts — q ``[B, Sq, Hq, D]`` → out of that shape and lse
+    """The chunked-prefill call of ``flash_attn_with_kvcache`` (the counts' type and dense new
+    rows checked there): returns (out, lse) in its layouts — q ``[B, Sq, Hq, D]`` → out of that shape and lse
     fp32 ``[B, Hq, Sq]``; packed q ``[total_q, Hq, D]`` → out ``[total_q, Hq, D]`` and lse
     ``[Hq, total_q]`` (flash-attn's varlen layout); lse None unless asked."""
     packed = cu_seqlens_q is not None
@@ -152,7 +152,7 @@ def attention(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, cu_seqle
             f"{tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
         )
     if block_table is not None:
-        _check_table(block_table, b, k_cache, q.device)
+        _checks.check_block_table(block_table, b, k_cache, q.device)
         capacity = block_table.shape[1] * k_cache.shape[1]
     else:
         if k_cache.shape[0] != b:
@@ -174,14 +174,6 @@ def attention(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, cu_seqle
                 raise ValueError(f"flashcore: v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
             if cu_seqlens_k_new.shape[0] != b + 1:
                 raise ValueError(f"flashcore: cu_seqlens_k_new must have shape ({b + 1},), got {tuple(cu_seqlens_k_new.shape)}")
-        else:
-            for name, t, c in (("k", k, k_cache), ("v", v, v_cache)):
-                if (t.dim() != 4 or t.shape[0] != b or t.shape[2:] != c.shape[2:] or t.dtype != c.dtype
-                        or t.device != c.device or t.shape != k.shape):
-                    raise ValueError(
-                        f"flashcore: `{name}` must be [B, n, Hkv, D] = [{b}, n, {c.shape[2]}, {c.shape[3]}] of "
-                        f"{c.dtype} (k's shape for v), got {tuple(t.shape)} of {t.dtype}"
-                    )
         counts = append(k_cache, v_cache, k, v, seqlens, block_table, cu_seqlens_k_new, capacity)
     elif cu_seqlens_k_new is not None:
         raise ValueError("flashcore: cu_seqlens_k_new given without new k, v")
@@ -210,15 +202,3 @@ def attention(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, cu_seqle
         lse = lse.view(q.shape[2], b, q.shape[1]).permute(1, 0, 2).contiguous()
     return out, lse
 
-
-def _check_table(block_table, b, pool, device):
-    if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
-        raise TypeError("flashcore: block_table must be an int32 tensor")
-    if block_table.dim() != 2 or block_table.shape[0] != b or block_table.device != device:
-        raise ValueError(
-            f"flashcore: block_table must be [B, max_pages] = [{b}, max_pages] on {device}, got "
-            f"{tuple(block_table.shape)} on {block_table.device}"
-        )
-    page = pool.shape[1]
-    if page < 16 or page & (page - 1):
-        raise ValueError(f"flashcore: the page size must be a power of two of at least 16 rows, got {page}")

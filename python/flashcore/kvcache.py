@@ -71,16 +71,8 @@ def _check(q, k_cache, v_cache, seqlens_k, block_table):
     if block_table is not None:
         # Paged: the pools' first two dims are (pages, page rows); check the rest as a cache of
         # the batch's shape, then the table.
-        if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
-            raise TypeError("flashcore: block_table must be an int32 tensor")
-        if block_table.dim() != 2 or block_table.shape[0] != q.shape[0] or block_table.device != q.device:
-            raise ValueError(
-                f"flashcore: block_table must be [B, max_pages] = [{q.shape[0]}, max_pages] on {q.device}, "
-                f"got {tuple(block_table.shape)} on {block_table.device}"
-            )
-        page = k_cache.shape[1] if k_cache.dim() == 4 else 0
-        if page < 16 or page & (page - 1):
-            raise ValueError(f"flashcore: the page size must be a power of two of at least 16 rows, got {page}")
+        _checks.check_block_table(block_table, q.shape[0], k_cache, q.device)
+        page = k_cache.shape[1]
         view = k_cache[:1].expand(q.shape[0], *k_cache.shape[1:])
         b, sq, _, hq, hkv, d = _checks.split_shape(q, view, view, "bshd")
         if tuple(v_cache.shape) != tuple(k_cache.shape) or v_cache.dtype != k_cache.dtype:
@@ -283,24 +275,9 @@ def flash_attn_with_kvcache(
     if max_seqlen_q is not None or cu_seqlens_k_new is not None:
         raise ValueError("flashcore: max_seqlen_q and cu_seqlens_k_new go with cu_seqlens_q (a packed q)")
     b = q.shape[0]
-    s_cache = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
-    if cache_seqlens is None:
-        if k is not None:
-            raise ValueError("flashcore: appending k/v needs cache_seqlens (where to write)")
-        seqlens = torch.full((b,), s_cache, dtype=torch.int32, device=q.device)
-    elif isinstance(cache_seqlens, int):
-        seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
-    else:
-        seqlens = cache_seqlens
-        if not isinstance(seqlens, torch.Tensor) or seqlens.dtype != torch.int32:
-            raise TypeError("flashcore: cache_seqlens must be an int or an int32 tensor")
+    seqlens = _counts(cache_seqlens, b, k_cache, block_table, k is not None, q.device)
     if k is not None:
-        for name, t, c in (("k", k, k_cache), ("v", v, v_cache)):
-            if t.dim() != 4 or t.shape[0] != b or t.shape[2:] != c.shape[2:] or t.dtype != c.dtype:
-                raise ValueError(
-                    f"flashcore: `{name}` must be [B, n, Hkv, D] = [{b}, n, {c.shape[2]}, {c.shape[3]}] "
-                    f"of {c.dtype}, got {tuple(t.shape)} of {t.dtype}"
-                )
+        _check_new_rows(k, v, k_cache, v_cache, b)
         out, lse = _attention_kvcache_append(q, k_cache, v_cache, k, v, seqlens, block_table, bool(causal),
                                              softmax_scale, bool(return_softmax_lse), bool(secret_lengths),
                                              num_splits == 1, cache_leftpad)
@@ -308,6 +285,32 @@ def flash_attn_with_kvcache(
         out, lse = _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, bool(causal), softmax_scale,
                                       bool(return_softmax_lse), bool(secret_lengths), num_splits == 1, cache_leftpad)
     return (out, lse) if return_softmax_lse else out
+
+
+def _counts(cache_seqlens, b, k_cache, block_table, appending, device):
+    """`cache_seqlens` as the int32 [B] counts: None (full caches: the capacity; not when new rows
+    are appended), an int for every sequence, or the int32 tensor itself."""
+    if cache_seqlens is None:
+        if appending:
+            raise ValueError("flashcore: appending k/v needs cache_seqlens (where to write)")
+        s_cache = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
+        return torch.full((b,), s_cache, dtype=torch.int32, device=device)
+    if isinstance(cache_seqlens, int):
+        return torch.full((b,), cache_seqlens, dtype=torch.int32, device=device)
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dtype != torch.int32:
+        raise TypeError("flashcore: cache_seqlens must be an int or an int32 tensor")
+    return cache_seqlens
+
+
+def _check_new_rows(k, v, k_cache, v_cache, b):
+    """New rows `k`, `v` as [B, n, Hkv, D]: the caches' dtype, device and trailing dims, v of k's shape."""
+    for name, t, c in (("k", k, k_cache), ("v", v, v_cache)):
+        if (t.dim() != 4 or t.shape[0] != b or t.shape[2:] != c.shape[2:] or t.dtype != c.dtype
+                or t.device != c.device or t.shape != k.shape):
+            raise ValueError(
+                f"flashcore: `{name}` must be [B, n, Hkv, D] = [{b}, n, {c.shape[2]}, {c.shape[3]}] "
+                f"of {c.dtype} (k's shape for v), got {tuple(t.shape)} of {t.dtype}"
+            )
 
 
 def _chunked_prefill(q, k_cache, v_cache, k, v, cache_seqlens, leftpad, block_table, scale, causal, return_lse,
@@ -318,17 +321,9 @@ def _chunked_prefill(q, k_cache, v_cache, k, v, cache_seqlens, leftpad, block_ta
         raise ValueError("flashcore: secret_lengths is not offered with chunked prefill (more than "
                          f"{MAX_SEQLEN_Q} query positions, or cu_seqlens_q) yet")
     b = q.shape[0] if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
-    if cache_seqlens is None:
-        if k is not None:
-            raise ValueError("flashcore: appending k/v needs cache_seqlens (where to write)")
-        s_cache = k_cache.shape[1] if block_table is None else block_table.shape[1] * k_cache.shape[1]
-        seqlens = torch.full((b,), s_cache, dtype=torch.int32, device=q.device)
-    elif isinstance(cache_seqlens, int):
-        seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
-    elif isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.dtype == torch.int32:
-        seqlens = cache_seqlens
-    else:
-        raise TypeError("flashcore: cache_seqlens must be an int or an int32 tensor")
+    seqlens = _counts(cache_seqlens, b, k_cache, block_table, k is not None, q.device)
+    if k is not None and cu_seqlens_q is None and cu_seqlens_k_new is None:
+        _check_new_rows(k, v, k_cache, v_cache, b)  # dense new rows (packed ones: chunked checks them)
     out, lse = chunked.attention(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, cu_seqlens_q, max_seqlen_q,
                                  cu_seqlens_k_new, bool(causal), scale, bool(return_lse))
     return (out, lse) if return_lse else out
