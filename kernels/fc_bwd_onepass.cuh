@@ -81,9 +81,6 @@ FC_DEVICE void red_release_gpu_inc(int* ptr) {
 
 FC_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
-// Generic-proxy shared-memory writes made visible to the async proxy (wgmma operands).
-FC_DEVICE void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
 FC_DEVICE void red_add_f32x2(float* ptr, float a, float b) {
     asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(ptr), "f"(a), "f"(b) : "memory");
 }

@@ -77,6 +77,22 @@ FC_DEVICE void named_bar_arrive(int id, int count) {
     asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(count) : "memory");
 }
 
+// Generic-proxy shared-memory writes made visible to the async proxy (wgmma and TMA operands).
+FC_DEVICE void fence_proxy_async_smem() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// 16-byte shared-memory accesses the compiler keeps exactly as written (no store elided or
+// guarded by a predicate it derived from the stored value).
+FC_DEVICE void ld_shared_v4(uint32_t addr, uint32_t (&v)[4]) {
+    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
+                 : "r"(addr)
+                 : "memory");
+}
+FC_DEVICE void st_shared_v4(uint32_t addr, const uint32_t (&v)[4]) {
+    asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v[0]), "r"(v[1]), "r"(v[2]), "r"(v[3])
+                 : "memory");
+}
+
 // Hardware thread/warp indices, uniform per warp where it matters.
 FC_DEVICE int warp_id_in_block() { return threadIdx.x / 32; }
 FC_DEVICE int lane_id() { return threadIdx.x % 32; }

@@ -114,6 +114,53 @@ struct Consumer {
         }
     }
 
+#if FC_KV_CACHE || FC_VARLEN
+    // V rows of keys outside [key_start, key_limit) hold whatever the buffer holds there: a KV
+    // cache's unused rows may be uninitialised (NaN or Inf bits), and P = 0 does not cancel them
+    // (0 · NaN = NaN in P V). So they become zeros in shared memory before this warpgroup's P V
+    // reads the stage. With public counts only a block that crosses the count does it (a branch
+    // on public values), or every block when left padding is given (starts are masked by select,
+    // never branched on); with secret counts every block, every row by select. Addresses depend
+    // on the block only. Each consumer warpgroup clears the rows itself: a concurrent reader
+    // sees the same bits either way, and the stage is refilled only after every warpgroup
+    // released it.
+    FC_DEVICE void clear_dead_v(int stage, int n_block) const {
+        using namespace cfg;
+        const int lo = n_block * BN;
+#if !FC_SECRET_LEN
+        bool crosses = lo + BN > key_limit;
+#if FC_KV_CACHE
+        crosses = crosses || p.starts_ptr != 0;
+#endif
+        if (!crosses) return;
+#endif
+        constexpr int VEC_PER_ROW = ROW_BYTES / 16;
+        constexpr int VECS = CHUNKS * BN * VEC_PER_ROW;
+        static_assert(VECS % 128 == 0, "whole vectors per thread");
+        const uint32_t base = smem_u32(&s.v[stage][0][0][0]);
+        const int t = threadIdx.x % 128;
+        // Fully unrolled: with a loop left in, the audit's provenance of the paged builds' block
+        // table was lost (fail-safe: findings), though no address derives from it here.
+#pragma unroll
+        for (int k = 0; k < VECS / 128; ++k) {
+            const int i = t + 128 * k;
+            const int key = lo + (i / VEC_PER_ROW) % BN;
+            const bool live = key < key_limit && key >= key_start;
+            // Every row is loaded and stored back (asm volatile: the compiler may not turn the
+            // store of a live row's own bits into a store guarded by the secret `live`).
+            uint32_t v[4];
+            ld_shared_v4(base + 16 * i, v);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) v[j] = live ? v[j] : 0u;
+            st_shared_v4(base + 16 * i, v);
+        }
+        fence_proxy_async_smem();  // the generic stores, before the async proxy's reads
+        named_bar_sync(1 + CONSUMERS + wg, 128);
+    }
+#else
+    FC_DEVICE void clear_dead_v(int, int) const {}
+#endif
+
     // P (fp32 accumulators) → 16-bit A fragments: k-slice kk is accumulator columns 16kk..16kk+15.
     FC_DEVICE static void to_fragments(const float (&sacc)[cfg::BN / 2], uint32_t (&pf)[cfg::BN / 16][4]) {
 #pragma unroll
@@ -156,6 +203,7 @@ struct Consumer {
 
         mbar_wait(&s.k_full[stage], phase);
         mbar_wait(&s.v_full[prev], prev_phase);
+        clear_dead_v(prev, block_of(it - 1));
         wait_turn();
         wgmma_fence();
         issue_qk(sacc, stage);
@@ -240,6 +288,7 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
 
     const int last = ring_stage(c.g0 + n_blocks - 1);
     mbar_wait(&s.v_full[last], ring_phase(c.g0 + n_blocks - 1));
+    c.clear_dead_v(last, c.block_of(n_blocks - 1));
     wgmma_fence();
     c.issue_pv(o, pf, last);
     wgmma_commit();

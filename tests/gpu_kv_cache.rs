@@ -145,6 +145,26 @@ fn run_mode<T: Element>(
     Ok((ctx.download(&dout)?, ctx.download(&dlse)?))
 }
 
+/// `x` (`[B, cap, Hkv, D]`) with every row outside sequence b's keys [starts[b], counts[b])
+/// set to NaN, +Inf or −Inf (by row).
+fn poison_unused<T: Element>(
+    p: &AttentionParams,
+    x: &[T],
+    starts: &[usize],
+    counts: &[usize],
+) -> Vec<T> {
+    let row = p.heads_kv * p.head_dim;
+    let bad = [f64::NAN, f64::INFINITY, f64::NEG_INFINITY];
+    let mut y = x.to_vec();
+    for b in 0..p.batch {
+        for r in (0..p.seqlen_k).filter(|&r| r < starts[b] || r >= counts[b]) {
+            let at = (b * p.seqlen_k + r) * row;
+            y[at..at + row].fill(T::from_f64(bad[r % 3]));
+        }
+    }
+    y
+}
+
 fn f64s<T: Element>(x: &[T]) -> Vec<f64> {
     x.iter().map(|v| v.to_f64()).collect()
 }
@@ -171,6 +191,12 @@ fn modes_match_reference<T: Element>(name: &str, dtype: DType, head_dims: &[usiz
             for starts in [None, Some(&starts[..])] {
                 let zero = [0usize; 6];
                 let st: &[usize] = starts.unwrap_or(&zero);
+                // Rows outside each sequence's [start, count) are unused cache (torch.empty's, a
+                // freed page's): their NaN and ±Inf bits must not reach the output.
+                let (kc, vc) = (
+                    poison_unused(&p, &kc, st, &counts),
+                    poison_unused(&p, &vc, st, &counts),
+                );
                 let r = flashcore::reference::kv_cache_leftpad_f64(
                     &p,
                     &f64s(&q),

@@ -189,3 +189,43 @@ def test_chunked_prefill_under_compile_and_graphs_same_bits():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(eager, graphed) and torch.equal(kc, kc3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("sq", [1, 4, 40])
+@pytest.mark.parametrize("page", [0, 16, 128])
+@pytest.mark.parametrize("secret", [False, True])
+def test_unused_cache_rows_holding_nan_and_inf_do_not_reach_the_output(dtype, sq, page, secret):
+    """A cache whose unused rows (past each count, inside the capacity) hold NaN and ±Inf bits —
+    torch.empty's or a freed page's — gives the reference output: the kernels multiply those V
+    rows by P = 0, so they must never reach P V (0 · NaN = NaN). Decode (Sq ≤ 16) and chunked
+    prefill (Sq = 40), contiguous and paged, public and secret counts."""
+    if secret and sq > 16:
+        pytest.skip("chunked prefill takes no secret lengths")
+    gen = torch.Generator(device="cuda").manual_seed(torch.seed() % 2**31)
+    b, cap, hq, hkv, d = 4, 512, 8, 2, 128
+    counts = [0, 1, 200, cap - sq]
+    bad = torch.tensor([float("nan"), float("inf"), float("-inf")], dtype=dtype, device="cuda")
+    fill = bad[torch.arange(cap, device="cuda") % 3][None, :, None, None].expand(b, cap, hkv, d)
+    kc, vc = fill.clone(), fill.clone()
+    for i, n in enumerate(counts):
+        kc[i, :n] = torch.randn(n, hkv, d, device="cuda", generator=gen).to(dtype)
+        vc[i, :n] = torch.randn(n, hkv, d, device="cuda", generator=gen).to(dtype)
+    q = torch.randn(b, sq, hq, d, device="cuda", generator=gen).to(dtype)
+    k = torch.randn(b, sq, hkv, d, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(b, sq, hkv, d, device="cuda", generator=gen).to(dtype)
+    seqlens = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    kw = dict(cache_seqlens=seqlens, causal=True)
+    if secret:
+        kw["secret_lengths"] = True
+    kp, vp = kc, vc
+    if page:
+        kp, table = paged(kc, page, torch.Generator().manual_seed(5))
+        vp, _ = paged(vc, page, torch.Generator().manual_seed(5))
+        kw["block_table"] = table
+    out = flashcore.flash_attn_with_kvcache(q, kp, vp, k, v, **kw)
+    assert torch.isfinite(out).all(), "non-finite output from unused cache rows"
+    after_k, after_v = (kp, vp) if not page else (unpage(kp, table), unpage(vp, table))
+    for i, n in enumerate(counts):
+        want = ref_rows(q[i], after_k[i, :n + sq], after_v[i, :n + sq], True)
+        assert rel_l2(out[i], want) <= TOL[dtype], (i, rel_l2(out[i], want))
