@@ -94,3 +94,39 @@ def test_other_masks_are_not():
     assert flashcore.hf.padded_prefill_of(holes, q, q) is None
     kv = torch.empty(2, 4, s + 1, 64)
     assert flashcore.hf.padded_prefill_of(_mask([20, 10], s, "right", True), q, kv) is None
+
+
+def test_secret_lengths_checks_name_the_argument():
+    """flash_attn_varlen_func(..., secret_lengths=): every refusal before any device work."""
+    q, k, v = _pack(tq=8, tk=8)
+    cu = _cu([0, 3, 8])
+    lens = _cu([1, 5])
+    f = flashcore.flash_attn_varlen_func
+    assert varlen._check_secret_len(q, k, v, cu, cu, 5, 5, None, None, lens) == 2
+    with pytest.raises(ValueError, match="same cu_seqlens tensor"):
+        f(q, k, v, cu, _cu([0, 3, 8]), 5, 5, secret_lengths=lens)
+    with pytest.raises(ValueError, match="max_seqlen_q == max_seqlen_k"):
+        f(q, k, v, cu, cu, 5, 6, secret_lengths=lens)
+    for kw in ({"seqused_k": _cu([1, 2])}, {"seqused_q": _cu([1, 2])}):
+        with pytest.raises(ValueError, match="cannot be combined with " + next(iter(kw))):
+            f(q, k, v, cu, cu, 5, 5, secret_lengths=lens, **kw)
+    k10, v10 = _pack(tq=8, tk=10)[1:]
+    with pytest.raises(ValueError, match="k holds 10 tokens"):
+        f(q, k10, v10, cu, cu, 5, 5, secret_lengths=lens)
+    with pytest.raises(TypeError, match="secret_lengths.*int32"):
+        f(q, k, v, cu, cu, 5, 5, secret_lengths=lens.long())
+    with pytest.raises(ValueError, match=r"secret_lengths.*shape \(2,\)"):
+        f(q, k, v, cu, cu, 5, 5, secret_lengths=_cu([1, 2, 3]))
+    with pytest.raises(TypeError, match="secret_lengths.*torch.Tensor"):
+        f(q, k, v, cu, cu, 5, 5, secret_lengths=[1, 5])
+    with pytest.raises(ValueError, match="secret_lengths.*on cpu"):
+        f(q, k, v, cu, cu, 5, 5, secret_lengths=_cu([1, 5], "cpu"))
+    with pytest.raises(ValueError, match="head dim 80"):
+        qd, kd, vd = _pack(tq=8, tk=8, d=80)
+        f(qd, kd, vd, cu, cu, 5, 5, secret_lengths=lens)
+    with pytest.raises(ValueError, match="does not support window_size"):
+        f(q, k, v, cu, cu, 5, 5, window_size=(2, 2), secret_lengths=lens)
+    qc, kc, vc = _pack(tq=8, tk=8, device="cpu")
+    with pytest.raises(RuntimeError, match="requires grad"):
+        f(qc.float().requires_grad_(), kc, vc, _cu([0, 3, 8], "cpu"), _cu([0, 3, 8], "cpu"), 5, 5,
+          secret_lengths=_cu([1, 5], "cpu"))
