@@ -292,13 +292,16 @@ def _secret_len_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, seqused_q, 
     r = attention(pad(q), pad(k), pad(v), causal=causal, scale=scale, layout="bshd", return_lse=want_lse,
                   secret_lengths=lengths)
     dense_out, dense_lse = r if want_lse else (r, None)
-    # Each packed row's place in the dense batch: its slot b (count of slot ends at or before
-    # it) and its position in the slot.
-    tok = torch.arange(total, device=dev, dtype=torch.int32)
-    seq = torch.searchsorted(cu_q[1:].contiguous(), tok, right=True).clamp_(0, b - 1)
-    at = tok.long() - starts[seq]
+    # Each packed row's place in the dense batch: its slot b (how many slot ends lie at or before
+    # it: a 1 at each end, summed up to the row) and its position in the slot. (No searchsorted
+    # over a slice of cu_seqlens: inductor's GPU lowering of searchsorted reads a sliced boundaries
+    # tensor from its base, and the compiled call gave zero rows on the H100.)
+    ends = torch.zeros(total + 1, dtype=torch.int64, device=dev)
+    ends.index_add_(0, cu_q[1:].long().clamp(0, total), torch.ones(b, dtype=torch.int64, device=dev))
+    seq = ends[:total].cumsum(0).clamp_(0, b - 1)
+    at = torch.arange(total, device=dev) - starts[seq]
     ok = (at >= 0) & (at < s)  # always, for cu_seqlens within the contract
-    flat = (seq.long() * s + at.clamp(0, s - 1))
+    flat = seq * s + at.clamp(0, s - 1)
     out = dense_out.reshape(b * s, hq, d).index_select(0, flat)
     out = torch.where(ok[:, None, None], out, torch.zeros((), dtype=out.dtype, device=dev))
     if want_lse:

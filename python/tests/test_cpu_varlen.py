@@ -130,3 +130,33 @@ def test_secret_lengths_checks_name_the_argument():
     with pytest.raises(RuntimeError, match="requires grad"):
         f(qc.float().requires_grad_(), kc, vc, _cu([0, 3, 8], "cpu"), _cu([0, 3, 8], "cpu"), 5, 5,
           secret_lengths=_cu([1, 5], "cpu"))
+
+
+@pytest.mark.parametrize("slots,lens,s", [([33, 7, 60], [33, 2, 59], 60), ([1, 0, 0, 17, 5, 0], [1, 0, 0, 3, 5, 0], 20)])
+def test_secret_lengths_gather_and_scatter(monkeypatch, slots, lens, s):
+    """The slots' gather into the dense batch and the rows' way back, on the CPU, with a dense
+    call that is exact (an elementwise max of q, k, v on rows below each length, zero past it):
+    every row of a sequence lands where it came from, rows past a length read 0 / -inf, with
+    empty slots and max_seqlen past the longest slot."""
+    import flashcore.api
+
+    def dense(q, k, v, *, causal, scale, layout, return_lse, secret_lengths):
+        m = torch.arange(q.shape[1])[None, :, None, None] < secret_lengths.long()[:, None, None, None]
+        o = torch.where(m, torch.maximum(torch.maximum(q, k), v), torch.zeros((), dtype=q.dtype))
+        lse = torch.where(m[..., 0].transpose(1, 2), q[..., 0].float().transpose(1, 2), float("-inf"))
+        return (o, lse) if return_lse else o
+
+    monkeypatch.setattr(flashcore.api, "attention", dense)
+    monkeypatch.setattr(varlen, "_check_secret_len", lambda q, k, v, cu, *a: cu.shape[0] - 1)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(sum(slots), 2, 64, generator=g).half() for _ in range(3))
+    cu = _cu([0] + torch.tensor(slots).cumsum(0).tolist(), "cpu")
+    out, lse = varlen._secret_len_varlen(q, k, v, cu, cu, s, s, None, None, _cu(lens, "cpu"), True, None, True)
+    want = torch.maximum(torch.maximum(q, k), v)
+    s0 = 0
+    for n, l in zip(slots, lens):
+        assert torch.equal(out[s0:s0 + l], want[s0:s0 + l])
+        assert (out[s0 + l:s0 + n] == 0).all()
+        assert torch.equal(lse[:, s0:s0 + l], q[s0:s0 + l, :, 0].float().T)
+        assert torch.isneginf(lse[:, s0 + l:s0 + n]).all()
+        s0 += n

@@ -103,6 +103,14 @@ def test_empty_pack_and_compile_and_graph():
 
     eager = f(q, k, v, c, lens)
     compiled = torch.compile(f, fullgraph=True)(q, k, v, c, lens)
+    want, want_lse = expected(q, k, v, slots, [33, 2, 59], True)
+    s0 = 0
+    for n, l in zip(slots, [33, 2, 59]):
+        assert (compiled[s0 + l:s0 + n] == 0).all()
+        w = want[s0:s0 + l]
+        err = ((compiled[s0:s0 + l].double() - w).norm() / w.norm()).item()
+        assert err <= TOL[torch.float16], f"compiled: slot at {s0}: rel L2 {err:.3e}"
+        s0 += n
     assert torch.equal(eager, compiled)
     # A CUDA graph captured once, replayed with other secret lengths.
     static_lens = lens.clone()

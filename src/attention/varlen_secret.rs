@@ -76,17 +76,37 @@ unsafe fn copy_2d(
     if width == 0 || height == 0 {
         return Ok(());
     }
-    let mut c: sys::CUDA_MEMCPY2D = std::mem::zeroed();
-    c.srcMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    c.srcDevice = src;
-    c.srcPitch = src_pitch;
-    c.dstMemoryType = sys::CUmemorytype::CU_MEMORYTYPE_DEVICE;
-    c.dstDevice = dst;
-    c.dstPitch = dst_pitch;
-    c.WidthInBytes = width;
-    c.Height = height;
+    let c = copy_2d_desc((dst, dst_pitch), (src, src_pitch), width, height);
     sys::cuMemcpy2DAsync_v2(&c, stream).result()?;
     Ok(())
+}
+
+/// The driver's description of [`copy_2d`]'s copy. Every field written out: the struct holds
+/// enums with no zero value (`mem::zeroed` of it is undefined behaviour, and panics).
+fn copy_2d_desc(
+    (dst, dst_pitch): (u64, usize),
+    (src, src_pitch): (u64, usize),
+    width: usize,
+    height: usize,
+) -> sys::CUDA_MEMCPY2D {
+    sys::CUDA_MEMCPY2D {
+        srcXInBytes: 0,
+        srcY: 0,
+        srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        srcHost: std::ptr::null(),
+        srcDevice: src,
+        srcArray: std::ptr::null_mut(),
+        srcPitch: src_pitch,
+        dstXInBytes: 0,
+        dstY: 0,
+        dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+        dstHost: std::ptr::null_mut(),
+        dstDevice: dst,
+        dstArray: std::ptr::null_mut(),
+        dstPitch: dst_pitch,
+        WidthInBytes: width,
+        Height: height,
+    }
 }
 
 impl Context {
@@ -251,6 +271,23 @@ mod tests {
     }
 
     #[test]
+    fn copy_descriptions_are_device_to_device() {
+        let c = copy_2d_desc((0x2000, 400), (0x1000, 40), 36, 3);
+        assert_eq!(
+            (c.dstDevice, c.dstPitch, c.srcDevice, c.srcPitch),
+            (0x2000, 400, 0x1000, 40)
+        );
+        assert_eq!(
+            (c.WidthInBytes, c.Height, c.srcXInBytes, c.dstY),
+            (36, 3, 0, 0)
+        );
+        assert_eq!(c.srcMemoryType, sys::CUmemorytype::CU_MEMORYTYPE_DEVICE);
+        assert_eq!(c.dstMemoryType, sys::CUmemorytype::CU_MEMORYTYPE_DEVICE);
+        assert!(c.srcHost.is_null() && c.dstHost.is_null());
+        assert!(c.srcArray.is_null() && c.dstArray.is_null());
+    }
+
+    #[test]
     fn accepts_a_pack_of_slots() {
         let row = 2 * 64;
         let cu = [0, 8, 8, 13];
@@ -261,6 +298,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::type_complexity)]
     fn each_error_names_its_argument() {
         let row = 2 * 64;
         let cu = [0, 8, 8, 13];

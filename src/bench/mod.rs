@@ -232,6 +232,9 @@ fn run_pass(
         .collect()
 }
 
+/// One mode's outcome: the mode, the samples (µs) or why none, the method, the environment.
+pub(crate) type ModeTiming = (Mode, std::result::Result<Vec<f64>, String>, Method, Env);
+
 /// Times `launcher` (its buffer sets already rotating) in every mode of `opts`: per mode the
 /// samples (µs) or the failure, the method, and the environment with the clocks read before
 /// and after.
@@ -242,7 +245,7 @@ pub(crate) fn time_modes(
     input_bytes: u64,
     opts: &RunOptions,
     env: &mut Env,
-) -> Vec<(Mode, std::result::Result<Vec<f64>, String>, Method, Env)> {
+) -> Vec<ModeTiming> {
     let sets = launcher.sets();
     let mut backend = CudaBackend::new(launcher, ctx.stream().clone());
     env.clocks_start = env::query_smi(opts.device).map(|s| s.clocks);
