@@ -100,3 +100,54 @@ fn python_script_draws_the_same_mixes() {
         }
     }
 }
+
+fn bench(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_flashcore"))
+        .arg("bench")
+        .args(args)
+        .output()
+        .expect("run flashcore")
+}
+
+/// `--suite varlen`'s usage errors exit 2 with the reason, before any device work.
+#[test]
+fn varlen_suite_usage_errors() {
+    for (args, why) in [
+        (&["--backward"][..], "forward only"),
+        (&["--phases", "3"][..], "forward only"),
+        (&["--compare", "x.json"][..], "forward only"),
+        (&["--plot", "x.png"][..], "forward only"),
+        (&["--layout", "bhsd"][..], "packed (bshd)"),
+        (
+            &["--headdim", "96"][..],
+            "no shapes of that dtype and head dim",
+        ),
+        (
+            &["--dtype", "f16"][..],
+            "no shapes of that dtype and head dim",
+        ),
+        (
+            &["--seqlen", "512"][..],
+            "either --suite or an ad-hoc shape",
+        ),
+    ] {
+        let mut all = vec!["--suite", "varlen"];
+        all.extend_from_slice(args);
+        let o = bench(&all);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{all:?}: {err}");
+        assert!(err.contains(why), "{all:?}: {err}");
+    }
+}
+
+/// Without a GPU the suite is a runtime failure (exit 1) that says why, nothing measured.
+#[test]
+fn varlen_suite_without_gpu_fails() {
+    if flashcore::attention::Context::new(0).is_ok() {
+        eprintln!("SKIPPED varlen_suite_without_gpu_fails: a GPU is present");
+        return;
+    }
+    let o = bench(&["--suite", "varlen", "--headdim", "64"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("CUDA"));
+}
