@@ -12,6 +12,10 @@ values that are not the pack's prefix sums, or sequences longer than ``max_seqle
 ``max_seqlen_k``, give wrong rows — never an access outside the tensors (the device clamps every
 offset into the pack). ``check_cu_seqlens`` checks them on demand (it reads them: a sync).
 
+``secret_lengths=`` (self-attention packs) keeps each sequence's true length within its public
+slot secret: the slots are gathered into a dense padded batch and the dense secret-length kernel
+runs over it (``_secret_len_varlen``; SECURITY.md, "Varlen with secret lengths").
+
 Each CUDA stream gets its own instance of the varlen kernel (the work list lives in the module's
 constant memory), loaded on the stream's first call. A first call inside a CUDA graph capture
 loads it there (``torch.cuda.graph``'s capture stream is its own stream; this worked in the GPU
