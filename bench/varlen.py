@@ -6,7 +6,8 @@ framework without varlen runs: the padding is computed), FlashAttention-4's
 ``flash_attn_func`` at the same total tokens and mean length ("flashcore-dense": the reference of
 the issue's goal, varlen TFLOP/s >= 95% of dense; its TFLOP/s count its own dense shape).
 
-Length mixes, seeded (``--seed``): "uniform" (lengths uniform in [1, 4096]), "skewed" (two long
+Length mixes, seeded (``--seed``; SplitMix64, the generator ``flashcore bench --suite varlen`` uses,
+so both list the same sequences row for row; ``--print-mixes`` prints them): "uniform" (lengths uniform in [1, 4096]), "skewed" (two long
 sequences of a quarter of the tokens each, the rest in sequences uniform in [1, 256]), "equal"
 (sequences of 4096); each filled to 16k and 64k tokens (the last sequence cut to fit). D 64 and
 128 with H = 2048 / D (as the fa3 suite), bf16, causal and not, Sq = Sk per sequence.
@@ -20,28 +21,55 @@ tokens only (4·H·Sq·Sk·D per sequence, halved when causal), for every implem
 """
 
 import argparse
+import itertools
 import json
 import math
 import random
 import sys
 
 
+MIXES = ("uniform", "skewed", "equal")
+M64 = (1 << 64) - 1
+
+
+class SplitMix64:
+    """SplitMix64, as src/bench/varlen.rs draws the lengths (the Rust suite's rows are these)."""
+
+    def __init__(self, seed):
+        self.state = seed & M64
+
+    def next(self):
+        self.state = (self.state + 0x9E3779B97F4A7C15) & M64
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+        return z ^ (z >> 31)
+
+    def int(self, lo, hi):
+        return lo + self.next() % (hi - lo + 1)
+
+
 def mix(name, total, seed):
-    r = random.Random(f"{name}/{total}/{seed}")
+    r = SplitMix64(seed * 1_000_003 + total * 7 + MIXES.index(name))
     lens = []
     if name == "uniform":
         while sum(lens) < total:
-            lens.append(r.randint(1, 4096))
+            lens.append(r.int(1, 4096))
     elif name == "skewed":
         lens = [total // 4, total // 4]
         while sum(lens) < total:
-            lens.append(r.randint(1, 256))
-    elif name == "equal":
-        lens = [4096] * (-(-total // 4096))
+            lens.append(r.int(1, 256))
     else:
-        raise ValueError(name)
+        lens = [4096] * (-(-total // 4096))
     lens[-1] -= sum(lens) - total
     return [n for n in lens if n > 0]
+
+
+def dense_shape(lens, total):
+    """flashcore-dense's shape: nb sequences of the mean length (src/bench/varlen.rs, Case::dense)."""
+    b = len(lens)
+    mean = max(1, (2 * total + b) // (2 * b))  # round half up, in integers
+    return max(1, (2 * total + mean) // (2 * mean)), mean
 
 
 def flops(lens, heads, d, causal):
@@ -57,7 +85,17 @@ def main():
     p.add_argument("--graph-calls", type=int, default=10)
     p.add_argument("--seed", type=int, default=0x5EED)
     p.add_argument("--json", metavar="FILE")
+    p.add_argument("--print-mixes", action="store_true",
+                   help="print each mix's lengths and dense shape as JSON and exit (no GPU needed)")
     args = p.parse_args()
+    if args.print_mixes:
+        out = {}
+        for total in args.tokens:
+            for name in args.mixes:
+                lens = mix(name, total, args.seed)
+                out[f"{name}/{total}"] = {"lens": lens, "dense": list(dense_shape(lens, total))}
+        print(json.dumps(out))
+        return
 
     import torch
     import torch.nn.functional as F
@@ -116,7 +154,7 @@ def main():
     for total in args.tokens:
         for name in args.mixes:
             lens = mix(name, total, args.seed)
-            cu = torch.tensor([0] + list(__import__("itertools").accumulate(lens)), dtype=torch.int32, device=dev)
+            cu = torch.tensor([0] + list(itertools.accumulate(lens)), dtype=torch.int32, device=dev)
             maxlen = max(lens)
             for d in args.headdims:
                 h = 2048 // d
@@ -125,8 +163,13 @@ def main():
                 # The padded batch SDPA runs: [B, H, maxlen, D] (not when the padding would be more
                 # than 8x the tokens: the skewed mixes).
                 padded = len(lens) * maxlen <= 8 * total
-                pad = [torch.zeros(len(lens), h, maxlen, d, device=dev, dtype=torch.bfloat16)
+                pad = [torch.randn(len(lens), h, maxlen, d, device=dev, generator=g, dtype=torch.bfloat16)
                        for _ in range(3)] if padded else None
+                # Dense flashcore at the same total tokens and mean length (the issue's 95% goal
+                # compares the varlen call's useful TFLOP/s with this one's), its own buffers.
+                nb, mean = dense_shape(lens, total)
+                dq, dk, dv = (torch.randn(nb, mean, h, d, device=dev, generator=g, dtype=torch.bfloat16)
+                              for _ in range(3))
                 for causal in (False, True):
                     f = flops(lens, h, d, causal)
                     impls = {
@@ -135,14 +178,7 @@ def main():
                     }
                     if padded:
                         impls["sdpa-padded"] = lambda: F.scaled_dot_product_attention(*pad, is_causal=causal)
-                    # Dense flashcore at the same total tokens and mean length (the issue's 95%
-                    # goal compares the varlen call's useful TFLOP/s with this one's).
-                    mean = max(1, round(total / len(lens)))
-                    nb = max(1, round(total / mean))
-                    dense_q = q[: nb * mean].view(nb, mean, h, d) if nb * mean <= total else None
-                    if dense_q is not None:
-                        dk, dv = k[: nb * mean].view(nb, mean, h, d), v[: nb * mean].view(nb, mean, h, d)
-                        impls["flashcore-dense"] = lambda: flashcore.flash_attn_func(dense_q, dk, dv, causal=causal)
+                    impls["flashcore-dense"] = lambda: flashcore.flash_attn_func(dq, dk, dv, causal=causal)
                     if padded:
                         impls["sdpa-cudnn-padded"] = lambda: F.scaled_dot_product_attention(*pad, is_causal=causal)
                     if fa4_varlen is not None:
@@ -173,7 +209,7 @@ def main():
                             records.append(dict(mix=name, tokens=total, batch=len(lens), max_len=maxlen,
                                                 head_dim=d, heads=h, causal=causal, implementation=impl,
                                                 mode=mode, median_us=us, tflops=tf, seed=args.seed))
-                del pad, q, k, v
+                del pad, q, k, v, dq, dk, dv
     if args.json:
         with open(args.json, "w") as fh:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "records": records},

@@ -12,6 +12,10 @@ values that are not the pack's prefix sums, or sequences longer than ``max_seqle
 ``max_seqlen_k``, give wrong rows — never an access outside the tensors (the device clamps every
 offset into the pack). ``check_cu_seqlens`` checks them on demand (it reads them: a sync).
 
+``secret_lengths=`` (self-attention packs) keeps each sequence's true length within its public
+slot secret: the slots are gathered into a dense padded batch and the dense secret-length kernel
+runs over it (``_secret_len_varlen``; SECURITY.md, "Varlen with secret lengths").
+
 Each CUDA stream gets its own instance of the varlen kernel (the work list lives in the module's
 constant memory), loaded on the stream's first call. A first call inside a CUDA graph capture
 loads it there (``torch.cuda.graph``'s capture stream is its own stream; this worked in the GPU
@@ -190,6 +194,7 @@ def flash_attn_varlen_func(
     seqused_k=None,
     seqused_q=None,
     return_lse=False,
+    secret_lengths=None,
 ):
     """flash-attn's ``flash_attn_varlen_func`` (inference): q ``[total_q, Hq, D]``, k and v
     ``[total_k, Hkv, D]`` (GQA: Hq a multiple of Hkv), float16 or bfloat16, D 64, 96, 128 or 256;
@@ -208,6 +213,19 @@ def flash_attn_varlen_func(
     softcap, ALiBi, a block table; inputs that require grad raise RuntimeError (no backward for
     varlen yet). `deterministic` is accepted: flashcore is bitwise deterministic, and each
     sequence's bits do not depend on its neighbours in the pack.
+
+    ``secret_lengths`` (int32 ``[B]`` on q's device): **secret true lengths inside public slots**
+    (SECURITY.md). The pack is self-attention: pass the same tensor as ``cu_seqlens_q`` and
+    ``cu_seqlens_k`` (its slots, public) and ``max_seqlen_q == max_seqlen_k`` (the slot bound);
+    sequence b is the first ``secret_lengths[b]`` tokens of its slot ``cu_seqlens[b] ..
+    cu_seqlens[b + 1]``, for queries and keys alike (0 ≤ length ≤ slot size; causal: query i sees
+    keys 0..i of its sequence). Rows of `out` from a sequence's length to its slot's end read 0
+    (LSE −inf). The slots are gathered into a dense ``[B, max_seqlen, H, D]`` batch (zeros past
+    each slot), the dense secret-length kernel runs over it, and the slots' rows are gathered
+    back: time depends on B, ``max_seqlen``, the slots, heads and dims, never on the lengths
+    (they are read by the kernel only, through selects). Not with ``seqused_k`` / ``seqused_q``.
+    A length past its slot (outside the contract) gives that sequence wrong rows (its keys past
+    the slot are the zero padding), no access outside the tensors.
     """
     unsupported = {
         "dropout_p": dropout_p != 0.0,
@@ -221,11 +239,79 @@ def flash_attn_varlen_func(
             raise ValueError(f"flashcore: flash_attn_varlen_func does not support {name} yet")
     _checks.check_no_grad("flash_attn_varlen_func", q, k, v)
     want_lse = bool(return_attn_probs) or bool(return_lse)
+    if secret_lengths is not None:
+        out, lse = _secret_len_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                                      seqused_q, secret_lengths, bool(causal), softmax_scale, want_lse)
+        if return_attn_probs:
+            return out, lse, None
+        return (out, lse) if return_lse else out
     out, lse = attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                    bool(causal), softmax_scale, want_lse, seqused_q)
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out
+
+
+def _check_secret_len(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, seqused_q, lengths):
+    """The public checks of a secret-length varlen call (no device value is read). Returns B."""
+    for name, t in (("seqused_k", seqused_k), ("seqused_q", seqused_q)):
+        if t is not None:
+            raise ValueError(f"flashcore: secret_lengths cannot be combined with {name} (a public length)")
+    if cu_k is not cu_q:
+        raise ValueError("flashcore: secret_lengths is self-attention: pass the same cu_seqlens tensor as "
+                         "cu_seqlens_q and cu_seqlens_k")
+    if max_q != max_k:
+        raise ValueError(f"flashcore: secret_lengths needs max_seqlen_q == max_seqlen_k (the slot bound), "
+                         f"got {max_q} and {max_k}")
+    b, _, _, _ = _check(q, k, v, cu_q, cu_k, None, max_q, max_k)
+    if k.shape[0] != q.shape[0]:
+        raise ValueError(f"flashcore: secret_lengths is self-attention: k holds {k.shape[0]} tokens, "
+                         f"q {q.shape[0]}")
+    _check_meta("secret_lengths", lengths, b, q.device)
+    return b
+
+
+def _secret_len_varlen(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, seqused_q, lengths, causal, scale, want_lse):
+    """Secret lengths in public slots: gather the slots into a dense padded batch (addresses from
+    cu_seqlens only), run the dense secret-length call, gather the slots' rows back."""
+    from .api import attention
+
+    b = _check_secret_len(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k, seqused_q, lengths)
+    total, hq, d = q.shape
+    out, lse = _outputs(q, want_lse)
+    if total == 0 or b == 0:
+        return out, lse
+    s = max_q
+    dev = q.device
+    starts = cu_q[:-1].long()
+    sizes = (cu_q[1:] - cu_q[:-1]).long()
+    pos = torch.arange(s, device=dev)
+    inside = pos[None, :] < sizes[:, None]  # [B, S]: rows of the dense batch that a slot fills
+    src = (starts[:, None] + pos[None, :]).clamp_(0, total - 1).flatten()
+
+    def pad(t):
+        g = t.index_select(0, src).view(b, s, t.shape[1], d)
+        return torch.where(inside[:, :, None, None], g, torch.zeros((), dtype=t.dtype, device=dev))
+
+    r = attention(pad(q), pad(k), pad(v), causal=causal, scale=scale, layout="bshd", return_lse=want_lse,
+                  secret_lengths=lengths)
+    dense_out, dense_lse = r if want_lse else (r, None)
+    # Each packed row's place in the dense batch: its slot b (how many slot ends lie at or before
+    # it: a 1 at each end, summed up to the row) and its position in the slot. (No searchsorted
+    # over a slice of cu_seqlens: inductor's GPU lowering of searchsorted reads a sliced boundaries
+    # tensor from its base, and the compiled call gave zero rows on the H100.)
+    ends = torch.zeros(total + 1, dtype=torch.int64, device=dev)
+    ends.index_add_(0, cu_q[1:].long().clamp(0, total), torch.ones(b, dtype=torch.int64, device=dev))
+    seq = ends[:total].cumsum(0).clamp_(0, b - 1)
+    at = torch.arange(total, device=dev) - starts[seq]
+    ok = (at >= 0) & (at < s)  # always, for cu_seqlens within the contract
+    flat = seq * s + at.clamp(0, s - 1)
+    out = dense_out.reshape(b * s, hq, d).index_select(0, flat)
+    out = torch.where(ok[:, None, None], out, torch.zeros((), dtype=out.dtype, device=dev))
+    if want_lse:
+        lse = dense_lse.permute(1, 0, 2).reshape(hq, b * s).index_select(1, flat)
+        lse = torch.where(ok[None, :], lse, torch.full((), float("-inf"), device=dev))
+    return out, lse
 
 
 def check_cu_seqlens(cu_seqlens, total, max_seqlen, name="cu_seqlens"):

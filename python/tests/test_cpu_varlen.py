@@ -94,3 +94,69 @@ def test_other_masks_are_not():
     assert flashcore.hf.padded_prefill_of(holes, q, q) is None
     kv = torch.empty(2, 4, s + 1, 64)
     assert flashcore.hf.padded_prefill_of(_mask([20, 10], s, "right", True), q, kv) is None
+
+
+def test_secret_lengths_checks_name_the_argument():
+    """flash_attn_varlen_func(..., secret_lengths=): every refusal before any device work."""
+    q, k, v = _pack(tq=8, tk=8)
+    cu = _cu([0, 3, 8])
+    lens = _cu([1, 5])
+    f = flashcore.flash_attn_varlen_func
+    assert varlen._check_secret_len(q, k, v, cu, cu, 5, 5, None, None, lens) == 2
+    with pytest.raises(ValueError, match="same cu_seqlens tensor"):
+        f(q, k, v, cu, _cu([0, 3, 8]), 5, 5, secret_lengths=lens)
+    with pytest.raises(ValueError, match="max_seqlen_q == max_seqlen_k"):
+        f(q, k, v, cu, cu, 5, 6, secret_lengths=lens)
+    for kw in ({"seqused_k": _cu([1, 2])}, {"seqused_q": _cu([1, 2])}):
+        with pytest.raises(ValueError, match="cannot be combined with " + next(iter(kw))):
+            f(q, k, v, cu, cu, 5, 5, secret_lengths=lens, **kw)
+    k10, v10 = _pack(tq=8, tk=10)[1:]
+    with pytest.raises(ValueError, match="k holds 10 tokens"):
+        f(q, k10, v10, cu, cu, 5, 5, secret_lengths=lens)
+    with pytest.raises(TypeError, match="secret_lengths.*int32"):
+        f(q, k, v, cu, cu, 5, 5, secret_lengths=lens.long())
+    with pytest.raises(ValueError, match=r"secret_lengths.*shape \(2,\)"):
+        f(q, k, v, cu, cu, 5, 5, secret_lengths=_cu([1, 2, 3]))
+    with pytest.raises(TypeError, match="secret_lengths.*torch.Tensor"):
+        f(q, k, v, cu, cu, 5, 5, secret_lengths=[1, 5])
+    with pytest.raises(ValueError, match="secret_lengths.*on cpu"):
+        f(q, k, v, cu, cu, 5, 5, secret_lengths=_cu([1, 5], "cpu"))
+    with pytest.raises(ValueError, match="head dim 80"):
+        qd, kd, vd = _pack(tq=8, tk=8, d=80)
+        f(qd, kd, vd, cu, cu, 5, 5, secret_lengths=lens)
+    with pytest.raises(ValueError, match="does not support window_size"):
+        f(q, k, v, cu, cu, 5, 5, window_size=(2, 2), secret_lengths=lens)
+    qc, kc, vc = _pack(tq=8, tk=8, device="cpu")
+    with pytest.raises(RuntimeError, match="requires grad"):
+        f(qc.float().requires_grad_(), kc, vc, _cu([0, 3, 8], "cpu"), _cu([0, 3, 8], "cpu"), 5, 5,
+          secret_lengths=_cu([1, 5], "cpu"))
+
+
+@pytest.mark.parametrize("slots,lens,s", [([33, 7, 60], [33, 2, 59], 60), ([1, 0, 0, 17, 5, 0], [1, 0, 0, 3, 5, 0], 20)])
+def test_secret_lengths_gather_and_scatter(monkeypatch, slots, lens, s):
+    """The slots' gather into the dense batch and the rows' way back, on the CPU, with a dense
+    call that is exact (an elementwise max of q, k, v on rows below each length, zero past it):
+    every row of a sequence lands where it came from, rows past a length read 0 / -inf, with
+    empty slots and max_seqlen past the longest slot."""
+    import flashcore.api
+
+    def dense(q, k, v, *, causal, scale, layout, return_lse, secret_lengths):
+        m = torch.arange(q.shape[1])[None, :, None, None] < secret_lengths.long()[:, None, None, None]
+        o = torch.where(m, torch.maximum(torch.maximum(q, k), v), torch.zeros((), dtype=q.dtype))
+        lse = torch.where(m[..., 0].transpose(1, 2), q[..., 0].float().transpose(1, 2), float("-inf"))
+        return (o, lse) if return_lse else o
+
+    monkeypatch.setattr(flashcore.api, "attention", dense)
+    monkeypatch.setattr(varlen, "_check_secret_len", lambda q, k, v, cu, *a: cu.shape[0] - 1)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(sum(slots), 2, 64, generator=g).half() for _ in range(3))
+    cu = _cu([0] + torch.tensor(slots).cumsum(0).tolist(), "cpu")
+    out, lse = varlen._secret_len_varlen(q, k, v, cu, cu, s, s, None, None, _cu(lens, "cpu"), True, None, True)
+    want = torch.maximum(torch.maximum(q, k), v)
+    s0 = 0
+    for n, l in zip(slots, lens):
+        assert torch.equal(out[s0:s0 + l], want[s0:s0 + l])
+        assert (out[s0 + l:s0 + n] == 0).all()
+        assert torch.equal(lse[:, s0:s0 + l], q[s0:s0 + l, :, 0].float().T)
+        assert torch.isneginf(lse[:, s0 + l:s0 + n]).all()
+        s0 += n

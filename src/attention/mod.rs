@@ -11,6 +11,7 @@ pub mod launch;
 pub mod params;
 pub mod tensor_map;
 pub mod validate;
+pub mod varlen_secret;
 
 pub use context::{Context, Element, KvCache};
 pub use decode::Pages;

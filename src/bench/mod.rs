@@ -5,7 +5,7 @@
 //!   rotation arithmetic (buffer sets ≥ 2× L2); GPU-free, unit-tested with a fake backend.
 //! * [`device`]: the CUDA backend (events, stream capture) and the flashcore `Plan` launcher.
 //! * [`backward`]: the launcher of the backward pass (alone, or after the forward).
-//! * [`suites`]: the `seed` and `fa3` shape lists.
+//! * [`suites`]: the `seed` and `fa3` shape lists. [`varlen`]: the varlen suite (issue 22).
 //! * [`record`]: the JSON schema (docs/bench-json.md). [`env`]: clocks, driver, commit, date.
 //! * [`report`]: result tables and the join with other implementations. [`plot`]: the PNG.
 
@@ -19,6 +19,7 @@ pub mod report;
 pub mod stats;
 pub mod suites;
 pub mod timing;
+pub mod varlen;
 
 use crate::attention::{AttentionParams, Context};
 use crate::error::Result;
@@ -215,6 +216,37 @@ fn run_pass(
         Ok(l) => l,
         Err(e) => return skip_all(e.to_string(), &env),
     };
+    time_modes(ctx, info, launcher, input_bytes, opts, &mut env)
+        .into_iter()
+        .map(|(mode, samples, method, env)| {
+            make_pass_record(
+                p,
+                pass,
+                mode,
+                samples,
+                Some(method),
+                opts.suite.clone(),
+                env,
+            )
+        })
+        .collect()
+}
+
+/// One mode's outcome: the mode, the samples (µs) or why none, the method, the environment.
+pub(crate) type ModeTiming = (Mode, std::result::Result<Vec<f64>, String>, Method, Env);
+
+/// Times `launcher` (its buffer sets already rotating) in every mode of `opts`: per mode the
+/// samples (µs) or the failure, the method, and the environment with the clocks read before
+/// and after.
+pub(crate) fn time_modes(
+    ctx: &Context,
+    info: &DeviceInfo,
+    launcher: Box<dyn Launcher>,
+    input_bytes: u64,
+    opts: &RunOptions,
+    env: &mut Env,
+) -> Vec<ModeTiming> {
+    let sets = launcher.sets();
     let mut backend = CudaBackend::new(launcher, ctx.stream().clone());
     env.clocks_start = env::query_smi(opts.device).map(|s| s.clocks);
     let mut out = Vec::new();
@@ -244,21 +276,18 @@ fn run_pass(
                 },
             ),
         };
-        out.push(make_pass_record(
-            p,
-            pass,
+        out.push((
             mode,
             samples.map_err(|e| e.to_string()),
-            Some(method),
-            opts.suite.clone(),
+            method,
             env.clone(),
         ));
     }
     drop(backend);
     let end: Option<Clocks> = env::query_smi(opts.device).map(|s| s.clocks);
     for r in &mut out {
-        r.env.clocks_start = env.clocks_start;
-        r.env.clocks_end = end;
+        r.3.clocks_start = env.clocks_start;
+        r.3.clocks_end = end;
     }
     out
 }

@@ -14,6 +14,10 @@ pub enum Suite {
     Decode,
     /// The training shapes of issue 23's backward table, bf16 (for `--backward`).
     Backward,
+    /// Varlen prefill (issue 22): packs of 16k and 64k tokens with seeded length mixes, D 64/128,
+    /// causal and not, bf16, beside flashcore's dense call at the same tokens and mean length
+    /// (bench/varlen.py's cases, src/bench/varlen.rs).
+    Varlen,
 }
 
 impl Suite {
@@ -23,6 +27,7 @@ impl Suite {
             Suite::Fa3 => "fa3",
             Suite::Decode => "decode",
             Suite::Backward => "backward",
+            Suite::Varlen => "varlen",
         }
     }
 
@@ -33,6 +38,11 @@ impl Suite {
             Suite::Fa3 => fa3(layout),
             Suite::Decode => decode(layout),
             Suite::Backward => backward(layout),
+            // The varlen calls' parameters (batch: sequences, seqlen: the longest), bshd only.
+            Suite::Varlen => super::varlen::cases(0x5EED)
+                .iter()
+                .map(|c| c.params().layout(layout))
+                .collect(),
         }
     }
 }

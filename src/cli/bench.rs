@@ -35,7 +35,8 @@ impl ModeArg {
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// A named suite: seed (16 shapes), fa3 (FlashAttention-3 paper sweep, 72 shapes), decode,
-    /// or backward (issue 23's training shapes, bf16).
+    /// backward (issue 23's training shapes, bf16), or varlen (packed batches of mixed lengths
+    /// beside the dense call at the same tokens; bench/varlen.py's cases).
     #[arg(long, value_enum)]
     pub suite: Option<Suite>,
     /// Ad-hoc shape: batch size.
@@ -219,6 +220,70 @@ fn pass_tag(pass: Pass) -> String {
     }
 }
 
+/// `--suite varlen`: the varlen cases (filtered by --headdim), timed, tabulated, written to --json.
+fn run_varlen(args: &BenchArgs, timing: TimingConfig) -> i32 {
+    use crate::bench::varlen;
+    if args.backward || args.phases.is_some() || !args.compare.is_empty() || args.plot.is_some() {
+        return super::fail(
+            2,
+            "--suite varlen times the forward only, with no --backward, --phases, --compare or --plot",
+        );
+    }
+    if args.layout != Layout::Bshd {
+        return super::fail(2, "--suite varlen runs packed (bshd) tensors only");
+    }
+    let cases: Vec<varlen::Case> = varlen::cases(args.seed)
+        .into_iter()
+        .filter(|c| args.headdim.is_none_or(|d| d == c.head_dim))
+        .collect();
+    let opts = RunOptions {
+        device: args.device,
+        timing,
+        modes: args.mode.modes(),
+        suite: Some("varlen".into()),
+        seed: args.seed,
+        ..RunOptions::default()
+    };
+    let n = cases.len();
+    let result = varlen::run(&cases, &opts, |i, recs| {
+        let c = &cases[i];
+        let summary: Vec<String> = recs
+            .iter()
+            .map(|r| match (r.status, r.time_us) {
+                (Status::Ok, Some(t)) => {
+                    format!("{} {} {:.1} us", r.implementation, r.mode.name(), t.median)
+                }
+                _ => format!("{} {} skipped", r.implementation, r.mode.name()),
+            })
+            .collect();
+        eprintln!(
+            "[{}/{n}] {} {} B{} d{}{}: {}",
+            i + 1,
+            c.mix,
+            c.tokens,
+            c.lens.len(),
+            c.head_dim,
+            if c.causal { " causal" } else { "" },
+            summary.join(", ")
+        );
+    });
+    let recs = match result {
+        Ok(r) => r,
+        Err(e) => return super::fail(1, e),
+    };
+    if let Some(path) = &args.json {
+        if let Err(e) = BenchFile::new(recs.clone()).write(path) {
+            return super::fail(1, e);
+        }
+    }
+    print!("{}", varlen::format(&cases, &recs));
+    if recs.iter().any(Record::is_ok) {
+        0
+    } else {
+        super::fail(1, "nothing was measured")
+    }
+}
+
 pub fn run(args: BenchArgs) -> i32 {
     let timing = TimingConfig {
         warmup: args.warmup,
@@ -250,6 +315,9 @@ pub fn run(args: BenchArgs) -> i32 {
             Ok(s) => s,
             Err(e) => return super::fail(2, e),
         };
+        if args.suite == Some(Suite::Varlen) {
+            return run_varlen(&args, timing);
+        }
         if shapes.is_empty() {
             return super::fail(2, "the suite has no shapes of that dtype");
         }
