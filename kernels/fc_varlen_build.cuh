@@ -1,7 +1,7 @@
 // The varlen work list built on the device (issue 22): from cu_seqlens_q / cu_seqlens_k (and
 // seqused_k, seqused_q) in device memory, with no host synchronisation, so a varlen call can be captured in
-// a CUDA graph. One CTA counting-sorts every query tile of the pack by the key blocks it visits,
-// heaviest first, into `chunks` chunks of VARLEN_SLOTS int4s — each the image of the forward
+// a CUDA graph. One CTA counting-sorts the pack's sequences by the key blocks their heaviest
+// query tile visits, heaviest first, each sequence's tiles consecutive (last query block first), into `chunks` chunks of VARLEN_SLOTS int4s — each the image of the forward
 // kernel's __constant__ work list for one launch (header, then items; fc_scheduler.cuh) — which
 // the host then copies, stream-ordered, into the symbol before each launch.
 //
@@ -55,6 +55,9 @@ FC_DEVICE int varlen_weight(int rows, int keys) {
     return min(n, varlen_build::BUCKETS - 1);
 }
 
+// Query tiles of a sequence: those with rows, at most tiles_per_seq (the launch bound).
+FC_DEVICE int varlen_tiles(const VarlenSeq& q, int tiles_per_seq) { return min(tiles_per_seq, ceil_div(q.len_q, cfg::BM)); }
+
 // Slots are (sequence b, tile m) for m < tiles_per_seq = ceil(max_seqlen_q / BM); a slot is a
 // work item when the sequence has query rows there. `out` holds `chunks` lists of VARLEN_SLOTS
 // int4s, chunks · VARLEN_ITEMS ≥ batch · tiles_per_seq (the host's bound).
@@ -67,11 +70,12 @@ extern "C" __global__ void __launch_bounds__(varlen_build::THREADS, 1)
     const int tid = (int)threadIdx.x;
     for (int i = tid; i < BUCKETS; i += THREADS) next[i] = 0;
     __syncthreads();
-    const int slots = batch * tiles_per_seq;
-    for (int s = tid; s < slots; s += THREADS) {
-        const int b = s / tiles_per_seq, row0 = (s % tiles_per_seq) * cfg::BM;
+    // A sequence's tiles take consecutive places (its K/V shared in L2 by the CTAs running them),
+    // sorted as a group by its heaviest (last) tile's weight.
+    for (int b = tid; b < batch; b += THREADS) {
         const VarlenSeq q = varlen_seq(cu_q, cu_k, used_q, used_k, b, total_q, total_k);
-        if (row0 < q.len_q) atomicAdd(&next[varlen_weight(q.len_q - row0, q.len_k)], 1);
+        const int tiles = varlen_tiles(q, tiles_per_seq);
+        if (tiles > 0) atomicAdd(&next[varlen_weight(q.len_q - (tiles - 1) * cfg::BM, q.len_k)], tiles);
     }
     __syncthreads();
     // Exclusive scan from the heaviest bucket down: thread t owns BUCKETS / THREADS consecutive
@@ -103,11 +107,13 @@ extern "C" __global__ void __launch_bounds__(varlen_build::THREADS, 1)
     for (int c = tid; c < chunks; c += THREADS) {
         out[(int64_t)c * VARLEN_SLOTS] = make_int4(max(0, min(VARLEN_ITEMS, total - c * VARLEN_ITEMS)), 0, 0, 0);
     }
-    for (int s = tid; s < slots; s += THREADS) {
-        const int b = s / tiles_per_seq, row0 = (s % tiles_per_seq) * cfg::BM;
+    for (int b = tid; b < batch; b += THREADS) {
         const VarlenSeq q = varlen_seq(cu_q, cu_k, used_q, used_k, b, total_q, total_k);
-        if (row0 < q.len_q) {
-            const int pos = atomicAdd(&next[varlen_weight(q.len_q - row0, q.len_k)], 1);
+        const int tiles = varlen_tiles(q, tiles_per_seq);
+        if (tiles == 0) continue;
+        const int pos0 = atomicAdd(&next[varlen_weight(q.len_q - (tiles - 1) * cfg::BM, q.len_k)], tiles);
+        for (int j = 0; j < tiles; ++j) {  // the last query block first
+            const int row0 = (tiles - 1 - j) * cfg::BM, pos = pos0 + j;
             out[(int64_t)(pos / VARLEN_ITEMS) * VARLEN_SLOTS + 1 + pos % VARLEN_ITEMS] =
                 make_int4(q.q0 + row0, q.len_q - row0, q.k0, q.len_k);
         }

@@ -299,7 +299,8 @@ fn bad_cu_seqlens_are_refused() {
     }
 }
 
-/// The device-built work list holds exactly the host's items, heaviest first, split into
+/// The device-built work list holds exactly the host's items, sequence by sequence (heaviest
+/// first, each sequence's tiles together), split into
 /// launches of at most VARLEN_CAPACITY with the right headers.
 #[test]
 fn device_work_list_matches_the_host_list() {
@@ -353,8 +354,29 @@ fn device_work_list_matches_the_host_list() {
                     n.min((vis + 127) / 128)
                 }
             };
-            let w: Vec<i64> = dev.iter().map(blocks).collect();
-            assert!(w.windows(2).all(|p| p[0] >= p[1]), "not heaviest first");
+            // Sequence by sequence (a sequence: its key start and query end), each once, its
+            // tiles last query block first; the sequences by their first tile's weight, heaviest
+            // first (ties in any order).
+            let mut runs: Vec<((i32, i32), i64)> = Vec::new();
+            for (i, it) in dev.iter().enumerate() {
+                let seq = (it.k_start, it.q_start + it.rows);
+                if i > 0 && runs.last().unwrap().0 == seq {
+                    assert!(
+                        dev[i - 1].rows < it.rows,
+                        "causal {causal}: a sequence's tiles out of order"
+                    );
+                } else {
+                    assert!(
+                        runs.iter().all(|r| r.0 != seq),
+                        "causal {causal}: a sequence's tiles split"
+                    );
+                    runs.push((seq, blocks(it)));
+                }
+            }
+            assert!(
+                runs.windows(2).all(|p| p[0].1 >= p[1].1),
+                "causal {causal}: sequences not heaviest first"
+            );
             let key = |it: &flashcore::attention::launch::varlen::WorkItem| it.fields();
             let mut a: Vec<_> = dev.iter().map(key).collect();
             let mut b: Vec<_> = host.iter().map(key).collect();

@@ -143,8 +143,12 @@ fn kv_blocks(item: &WorkItem, block_m: usize, block_n: usize, causal: bool) -> i
 }
 
 /// The work list of a pack (`cu_q`, `cu_k` already checked): every query tile of every
-/// sequence with queries, heaviest first (ties in pack order). The order decides only which CTA
-/// computes a tile, never what it computes.
+/// sequence with queries, sequence by sequence — the sequence whose heaviest tile is heaviest
+/// first (ties in pack order) — and inside a sequence its tiles heaviest first (last query
+/// block first). A sequence's tiles are neighbours in the list, so the CTAs running at one time
+/// share its K/V in L2 (a per-tile sort sent them to as many sequences as there are CTAs); the
+/// persistent grid's stride through the list still deals each CTA a spread of tile weights. The
+/// order decides only which CTA computes a tile, never what it computes.
 pub fn work_list(
     cu_q: &[i32],
     cu_k: &[i32],
@@ -152,23 +156,32 @@ pub fn work_list(
     block_n: usize,
     causal: bool,
 ) -> Vec<WorkItem> {
-    let mut items = Vec::new();
+    let mut seqs: Vec<Vec<WorkItem>> = Vec::new();
     for b in 0..cu_q.len().saturating_sub(1) {
         let len_q = cu_q[b + 1] - cu_q[b];
         let tiles = (len_q as usize).div_ceil(block_m);
-        for m in 0..tiles {
-            let row0 = (m * block_m) as i32;
-            items.push(WorkItem {
-                q_start: cu_q[b] + row0,
-                rows: len_q - row0,
-                k_start: cu_k[b],
-                len_k: cu_k[b + 1] - cu_k[b],
-            });
-        }
+        seqs.push(
+            (0..tiles)
+                .rev()
+                .map(|m| {
+                    let row0 = (m * block_m) as i32;
+                    WorkItem {
+                        q_start: cu_q[b] + row0,
+                        rows: len_q - row0,
+                        k_start: cu_k[b],
+                        len_k: cu_k[b + 1] - cu_k[b],
+                    }
+                })
+                .collect(),
+        );
     }
-    // Stable: equal weights keep pack order.
-    items.sort_by_key(|it| std::cmp::Reverse(kv_blocks(it, block_m, block_n, causal)));
-    items
+    // Stable: equal weights keep pack order. A sequence's weight is its first (heaviest) tile's.
+    let weight = |s: &Vec<WorkItem>| {
+        s.first()
+            .map_or(0, |it| kv_blocks(it, block_m, block_n, causal))
+    };
+    seqs.sort_by_key(|s| std::cmp::Reverse(weight(s)));
+    seqs.concat()
 }
 
 /// The variant a varlen call runs.
@@ -937,7 +950,7 @@ mod tests {
     }
 
     #[test]
-    fn work_list_covers_every_tile_heaviest_first() {
+    fn work_list_covers_every_tile_sequence_by_sequence_heaviest_first() {
         // Lengths 1, 0, 300, 129 (queries) over 5, 0, 300, 1 keys, 128-row tiles.
         let cu_q = [0, 1, 1, 301, 430];
         let cu_k = [0, 5, 5, 305, 306];
@@ -947,7 +960,12 @@ mod tests {
             .iter()
             .map(|it| kv_blocks(it, 128, 128, true))
             .collect();
-        assert!(w.windows(2).all(|p| p[0] >= p[1]), "{w:?}");
+        // The 300-query sequence (its tiles see 3, 2, 1 blocks), then the 1-query one (1), then
+        // the 129-query one (its last tile sees the one key: 1, then 0); each sequence's tiles
+        // last query block first.
+        assert_eq!(w, [3, 2, 1, 1, 1, 0]);
+        let starts: Vec<i32> = items.iter().map(|it| it.q_start).collect();
+        assert_eq!(starts, [257, 129, 1, 0, 429, 301]);
         // The last tile of the 300-query sequence: rows 256..300, all 300 keys (3 blocks).
         assert_eq!(
             items[0],
