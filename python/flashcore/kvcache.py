@@ -118,6 +118,11 @@ def _check_feats(q, feats, prefill_consistent):
     return window, softcap, sinks
 
 
+def _plain(feats):
+    """Whether checked features ask for nothing (the one-pass fast path then serves the call)."""
+    return tuple(feats[0]) == (-1, -1) and not feats[1] and feats[2] is None
+
+
 def _feature_kw(feats):
     """`launch`'s keywords for checked features."""
     return dict(window=tuple(feats[0]), softcap=float(feats[1]), sinks=feats[2])
@@ -383,7 +388,7 @@ def _attention_kvcache_append(q, k_cache, v_cache, k, v, seqlens, block_table, c
     fused append): in one pass for plain eager calls, the op's body directly in eager mode,
     torch.ops.flashcore.attention_kvcache_append (which declares the caches mutated) whenever
     torch is tracing or faking tensors."""
-    plain = feats is NO_FEATURES or feats == NO_FEATURES
+    plain = _plain(feats)
     if plain and block_table is None and not secret and not prefill_consistent and leftpad is None:
         r = fast(q, k_cache, v_cache, causal, scale, False, return_lse, kv_lengths=seqlens, append=(k, v))
         if r is not None:
@@ -408,7 +413,7 @@ def _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, causal, scale,
     """The op on these arguments: its body directly in plain eager mode (skipping the
     dispatcher's ~20 µs, as `api._call` does; lse None unless asked), through
     torch.ops.flashcore.attention_kvcache whenever torch is tracing or faking tensors."""
-    plain = feats is NO_FEATURES or feats == NO_FEATURES
+    plain = _plain(feats)
     if plain and block_table is None and not secret and not prefill_consistent and leftpad is None:
         r = fast(q, k_cache, v_cache, causal, scale, False, return_lse, kv_lengths=seqlens)
         if r is not None:  # plain eager call, served in one pass (_launch.fast)
