@@ -110,9 +110,9 @@ def fallback_reason(query, key, value, attention_mask, dropout=0.0, scaling=None
         if name not in _ALLOWED:
             return f"unknown argument {name!r}"
     # Issue 24: flashcore computes attention sinks (s_aux, gpt-oss: one logit per query head),
-    # a softcap (Gemma 2) and sliding windows itself, on its dense path. A call with one of them
-    # that flashcore does not serve for another reason goes to the model's eager attention (SDPA
-    # computes none of them), so their reasons come first then.
+    # a softcap (Gemma 2) and sliding windows itself (dense calls, padded prefills, decode steps).
+    # A call with one of them that flashcore does not serve for another reason goes to the
+    # model's eager attention (SDPA computes none of them), so their reasons come first then.
     feature = _feature_reason(query, key, attention_mask, kwargs, mask_served)
     if feature is not None:
         return feature
