@@ -254,3 +254,35 @@ def test_features_over_a_served_mask_are_served(gpu):
     assert fh.fallback_reason(q, k, k, mask, 0.0, 0.125, kw) == "s_aux"
     bad = dict(kw, s_aux=torch.zeros(3, device="cuda"))
     assert fh.fallback_reason(q, k, k, mask, 0.0, 0.125, bad, mask_served=True) == "s_aux"
+
+
+def test_dynamo_fullgraph_traces_featured_calls():
+    # torch.compile(fullgraph=True) over fake CUDA tensors (no GPU): a featured and a plain decode
+    # step, a featured varlen call and a featured chunked prefill become flashcore ops in one graph
+    # with no break (an `is` on the feature tuple broke it once: found on the H100).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    graphs = []
+
+    def backend(gm, example):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function" and "flashcore" in str(n.target)])
+        return gm  # runs the ops' fake implementations
+
+    def step(qd, kc, vc, lens, sinks, q, k, v, cq, ck):
+        o = flashcore.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens, causal=True, window_size=(64, -1),
+                                              softcap=30.0, learnable_sink=sinks)
+        p = flashcore.flash_attn_with_kvcache(qd, kc, vc, cache_seqlens=lens, causal=True)
+        a = flashcore.flash_attn_varlen_func(q, k, v, cq, ck, 200, 300, causal=True, window_size=(32, -1),
+                                             softcap=5.0, learnable_sink=sinks)
+        c = flashcore.flash_attn_with_kvcache(q.view(1, -1, 8, 64)[:, :40], kc[:1], vc[:1], cache_seqlens=lens[:1],
+                                              causal=True, window_size=(8, -1), softcap=2.0, learnable_sink=sinks)
+        return o, p, a, c
+
+    torch._dynamo.reset()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        args = (cuda(2, 1, 8, 64), cuda(2, 512, 2, 64), cuda(2, 512, 2, 64), cuda(2, dtype=torch.int32),
+                cuda(8, dtype=torch.float32), cuda(282, 8, 64), cuda(489, 2, 64), cuda(489, 2, 64),
+                cuda(4, dtype=torch.int32), cuda(4, dtype=torch.int32))
+        torch.compile(step, fullgraph=True, backend=backend)(*args)
+    assert graphs == [["flashcore.attention_kvcache.default", "flashcore.attention_kvcache.default",
+                       "flashcore.attention_varlen.default", "flashcore.attention_varlen.default"]]
