@@ -35,11 +35,15 @@ static_assert(!(FC_KV_PUBLIC || FC_PAGED) || FC_DECODE, "KV-cache builds are dec
 #define FC_VARLEN 0
 #endif
 // Softcap builds (issue 24): the scores go through softcap_out · tanh(s · softcap_in) before the
-// softmax. Plain prefill tiles only; other builds do not pass the define.
+// softmax. Plain 128-row prefill tiles, varlen tiles and KV-cache decode (public or secret
+// counts); other builds do not pass the define (no secret-length prefill, no cluster split, no
+// 192-row tiles: they spill with it).
 #ifndef FC_SOFTCAP
 #define FC_SOFTCAP 0
 #endif
-static_assert(!FC_SOFTCAP || (!FC_DECODE && !FC_VARLEN && !FC_SECRET_LEN), "softcap: plain prefill tiles");
+static_assert(!FC_SOFTCAP || FC_KV_CACHE || FC_VARLEN || (!FC_DECODE && !FC_SECRET_LEN),
+              "softcap: plain prefill, varlen or KV-cache builds");
+static_assert(!FC_SOFTCAP || (FC_BLOCK_M <= 128 && FC_SPLIT == 1), "softcap: at most 128-row tiles, no split");
 static_assert(!FC_VARLEN || (!FC_DECODE && !FC_SECRET_LEN && FC_SPLIT == 1), "varlen: plain prefill tiles");
 static_assert(!(FC_KV_PUBLIC && FC_SECRET_LEN), "key counts are either public or secret");
 
@@ -70,9 +74,15 @@ constexpr int GROUP_BYTES = 8 * ROW_BYTES;  // one 8-row swizzle atom (the descr
 // Register split after setmaxnreg: the producer gives registers back, consumers take them.
 // d256's two consumers hold a 128-register O accumulator each (PERF_NOTES, issue 24): they take
 // 232, the producer keeps 40.
-constexpr int PRODUCER_REGS = CONSUMERS <= 2 ? (D > 128 && CONSUMERS == 2 ? 40 : 56) : 32;
+// d256 varlen softcap builds (a tile's sequence fields and the tanh beside the 128-register O)
+// take 240 and leave the producer 24 (its one TMA-issuing thread needs no more; FA3 splits
+// 24/240 too): at 232, ptxas parked an mbarrier address under a lane predicate it recomputed
+// in between, which the audit cannot prove public (issue 24).
+constexpr bool WIDE_CONSUMERS = D > 128 && CONSUMERS == 2 && FC_VARLEN && FC_SOFTCAP;
+constexpr int PRODUCER_REGS =
+    CONSUMERS <= 2 ? (D > 128 && CONSUMERS == 2 ? (WIDE_CONSUMERS ? 24 : 40) : 56) : 32;
 constexpr int CONSUMER_REGS =
-    CONSUMERS == 1 ? 240 : CONSUMERS == 2 ? (D > 128 ? 232 : 224) : 160;  // 1: light 64-row tiles
+    CONSUMERS == 1 ? 240 : CONSUMERS == 2 ? (D > 128 ? (WIDE_CONSUMERS ? 240 : 232) : 224) : 160;  // 1: light 64-row tiles
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
 constexpr uint32_t Q_BYTES = BM * D * 2;
 constexpr uint32_t KV_BYTES = BN * D * 2;

@@ -381,3 +381,91 @@ fn paged_input_matches_contiguous() {
         assert_eq!(p_gpu["k_cache"].data.to_f64(), got, "paged GPU append");
     }
 }
+
+/// Issue 24's features over a KV cache: `--window`, `--softcap` and `sinks` in the input file,
+/// on `--cpu` against the reference computed here (positions aligned to each count), with a GPU
+/// the kernel against the same; sinks of the wrong count are an error.
+#[test]
+fn window_softcap_and_sinks_over_a_kv_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = case(11);
+    let sinks = [0.5f32, -1.0, 2.0, -3.0];
+    let sink_bytes: Vec<u8> = sinks.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let input = write(
+        dir.path(),
+        &c,
+        vec![("sinks", Dtype::F32, vec![HQ], sink_bytes)],
+        &[],
+    );
+    let output = dir.path().join("out.safetensors");
+    // The reference: the caches after the append, each sequence on its own with the features.
+    let (_, kf, vf) = expected(&c, true);
+    let f = |x: &[bf16]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
+    let q = f(&c.q);
+    let s64: Vec<f64> = sinks.iter().map(|&x| x as f64).collect();
+    let row = HKV * D;
+    let mut want = Vec::new();
+    for (b, &l) in c.lens.iter().enumerate() {
+        let n = l as usize + SQ;
+        let mut p = AttentionParams::new(1, HQ, SQ, D)
+            .seqlen_k(n)
+            .causal(true)
+            .window(flashcore::attention::Window::from_flash_attn(5, -1))
+            .softcap(3.0);
+        p.heads_kv = HKV;
+        let base = b * CAP * row;
+        let r = reference::attention_f64_sinks(
+            &p,
+            &q[b * SQ * HQ * D..(b + 1) * SQ * HQ * D],
+            &kf[base..base + n * row],
+            &vf[base..base + n * row],
+            Some(&s64),
+        );
+        want.extend(r.out);
+    }
+    let args = |cpu: bool| {
+        let mut a = vec![
+            "attn",
+            "--causal",
+            "--window",
+            "5,-1",
+            "--softcap",
+            "3",
+            "--input",
+            input.to_str().unwrap(),
+            "--output",
+            output.to_str().unwrap(),
+        ];
+        if cpu {
+            a.push("--cpu");
+        }
+        a
+    };
+    let (code, stdout, stderr) = common::flashcore(&args(true));
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("window=5,-1 softcap=3 sinks"), "{stdout}");
+    let err = reference::rel_l2(&read_file(&output).unwrap()["out"].data.to_f64(), &want);
+    assert!(err < 1e-6, "cpu: {err:.2e}");
+    if flashcore::attention::Context::new(0).is_ok() {
+        let (code, stdout, stderr) = common::flashcore(&args(false));
+        assert_eq!(code, 0, "{stdout}\n{stderr}");
+        let err = reference::rel_l2(&read_file(&output).unwrap()["out"].data.to_f64(), &want);
+        assert!(err < 1e-2, "gpu: {err:.2e}");
+    }
+    let three = write(
+        dir.path(),
+        &c,
+        vec![("sinks", Dtype::F32, vec![3], vec![0; 12])],
+        &[],
+    );
+    let (code, _, stderr) = common::flashcore(&[
+        "attn",
+        "--cpu",
+        "--input",
+        three.to_str().unwrap(),
+        "--output",
+        output.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("one per query head"), "{stderr}");
+}

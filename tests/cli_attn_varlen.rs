@@ -263,3 +263,71 @@ fn gpu_matches_cpu() {
     let lerr = reference::rel_l2(&fin(&gl), &fin(&wl));
     assert!(lerr < 1e-3, "LSE GPU vs CPU: {lerr:.2e}");
 }
+
+/// Issue 24's features with cu_seqlens: `--window`, `--softcap` and `sinks` in the input file,
+/// per sequence, on `--cpu` against the reference; with a GPU the kernel against the same; sinks
+/// of the wrong count are an error.
+#[test]
+fn window_softcap_and_sinks_per_sequence() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = case(13);
+    let sinks = [0.5f32, -1.0, 2.0, -3.0];
+    let sink_bytes: Vec<u8> = sinks.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let input = write(
+        dir.path(),
+        &c,
+        vec![("sinks", Dtype::F32, vec![HQ], sink_bytes)],
+        &[],
+    );
+    let output = dir.path().join("out.safetensors");
+    let p = AttentionParams {
+        batch: LQ.len(),
+        seqlen_q: 129,
+        seqlen_k: 300,
+        heads_q: HQ,
+        heads_kv: HKV,
+        head_dim: D,
+        dtype: DType::Bf16,
+        layout: Layout::Bshd,
+        causal: true,
+        scale: None,
+        window: flashcore::attention::Window::from_flash_attn(20, -1),
+        softcap: 3.0,
+    };
+    let f = |x: &[bf16]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
+    let s64: Vec<f64> = sinks.iter().map(|&x| x as f64).collect();
+    let want = reference::varlen_sinks_f64(
+        &p,
+        &prefix(&LQ),
+        &prefix(&LK),
+        &f(&c.q),
+        &f(&c.k),
+        &f(&c.v),
+        Some(&s64),
+    );
+    let flags = ["--causal", "--window", "20,-1", "--softcap", "3"];
+    let mut cpu = vec!["--cpu"];
+    cpu.extend(flags);
+    let (code, stdout, stderr) = run(&input, &output, &cpu);
+    assert_eq!(code, 0, "{stdout}\n{stderr}");
+    assert!(stdout.contains("window=20,-1 softcap=3 sinks"), "{stdout}");
+    let t = read_file(&output).unwrap();
+    let err = reference::rel_l2(&t["out"].data.to_f64(), &want.out);
+    assert!(err < 1e-6, "cpu: {err:.2e}");
+    if flashcore::attention::Context::new(0).is_ok() {
+        let (code, stdout, stderr) = run(&input, &output, &flags);
+        assert_eq!(code, 0, "{stdout}\n{stderr}");
+        let t = read_file(&output).unwrap();
+        let err = reference::rel_l2(&t["out"].data.to_f64(), &want.out);
+        assert!(err < 1e-2, "gpu: {err:.2e}");
+    }
+    let three = write(
+        dir.path(),
+        &c,
+        vec![("sinks", Dtype::F32, vec![3], vec![0; 12])],
+        &[],
+    );
+    let (code, _, stderr) = run(&three, &output, &["--cpu"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("one per query head"), "{stderr}");
+}

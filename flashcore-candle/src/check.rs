@@ -364,6 +364,7 @@ impl VarlenSpec {
             seqused_k: 0,
             seqused_q: 0,
             workspace: base[4],
+            sinks: 0,
         }
     }
 

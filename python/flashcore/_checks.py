@@ -192,7 +192,7 @@ def check_lengths(lengths, q, batch, sq, sk):
 def check_features(window, softcap, sinks, q, hq, lengths=None):
     """Issue 24's arguments: `window` flash-attn's (left, right) window_size, each −1 (unbounded)
     or ≥ 0; `softcap` 0 (off) or positive and finite; `sinks` None or fp32 contiguous [Hq] on q's
-    device (learnable attention sinks, gpt-oss). Dense calls only so far (no secret lengths).
+    device (learnable attention sinks, gpt-oss). Not with secret-length prefill (`lengths`).
     Returns (window as a tuple of ints, softcap as a float, sinks)."""
     try:
         left, right = window
@@ -221,6 +221,14 @@ def check_features(window, softcap, sinks, q, hq, lengths=None):
     if features and lengths is not None:
         raise ValueError("flashcore: window_size, softcap and learnable_sink are not supported with secret_lengths yet")
     return (int(left), int(right)), float(softcap), sinks
+
+
+def features(window_size, softcap, learnable_sink, q, hq):
+    """The public entry points' issue-24 arguments as the ops take them: window_size as a
+    tuple, the sink as fp32 contiguous, all checked (`check_features`). Returns (window,
+    softcap, sinks)."""
+    window = tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size
+    return check_features(window, softcap, sinks_f32(learnable_sink), q, hq)
 
 
 def sinks_f32(sinks):

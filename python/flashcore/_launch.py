@@ -236,10 +236,11 @@ def _backward_workspace_bytes(dtype, shape):
     return _native.backward_workspace_bytes(dtype, shape)
 
 
-def prepare_kv(device, dtype, shape, causal, scale, secret=False, pages=(0, 0), prefill_consistent=False):
+def prepare_kv(device, dtype, shape, causal, scale, secret=False, pages=(0, 0), prefill_consistent=False,
+               softcap=0.0):
     _native.prepare(torch.device(device).index or 0, _DTYPES[dtype], shape, bool(causal), scale, kv_lengths=True,
                     kv_secret=bool(secret), page_size=pages[0], num_pages=pages[1],
-                    kv_prefill_consistent=bool(prefill_consistent))
+                    kv_prefill_consistent=bool(prefill_consistent), softcap=float(softcap))
 
 
 def prepare(device, dtype, shape, causal, scale, secret_lengths=False):

@@ -125,11 +125,13 @@ def _check_packed_new(name, t, cache, cu_new):
 
 
 def attention(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, cu_seqlens_q, max_seqlen_q,
-              cu_seqlens_k_new, causal, softmax_scale, return_lse):
-    """The chunked-prefill call of ``flash_attn_with_kvcache`` (the counts' type and dense new
-    rows checked there): returns (out, lse) in its layouts — q ``[B, Sq, Hq, D]`` → out of that shape and lse
-    fp32 ``[B, Hq, Sq]``; packed q ``[total_q, Hq, D]`` → out ``[total_q, Hq, D]`` and lse
-    ``[Hq, total_q]`` (flash-attn's varlen layout); lse None unless asked."""
+              cu_seqlens_k_new, causal, softmax_scale, return_lse, feats=((-1, -1), 0.0, None)):
+    """The chunked-prefill call of ``flash_attn_with_kvcache`` (the counts' type, dense new rows
+    and issue 24's `feats` = (window, softcap, fp32 sinks or None) checked there): returns (out,
+    lse) in its layouts — q ``[B, Sq, Hq, D]`` → out of that shape and lse fp32 ``[B, Hq, Sq]``;
+    packed q ``[total_q, Hq, D]`` → out ``[total_q, Hq, D]`` and lse ``[Hq, total_q]``
+    (flash-attn's varlen layout); lse None unless asked. A window is aligned to each sequence's
+    key count (its chunk's rows are the last of those keys), as in a one-shot prefill."""
     packed = cu_seqlens_q is not None
     if packed:
         if q.dim() != 3:
@@ -193,6 +195,7 @@ def attention(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, cu_seqle
     r = varlen.flash_attn_varlen_func(
         q_pack, _pack_view(kc, rows), _pack_view(vc, rows), cu_q, cu_k, max_q, capacity,
         softmax_scale=softmax_scale, causal=causal, seqused_k=used.to(torch.int32), return_lse=bool(return_lse),
+        window_size=feats[0], softcap=feats[1], learnable_sink=feats[2],
     )
     out, lse = r if return_lse else (r, None)
     if packed:

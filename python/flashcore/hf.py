@@ -28,15 +28,16 @@ torch.compile) and the KV-cache kernel masks the keys before them (``cache_leftp
 Sq == Sk and a padding mask — a forward pass or generate()'s prefill over a left- or right-padded
 batch: each real query row sees the keys of its sequence's real tokens (causal: up to itself) —
 is served by varlen (``padded_prefill_of``: one host read per mask tensor, to check the mask's
-form; the starts and counts are computed on the device): the padded batch runs as a pack with
-``seqused_q``/``seqused_k``, rows of padding come out zero. Every other call goes to a path that
+form, a causal sliding window on top included; the starts and counts are computed on the
+device): the padded batch runs as a pack with ``seqused_q``/``seqused_k``, rows of padding come
+out zero. Sinks and a softcap are served on both mask paths (issue 24: gpt-oss and Gemma 2
+batches, prefill and generate). Every other call goes to a path that
 computes it:
 
 - transformers' SDPA function where SDPA expresses the call: a mask (padding, or a window mask
   with padding in it), dropout, ``position_bias``, another dtype, head dim, device or GPU;
 - the model's own eager attention where it does not: any such call that also has sinks, a
-  softcap or an unmasked window (SDPA computes none of them), a decode step of a padded batch
-  with sinks or a softcap (its KV-cache kernel takes none yet), ``output_attentions``, and any
+  softcap or an unmasked window (SDPA computes none of them), ``output_attentions``, and any
   keyword argument not on the allow-list (a future transformers' too). That is the
   module-level ``eager_attention_forward`` of the module that defines the attention layer's class;
   the boolean mask is made additive (0 / the dtype's lowest value, as transformers' ``eager_mask``)
@@ -109,9 +110,9 @@ def fallback_reason(query, key, value, attention_mask, dropout=0.0, scaling=None
         if name not in _ALLOWED:
             return f"unknown argument {name!r}"
     # Issue 24: flashcore computes attention sinks (s_aux, gpt-oss: one logit per query head),
-    # a softcap (Gemma 2) and sliding windows itself, on its dense path. A call with one of them
-    # that flashcore does not serve for another reason goes to the model's eager attention (SDPA
-    # computes none of them), so their reasons come first then.
+    # a softcap (Gemma 2) and sliding windows itself (dense calls, padded prefills, decode steps).
+    # A call with one of them that flashcore does not serve for another reason goes to the
+    # model's eager attention (SDPA computes none of them), so their reasons come first then.
     feature = _feature_reason(query, key, attention_mask, kwargs, mask_served)
     if feature is not None:
         return feature
@@ -134,20 +135,16 @@ def _features_asked(kwargs, attention_mask, key):
 def _feature_reason(query, key, attention_mask, kwargs, mask_served):
     """Why flashcore cannot take this call's sinks, softcap or window as given (a reason), else
     None. Served: s_aux a float tensor [Hq]; softcap a positive finite number; sliding_window a
-    positive int. A decode step served over its mask's first keys (`mask_served`, the KV-cache
-    kernel) takes none of them yet."""
+    positive int — on every path: dense, a padded batch's prefill (varlen) and a decode step
+    over its mask's first keys (`mask_served`, the KV-cache kernel)."""
     s_aux = kwargs.get("s_aux")
     if s_aux is not None:
         if (not isinstance(s_aux, torch.Tensor) or not s_aux.is_floating_point() or s_aux.dim() != 1
                 or query.dim() != 4 or s_aux.shape[0] != query.shape[1] or s_aux.device != query.device):
             return "s_aux"
-        if mask_served:
-            return "s_aux"
     softcap = kwargs.get("softcap")
     if _nonzero(softcap):
         if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not (0 < softcap < float("inf")):
-            return "softcap"
-        if mask_served:
             return "softcap"
     # transformers' windows: key j is visible to query i when i - j < window (masking_utils'
     # sliding_window_overlay): flash-attn's window_size (window - 1, 0) with causal. With Sk <=
@@ -259,14 +256,16 @@ def _analyse(mask):
 _PADDED = {}
 
 
-def padded_prefill_of(mask, query, key):
+def padded_prefill_of(mask, query, key, window=None):
     """For a call with Sq == Sk (a forward pass or generate()'s prefill over a padded batch) whose
     boolean mask [B or 1, 1, S, S] says, on every real query row i of sequence b, "key j is
     visible iff start[b] <= j < end[b]" — and, causal, "j <= i" — returns (start int32 [B], end −
-    start int32 [B], causal); else None. Left and right padding both look like that (rows of
-    padding are not looked at: flashcore writes zeros there). One host read per mask tensor (two
-    comparisons fetched together), cached as for ``leftpad_of``; never under torch.compile or with
-    fake tensors (None: the call falls back)."""
+    start int32 [B], causal, windowed); else None. Left and right padding both look like that (rows
+    of padding are not looked at: flashcore writes zeros there). With `window` (transformers'
+    sliding window, an int), a causal mask may also be that window — "i − j < window" on top
+    (windowed True: flashcore computes it as window_size (window − 1, 0) within each sequence).
+    One host read per mask tensor (the comparisons fetched together), cached as for
+    ``leftpad_of``; never under torch.compile or with fake tensors (None: the call falls back)."""
     from .ops import eager
 
     b, sq, sk = query.shape[0], query.shape[2], key.shape[2]
@@ -276,14 +275,14 @@ def padded_prefill_of(mask, query, key):
         return None
     if mask.device != query.device or not eager(mask):
         return None
-    found = _per_mask(_PADDED, mask, _analyse_padded)
+    found = _per_mask(_PADDED, mask, lambda m: _analyse_padded(m, window), (window,))
     if found is None:
         return None
-    start, used, causal = found
-    return start.expand(b).contiguous(), used.expand(b).contiguous(), causal
+    start, used, causal, windowed = found
+    return start.expand(b).contiguous(), used.expand(b).contiguous(), causal, windowed
 
 
-def _analyse_padded(mask):
+def _analyse_padded(mask, window=None):
     m = mask[:, 0]
     s = m.shape[-1]
     seen = m.any(1)  # keys any row sees
@@ -296,24 +295,32 @@ def _analyse_padded(mask):
     diagonal = (j[None, :] <= j[:, None])[None]
     causal_ok = ((m == (keys & diagonal)) | ~rows).all()
     full_ok = ((m == keys) | ~rows).all()
-    causal, full = torch.stack([causal_ok, full_ok]).tolist()  # the host read
-    if not (causal or full):
+    checks = [causal_ok, full_ok]
+    if window is not None:
+        band = (j[None, :] > j[:, None] - window)[None]  # transformers' i − j < window
+        checks.append(((m == (keys & diagonal & band)) | ~rows).all())
+    found = torch.stack(checks).tolist()  # the host read
+    causal, full = found[0], found[1]
+    windowed = window is not None and found[2] and not causal
+    if not (causal or full or windowed):
         return None
-    return start.to(torch.int32), (end - start).to(torch.int32), bool(causal) and s > 1
+    return start.to(torch.int32), (end - start).to(torch.int32), (bool(causal) or windowed) and s > 1, windowed
 
 
-def _padded_prefill(query, key, value, padded, scaling):
+def _padded_prefill(query, key, value, padded, scaling, features):
     """A padded batch's forward through varlen: [B, H, S, D] views in, [B, S, H, D] out (padding
     rows zero). The batch runs as the pack [B·S, H, D], sequence b from b·S + start[b] for its
-    used tokens (seqused_q = seqused_k): no unpadding, no host read."""
+    used tokens (seqused_q = seqused_k): no unpadding, no host read. `features`: (window_size,
+    softcap, fp32 sinks or None), checked."""
     from .varlen import attention_varlen_op
 
-    start, used, causal = padded
+    start, used, causal, _ = padded
+    (wl, wr), softcap, sinks = features
     b, s = query.shape[0], query.shape[2]
     q, k, v = (t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3]) for t in (query, key, value))
     base = torch.arange(b + 1, dtype=torch.int32, device=query.device) * s
     cu = torch.cat([base[:b] + start, base[b:]])
-    out, _ = attention_varlen_op(q, k, v, cu, cu, used, s, s, causal, scaling, False, used)
+    out, _ = attention_varlen_op(q, k, v, cu, cu, used, s, s, causal, scaling, False, used, wl, wr, softcap, sinks)
     return out.view(b, s, query.shape[1], query.shape[3])
 
 
@@ -413,13 +420,19 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         # serves the same call without the mask; otherwise the call keeps its reason (and mask).
         if fallback_reason(query, key, value, None, dropout, scaling, kwargs) is None:
             windowed, reason = True, None
-    if reason == "attention_mask":
+    # A mask with sinks, a softcap or a window beside it (their reason comes first): analysed as
+    # a plain mask when the call is served once the mask is (issue 24: gpt-oss, Gemma 2 batches).
+    featured = (attention_mask is not None and reason in ("s_aux", "softcap", "sliding_window")
+                and fallback_reason(query, key, value, attention_mask, dropout, scaling, kwargs, mask_served=True) is None)
+    if reason == "attention_mask" or featured:
         # A decode step of a padded batch: served over the keys from each sequence's first.
         leftpad = leftpad_of(attention_mask, query, key)
         if leftpad is None and not _checks.needs_grad(query, key, value):
-            # A forward pass or prefill of a padded batch (left or right): served through varlen
-            # (inference only: varlen has no backward yet, training with padding goes to SDPA).
-            padded = padded_prefill_of(attention_mask, query, key)
+            # A forward pass or prefill of a padded batch (left or right), its sliding window too:
+            # served through varlen (inference only: varlen has no backward yet, training with
+            # padding goes to SDPA).
+            w = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
+            padded = padded_prefill_of(attention_mask, query, key, w)
         if leftpad is not None or padded is not None:
             reason = fallback_reason(query, key, value, attention_mask, dropout, scaling, kwargs, mask_served=True)
     if reason is None and leftpad is None and not windowed and causal and query.shape[2] != key.shape[2]:
@@ -449,10 +462,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
 
         start, causal = leftpad
         ends = torch.full_like(start, key.shape[2])
-        out, _ = _attention_kvcache(q, k, v, ends, None, causal, scaling, False, False, False, start)
+        # The mask's first keys carry a window (and the padding); sinks and a softcap come along.
+        feats = _mask_features(kwargs, q, (-1, -1))
+        out, _ = _attention_kvcache(q, k, v, ends, None, causal, scaling, False, False, False, start, feats)
         return out, None
     if padded is not None:
-        return _padded_prefill(query, key, value, padded, _checks.check_scale(scaling)), None
+        window_size = (window - 1, 0) if padded[3] else (-1, -1)
+        feats = _mask_features(kwargs, q, window_size)
+        return _padded_prefill(query, key, value, padded, _checks.check_scale(scaling), feats), None
     features = _served_features(kwargs, key, windowed)
     if features is not None:
         from .api import attention
@@ -463,6 +480,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         return attention(q, k, v, causal=causal or windowed, scale=_checks.check_scale(scaling), layout="bshd",
                          window_size=window_size, softcap=softcap, learnable_sink=sinks), None
     return top_left(q, k, v, causal, _checks.check_scale(scaling), bhsd=False), None
+
+
+def _mask_features(kwargs, q, window_size):
+    """(window_size, softcap, fp32 sinks or None) of a call served over its mask (a padded
+    prefill or decode step), checked as the KV-cache and varlen ops take them."""
+    softcap = kwargs.get("softcap")
+    softcap = float(softcap) if _nonzero(softcap) else 0.0
+    return _checks.features(window_size, softcap, kwargs.get("s_aux"), q, q.shape[-2])
 
 
 def _served_features(kwargs, key, windowed):

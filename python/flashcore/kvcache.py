@@ -20,6 +20,7 @@ from . import _checks, _native, chunked, ops
 from ._launch import _append_ready, fast, launch, prepare_kv
 
 MAX_SEQLEN_Q = _native.DECODE_MAX_SEQLEN_Q  # query positions per sequence (16)
+NO_FEATURES = ((-1, -1), 0.0, None)  # issue 24's (window_size, softcap, sinks) when none is asked
 
 
 def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None):
@@ -97,11 +98,34 @@ def _check(q, k_cache, v_cache, seqlens_k, block_table):
     return b, sq, sk, hq, hkv, d
 
 
-def _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, leftpad, return_lse):
-    """The ops' checks (shapes, counts, table, left padding), then their (out, lse) tensors."""
+def _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, leftpad, return_lse, feats=NO_FEATURES,
+                     prefill_consistent=False):
+    """The ops' checks (shapes, counts, table, left padding, issue 24's features), then their
+    (out, lse) tensors."""
     _check(q, k_cache, v_cache, seqlens_k, block_table)
     _check_leftpad(q, leftpad)
+    _check_feats(q, feats, prefill_consistent)
     return _outputs(q, return_lse)
+
+
+def _check_feats(q, feats, prefill_consistent):
+    """Issue 24's features of a decode call (`_checks.check_features`); the prefill-consistent
+    mode takes none of windows and softcap yet (its bits would no longer be the prefill's)."""
+    window, softcap, sinks = _checks.check_features(feats[0], feats[1], feats[2], q, q.shape[-2])
+    if prefill_consistent and (window != (-1, -1) or softcap):
+        raise ValueError("flashcore: window_size and softcap are not supported with num_splits=1 (the "
+                         "prefill-consistent mode) yet")
+    return window, softcap, sinks
+
+
+def _plain(feats):
+    """Whether checked features ask for nothing (the one-pass fast path then serves the call)."""
+    return tuple(feats[0]) == (-1, -1) and not feats[1] and feats[2] is None
+
+
+def _feature_kw(feats):
+    """`launch`'s keywords for checked features."""
+    return dict(window=tuple(feats[0]), softcap=float(feats[1]), sinks=feats[2])
 
 
 @torch.library.custom_op("flashcore::attention_kvcache", mutates_args=())
@@ -117,16 +141,23 @@ def attention_kvcache_op(
     secret_lengths: bool,
     prefill_consistent: bool,
     cache_leftpad: Optional[torch.Tensor],
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Attention of q [B, Sq, Hq, D] over the first seqlens_k[b] rows of each sequence's cache
     ([B, S_cache, Hkv, D], or pages through `block_table`); q's positions are the last Sq of
     those keys (causal: bottom-right aligned to each count). Returns (out, lse); lse fp32
     [B, Hq, Sq], empty unless asked. `cache_leftpad`: each sequence's first key (keys before it
-    are masked)."""
-    out, lse = _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse)
+    are masked). Issue 24: a sliding window (flash-attn's window_size, −1 unbounded; aligned to
+    each count), a softcap (0 off), learnable sinks (fp32 [Hq], or None)."""
+    feats = (window_left, window_right), softcap, sinks
+    out, lse = _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse, feats,
+                                prefill_consistent)
     launch(q, k_cache, v_cache, out, lse if return_lse else None, None, causal, _checks.check_scale(scale),
            kv_lengths=seqlens_k, kv_secret=secret_lengths, block_table=block_table,
-           prefill_consistent=prefill_consistent, kv_starts=cache_leftpad)
+           prefill_consistent=prefill_consistent, kv_starts=cache_leftpad, **_feature_kw(feats))
     return out, lse
 
 
@@ -145,20 +176,28 @@ def attention_kvcache_append_op(
     secret_lengths: bool,
     prefill_consistent: bool,
     cache_leftpad: Optional[torch.Tensor],
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """`attention_kvcache` after writing k, v ([B, n, Hkv, D]) into the caches at rows
     seqlens_k[b] .. + n (in place: the caches are declared mutated); the attention reads
     seqlens_k[b] + n keys. `seqlens_k` itself is not changed."""
-    out, lse = _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse)
+    feats = (window_left, window_right), softcap, sinks
+    out, lse = _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse, feats,
+                                prefill_consistent)
     _launch_append(q, k_cache, v_cache, k, v, seqlens_k, block_table, causal, scale, out,
-                   lse if return_lse else None, secret_lengths, prefill_consistent, cache_leftpad)
+                   lse if return_lse else None, secret_lengths, prefill_consistent, cache_leftpad, feats)
     return out, lse
 
 
 @attention_kvcache_append_op.register_fake
 def _attention_kvcache_append_fake(q, k_cache, v_cache, k, v, seqlens_k, block_table, causal, scale, return_lse,
-                                   secret_lengths, prefill_consistent, cache_leftpad):
-    return _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse)
+                                   secret_lengths, prefill_consistent, cache_leftpad, window_left=-1, window_right=-1,
+                                   softcap=0.0, sinks=None):
+    return _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse,
+                            ((window_left, window_right), softcap, sinks), prefill_consistent)
 
 
 def _in_place(t):
@@ -169,25 +208,28 @@ def _in_place(t):
 
 
 def _launch_append(q, k_cache, v_cache, k, v, seqlens, block_table, causal, scale, out, lse, secret,
-                   prefill_consistent, leftpad):
+                   prefill_consistent, leftpad, feats=NO_FEATURES):
     """Appends k, v and runs the attention into `out` (`lse`): in one native call when the caches
     are readable in place (the fused append), else torch indexing then the attention."""
     scale = _checks.check_scale(scale)
+    kw = _feature_kw(feats)
     if _in_place(k_cache) and _in_place(v_cache):
         if not _append_ready(k, v, k_cache, q.get_device()):
             k, v = k.contiguous(), v.contiguous()
         launch(q, k_cache, v_cache, out, lse, None, causal, scale, kv_lengths=seqlens, kv_secret=secret,
-               block_table=block_table, prefill_consistent=prefill_consistent, kv_starts=leftpad, append=(k, v))
+               block_table=block_table, prefill_consistent=prefill_consistent, kv_starts=leftpad, append=(k, v), **kw)
     else:
         counts = append_kv(k_cache, v_cache, k, v, seqlens, block_table)
         launch(q, k_cache, v_cache, out, lse, None, causal, scale, kv_lengths=counts, kv_secret=secret,
-               block_table=block_table, prefill_consistent=prefill_consistent, kv_starts=leftpad)
+               block_table=block_table, prefill_consistent=prefill_consistent, kv_starts=leftpad, **kw)
 
 
 @attention_kvcache_op.register_fake
 def _attention_kvcache_fake(q, k_cache, v_cache, seqlens_k, block_table, causal, scale, return_lse, secret_lengths,
-                            prefill_consistent, cache_leftpad):
-    return _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse)
+                            prefill_consistent, cache_leftpad, window_left=-1, window_right=-1, softcap=0.0,
+                            sinks=None):
+    return _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse,
+                            ((window_left, window_right), softcap, sinks), prefill_consistent)
 
 
 def flash_attn_with_kvcache(
@@ -215,6 +257,7 @@ def flash_attn_with_kvcache(
     cu_seqlens_q=None,
     max_seqlen_q=None,
     cu_seqlens_k_new=None,
+    learnable_sink=None,
 ):
     """flash-attn's ``flash_attn_with_kvcache`` on [B, S, H, D] tensors (inference).
 
@@ -225,8 +268,15 @@ def flash_attn_with_kvcache(
     keeps n within the capacity). `cache_seqlens`: int or int32 [B] (None: the caches are full).
     Attention then runs over the first ``cache_seqlens[b] + n`` rows; with `causal`, q's Sq
     positions are the last ones of those keys.
+    Issue 24: `window_size=(left, right)` (−1 unbounded; `causal` sets right = 0): query i of
+    Sq, aligned bottom-right to each sequence's key count, sees the keys within `left` before and
+    `right` after its position; `softcap` (scores softcap · tanh(scale · q·k / softcap), Gemma 2);
+    `learnable_sink` (FA4's name; ``[Hq]``, any float dtype, taken as fp32: one logit per query
+    head joins each row's softmax denominator, gpt-oss). In every cache kind (public or secret
+    counts, contiguous or paged, left padding) and in chunked prefill; not in the
+    prefill-consistent mode (``num_splits=1``) for windows and softcap (ValueError).
     flash-attn arguments flashcore does not implement (rotary embedding, `cache_batch_idx`,
-    windows, softcap, ALiBi) raise ValueError. `cache_leftpad` (int32 [B]): sequence b's keys
+    ALiBi) raise ValueError. `cache_leftpad` (int32 [B]): sequence b's keys
     are rows ``cache_leftpad[b] .. cache_seqlens[b] + n`` (left padding: the rows before are
     masked, still read; new k/v still go at ``cache_seqlens[b]``). `num_splits`: 0 (the default)
     splits each sequence's keys over work units of a size fixed by the capacity (batch-invariant
@@ -252,8 +302,6 @@ def flash_attn_with_kvcache(
         "rotary_cos": rotary_cos is not None,
         "rotary_sin": rotary_sin is not None,
         "cache_batch_idx": cache_batch_idx is not None,
-        "window_size": tuple(window_size) != (-1, -1),
-        "softcap": softcap != 0.0,
         "alibi_slopes": alibi_slopes is not None,
     }
     for name, given in unsupported.items():
@@ -266,12 +314,16 @@ def flash_attn_with_kvcache(
         )
     if (k is None) != (v is None):
         raise ValueError("flashcore: give both k and v to append, or neither")
-    _checks.check_no_grad("flash_attn_with_kvcache", q, k_cache, v_cache)
+    sink_t = learnable_sink if isinstance(learnable_sink, torch.Tensor) else None
+    _checks.check_no_grad("flash_attn_with_kvcache", q, k_cache, v_cache, sink_t)
+    if not isinstance(q, torch.Tensor) or q.dim() < 3:
+        raise ValueError("flashcore: q must be [B, Sq, Hq, D], or [total_q, Hq, D] with cu_seqlens_q")
+    feats = _check_feats(q, _checks.features(window_size, softcap, learnable_sink, q, q.shape[-2]), num_splits == 1)
     chunk = cu_seqlens_q is not None or (isinstance(q, torch.Tensor) and q.dim() == 4 and q.shape[1] > MAX_SEQLEN_Q)
     if chunk:
         return _chunked_prefill(q, k_cache, v_cache, k, v, cache_seqlens, cache_leftpad, block_table, softmax_scale,
                                 causal, return_softmax_lse, secret_lengths, cu_seqlens_q, max_seqlen_q,
-                                cu_seqlens_k_new)
+                                cu_seqlens_k_new, feats)
     if max_seqlen_q is not None or cu_seqlens_k_new is not None:
         raise ValueError("flashcore: max_seqlen_q and cu_seqlens_k_new go with cu_seqlens_q (a packed q)")
     b = q.shape[0]
@@ -280,10 +332,11 @@ def flash_attn_with_kvcache(
         _check_new_rows(k, v, k_cache, v_cache, b)
         out, lse = _attention_kvcache_append(q, k_cache, v_cache, k, v, seqlens, block_table, bool(causal),
                                              softmax_scale, bool(return_softmax_lse), bool(secret_lengths),
-                                             num_splits == 1, cache_leftpad)
+                                             num_splits == 1, cache_leftpad, feats)
     else:
         out, lse = _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, bool(causal), softmax_scale,
-                                      bool(return_softmax_lse), bool(secret_lengths), num_splits == 1, cache_leftpad)
+                                      bool(return_softmax_lse), bool(secret_lengths), num_splits == 1, cache_leftpad,
+                                      feats)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -314,7 +367,7 @@ def _check_new_rows(k, v, k_cache, v_cache, b):
 
 
 def _chunked_prefill(q, k_cache, v_cache, k, v, cache_seqlens, leftpad, block_table, scale, causal, return_lse,
-                     secret, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new):
+                     secret, cu_seqlens_q, max_seqlen_q, cu_seqlens_k_new, feats=NO_FEATURES):
     """flash_attn_with_kvcache's chunked-prefill path (`chunked.attention`), after the argument
     types: the counts as an int32 tensor, `secret_lengths` refused."""
     if secret:
@@ -325,44 +378,47 @@ def _chunked_prefill(q, k_cache, v_cache, k, v, cache_seqlens, leftpad, block_ta
     if k is not None and cu_seqlens_q is None and cu_seqlens_k_new is None:
         _check_new_rows(k, v, k_cache, v_cache, b)  # dense new rows (packed ones: chunked checks them)
     out, lse = chunked.attention(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, cu_seqlens_q, max_seqlen_q,
-                                 cu_seqlens_k_new, bool(causal), scale, bool(return_lse))
+                                 cu_seqlens_k_new, bool(causal), scale, bool(return_lse), feats)
     return (out, lse) if return_lse else out
 
 
 def _attention_kvcache_append(q, k_cache, v_cache, k, v, seqlens, block_table, causal, scale, return_lse, secret,
-                              prefill_consistent=False, leftpad=None):
+                              prefill_consistent=False, leftpad=None, feats=NO_FEATURES):
     """`_attention_kvcache` with new rows appended first, as one native call where it can (the
     fused append): in one pass for plain eager calls, the op's body directly in eager mode,
     torch.ops.flashcore.attention_kvcache_append (which declares the caches mutated) whenever
     torch is tracing or faking tensors."""
-    if block_table is None and not secret and not prefill_consistent and leftpad is None:
+    plain = _plain(feats)
+    if plain and block_table is None and not secret and not prefill_consistent and leftpad is None:
         r = fast(q, k_cache, v_cache, causal, scale, False, return_lse, kv_lengths=seqlens, append=(k, v))
         if r is not None:
             return r
-    if ops.eager(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad):
+    if ops.eager(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, feats[2]):
         _check(q, k_cache, v_cache, seqlens, block_table)
         _check_leftpad(q, leftpad)
         b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
         lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if return_lse else None
         _launch_append(q, k_cache, v_cache, k, v, seqlens, block_table, causal, scale, out, lse, secret,
-                       prefill_consistent, leftpad)
+                       prefill_consistent, leftpad, feats)
         return out, lse
+    (wl, wr), cap, sinks = feats
     out, lse = attention_kvcache_append_op(q, k_cache, v_cache, k, v, seqlens, block_table, causal, scale,
-                                           return_lse, secret, prefill_consistent, leftpad)
+                                           return_lse, secret, prefill_consistent, leftpad, wl, wr, cap, sinks)
     return out, (lse if return_lse else None)
 
 
 def _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret,
-                       prefill_consistent=False, leftpad=None):
+                       prefill_consistent=False, leftpad=None, feats=NO_FEATURES):
     """The op on these arguments: its body directly in plain eager mode (skipping the
     dispatcher's ~20 µs, as `api._call` does; lse None unless asked), through
     torch.ops.flashcore.attention_kvcache whenever torch is tracing or faking tensors."""
-    if block_table is None and not secret and not prefill_consistent and leftpad is None:
+    plain = _plain(feats)
+    if plain and block_table is None and not secret and not prefill_consistent and leftpad is None:
         r = fast(q, k_cache, v_cache, causal, scale, False, return_lse, kv_lengths=seqlens)
         if r is not None:  # plain eager call, served in one pass (_launch.fast)
             return r
-    if ops.eager(q, k_cache, v_cache, seqlens, block_table, leftpad):
+    if ops.eager(q, k_cache, v_cache, seqlens, block_table, leftpad, feats[2]):
         _check(q, k_cache, v_cache, seqlens, block_table)
         _check_leftpad(q, leftpad)
         b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
@@ -370,17 +426,20 @@ def _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, causal, scale,
         lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if return_lse else None
         launch(q, k_cache, v_cache, out, lse, None, causal, _checks.check_scale(scale), kv_lengths=seqlens,
                kv_secret=secret, block_table=block_table, prefill_consistent=prefill_consistent,
-               kv_starts=leftpad)
+               kv_starts=leftpad, **_feature_kw(feats))
         return out, lse
+    (wl, wr), cap, sinks = feats
     out, lse = attention_kvcache_op(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret,
-                                    prefill_consistent, leftpad)
+                                    prefill_consistent, leftpad, wl, wr, cap, sinks)
     return out, (lse if return_lse else None)
 
 
-def prepare(q, k_cache, *, causal=False, softmax_scale=None, block_table=None, secret_lengths=False, num_splits=0):
-    """Loads the kernel of a KV-cache call of this shape (before capturing a CUDA graph)."""
+def prepare(q, k_cache, *, causal=False, softmax_scale=None, block_table=None, secret_lengths=False, num_splits=0,
+            softcap=0.0):
+    """Loads the kernel of a KV-cache call of this shape (before capturing a CUDA graph); a
+    `softcap` > 0 loads the softcap build its calls use (windows and sinks need no other)."""
     seqlens = torch.zeros(q.shape[0], dtype=torch.int32, device=q.device)
     b, sq, sk, hq, hkv, d = _check(q, k_cache, k_cache, seqlens, block_table)
     pages = (k_cache.shape[1], k_cache.shape[0]) if block_table is not None else (0, 0)
     prepare_kv(q.device, q.dtype, (b, sq, sk, hq, hkv, d), causal, _checks.check_scale(softmax_scale),
-               secret=bool(secret_lengths), pages=pages, prefill_consistent=num_splits == 1)
+               secret=bool(secret_lengths), pages=pages, prefill_consistent=num_splits == 1, softcap=softcap)

@@ -118,8 +118,10 @@ def _shape(b, max_q, max_k, hq, hkv, d):
     return (b, max(max_q, 1), max(max_k, 1), hq, hkv, d)
 
 
-def _launch(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, return_lse, seqused_q=None):
+def _launch(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, return_lse, seqused_q=None,
+            window=(-1, -1), softcap=0.0, sinks=None):
     b, hq, hkv, d = _check(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, seqused_q)
+    window, softcap, sinks = _checks.check_features(window, softcap, sinks, q, hq)
     out, lse = _outputs(q, return_lse, seqused_q is not None)
     if q.shape[0] == 0 or b == 0:
         return out, lse
@@ -129,6 +131,13 @@ def _launch(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, return_
     dtype = _DTYPES[q.dtype]
     shape = _shape(b, max_q, max_k, hq, hkv, d)
     n = _native.varlen_workspace_bytes(dtype, shape, bool(causal))
+    feats = {}
+    if window != (-1, -1):
+        feats["window"] = window
+    if softcap:
+        feats["softcap"] = softcap
+    if sinks is not None:
+        feats["sinks"] = sinks.data_ptr()
     ws = torch.empty(max(n, 16), dtype=torch.uint8, device=q.device)
     k_ptr = k.data_ptr() if k.numel() else ws.data_ptr()  # no key anywhere: never read
     v_ptr = v.data_ptr() if v.numel() else ws.data_ptr()
@@ -139,6 +148,7 @@ def _launch(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, return_
         (cu_q.data_ptr(), cu_k.data_ptr(), seqused_k.data_ptr() if seqused_k is not None else 0,
          seqused_q.data_ptr() if seqused_q is not None else 0),
         ws.data_ptr(),
+        **feats,
     )
     return out, lse
 
@@ -157,19 +167,26 @@ def attention_varlen_op(
     scale: Optional[float],
     return_lse: bool,
     seqused_q: Optional[torch.Tensor],
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Varlen attention of packed q [total_q, Hq, D] over k, v [total_k, Hkv, D]. Returns
     (out [total_q, Hq, D], lse fp32 [Hq, total_q], empty unless `return_lse`). With `seqused_q`,
-    rows that belong to no sequence's used queries read 0 (lse −inf)."""
+    rows that belong to no sequence's used queries read 0 (lse −inf). Issue 24: a sliding window
+    (flash-attn's window_size, −1 unbounded; per sequence, bottom-right aligned to its counts), a
+    softcap (0 off) and learnable sinks (fp32 [Hq], or None)."""
     return _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal,
-                   _checks.check_scale(scale), return_lse, seqused_q)
+                   _checks.check_scale(scale), return_lse, seqused_q, (window_left, window_right), softcap, sinks)
 
 
 @attention_varlen_op.register_fake
 def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                           return_lse, seqused_q):
-    _check(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, seqused_q)
+                           return_lse, seqused_q, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
+    _, hq, _, _ = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, seqused_q)
     _checks.check_scale(scale)
+    _checks.check_features((window_left, window_right), softcap, sinks, q, hq)
     return _outputs(q, return_lse)
 
 
@@ -194,6 +211,7 @@ def flash_attn_varlen_func(
     seqused_k=None,
     seqused_q=None,
     return_lse=False,
+    learnable_sink=None,
     secret_lengths=None,
 ):
     """flash-attn's ``flash_attn_varlen_func`` (inference): q ``[total_q, Hq, D]``, k and v
@@ -209,9 +227,13 @@ def flash_attn_varlen_func(
     real token`` and ``seqused = real tokens``, with no unpadding copy.
     Empty sequences are fine (no keys: O = 0, LSE = −inf). Returns `out`; with
     `return_attn_probs` ``(out, softmax_lse, None)``, with `return_lse` ``(out, softmax_lse)``;
-    ``softmax_lse`` is fp32 ``[Hq, total_q]``. Not supported (ValueError): dropout, windows,
-    softcap, ALiBi, a block table; inputs that require grad raise RuntimeError (no backward for
-    varlen yet). `deterministic` is accepted: flashcore is bitwise deterministic, and each
+    ``softmax_lse`` is fp32 ``[Hq, total_q]``. Issue 24, per sequence: `window_size=(left,
+    right)` (−1 unbounded; `causal` sets right = 0): query i of a sequence of Sq queries over Sk
+    keys sees key j iff i + Sk − Sq − left ≤ j ≤ i + Sk − Sq + right, whole key blocks outside
+    skipped; `softcap` (scores softcap · tanh(scale · q·k / softcap)); `learnable_sink` (FA4's
+    name; ``[Hq]``, any float dtype, taken as fp32: one logit per query head joins each row's
+    softmax denominator, gpt-oss). Not supported (ValueError): dropout, ALiBi, a block table;
+    inputs that require grad raise RuntimeError (no backward for varlen yet). `deterministic` is accepted: flashcore is bitwise deterministic, and each
     sequence's bits do not depend on its neighbours in the pack.
 
     ``secret_lengths`` (int32 ``[B]`` on q's device): **secret true lengths inside public slots**
@@ -229,24 +251,28 @@ def flash_attn_varlen_func(
     """
     unsupported = {
         "dropout_p": dropout_p != 0.0,
-        "window_size": tuple(window_size) != (-1, -1),
-        "softcap": softcap != 0.0,
         "alibi_slopes": alibi_slopes is not None,
         "block_table": block_table is not None,
     }
     for name, given in unsupported.items():
         if given:
             raise ValueError(f"flashcore: flash_attn_varlen_func does not support {name} yet")
-    _checks.check_no_grad("flash_attn_varlen_func", q, k, v)
+    sink_t = learnable_sink if isinstance(learnable_sink, torch.Tensor) else None
+    _checks.check_no_grad("flash_attn_varlen_func", q, k, v, sink_t)
+    window, softcap, sinks = _checks.features(window_size, softcap, learnable_sink, q, q.shape[-2])
     want_lse = bool(return_attn_probs) or bool(return_lse)
     if secret_lengths is not None:
+        if window != (-1, -1) or softcap != 0.0 or sinks is not None:
+            raise ValueError("flashcore: window_size, softcap and learnable_sink are not supported with "
+                             "secret_lengths yet")
         out, lse = _secret_len_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                                       seqused_q, secret_lengths, bool(causal), softmax_scale, want_lse)
         if return_attn_probs:
             return out, lse, None
         return (out, lse) if return_lse else out
     out, lse = attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                                   bool(causal), softmax_scale, want_lse, seqused_q)
+                                   bool(causal), softmax_scale, want_lse, seqused_q, window[0], window[1], softcap,
+                                   sinks)
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out
@@ -330,11 +356,12 @@ def check_cu_seqlens(cu_seqlens, total, max_seqlen, name="cu_seqlens"):
         raise ValueError(f"flashcore: `{name}` ends at {c[-1]}, the packed tensor holds {total} tokens")
 
 
-def prepare(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, *, causal=False, stream=None):
+def prepare(q, k, cu_seqlens_q, max_seqlen_q, max_seqlen_k, *, causal=False, stream=None, softcap=0.0):
     """Loads the varlen kernel of this shape for `stream` (default: the current stream) without
-    launching: before capturing a CUDA graph on a stream that has not run a varlen call."""
+    launching: before capturing a CUDA graph on a stream that has not run a varlen call. A
+    `softcap` > 0 loads the softcap build its calls use (windows and sinks need no other)."""
     dev = q.get_device()
     s = current_stream(dev) if stream is None else stream.cuda_stream
     b = cu_seqlens_q.shape[0] - 1
     shape = _shape(b, max_seqlen_q, max_seqlen_k, q.shape[1], k.shape[1], q.shape[2])
-    _native.prepare_varlen(dev, s, _DTYPES[q.dtype], shape, bool(causal))
+    _native.prepare_varlen(dev, s, _DTYPES[q.dtype], shape, bool(causal), float(softcap))

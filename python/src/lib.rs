@@ -377,10 +377,11 @@ fn varlen_call(
     lse: u64,
     meta: (u64, u64, u64, u64),
     workspace: u64,
+    features: Features,
 ) -> PyResult<external::VarlenCall> {
     let [q, k, v, out] = tensors;
     Ok(external::VarlenCall {
-        params: params(dtype, shape, causal, scale)?,
+        params: features.apply(params(dtype, shape, causal, scale)?)?,
         total_q: totals.0,
         total_k: totals.1,
         q: tensor(q),
@@ -393,12 +394,13 @@ fn varlen_call(
         seqused_k: meta.2,
         seqused_q: meta.3,
         workspace,
+        sinks: features.sinks,
     })
 }
 
 /// Checks a varlen call's shapes, alignment and strides without touching a GPU.
 #[pyfunction]
-#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, totals, lse, meta, workspace))]
+#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, totals, lse, meta, workspace, window=(-1, -1), softcap=0.0, sinks=0))]
 #[allow(clippy::too_many_arguments)]
 fn validate_varlen(
     dtype: &str,
@@ -413,7 +415,15 @@ fn validate_varlen(
     lse: u64,
     meta: (u64, u64, u64, u64),
     workspace: u64,
+    window: (i64, i64),
+    softcap: f64,
+    sinks: u64,
 ) -> PyResult<()> {
+    let features = Features {
+        window,
+        softcap,
+        sinks,
+    };
     let c = varlen_call(
         dtype,
         shape,
@@ -424,6 +434,7 @@ fn validate_varlen(
         lse,
         meta,
         workspace,
+        features,
     )?;
     external::validate_varlen(&c).map_err(to_py)
 }
@@ -431,7 +442,7 @@ fn validate_varlen(
 /// Validates, then enqueues a varlen call on `stream` of device `device`: the work list is built
 /// on the device from `cu_seqlens` (no host synchronisation; capturable).
 #[pyfunction]
-#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, totals, lse, meta, workspace))]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, totals, lse, meta, workspace, window=(-1, -1), softcap=0.0, sinks=0))]
 #[allow(clippy::too_many_arguments)]
 fn attention_varlen(
     py: Python<'_>,
@@ -449,7 +460,15 @@ fn attention_varlen(
     lse: u64,
     meta: (u64, u64, u64, u64),
     workspace: u64,
+    window: (i64, i64),
+    softcap: f64,
+    sinks: u64,
 ) -> PyResult<()> {
+    let features = Features {
+        window,
+        softcap,
+        sinks,
+    };
     let c = varlen_call(
         dtype,
         shape,
@@ -460,6 +479,7 @@ fn attention_varlen(
         lse,
         meta,
         workspace,
+        features,
     )?;
     let ctx = context(device)?;
     py.detach(move || {
@@ -470,8 +490,10 @@ fn attention_varlen(
 }
 
 /// Loads the varlen kernel of a shape for `stream` (each stream has its own instance: its work
-/// list): the warm-up before capturing a CUDA graph on that stream.
+/// list): the warm-up before capturing a CUDA graph on that stream. A softcap (any value > 0)
+/// selects its own build.
 #[pyfunction]
+#[pyo3(signature = (device, stream, dtype, shape, causal, softcap=0.0))]
 fn prepare_varlen(
     py: Python<'_>,
     device: usize,
@@ -479,8 +501,13 @@ fn prepare_varlen(
     dtype: &str,
     shape: Shape,
     causal: bool,
+    softcap: f64,
 ) -> PyResult<()> {
-    let p = params(dtype, shape, causal, None)?;
+    let f = Features {
+        softcap,
+        ..Default::default()
+    };
+    let p = f.apply(params(dtype, shape, causal, None)?)?;
     let ctx = context(device)?;
     py.detach(move || ctx.prepare_varlen(&p, stream as cudarc::driver::sys::CUstream))
         .map_err(to_py)

@@ -546,9 +546,8 @@ def test_kvcache_op_fake_shapes_and_append(fake):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(window_size=(16, 0)), "window_size"),
-        (dict(softcap=30.0), "softcap"),
         (dict(rotary_cos=torch.zeros(1), rotary_sin=torch.zeros(1)), "rotary_cos"),
+        (dict(alibi_slopes=torch.zeros(8)), "alibi_slopes"),
     ],
 )
 def test_kvcache_unsupported_arguments_raise(fake, kwargs, message):

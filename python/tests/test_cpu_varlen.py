@@ -41,7 +41,7 @@ def test_shape_checks_name_the_argument():
 def test_unsupported_arguments_and_grad_raise():
     q, k, v = _pack(device="cpu")
     cq, ck = _cu([0, 3, 8], "cpu"), _cu([0, 4, 10], "cpu")
-    for kw in ({"dropout_p": 0.1}, {"window_size": (4, 4)}, {"softcap": 1.0}, {"block_table": cq}):
+    for kw in ({"dropout_p": 0.1}, {"alibi_slopes": torch.zeros(4)}, {"block_table": cq}):
         with pytest.raises(ValueError, match="does not support"):
             flashcore.flash_attn_varlen_func(q, k, v, cq, ck, 5, 6, **kw)
     with pytest.raises(RuntimeError, match="requires grad"):
@@ -78,8 +78,8 @@ def test_padded_masks_are_recognised(side, causal):
     s, lens = 20, [20, 13, 1]
     m = _mask(lens, s, side, causal)
     q = torch.empty(3, 4, s, 64)
-    start, used, c = flashcore.hf.padded_prefill_of(m, q, q)
-    assert used.tolist() == lens and c == causal
+    start, used, c, windowed = flashcore.hf.padded_prefill_of(m, q, q)
+    assert used.tolist() == lens and c == causal and not windowed
     assert start.tolist() == ([s - n for n in lens] if side == "left" else [0, 0, 0])
 
 
@@ -124,8 +124,9 @@ def test_secret_lengths_checks_name_the_argument():
     with pytest.raises(ValueError, match="head dim 80"):
         qd, kd, vd = _pack(tq=8, tk=8, d=80)
         f(qd, kd, vd, cu, cu, 5, 5, secret_lengths=lens)
-    with pytest.raises(ValueError, match="does not support window_size"):
-        f(q, k, v, cu, cu, 5, 5, window_size=(2, 2), secret_lengths=lens)
+    for kw in ({"window_size": (2, 2)}, {"softcap": 30.0}, {"learnable_sink": torch.zeros(q.shape[1], device=q.device)}):
+        with pytest.raises(ValueError, match="not supported with secret_lengths"):
+            f(q, k, v, cu, cu, 5, 5, secret_lengths=lens, **kw)
     qc, kc, vc = _pack(tq=8, tk=8, device="cpu")
     with pytest.raises(RuntimeError, match="requires grad"):
         f(qc.float().requires_grad_(), kc, vc, _cu([0, 3, 8], "cpu"), _cu([0, 3, 8], "cpu"), 5, 5,

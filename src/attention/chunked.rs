@@ -18,11 +18,12 @@ impl Context {
     /// positions of its first `cache.seqlens_k[b]` cache rows (append them first:
     /// [`Context::append_kv`]), causal bottom-right aligned to that count. `params.seqlen_q` is
     /// the longest chunk (max_seqlen_q), `params.seqlen_k` the cache's capacity; heads, head dim,
-    /// dtype and scale as for [`Context::attention`]. `out` is packed like `q`; `lse`, when
+    /// dtype and scale as for [`Context::attention`]; `params.window`, `params.softcap` and
+    /// `cache.sinks` (issue 24) apply, the window aligned to each sequence's count. `out` is packed like `q`; `lse`, when
     /// given, fp32 `[heads_q, total_q]`. Takes contiguous bshd caches `[batch, capacity,
-    /// heads_kv, head_dim]` with public counts: a paged cache, secret counts, left padding, the
-    /// prefill-consistent mode (chunks already get the prefill's bits) and sinks are refused —
-    /// not built on this path yet (the Python path gathers a paged cache first). Counts are not
+    /// heads_kv, head_dim]` with public counts: a paged cache, secret counts, left padding and the
+    /// prefill-consistent mode (chunks already get the prefill's bits) are refused — not built
+    /// on this path yet (the Python path gathers a paged cache first). Counts are not
     /// read back: values past the capacity are clamped on the device.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_kv_chunked<T: Element>(
@@ -46,15 +47,14 @@ impl Context {
                 )
             })?;
         let cu_seqlens_k = self.upload(&starts)?;
-        self.attention_varlen_device(
+        self.attention_varlen_device_with_sinks(
             params,
             q,
             cache.k,
             cache.v,
-            cu_seqlens_q,
-            &cu_seqlens_k,
-            Some(cache.seqlens_k),
-            None,
+            [cu_seqlens_q, &cu_seqlens_k],
+            [Some(cache.seqlens_k), None],
+            cache.sinks,
             out,
             lse,
         )
@@ -80,9 +80,6 @@ fn check_chunked_cache<T>(params: &AttentionParams, cache: &KvCache<'_, T>) -> R
     }
     if cache.prefill_consistent {
         return refuse("prefill_consistent", "the prefill-consistent mode");
-    }
-    if cache.sinks.is_some() {
-        return refuse("sinks", "a learnable sink");
     }
     if params.layout != Layout::Bshd {
         return refuse("layout", "a bhsd layout");

@@ -387,13 +387,18 @@ impl Plan {
                 "is not supported with secret-length prefill or a prefill-consistent KV cache yet",
             ));
         }
-        // A softcap runs in its own builds (plain 128-row prefill tiles, any Sq).
+        // A softcap runs in its own builds (plain 128-row prefill tiles for dense calls of any
+        // Sq; the KV-cache builds' own softcap twins). Not with secret-length prefill, nor in
+        // the prefill-consistent mode (no test of its bits against the softcap prefill yet).
+        if params.softcap > 0.0 && lengths.is_prefill_consistent() {
+            return Err(Error::invalid(
+                "softcap",
+                "is not supported with a prefill-consistent KV cache yet",
+            ));
+        }
         let variant = if params.softcap > 0.0 {
             variant.with_softcap().ok_or_else(|| {
-                Error::invalid(
-                    "softcap",
-                    "is not supported with secret lengths or over a KV cache yet",
-                )
+                Error::invalid("softcap", "is not supported with secret-length prefill yet")
             })?
         } else {
             variant

@@ -97,6 +97,31 @@ fn parse_softcap(s: &str) -> std::result::Result<f32, String> {
     }
 }
 
+/// `sinks` from the input file (if any) must hold one value per query head.
+pub(super) fn check_sinks(
+    sinks: Option<&[f32]>,
+    p: &AttentionParams,
+    input: &std::path::Path,
+) -> Result<()> {
+    match sinks {
+        Some(s) if s.len() != p.heads_q => Err(Error::invalid(
+            "sinks",
+            format!(
+                "`sinks` in {} has {} values, one per query head needs {}",
+                input.display(),
+                s.len(),
+                p.heads_q
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The float64 sinks of the reference.
+pub(super) fn sinks_f64(sinks: Option<&[f32]>) -> Option<Vec<f64>> {
+    sinks.map(|s| s.iter().map(|&x| x as f64).collect())
+}
+
 pub fn run(args: AttnArgs) -> i32 {
     match attn(&args) {
         Ok(()) => 0,
@@ -118,23 +143,12 @@ fn attn(args: &AttnArgs) -> Result<()> {
         }
         return super::attn_grad::attn_grad(args);
     }
+    // Issue 24's features apply on every path: dense, KV cache, varlen.
     if crate::tensor_io_kv::has_kv_cache(&args.input)? {
-        if features {
-            return Err(Error::invalid(
-                "input",
-                "--window, --softcap and sinks are not supported over a KV cache (k_cache) yet",
-            ));
-        }
-        return super::attn_kv::attn_kv(args);
+        return super::attn_kv::attn_kv(args, sinks.as_deref());
     }
     if super::attn_varlen::has_varlen(&args.input)? {
-        if features {
-            return Err(Error::invalid(
-                "input",
-                "--window, --softcap and sinks are not supported with cu_seqlens (varlen) yet",
-            ));
-        }
-        return super::attn_varlen::attn_varlen(args);
+        return super::attn_varlen::attn_varlen(args, sinks.as_deref());
     }
     let input = tensor_io::read_attn_input(&args.input, args.layout)?;
     // NaN/Inf inputs are outside the contract (they propagate into the rows they reach): say so,
@@ -157,19 +171,7 @@ fn attn(args: &AttnArgs) -> Result<()> {
         ..input.params.clone()
     };
     validate::check_params(&p).map_err(|e| with_inferred_shapes(e, &args.input, &p))?;
-    if let Some(s) = &sinks {
-        if s.len() != p.heads_q {
-            return Err(Error::invalid(
-                "sinks",
-                format!(
-                    "`sinks` in {} has {} values, one per query head needs {}",
-                    args.input.display(),
-                    s.len(),
-                    p.heads_q
-                ),
-            ));
-        }
-    }
+    check_sinks(sinks.as_deref(), &p, &args.input)?;
     let start = Instant::now();
     let (out, lse, engine) = if args.cpu {
         let s64: Option<Vec<f64>> = sinks
@@ -278,6 +280,23 @@ fn dims(p: &AttentionParams) -> String {
         "B={} Sq={} Sk={} Hq={} Hkv={} D={}",
         p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim
     )
+}
+
+/// Issue 24's features of a call for a success line: " window=L,R", " softcap=X", " sinks"
+/// where present.
+pub(super) fn features_note(p: &AttentionParams, sinks: bool) -> String {
+    let mut s = String::new();
+    if !p.window.is_unbounded() {
+        let (l, r) = p.window.to_flash_attn();
+        s += &format!(" window={l},{r}");
+    }
+    if p.softcap > 0.0 {
+        s += &format!(" softcap={}", p.softcap);
+    }
+    if sinks {
+        s += " sinks";
+    }
+    s
 }
 
 /// What ran, where and how long: the part of the success line that `attn` and `attn --grad`

@@ -10,7 +10,7 @@ use crate::reference;
 use crate::tensor_io::{self, Tensor, TensorData};
 use crate::tensor_io_kv::{self, KvInput};
 
-pub fn attn_kv(args: &AttnArgs) -> Result<()> {
+pub fn attn_kv(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
     if args.layout != Layout::Bshd {
         return Err(Error::invalid(
             "layout",
@@ -21,18 +21,21 @@ pub fn attn_kv(args: &AttnArgs) -> Result<()> {
     let p = AttentionParams {
         causal: args.causal,
         scale: args.scale,
+        window: args.window.unwrap_or_default(),
+        softcap: args.softcap.unwrap_or(0.0),
         ..input.params.clone()
     };
     validate::check_params(&p)?;
     validate::check_kv_cache(&p)?;
+    super::attn::check_sinks(sinks, &p, &args.input)?;
     let n = input.new_kv.as_ref().map_or(0, |(_, _, n)| *n);
     let counts: Vec<usize> = input.cache_seqlens.iter().map(|&l| l + n).collect();
     let (out, lse, engine) = if args.cpu {
         append_host(&mut input, &p);
-        let (o, l) = cpu(&p, &input, &counts);
+        let (o, l) = cpu(&p, &input, &counts, sinks);
         (TensorData::F32(o), l, "cpu f64 reference".to_string())
     } else {
-        gpu(args.device.unwrap_or(0), &p, &mut input, &counts)?
+        gpu(args.device.unwrap_or(0), &p, &mut input, &counts, sinks)?
     };
     let shape = |s: usize, h: usize| vec![p.batch, s, h, p.head_dim];
     let out = Tensor {
@@ -59,7 +62,7 @@ pub fn attn_kv(args: &AttnArgs) -> Result<()> {
         args.lse.then_some(lse),
     )?;
     println!(
-        "flashcore attn: KV cache B={} Sq={} capacity={} appended {n} row(s) Hq={} Hkv={} D={} {}{} on {engine}: wrote out, k_cache, v_cache{} to {}",
+        "flashcore attn: KV cache B={} Sq={} capacity={} appended {n} row(s) Hq={} Hkv={} D={} {}{}{} on {engine}: wrote out, k_cache, v_cache{} to {}",
         p.batch,
         p.seqlen_q,
         p.seqlen_k,
@@ -68,6 +71,7 @@ pub fn attn_kv(args: &AttnArgs) -> Result<()> {
         p.head_dim,
         p.dtype.name(),
         if p.causal { " causal" } else { "" },
+        super::attn::features_note(&p, sinks.is_some()),
         if args.lse { ", lse" } else { "" },
         args.output.display()
     );
@@ -110,14 +114,23 @@ fn contiguous_f64(input: &KvInput, pool: &TensorData) -> Vec<f64> {
     out
 }
 
-/// The float64 reference ([`reference::kv_cache_f64`]), written as f32.
-fn cpu(p: &AttentionParams, input: &KvInput, counts: &[usize]) -> (Vec<f32>, Vec<f32>) {
-    let r = reference::kv_cache_f64(
+/// The float64 reference ([`reference::kv_cache_sinks_f64`]: window, softcap, sinks), written
+/// as f32.
+fn cpu(
+    p: &AttentionParams,
+    input: &KvInput,
+    counts: &[usize],
+    sinks: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>) {
+    let s64 = super::attn::sinks_f64(sinks);
+    let r = reference::kv_cache_sinks_f64(
         p,
         &input.q.to_f64(),
         &contiguous_f64(input, &input.k_cache),
         &contiguous_f64(input, &input.v_cache),
+        &vec![0; counts.len()],
         counts,
+        s64.as_deref(),
     );
     let f32s = |x: Vec<f64>| x.into_iter().map(|v| v as f32).collect();
     (f32s(r.out), f32s(r.lse))
@@ -128,8 +141,10 @@ fn gpu(
     p: &AttentionParams,
     input: &mut KvInput,
     counts: &[usize],
+    sinks: Option<&[f32]>,
 ) -> Result<(TensorData, Vec<f32>, String)> {
     let ctx = Context::new(ordinal)?;
+    let dsinks = sinks.map(|s| ctx.upload(s)).transpose()?;
     let name = format!("GPU {ordinal} ({})", ctx.device_name());
     let new = input.new_kv.take();
     let lens = input.cache_seqlens.clone();
@@ -148,7 +163,18 @@ fn gpu(
                 Some(_) => return Err(Error::TensorFile("k and v must have q's dtype".into())),
                 None => None,
             };
-            let (o, l) = launch(&ctx, p, q, kc, vc, new, &lens, counts, table.as_ref())?;
+            let (o, l) = launch(
+                &ctx,
+                p,
+                q,
+                kc,
+                vc,
+                new,
+                &lens,
+                counts,
+                table.as_ref(),
+                dsinks.as_ref(),
+            )?;
             (TensorData::$variant(o), l)
         }};
     }
@@ -173,6 +199,7 @@ fn launch<T: Element>(
     lens: &[usize],
     counts: &[usize],
     table: Option<&(Vec<i32>, crate::attention::Pages)>,
+    sinks: Option<&cudarc::driver::CudaSlice<f32>>,
 ) -> Result<(Vec<T>, Vec<f32>)> {
     let dq = ctx.upload(q)?;
     let (mut dk, mut dv) = (ctx.upload(kc)?, ctx.upload(vc)?);
@@ -191,6 +218,10 @@ fn launch<T: Element>(
     let cache = match (&dt, table) {
         (Some(dt), Some((_, pg))) => KvCache::paged(&dk, &dv, &dl, dt, *pg),
         _ => KvCache::contiguous(&dk, &dv, &dl),
+    };
+    let cache = match sinks {
+        Some(s) => cache.sinks(s),
+        None => cache,
     };
     ctx.attention_kv_cache(p, &dq, &cache, &mut out, Some(&mut lse))?;
     *kc = ctx.download(&dk)?;

@@ -36,7 +36,7 @@ fn read_cu(path: &Path, name: &str) -> Result<Vec<i32>> {
     Ok(t.values)
 }
 
-pub fn attn_varlen(args: &AttnArgs) -> Result<()> {
+pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
     let path = &args.input;
     if args.layout != Layout::Bshd {
         return Err(Error::invalid(
@@ -107,9 +107,9 @@ pub fn attn_varlen(args: &AttnArgs) -> Result<()> {
         layout: Layout::Bshd,
         causal: args.causal,
         scale: args.scale,
-        // Refused with cu_seqlens before this point (cli/attn.rs).
-        window: Default::default(),
-        softcap: 0.0,
+        // Issue 24: per sequence, bottom-right aligned to its own counts.
+        window: args.window.unwrap_or_default(),
+        softcap: args.softcap.unwrap_or(0.0),
     };
     if k.shape[2] != p.head_dim {
         return Err(bad(
@@ -118,6 +118,7 @@ pub fn attn_varlen(args: &AttnArgs) -> Result<()> {
         ));
     }
     validate::check_params(&p)?;
+    super::attn::check_sinks(sinks, &p, &args.input)?;
     let (total_q, _) = check_varlen(
         &p,
         &cu_q,
@@ -129,13 +130,15 @@ pub fn attn_varlen(args: &AttnArgs) -> Result<()> {
     )?;
     let start = std::time::Instant::now();
     let (out, lse, engine) = if args.cpu {
-        let r = reference::varlen_f64(
+        let s64 = super::attn::sinks_f64(sinks);
+        let r = reference::varlen_sinks_f64(
             &p,
             &cu_q,
             &cu_k,
             &q.data.to_f64(),
             &k.data.to_f64(),
             &v.data.to_f64(),
+            s64.as_deref(),
         );
         let f32s = |x: Vec<f64>| x.into_iter().map(|v| v as f32).collect::<Vec<f32>>();
         (
@@ -149,11 +152,11 @@ pub fn attn_varlen(args: &AttnArgs) -> Result<()> {
         let name = format!("GPU {ordinal} ({})", ctx.device_name());
         match (&q.data, &k.data, &v.data) {
             (TensorData::F16(q), TensorData::F16(k), TensorData::F16(v)) => {
-                let (o, l) = launch(&ctx, &p, &cu_q, &cu_k, q, k, v, total_q)?;
+                let (o, l) = launch(&ctx, &p, [&cu_q, &cu_k], q, k, v, total_q, sinks)?;
                 (TensorData::F16(o), l, name)
             }
             (TensorData::Bf16(q), TensorData::Bf16(k), TensorData::Bf16(v)) => {
-                let (o, l) = launch(&ctx, &p, &cu_q, &cu_k, q, k, v, total_q)?;
+                let (o, l) = launch(&ctx, &p, [&cu_q, &cu_k], q, k, v, total_q, sinks)?;
                 (TensorData::Bf16(o), l, name)
             }
             _ => return Err(bad(path, "q, k and v must share one dtype (F16 or BF16)")),
@@ -174,7 +177,7 @@ pub fn attn_varlen(args: &AttnArgs) -> Result<()> {
     }
     tensor_io::write_file(&args.output, &tensors, Some(tensor_io::attn_metadata(&p)))?;
     println!(
-        "flashcore attn: varlen B={} total_q={total_q} total_k={} Hq={} Hkv={} D={} {}{} on {engine} in {:.3} ms (wall, incl. setup): wrote out{} to {}",
+        "flashcore attn: varlen B={} total_q={total_q} total_k={} Hq={} Hkv={} D={} {}{}{} on {engine} in {:.3} ms (wall, incl. setup): wrote out{} to {}",
         p.batch,
         k.shape[0],
         p.heads_q,
@@ -182,6 +185,7 @@ pub fn attn_varlen(args: &AttnArgs) -> Result<()> {
         p.head_dim,
         p.dtype.name(),
         if p.causal { " causal" } else { "" },
+        super::attn::features_note(&p, sinks.is_some()),
         elapsed.as_secs_f64() * 1e3,
         if args.lse { " and lse F32 [Hq, total_q]" } else { "" },
         args.output.display()
@@ -193,12 +197,12 @@ pub fn attn_varlen(args: &AttnArgs) -> Result<()> {
 fn launch<T: Element>(
     ctx: &Context,
     p: &AttentionParams,
-    cu_q: &[i32],
-    cu_k: &[i32],
+    [cu_q, cu_k]: [&[i32]; 2],
     q: &[T],
     k: &[T],
     v: &[T],
     total_q: usize,
+    sinks: Option<&[f32]>,
 ) -> Result<(Vec<T>, Vec<f32>)> {
     if total_q == 0 {
         return Ok((Vec::new(), Vec::new())); // no query anywhere: nothing to compute
@@ -206,7 +210,17 @@ fn launch<T: Element>(
     let (dq, dk, dv) = (ctx.upload(q)?, ctx.upload(k)?, ctx.upload(v)?);
     let mut out = ctx.alloc::<T>(q.len())?;
     let mut lse = ctx.alloc::<f32>(p.heads_q * total_q)?;
-    ctx.attention_varlen_host(p, &dq, &dk, &dv, cu_q, cu_k, &mut out, Some(&mut lse))?;
+    let dsinks = sinks.map(|s| ctx.upload(s)).transpose()?;
+    ctx.attention_varlen_host_with_sinks(
+        p,
+        &dq,
+        &dk,
+        &dv,
+        [cu_q, cu_k],
+        dsinks.as_ref(),
+        &mut out,
+        Some(&mut lse),
+    )?;
     let (o, l) = (ctx.download(&out)?, ctx.download(&lse)?);
     Ok((o, l))
 }

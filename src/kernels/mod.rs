@@ -141,7 +141,8 @@ pub struct Variant {
     /// walked through a public work list ([`Variant::varlen`]).
     pub varlen: bool,
     /// Softcap builds (`FC_SOFTCAP`, issue 24): scores go through `cap · tanh(s / cap)` before
-    /// the softmax. Plain prefill tiles of 128 rows only ([`Variant::with_softcap`]).
+    /// the softmax. Plain prefill tiles of 128 rows, varlen and KV-cache decode builds
+    /// ([`Variant::with_softcap`]).
     pub softcap: bool,
 }
 
@@ -331,6 +332,27 @@ impl Variant {
         }
     }
 
+    /// The softcap build for a call with a softcap: over a KV cache (decode, any count mode or
+    /// layout) and in varlen, the same build with softcap; otherwise the plain 128-row tile of
+    /// this dtype, head dim and mask (light, 192-row and plain-decode tiles have no softcap
+    /// build: a softcap in every build would need a second main loop in each, and the 192-row
+    /// tiles spill with it). `None` for secret-length prefill, which has none.
+    pub fn with_softcap(self) -> Option<Variant> {
+        if self.is_kv_cache() || self.varlen {
+            return Some(Variant {
+                softcap: true,
+                ..self
+            });
+        }
+        if self.secret_len {
+            return None;
+        }
+        Some(Variant {
+            softcap: true,
+            ..Variant::basic(self.dtype, self.head_dim, self.causal, 128)
+        })
+    }
+
     /// Light tiles for launches that cannot fill the GPU (issue 14): when the 64-row tiles'
     /// work units fit in one wave (`units ≤ num_sms`; causal units pair two tiles), the kernel
     /// runs 64-row tiles with a single consumer warpgroup — twice the CTAs of 128-row tiles, each
@@ -341,20 +363,6 @@ impl Variant {
     /// the tile height (each consumer warpgroup computes its 64 rows with the same instructions
     /// whatever the tile; `tests/gpu_tile_invariance.rs` checks the bits), so batch invariance
     /// holds across the rule's boundary.
-    /// The softcap build for a call with a softcap: the plain 128-row tile of this dtype, head
-    /// dim and mask (the only softcap builds shipped: a softcap in every build would need a
-    /// second main loop in each, and the 192-row tiles spill with it). `None` for modes that
-    /// have none (secret lengths, decode over a KV cache, varlen).
-    pub fn with_softcap(self) -> Option<Variant> {
-        if self.secret_len || self.kv_public || self.paged || self.varlen {
-            return None;
-        }
-        Some(Variant {
-            softcap: true,
-            ..Variant::basic(self.dtype, self.head_dim, self.causal, 128)
-        })
-    }
-
     pub fn with_light_tiles(
         self,
         batch: usize,
@@ -560,11 +568,24 @@ pub fn shipped_variants() -> Vec<Variant> {
                         v.push(Variant::kv_cache(dtype, head_dim, causal, secret, paged));
                     }
                 }
-                // Softcap (issue 24): plain 128-row prefill tiles only (Variant::with_softcap).
+                // Softcap (issue 24; Variant::with_softcap): plain 128-row prefill tiles, varlen,
+                // and the four KV-cache kinds — only the tiles a softcap call can select.
                 v.push(Variant {
                     softcap: true,
                     ..Variant::basic(dtype, head_dim, causal, 128)
                 });
+                v.push(Variant {
+                    softcap: true,
+                    ..Variant::varlen(dtype, head_dim, causal)
+                });
+                for secret in [false, true] {
+                    for paged in [false, true] {
+                        v.push(Variant {
+                            softcap: true,
+                            ..Variant::kv_cache(dtype, head_dim, causal, secret, paged)
+                        });
+                    }
+                }
                 if head_dim == 64 {
                     v.push(Variant {
                         dtype,

@@ -1,7 +1,7 @@
 //! The f64 oracle of varlen attention (issue 22): each sequence of a packed batch on its own,
 //! through [`attention_f64`] with batch 1.
 
-use super::{attention_f64, RefOutput};
+use super::{attention_f64_sinks, RefOutput};
 use crate::attention::{AttentionParams, Layout};
 
 /// Varlen attention in f64: `q` is `[total_q, Hq, D]`, `k`, `v` `[total_k, Hkv, D]`, sequence `b`
@@ -15,6 +15,21 @@ pub fn varlen_f64(
     q: &[f64],
     k: &[f64],
     v: &[f64],
+) -> RefOutput {
+    varlen_sinks_f64(p, cu_q, cu_k, q, k, v, None)
+}
+
+/// [`varlen_f64`] with issue 24's features: `p.window` and `p.softcap` per sequence (its own
+/// counts, bottom-right aligned) and learnable `sinks` (one logit per query head; a sequence
+/// with no key gets O = 0 and LSE = the sink), as [`super::attention_f64_sinks`].
+pub fn varlen_sinks_f64(
+    p: &AttentionParams,
+    cu_q: &[i32],
+    cu_k: &[i32],
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    sinks: Option<&[f64]>,
 ) -> RefOutput {
     let (hq, hk, d) = (p.heads_q, p.heads_kv, p.head_dim);
     let total_q = *cu_q.last().unwrap_or(&0) as usize;
@@ -33,11 +48,12 @@ pub fn varlen_f64(
             layout: Layout::Bshd,
             ..p.clone()
         };
-        let r = attention_f64(
+        let r = attention_f64_sinks(
             &sp,
             &q[q0 * hq * d..q1 * hq * d],
             &k[k0 * hk * d..k1 * hk * d],
             &v[k0 * hk * d..k1 * hk * d],
+            sinks,
         );
         out[q0 * hq * d..q1 * hq * d].copy_from_slice(&r.out);
         for h in 0..hq {

@@ -49,6 +49,9 @@ pub struct VarlenCall {
     /// [`workspace_bytes`] bytes, 16-byte aligned, used by no other launch that may run at the
     /// same time (0 when that size is 0).
     pub workspace: u64,
+    /// Learnable attention sinks (gpt-oss): fp32 `[heads_q]`, contiguous, secret; 0 for none.
+    /// `params.window` and `params.softcap` apply per sequence.
+    pub sinks: u64,
 }
 
 /// Bytes of workspace a varlen call of this shape needs.
@@ -90,6 +93,7 @@ pub fn validate_varlen(call: &VarlenCall) -> Result<()> {
         ("seqused_k", call.seqused_k),
         ("seqused_q", call.seqused_q),
         ("lse", call.lse),
+        ("sinks", call.sinks),
     ] {
         if ptr % 4 != 0 {
             return Err(Error::invalid(arg, "device address is not 4-byte aligned"));
@@ -212,6 +216,7 @@ impl ExternalContext {
                 call.out.strides.normalized(q_ext, hd),
             ],
             totals: [call.total_q, call.total_k],
+            sinks: call.sinks,
         };
         let target = Target {
             stream,
@@ -258,6 +263,7 @@ mod tests {
             seqused_k: 0,
             seqused_q: 0,
             workspace: 0x70000,
+            sinks: 0,
             params: p,
         }
     }
@@ -298,8 +304,9 @@ mod tests {
     #[test]
     fn each_bad_argument_is_named() {
         type Break = fn(&mut VarlenCall);
-        let cases: [(&str, Break); 6] = [
+        let cases: [(&str, Break); 7] = [
             ("cu_seqlens_q", |c| c.cu_seqlens_q = 0),
+            ("sinks", |c| c.sinks = 0x80002),
             ("cu_seqlens_k", |c| c.cu_seqlens_k = 0x60102),
             ("seqused_k", |c| c.seqused_k = 0x60201),
             ("q", |c| c.q.ptr = 0x10008),

@@ -184,9 +184,12 @@ pub fn work_list(
     seqs.concat()
 }
 
-/// The variant a varlen call runs.
+/// The variant a varlen call runs (its softcap twin for a call with a softcap).
 pub fn variant_for(params: &AttentionParams) -> Variant {
-    Variant::varlen(params.dtype, params.head_dim, params.causal)
+    Variant {
+        softcap: params.softcap > 0.0,
+        ..Variant::varlen(params.dtype, params.head_dim, params.causal)
+    }
 }
 
 /// Checks the shape of a varlen call and returns the packed totals (queries, keys).
@@ -217,18 +220,6 @@ pub fn check_varlen_shapes(
     lse_len: Option<usize>,
 ) -> Result<(usize, usize)> {
     validate::check_params(params)?;
-    // Issue 24's features on the dense path first: varlen builds have no softcap, and windows
-    // are not tested there yet.
-    if params.softcap != 0.0 || !params.window.is_unbounded() {
-        return Err(Error::invalid(
-            if params.softcap != 0.0 {
-                "softcap"
-            } else {
-                "window"
-            },
-            "is not supported by the varlen path yet (dense calls only)",
-        ));
-    }
     if params.layout != Layout::Bshd {
         return Err(Error::invalid(
             "layout",
@@ -300,12 +291,14 @@ pub(crate) struct Target<'a> {
 }
 
 /// A varlen call's device buffers: q, k, v, o, lse (0: none) and the element strides of q, k, v,
-/// o as (unused batch, seq, head), and the pack's totals (query tokens, key tokens).
+/// o as (unused batch, seq, head), the pack's totals (query tokens, key tokens), and the
+/// learnable sinks (fp32 `[heads_q]`, secret; 0: none).
 #[derive(Clone, Copy)]
 pub(crate) struct Buffers {
     pub ptrs: [u64; 5],
     pub strides: [Strides; 4],
     pub totals: [usize; 2],
+    pub sinks: u64,
 }
 
 impl Buffers {
@@ -317,6 +310,7 @@ impl Buffers {
             ptrs,
             strides: [q, kv, kv, q],
             totals,
+            sinks: 0,
         }
     }
 }
@@ -508,7 +502,7 @@ unsafe fn launch_chunk(
         page_shift: 0,
         box_rows: keys as i32,
         starts_ptr: 0,
-        sinks_ptr: 0,
+        sinks_ptr: bufs.sinks,
         window_left,
         window_right,
         softcap_in,
@@ -561,6 +555,22 @@ fn packed_ptrs<'a, T: Element>(
         guards.push(g);
     }
     Ok((ptrs, guards))
+}
+
+/// The sinks' device address (0 for none), checked: one f32 per query head, 4-byte aligned.
+fn sinks_ptr<'a>(
+    stream: &'a std::sync::Arc<cudarc::driver::CudaStream>,
+    params: &AttentionParams,
+    sinks: Option<&'a CudaSlice<f32>>,
+) -> Result<(u64, Option<cudarc::driver::SyncOnDrop<'a>>)> {
+    match sinks {
+        Some(s) => {
+            let (p, g) = s.device_ptr(stream);
+            validate::check_buffer("sinks", s.len(), params.heads_q, p, 4)?;
+            Ok((p, Some(g)))
+        }
+        None => Ok((0, None)),
+    }
 }
 
 /// The device pointer of an optional slice (0 for none).
@@ -646,6 +656,36 @@ impl Context {
         out: &mut CudaSlice<T>,
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
+        self.attention_varlen_device_with_sinks(
+            params,
+            q,
+            k,
+            v,
+            [cu_seqlens_q, cu_seqlens_k],
+            [seqused_k, seqused_q],
+            None,
+            out,
+            lse,
+        )
+    }
+
+    /// [`Context::attention_varlen_device`] with issue 24's features: `params.window` and
+    /// `params.softcap` (each sequence's window bottom-right aligned to its own counts), and
+    /// `sinks`, learnable attention sinks (fp32 `[heads_q]`, gpt-oss; secret: arithmetic only).
+    /// `cu_seqlens` = (q, k), `seqused` = (k, q) as there.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_varlen_device_with_sinks<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        [cu_seqlens_q, cu_seqlens_k]: [&CudaSlice<i32>; 2],
+        [seqused_k, seqused_q]: [Option<&CudaSlice<i32>>; 2],
+        sinks: Option<&CudaSlice<f32>>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
         validate::check_buffers_dtype(params, T::DTYPE)?;
         let (total_q, total_k) = check_varlen_shapes(
             params,
@@ -663,6 +703,7 @@ impl Context {
             check_meta_len("seqused_q", u.len(), params.batch)?;
         }
         let stream = self.stream().clone();
+        let (sinks_ptr, _g) = sinks_ptr(&stream, params, sinks)?;
         let kernel = self.kernel(variant_for(params))?;
         let ws_bytes = workspace_bytes(params);
         if total_q == 0 || ws_bytes == 0 {
@@ -691,7 +732,10 @@ impl Context {
             num_sms: self.num_sms(),
             kernel: &kernel,
         };
-        let bufs = Buffers::contiguous(params, ptrs, [total_q, total_k]);
+        let bufs = Buffers {
+            sinks: sinks_ptr,
+            ..Buffers::contiguous(params, ptrs, [total_q, total_k])
+        };
         // SAFETY: the buffers' lengths were checked against the pack's totals, the metadata's
         // against the batch, their alignment just now; the workspace is this call's own (freed
         // in stream order).
@@ -712,6 +756,32 @@ impl Context {
         out: &mut CudaSlice<T>,
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
+        self.attention_varlen_host_with_sinks(
+            params,
+            q,
+            k,
+            v,
+            [cu_seqlens_q, cu_seqlens_k],
+            None,
+            out,
+            lse,
+        )
+    }
+
+    /// [`Context::attention_varlen_host`] with issue 24's features, as
+    /// [`Context::attention_varlen_device_with_sinks`].
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_varlen_host_with_sinks<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        [cu_seqlens_q, cu_seqlens_k]: [&[i32]; 2],
+        sinks: Option<&CudaSlice<f32>>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
         validate::check_buffers_dtype(params, T::DTYPE)?;
         let lse_len = lse.as_ref().map(|l| l.len());
         let (total_q, total_k) = check_varlen(
@@ -723,10 +793,11 @@ impl Context {
             out.len(),
             lse_len,
         )?;
+        let stream = self.stream().clone();
+        let (sinks_ptr, _g) = sinks_ptr(&stream, params, sinks)?;
         if total_q == 0 {
             return Ok(()); // no query anywhere: nothing to write
         }
-        let stream = self.stream().clone();
         let kernel = self.kernel(variant_for(params))?;
         let tile = kernel.variant.tile();
         let items = work_list(
@@ -742,7 +813,10 @@ impl Context {
             num_sms: self.num_sms(),
             kernel: &kernel,
         };
-        let bufs = Buffers::contiguous(params, ptrs, [total_q, total_k]);
+        let bufs = Buffers {
+            sinks: sinks_ptr,
+            ..Buffers::contiguous(params, ptrs, [total_q, total_k])
+        };
         // SAFETY: the buffers' lengths were checked against the pack's totals above, their
         // alignment just now.
         unsafe { launch_host_list(&target, params, bufs, &items) }
