@@ -1,0 +1,243 @@
+"""Long-sequence causal attention across GPUs with PyTorch's context parallelism (ring attention
+over NCCL, round-robin "head-tail" load balancing), the local attention run by flashcore and,
+for comparison, by SDPA's default backend.
+
+    torchrun --nproc-per-node 2 examples/context_parallel.py --seq 131072
+    torchrun --nproc-per-node 2 examples/context_parallel.py --seq 131072 --train
+
+Shapes: batch 1, 32 query heads, 8 KV heads (GQA), head dim 128, bf16, causal. GQA is kept
+(SDPA's enable_gqa=True: its flash op takes Hq != Hkv, and CP's ring passes the 8-head K/V
+around, 4x less traffic than repeating them); --gqa repeat repeats K/V to 32 heads first.
+
+Prints, per path: median time of one attention call per rank (CUDA events; the slowest rank's
+median), the max |difference| against the single-GPU result (flashcore on one GPU, whole
+sequence) and the error against float64 on sampled query rows (every rank's shard contributes).
+flashcore's path also proves where its local calls ran (flashcore.context_parallel.Calls).
+
+NCCL/NVSHMEM multicast (NVLink SHARP) stays off: set below before any CUDA or NCCL init; on
+shared hosts multicast can take the GPUs out of service.
+"""
+
+import os
+
+for _name, _value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"),
+                      ("NVSHMEM_DISABLE_NVLS", "1")):
+    os.environ[_name] = _value  # before torch touches CUDA or NCCL
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+
+def sampled_reference(q, k, v, rows, scale=None):
+    """float64 causal attention (top-left, Sq = Sk) for the query positions `rows` only: q [B, Hq,
+    S, D], k/v [B, Hkv, S, D] -> [B, Hq, len(rows), D]. One KV head group at a time, so it fits
+    beside 512k-token inputs."""
+    b, hq, s, d = q.shape
+    hkv = k.shape[1]
+    g = hq // hkv
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    rows = rows.to(q.device)
+    out = torch.empty(b, hq, rows.numel(), d, dtype=torch.float64, device=q.device)
+    visible = torch.arange(s, device=q.device)[None, :] <= rows[:, None]  # [R, S]
+    for h in range(hkv):
+        kh, vh = k[:, h].double(), v[:, h].double()  # [B, S, D]
+        qh = q[:, h * g:(h + 1) * g, rows].double()  # [B, g, R, D]
+        sc = torch.einsum("bgrd,bsd->bgrs", qh, kh) * scale
+        sc = sc.masked_fill(~visible, float("-inf"))
+        out[:, h * g:(h + 1) * g] = torch.einsum("bgrs,bsd->bgrd", torch.softmax(sc, dim=-1), vh)
+        del sc
+    return out
+
+
+def rel_l2(got, want):
+    got, want = got.double(), want.double()
+    return ((got - want).norm() / want.norm()).item()
+
+
+def sample_rows(seq, n):
+    """`n` query positions spread over the sequence, the first and the last included."""
+    return torch.unique(torch.linspace(0, seq - 1, n).round().long())
+
+
+def median_ms(fn, iters, warmup):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    times.sort()
+    return times[len(times) // 2]
+
+
+def slowest(ms, device):
+    t = torch.tensor([ms], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
+
+
+def local_ops(fn):
+    """The aten SDPA ops one call ran (names and counts, from the CPU profiler): which backend SDPA
+    picked and how many local calls the ring made."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.key: e.count for e in prof.key_averages() if "scaled_dot_product" in e.key}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seq", type=int, default=131072)
+    p.add_argument("--hq", type=int, default=32)
+    p.add_argument("--hkv", type=int, default=8)
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--gqa", choices=("native", "repeat"), default="native")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--rows", type=int, default=64, help="query rows checked against float64")
+    p.add_argument("--train", action="store_true", help="also time forward + backward")
+    p.add_argument("--paths", default="flashcore,sdpa")
+    p.add_argument("--json", default=None, help="rank 0 appends its results here (one JSON line)")
+    args = p.parse_args()
+
+    import flashcore
+    import flashcore.context_parallel as fcp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.experimental import context_parallel, context_parallel_unshard
+
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    local_rank = int(os.environ.get("LOCAL_RANK", rank))
+    torch.cuda.set_device(local_rank)
+    dev = torch.device("cuda", local_rank)
+    dist.init_process_group("nccl", device_id=dev)
+    mesh = init_device_mesh("cuda", (world,))
+    if args.seq % (2 * world):
+        raise SystemExit("--seq must be a multiple of 2 x world size (round-robin load balancing)")
+
+    torch.manual_seed(0)  # the same full tensors on every rank
+    dt = torch.bfloat16
+    q = torch.randn(1, args.hq, args.seq, args.dim, device=dev, dtype=dt)
+    k = torch.randn(1, args.hkv, args.seq, args.dim, device=dev, dtype=dt)
+    v = torch.randn(1, args.hkv, args.seq, args.dim, device=dev, dtype=dt)
+    gqa = args.hq != args.hkv and args.gqa == "native"
+    if args.hq != args.hkv and not gqa:
+        k, v = (t.repeat_interleave(args.hq // args.hkv, dim=1) for t in (k, v))
+    rows = sample_rows(args.seq, args.rows)
+    res = {"world": world, "seq": args.seq, "hq": args.hq, "hkv": args.hkv, "d": args.dim, "gqa": args.gqa,
+           "gpu": torch.cuda.get_device_name(dev), "torch": torch.__version__}
+
+    def attn(a, b, c):
+        return F.scaled_dot_product_attention(a, b, c, is_causal=True, enable_gqa=gqa)
+
+    # One GPU, whole sequence (rank 0): the result CP is compared with, and the time it is sped up from.
+    single = None
+    if rank == 0:
+        with fcp.local_attention() as calls:
+            single = attn(q, k, v)
+            ms = median_ms(lambda: attn(q, k, v), args.iters, args.warmup) if world > 1 else None
+        calls.require()
+        ref = sampled_reference(q, k, v, rows)
+        res["single_flashcore_ms"] = ms
+        res["single_vs_fp64_max_abs"] = (single[:, :, rows].double() - ref).abs().max().item()
+        res["single_vs_fp64_rel_l2"] = rel_l2(single[:, :, rows], ref)
+    dist.barrier()
+
+    for path in args.paths.split(","):
+        qs, ks, vs = q.clone(), k.clone(), v.clone()
+        ctx = fcp.local_attention() if path == "flashcore" else _nullcalls()
+        with ctx as calls, context_parallel(mesh, buffers=[qs, ks, vs], buffer_seq_dims=[2, 2, 2],
+                                            no_restore_buffers={qs, ks, vs}):
+            out = attn(qs, ks, vs)
+            ops = local_ops(lambda: attn(qs, ks, vs))
+            ms = median_ms(lambda: attn(qs, ks, vs), args.iters, args.warmup)
+        if path == "flashcore":
+            n = fcp.local_calls(world) * (2 + args.iters + args.warmup)
+            calls.require(forward=n)  # every local call ran on flashcore, none fell back
+            res["flashcore_calls"] = repr(calls)
+        full = context_parallel_unshard(mesh, [out], [2])[0]
+        res[path + "_cp_ms"] = slowest(ms, dev)
+        res[path + "_ops"] = ops
+        if rank == 0:
+            res[path + "_cp_vs_single_max_abs"] = (full.float() - single.float()).abs().max().item()
+            res[path + "_cp_vs_fp64_max_abs"] = (full[:, :, rows].double() - ref).abs().max().item()
+            res[path + "_cp_vs_fp64_rel_l2"] = rel_l2(full[:, :, rows], ref)
+        del out, full
+
+        if args.train:
+            res.update(train_step(path, args, q, k, v, gqa, mesh, rank, dev, world, attn))
+        del qs, ks, vs
+
+    if rank == 0:
+        if world > 1 and res.get("single_flashcore_ms"):
+            for path in args.paths.split(","):
+                res[path + "_speedup_vs_single"] = res["single_flashcore_ms"] / res[path + "_cp_ms"]
+        if "flashcore_cp_ms" in res and "sdpa_cp_ms" in res:
+            res["flashcore_over_sdpa_cp"] = res["flashcore_cp_ms"] / res["sdpa_cp_ms"]
+        print(json.dumps(res, indent=1), flush=True)
+        if args.json:
+            with open(args.json, "a") as f:
+                f.write(json.dumps(res) + "\n")
+    dist.destroy_process_group()
+
+
+class _nullcalls:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def train_step(path, args, q, k, v, gqa, mesh, rank, dev, world, attn):
+    """Forward + backward through CP: median time, and the gradients against one GPU's flashcore."""
+    import flashcore.context_parallel as fcp
+    from torch.distributed.tensor.experimental import context_parallel, context_parallel_unshard
+
+    torch.manual_seed(1)
+    grad = torch.randn_like(q)
+    out = {}
+    if rank == 0 and path == "flashcore":
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        with fcp.local_attention() as calls:
+            attn(*leaves).backward(grad)
+            ms = median_ms(lambda: attn(*leaves).backward(grad), args.iters, args.warmup) if world > 1 else None
+        calls.require()
+        out["single_train_flashcore_ms"] = ms
+        train_step.single_grads = [t.grad for t in leaves]
+    bufs = [q.clone(), k.clone(), v.clone(), grad.clone()]
+    ctx = fcp.local_attention() if path == "flashcore" else _nullcalls()
+    with ctx as calls, context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2] * 4, no_restore_buffers=set(bufs)):
+        leaves = [t.detach().requires_grad_() for t in bufs[:3]]
+        attn(*leaves).backward(bufs[3])
+        grads = [t.grad.clone() for t in leaves]
+        ms = median_ms(lambda: attn(*leaves).backward(bufs[3]), args.iters, args.warmup)
+    if path == "flashcore":
+        n = fcp.local_calls(world) * (1 + args.iters + args.warmup)
+        calls.require(forward=n, backward=n)
+        out["flashcore_train_calls"] = repr(calls)
+    out[path + "_cp_train_ms"] = slowest(ms, dev)
+    full = context_parallel_unshard(mesh, grads, [2, 2, 2])
+    if rank == 0 and getattr(train_step, "single_grads", None) is not None:
+        for name, g, s in zip("qkv", full, train_step.single_grads):
+            out[path + "_cp_d%s_vs_single_max_abs" % name] = (g.float() - s.float()).abs().max().item()
+            out[path + "_cp_d%s_vs_single_rel_l2" % name] = rel_l2(g, s)
+    return out
+
+
+if __name__ == "__main__":
+    t0 = time.time()
+    main()
+    print("wall %.1f s" % (time.time() - t0), flush=True)
