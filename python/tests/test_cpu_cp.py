@@ -2,6 +2,7 @@
 SDPA calls to flashcore) and of the example's float64 checker: no GPU needed."""
 
 import importlib.util
+import json
 import math
 import pathlib
 
@@ -133,3 +134,37 @@ def test_example_sampled_reference_matches_full_float64(hkv):
     s = s.masked_fill(~torch.ones(37, 37, dtype=torch.bool).tril(), float("-inf"))
     want = (torch.softmax(s, -1) @ vv)[:, :, rows]
     assert got.dtype == torch.float64 and (got - want).abs().max().item() < 1e-12
+
+
+@needs_registry
+@pytest.mark.parametrize("world, gqa", [(2, "native"), (3, "repeat")])
+def test_example_end_to_end_on_cpu_ranks(tmp_path, world, gqa):
+    """examples/context_parallel.py on `world` CPU ranks (gloo) with a CPU flash op
+    (cp_cpu_harness): torch's ring with load balancing, CP's results against one rank's, the
+    training step's gradients, the call counts the example requires; the flashcore path and the
+    SDPA path give the same numbers here (the same CPU op serves both)."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    import cp_cpu_harness
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "res.json"
+    argv = ["--device", "cpu", "--dtype", "float32", "--seq", str(24 * world), "--hq", "4", "--hkv", "2",
+            "--dim", "16", "--iters", "2", "--warmup", "1", "--rows", "7", "--train", "--gqa", gqa]
+    mp.spawn(cp_cpu_harness.worker, args=(world, port, argv, str(out)), nprocs=world, join=True)
+    res = json.loads(out.read_text())
+    assert res["world"] == world and res["single_vs_fp64_max_abs"] < 1e-5
+    for path in ("flashcore", "sdpa"):
+        assert res[path + "_cp_vs_single_max_abs"] < 1e-5, res
+        assert res[path + "_cp_vs_fp64_max_abs"] < 1e-5, res
+        for name in "qkv":
+            assert res[path + "_cp_d%s_vs_single_rel_l2" % name] < 1e-5, res
+        assert res[path + "_ops"]["aten::_scaled_dot_product_flash_attention"] >= world
+    n = fcp.local_calls(world) * (2 + 2 + 1)
+    assert res["flashcore_calls"] == "Calls(served=%d, fallback=0, backward=0, fallback_backward=0)" % n
+    t = fcp.local_calls(world) * (1 + 2 + 1)
+    assert res["flashcore_train_calls"] == "Calls(served=%d, fallback=0, backward=%d, fallback_backward=0)" % (t, t)
