@@ -127,7 +127,8 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--rows", type=int, default=64, help="query rows checked against float64")
     p.add_argument("--train", action="store_true", help="also time forward + backward (a training step's attention)")
-    p.add_argument("--paths", default="flashcore,sdpa", help="flashcore: CP on flashcore; sdpa: CP on SDPA's default backend")
+    p.add_argument("--paths", default="flashcore,sdpa",
+                   help="flashcore: CP on flashcore; sdpa: CP on SDPA's default backend")
     p.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cpu: gloo, a plumbing check for the test suite (which supplies a CPU flash op)")
@@ -164,7 +165,8 @@ def main(argv=None):
     grad = torch.randn(q.shape, device=dev, dtype=dt) if args.train else None
     rows = sample_rows(args.seq, args.rows)
     res = {"world": world, "seq": args.seq, "hq": args.hq, "hkv": args.hkv, "d": args.dim, "gqa": args.gqa,
-           "dtype": args.dtype, "gpu": torch.cuda.get_device_name(dev) if cuda else "cpu", "torch": str(torch.__version__)}
+           "dtype": args.dtype, "gpu": torch.cuda.get_device_name(dev) if cuda else "cpu",
+           "torch": str(torch.__version__)}
     paths = args.paths.split(",")
 
     def attn(a, b, c):
@@ -198,7 +200,8 @@ def main(argv=None):
     for path in paths:
         bufs = [q.clone(), k.clone(), v.clone()]
         counter = fcp.local_attention() if path == "flashcore" else _NoCounter()
-        with counter as calls, context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2], no_restore_buffers=set(bufs)):
+        with counter as calls, context_parallel(mesh, buffers=bufs, buffer_seq_dims=[2, 2, 2],
+                                                no_restore_buffers=set(bufs)):
             out = attn(*bufs)
             ops = local_ops(lambda: attn(*bufs))
             ms = timed(lambda: attn(*bufs))
@@ -245,7 +248,8 @@ def main(argv=None):
                     res["%s_%sspeedup_vs_one_gpu" % (path, kind)] = one / cp
         for kind in ("", "train_"):
             if "flashcore_cp_%sms" % kind in res and "sdpa_cp_%sms" % kind in res:
-                res["flashcore_over_sdpa_cp_%stime" % kind] = res["flashcore_cp_%sms" % kind] / res["sdpa_cp_%sms" % kind]
+                ratio = res["flashcore_cp_%sms" % kind] / res["sdpa_cp_%sms" % kind]
+                res["flashcore_over_sdpa_cp_%stime" % kind] = ratio
         print(json.dumps(res, indent=1), flush=True)
         if args.json:
             with open(args.json, "a") as f:

@@ -12,7 +12,8 @@ import torch
 import flashcore
 import flashcore.context_parallel as fcp
 
-needs_registry = pytest.mark.skipif(not fcp.available(), reason="SKIPPED: torch has no flash registry / context_parallel")
+needs_registry = pytest.mark.skipif(not fcp.available(),
+                                    reason="SKIPPED: torch has no flash registry / context_parallel")
 
 
 def test_available_on_the_pinned_torch():
@@ -70,8 +71,9 @@ def test_local_attention_restores_another_active_impl(monkeypatch):
 
 
 @needs_registry
-@pytest.mark.parametrize("key, match", [("fallback", "fell back"), ("fallback_backward", "fell back"),
-                                        ("flashcore", "expected 2 local forward"), ("backward", "expected 2 local backward")])
+@pytest.mark.parametrize("key, match", [
+    ("fallback", "fell back"), ("fallback_backward", "fell back"),
+    ("flashcore", "expected 2 local forward"), ("backward", "expected 2 local backward")])
 def test_require_rejects_fallbacks_and_wrong_counts(key, match):
     want = {"flashcore": {"forward": 2}, "backward": {"forward": 0, "backward": 2}}.get(key, {})
     with fcp.local_attention() as calls:

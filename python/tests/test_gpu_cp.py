@@ -251,7 +251,8 @@ def test_ring_forward_and_backward_on_flashcore(fake_dist, world, load_balance, 
     n = sum(fcp.local_calls(world, causal, load_balance, r) for r in range(world))
     calls.require(forward=n, backward=n)  # every local call of every rank ran on flashcore
 
-    out, lse, grads = torch.empty_like(q), torch.empty(b, hq, seq, device="cuda"), [torch.empty_like(t) for t in (q, k, v)]
+    out, lse = torch.empty_like(q), torch.empty(b, hq, seq, device="cuda")
+    grads = [torch.empty_like(t) for t in (q, k, v)]
     poison(out, lse, *grads)
     for r, i in enumerate(idx):
         out[:, :, i], lse[:, :, i] = fwd[r][0], fwd[r][1]
