@@ -139,9 +139,18 @@ struct Consumer {
         static_assert(VECS % 128 == 0, "whole vectors per thread");
         const uint32_t base = smem_u32(&s.v[stage][0][0][0]);
         const int t = threadIdx.x % 128;
-        // Fully unrolled: with a loop left in, the audit's provenance of the paged builds' block
-        // table was lost (fail-safe: findings), though no address derives from it here.
+        // The unrolling is chosen per build kind by the audit: with the other choices ptxas's
+        // register assignment around the epilogue's LSE store lost the audit's provenance of the
+        // metadata buffers (block table, counts) — fail-safe findings, though no address derives
+        // from them here — or spilled (d256 varlen). Loop for public counts, 4 for secret counts
+        // with a softcap, in full for other secret-count and varlen builds.
+#if FC_SECRET_LEN && FC_SOFTCAP
+#pragma unroll 4
+#elif FC_SECRET_LEN || FC_VARLEN
 #pragma unroll
+#else
+#pragma unroll 1
+#endif
         for (int k = 0; k < VECS / 128; ++k) {
             const int i = t + 128 * k;
             const int key = lo + (i / VEC_PER_ROW) % BN;
