@@ -39,6 +39,17 @@ pub fn check_varlen_secret_len(
 ) -> Result<usize> {
     let (total_q, total_k) = check_varlen_shapes(params, q_len, kv_len, out_len, lse_len)?;
     validate::check_secret_len(params)?;
+    // The dense secret-length kernel this path runs takes no softcap and no window.
+    if params.softcap != 0.0 || !params.window.is_unbounded() {
+        return Err(Error::invalid(
+            if params.softcap != 0.0 {
+                "softcap"
+            } else {
+                "window"
+            },
+            "is not supported with secret lengths yet",
+        ));
+    }
     if total_k != total_q {
         return Err(Error::invalid(
             "k",
@@ -412,7 +423,17 @@ mod tests {
                 [n; 2],
                 n,
                 "softcap",
-                "varlen",
+                "secret lengths",
+            ),
+            (
+                p().window(crate::attention::Window::from_flash_attn(4, 0)),
+                cu.to_vec(),
+                3,
+                n,
+                [n; 2],
+                n,
+                "window",
+                "secret lengths",
             ),
         ];
         for (params, cu, lens, q, kv, out, arg, rule) in cases {
