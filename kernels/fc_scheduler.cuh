@@ -100,8 +100,8 @@ struct Scheduler {
         return t;
 #endif
 #if FC_VARLEN
-        // Varlen: unit = item · heads + head; item i is entry 1 + i of the work list (ordered
-        // heaviest first; entry 0 is the header).
+        // Varlen: unit = item · heads + head; item i is entry 1 + i of the work list (sequence
+        // by sequence, heaviest first; entry 0 is the header).
         const int item = 1 + unit / p.heads_q;
         t.head = unit % p.heads_q;
         t.batch = 0;

@@ -3,7 +3,7 @@
 Q is ``[total_q, Hq, D]``, K and V ``[total_k, Hkv, D]``: the sequences of a batch laid end to
 end, sequence b owning tokens ``cu_seqlens[b] .. cu_seqlens[b + 1]`` (int32 ``[B + 1]`` prefix
 sums on the device; public metadata, DESIGN.md §1). The kernel's work list — one item per
-128-row query tile, heaviest first — is built on the device from ``cu_seqlens`` (and
+128-row query tile, sequence by sequence, heaviest sequence first — is built on the device from ``cu_seqlens`` (and
 ``seqused_k``) on the caller's stream: no host synchronisation, so the call runs inside CUDA
 graphs and ``torch.compile(fullgraph=True)``. The custom op is ``torch.ops.flashcore.attention_varlen``.
 

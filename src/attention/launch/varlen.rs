@@ -4,8 +4,9 @@
 //!
 //! The (public, DESIGN.md §1) `cu_seqlens` become a **work list**: one item per query tile of
 //! each non-empty sequence — the tile's first query token, the sequence's query rows from there
-//! on, its first key token and its key count — ordered heaviest first (most key blocks), so no
-//! tile is spent on padding and long sequences start first. The kernel (`FC_VARLEN`,
+//! on, its first key token and its key count — sequence by sequence, the sequence with the
+//! heaviest tile (most key blocks) first and each sequence's tiles together (their K/V shared in
+//! L2), so no tile is spent on padding and long sequences start first. The kernel (`FC_VARLEN`,
 //! kernels/fc_scheduler.cuh) reads item `1 + unit / heads` for work unit `unit` from
 //! `__constant__` memory (entry 0: the launch's item count, where the walk ends), which is
 //! filled before each launch by a stream-ordered copy. Constant data read at a public index is
