@@ -19,7 +19,9 @@
 // Compile-time configuration (NVRTC -D, BwdVariant::options): FC_HEAD_DIM (64|128), FC_BF16 (0|1),
 // FC_CAUSAL (0|1), the streamed tile heights and ring depths FC_KV_BM, FC_KV_STAGES, FC_Q_BN,
 // FC_Q_STAGES, and FC_PINGPONG (0|1, fc_bwd_config.cuh). FC_BWD_LEAKY_CONTROL is the audit's
-// planted-leak build, never shipped.
+// planted-leak build, never shipped. FC_VARLEN (0|1, two passes only): packed sequences with
+// cu_seqlens — the grids' z is the sequence, each CTA reads its sequence's rows
+// (fc_bwd_varlen.cuh) and one past the sequence's blocks exits at once.
 #include "fc_bwd_config.cuh"
 #include "fc_bwd_preprocess.cuh"
 #include "fc_bwd_dkdv.cuh"
@@ -74,6 +76,10 @@ extern "C" __global__ void __launch_bounds__(256) flashcore_bwd_dq_convert(const
 // Each role stays inside its own branch to the end: code after a join would be compiled for the
 // producer's reduced register budget.
 extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_dkdv(const __grid_constant__ BwdParams p) {
+#if FC_VARLEN
+    // A key block past its sequence's keys has nothing to store (public: cu_seqlens).
+    if ((int)blockIdx.x * bw::KV_BN >= bwd_seq(p, blockIdx.z).k_rows) return;
+#endif
     DkdvShared& s = bwd_shared<DkdvShared>();
     if (threadIdx.x == 0) {
         mbar_init(&s.kv_full, 1);
@@ -100,6 +106,10 @@ extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_dq(co
     // Causal: the last query tiles see the most keys; launching them first shortens the tail.
     // Which CTA computes a tile never changes what it computes.
     const int m_block = FC_CAUSAL ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
+#if FC_VARLEN
+    // A query tile past its sequence's queries has nothing to store (public: cu_seqlens).
+    if (m_block * bw::Q_BM >= bwd_seq(p, blockIdx.z).len_q) return;
+#endif
     if (threadIdx.x == 0) {
         mbar_init(&s.q_full, 1);
 #pragma unroll

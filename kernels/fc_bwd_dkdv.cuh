@@ -11,6 +11,7 @@
 // accumulator on this key block's turn (fc_bwd_onepass.cuh).
 #pragma once
 #include "fc_bwd_config.cuh"
+#include "fc_bwd_varlen.cuh"
 #include "fc_mbarrier.cuh"
 #include "fc_tma.cuh"
 #include "fc_wgmma.cuh"
@@ -28,11 +29,13 @@ struct DkdvShared {
 // The query tiles a key block visits per query head: [first, kv_m_blocks). Causal (bottom-right):
 // query i sees key j iff i ≥ j − (Sk − Sq), so tiles wholly above the block's first key are
 // skipped — by index, public.
-FC_DEVICE int dkdv_first_m(const BwdParams& p, int n_block) {
+FC_DEVICE int dkdv_first_m(const BwdParams& p, const BwdSeq& sq, int n_block) {
 #if FC_CAUSAL
-    const int first_row = max(0, n_block * bw::KV_BN - (p.seqlen_k - p.seqlen_q));
-    return min(first_row / bw::KV_BM, p.kv_m_blocks);
+    const int first_row = max(0, n_block * bw::KV_BN - (sq.len_k - sq.len_q));
+    return min(first_row / bw::KV_BM, bwd_kv_m_blocks(p, sq));
 #else
+    (void)p;
+    (void)sq;
     (void)n_block;
     return 0;
 #endif
@@ -44,25 +47,26 @@ FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int
     tma_prefetch_desc(&p.k_map);
     tma_prefetch_desc(&p.v_map);
     tma_prefetch_desc(&p.do_map);
+    const BwdSeq sq = bwd_seq(p, batch);
     mbar_arrive_expect_tx(&s.kv_full, 2u * KV_BN * D * 2);
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
-        tma_load_4d(&s.k[c][0][0], &p.k_map, &s.kv_full, c * 64, n_block * KV_BN, kv_head, batch);
-        tma_load_4d(&s.v[c][0][0], &p.v_map, &s.kv_full, c * 64, n_block * KV_BN, kv_head, batch);
+        tma_load_4d(&s.k[c][0][0], &p.k_map, &s.kv_full, c * 64, sq.k0 + n_block * KV_BN, kv_head, sq.tb);
+        tma_load_4d(&s.v[c][0][0], &p.v_map, &s.kv_full, c * 64, sq.k0 + n_block * KV_BN, kv_head, sq.tb);
     }
-    const int first_m = dkdv_first_m(p, n_block);
-    const int per_head = p.kv_m_blocks - first_m;
+    const int first_m = dkdv_first_m(p, sq, n_block);
+    const int per_head = bwd_kv_m_blocks(p, sq) - first_m;
     const int total = per_head * p.group;
     for (int it = 0; it < total; ++it) {
         const int head = kv_head * p.group + it / per_head;
-        const int row = (first_m + it % per_head) * KV_BM;
+        const int row = sq.q0 + (first_m + it % per_head) * KV_BM;
         const int st = bwd_stage<KV_STAGES>(it);
         mbar_wait(&s.empty[st], bwd_phase<KV_STAGES>(it) ^ 1);
         mbar_arrive_expect_tx(&s.full[st], 2u * KV_BM * D * 2);
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
-            tma_load_4d(&s.q[st][c][0][0], &p.q_map, &s.full[st], c * 64, row, head, batch);
-            tma_load_4d(&s.d_o[st][c][0][0], &p.do_map, &s.full[st], c * 64, row, head, batch);
+            tma_load_4d(&s.q[st][c][0][0], &p.q_map, &s.full[st], c * 64, row, head, sq.tb);
+            tma_load_4d(&s.d_o[st][c][0][0], &p.do_map, &s.full[st], c * 64, row, head, sq.tb);
         }
     }
 }
@@ -82,7 +86,8 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
     // This thread's two key rows (row halves h = 0, 1 are 8 apart) and first query column.
     const int key0 = n_block * KV_BN + wg * 64 + warp * 16 + lane / 4;
     const int col0 = 2 * (lane % 4);
-    const bool key_in[2] = {key0 < p.seqlen_k, key0 + 8 < p.seqlen_k};
+    const BwdSeq sq = bwd_seq(p, batch);
+    const bool key_in[2] = {key0 < sq.len_k, key0 + 8 < sq.len_k};
 
     float dk[D / 2], dv[D / 2];
 #pragma unroll
@@ -90,8 +95,8 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
 
     const uint32_t k_base = smem_u32(&s.k[0][wg * 64][0]);
     const uint32_t v_base = smem_u32(&s.v[0][wg * 64][0]);
-    const int first_m = dkdv_first_m(p, n_block);
-    const int per_head = p.kv_m_blocks - first_m;
+    const int first_m = dkdv_first_m(p, sq, n_block);
+    const int per_head = bwd_kv_m_blocks(p, sq) - first_m;
     const int total = per_head * p.group;
     mbar_wait(&s.kv_full, 0);
     const Turns turns{wg, total};
@@ -149,7 +154,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         fence_regs(sacc);
 
         // Causal: query − key ≥ Sq − Sk; relative to this thread's first (key, query) pair.
-        const int rel = m_block * KV_BM + col0 - key0 - (p.seqlen_q - p.seqlen_k);
+        const int rel = m_block * KV_BM + col0 - key0 - (sq.len_q - sq.len_k);
 #pragma unroll
         for (int i = 0; i < KV_BM / 2; ++i) {
             const int h = (i / 2) % 2;
@@ -278,8 +283,8 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int key = key0 + 8 * h;
-        if (key < p.seqlen_k) {
-            const int64_t off = batch * p.k_stride_b + (int64_t)key * p.k_stride_s + kv_head * p.k_stride_h + col0;
+        if (key < sq.k_rows) {
+            const int64_t off = batch * p.k_stride_b + (int64_t)(sq.k0 + key) * p.k_stride_s + kv_head * p.k_stride_h + col0;
             bwd_store_row(reinterpret_cast<uint16_t*>(p.dk_ptr) + off, dk, h, p.scale);
             bwd_store_row(reinterpret_cast<uint16_t*>(p.dv_ptr) + off, dv, h, 1.0f);
         }

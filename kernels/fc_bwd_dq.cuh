@@ -9,6 +9,7 @@
 // shared with the dK/dV kernel (see PERF_NOTES.md, backward).
 #pragma once
 #include "fc_bwd_config.cuh"
+#include "fc_bwd_varlen.cuh"
 #include "fc_mbarrier.cuh"
 #include "fc_tma.cuh"
 #include "fc_wgmma.cuh"
@@ -24,19 +25,20 @@ struct DqShared {
 
 // Key blocks the tile visits: [0, count). Causal (bottom-right): the tile's last row sees keys up
 // to row + Sk − Sq; blocks past that are skipped by index (public). 0: every row fully masked.
-FC_DEVICE int dq_key_blocks(const BwdParams& p, int m_block) {
+FC_DEVICE int dq_key_blocks(const BwdParams& p, const BwdSeq& sq, int m_block) {
 #if FC_CAUSAL
-    const int last_key = m_block * bw::Q_BM + bw::Q_BM - 1 + p.seqlen_k - p.seqlen_q;
-    return last_key < 0 ? 0 : min(p.q_n_blocks, last_key / bw::Q_BN + 1);
+    const int last_key = m_block * bw::Q_BM + bw::Q_BM - 1 + sq.len_k - sq.len_q;
+    return last_key < 0 ? 0 : min(bwd_q_n_blocks(p, sq), last_key / bw::Q_BN + 1);
 #else
     (void)m_block;
-    return p.q_n_blocks;
+    return bwd_q_n_blocks(p, sq);
 #endif
 }
 
 FC_DEVICE void dq_producer(const BwdParams& p, DqShared& s, int m_block, int head, int batch) {
     using namespace bw;
-    const int count = dq_key_blocks(p, m_block);
+    const BwdSeq sq = bwd_seq(p, batch);
+    const int count = dq_key_blocks(p, sq, m_block);
     if (count == 0) return;
     tma_prefetch_desc(&p.q_map);
     tma_prefetch_desc(&p.k_map);
@@ -45,8 +47,8 @@ FC_DEVICE void dq_producer(const BwdParams& p, DqShared& s, int m_block, int hea
     mbar_arrive_expect_tx(&s.q_full, 2u * Q_BM * D * 2);
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
-        tma_load_4d(&s.q[c][0][0], &p.q_map, &s.q_full, c * 64, m_block * Q_BM, head, batch);
-        tma_load_4d(&s.d_o[c][0][0], &p.do_map, &s.q_full, c * 64, m_block * Q_BM, head, batch);
+        tma_load_4d(&s.q[c][0][0], &p.q_map, &s.q_full, c * 64, sq.q0 + m_block * Q_BM, head, sq.tb);
+        tma_load_4d(&s.d_o[c][0][0], &p.do_map, &s.q_full, c * 64, sq.q0 + m_block * Q_BM, head, sq.tb);
     }
     const int kv_head = head / p.group;
     for (int it = 0; it < count; ++it) {
@@ -55,8 +57,8 @@ FC_DEVICE void dq_producer(const BwdParams& p, DqShared& s, int m_block, int hea
         mbar_arrive_expect_tx(&s.full[st], 2u * Q_BN * D * 2);
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
-            tma_load_4d(&s.k[st][c][0][0], &p.k_map, &s.full[st], c * 64, it * Q_BN, kv_head, batch);
-            tma_load_4d(&s.v[st][c][0][0], &p.v_map, &s.full[st], c * 64, it * Q_BN, kv_head, batch);
+            tma_load_4d(&s.k[st][c][0][0], &p.k_map, &s.full[st], c * 64, sq.k0 + it * Q_BN, kv_head, sq.tb);
+            tma_load_4d(&s.v[st][c][0][0], &p.v_map, &s.full[st], c * 64, sq.k0 + it * Q_BN, kv_head, sq.tb);
         }
     }
 }
@@ -72,7 +74,8 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dq[i] = 0.0f;
 
-    const int count = dq_key_blocks(p, m_block);
+    const BwdSeq sq = bwd_seq(p, batch);
+    const int count = dq_key_blocks(p, sq, m_block);
     const int64_t ws_row = ((int64_t)batch * p.heads_q + head) * p.sq_pad + row0;
     const float* lse2_p = reinterpret_cast<const float*>(p.lse2_ptr) + ws_row;
     const float* dvec_p = reinterpret_cast<const float*>(p.dvec_ptr) + ws_row;
@@ -114,8 +117,8 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
         // Keys past Sk are masked; causal: key − query ≤ Sk − Sq. Relative to this thread's
         // first (query, key) pair.
         const int key_first = it * Q_BN + col0;
-        const int limit = p.seqlen_k - key_first;
-        const int rel = key_first - row0 - (p.seqlen_k - p.seqlen_q);
+        const int limit = sq.len_k - key_first;
+        const int rel = key_first - row0 - (sq.len_k - sq.len_q);
 #pragma unroll
         for (int i = 0; i < Q_BN / 2; ++i) {
             const int h = (i / 2) % 2;
@@ -152,8 +155,8 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = row0 + 8 * h;
-        if (row < p.seqlen_q) {
-            const int64_t off = batch * p.q_stride_b + (int64_t)row * p.q_stride_s + head * p.q_stride_h + col0;
+        if (row < sq.len_q) {
+            const int64_t off = batch * p.q_stride_b + (int64_t)(sq.q0 + row) * p.q_stride_s + head * p.q_stride_h + col0;
             bwd_store_row(reinterpret_cast<uint16_t*>(p.dq_ptr) + off, dq, h, p.scale);
         }
     }

@@ -5,6 +5,7 @@
 // combine in a fixed butterfly order (deterministic).
 #pragma once
 #include "fc_bwd_config.cuh"
+#include "fc_bwd_varlen.cuh"
 
 // Row i of (batch b, head h) in the workspace (i < sq_pad). The shuffles run on every lane
 // unconditionally (no divergent warp-collective).
@@ -13,10 +14,11 @@ FC_DEVICE void bwd_preprocess_row(const BwdParams& p, int i, int h, int b) {
     const int lane = lane_id();
     const int64_t bh = (int64_t)b * p.heads_q + h;
     const int64_t r = bh * p.sq_pad + i;
-    const bool real = i < p.seqlen_q;  // public: index against the shape
+    const BwdSeq sq = bwd_seq(p, b);
+    const bool real = i < sq.len_q;  // public: index against the shape
     float dot = 0.0f, lse = neg_inf();
     if (real) {
-        const int64_t off = b * p.q_stride_b + (int64_t)i * p.q_stride_s + h * p.q_stride_h + lane * (D / 32);
+        const int64_t off = b * p.q_stride_b + (int64_t)(sq.q0 + i) * p.q_stride_s + h * p.q_stride_h + lane * (D / 32);
         const uint16_t* o = reinterpret_cast<const uint16_t*>(p.o_ptr) + off;
         const uint16_t* d_o = reinterpret_cast<const uint16_t*>(p.do_ptr) + off;
         uint32_t ow[D / 64], dw[D / 64];
@@ -36,7 +38,7 @@ FC_DEVICE void bwd_preprocess_row(const BwdParams& p, int i, int h, int b) {
             dot = fmaf(o0, d0, dot);
             dot = fmaf(o1, d1, dot);
         }
-        lse = reinterpret_cast<const float*>(p.lse_ptr)[bh * p.seqlen_q + i];
+        lse = reinterpret_cast<const float*>(p.lse_ptr)[bwd_lse_index(p, sq, b, h, i)];
     }
 #pragma unroll
     for (int sh = 16; sh >= 1; sh /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, sh);

@@ -53,7 +53,13 @@ struct BwdKernelParams {
     dq_acc_ptr: u64,
     flags_ptr: u64,
     kv_n_blocks: i32,
-    reserved: [i32; 21],
+    // Varlen (kernels/fc_bwd_varlen.cuh): the pack's totals and its public metadata.
+    vl_total_q: i32,
+    cu_q_ptr: u64,
+    cu_k_ptr: u64,
+    used_k_ptr: u64,
+    vl_total_k: i32,
+    reserved: [i32; 13],
 }
 
 const _: () = assert!(std::mem::size_of::<BwdKernelParams>() == 768);
@@ -61,6 +67,16 @@ const _: () = assert!(std::mem::size_of::<BwdKernelParams>() == 768);
 /// Byte offset of the turn counters' pointer in the parameter block (declared public to the
 /// audit for the one-pass variants: [`BwdVariant::declared`]).
 pub const FLAGS_FIELD: u32 = std::mem::offset_of!(BwdKernelParams, flags_ptr) as u32;
+
+/// Byte offsets of the varlen variants' metadata pointers (`cu_seqlens_q`, `cu_seqlens_k`,
+/// `seqused_k`), declared public to the audit ([`BwdVariant::declared`]).
+pub const VARLEN_FIELDS: [u32; 3] = [
+    std::mem::offset_of!(BwdKernelParams, cu_q_ptr) as u32,
+    std::mem::offset_of!(BwdKernelParams, cu_k_ptr) as u32,
+    std::mem::offset_of!(BwdKernelParams, used_k_ptr) as u32,
+];
+
+pub mod varlen;
 
 /// Grid dimensions y and z (heads, batch) are at most 65535.
 const MAX_GRID_YZ: usize = 65_535;
@@ -359,7 +375,12 @@ impl BackwardPlan {
             dq_acc_ptr: workspace + ws_acc as u64,
             flags_ptr: workspace + ws_flags as u64,
             kv_n_blocks: p.seqlen_k.div_ceil(t.kv_block_n) as i32,
-            reserved: [0; 21],
+            vl_total_q: 0,
+            cu_q_ptr: 0,
+            cu_k_ptr: 0,
+            used_k_ptr: 0,
+            vl_total_k: 0,
+            reserved: [0; 13],
         })
     }
 
@@ -743,6 +764,9 @@ mod tests {
             assert_eq!(off(std::ptr::addr_of!((*p).dq_acc_ptr) as *const u8), 664);
             assert_eq!(FLAGS_FIELD, 672);
             assert_eq!(off(std::ptr::addr_of!((*p).kv_n_blocks) as *const u8), 680);
+            assert_eq!(off(std::ptr::addr_of!((*p).vl_total_q) as *const u8), 684);
+            assert_eq!(VARLEN_FIELDS, [688, 696, 704]);
+            assert_eq!(off(std::ptr::addr_of!((*p).vl_total_k) as *const u8), 712);
         }
     }
 }

@@ -227,7 +227,7 @@ impl ExternalCall {
 const TMA_MAX_STRIDE_BYTES: i64 = 1 << 40;
 
 /// Checks one tensor's base and strides (extents in (batch, seq, head) order).
-fn check_tensor(
+pub(crate) fn check_tensor(
     arg: &'static str,
     t: &DeviceTensor,
     extents: [usize; 3],

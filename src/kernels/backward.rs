@@ -29,6 +29,7 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_wgmma.cuh",
     "fc_wgmma_ops.cuh",
     "fc_bwd_config.cuh",
+    "fc_bwd_varlen.cuh",
     "fc_bwd_preprocess.cuh",
     "fc_bwd_dkdv.cuh",
     "fc_bwd_dq.cuh",
@@ -79,13 +80,17 @@ pub struct BwdVariant {
     /// waits nor adds (dQ wrong), 3 = nor runs the dQ GEMM, 4 = nor exchanges dSᵀ between its
     /// warpgroups. What the ordering, the reductions, the fifth GEMM and the lockstep cost.
     pub diag: u8,
+    /// Packed variable-length sequences with `cu_seqlens` (`FC_VARLEN`, kernels/fc_bwd_varlen.cuh;
+    /// two passes only): the grids' z is the sequence, read from public metadata.
+    pub varlen: bool,
 }
 
 impl BwdVariant {
-    /// A stable, human-readable name, e.g. `bwd_bf16_d128_causal`, `bwd_f16_d64_full_onepass`.
+    /// A stable, human-readable name, e.g. `bwd_bf16_d128_causal`, `bwd_f16_d64_full_onepass`,
+    /// `bwd_f16_d64_causal_varlen`.
     pub fn name(&self) -> String {
         format!(
-            "bwd_{}_d{}_{}{}",
+            "bwd_{}_d{}_{}{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
@@ -101,8 +106,23 @@ impl BwdVariant {
                 ""
             } else {
                 "_lockstep"
-            }
+            },
+            if self.varlen { "_varlen" } else { "" }
         )
+    }
+
+    /// The variant a varlen call runs ([`BwdVariant::for_call`]'s two-pass kernels with
+    /// `FC_VARLEN`; the one-pass kernels have no varlen build).
+    pub fn for_varlen_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant {
+        BwdVariant {
+            dtype,
+            head_dim,
+            causal,
+            pingpong: std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0"),
+            onepass: false,
+            diag: 0,
+            varlen: true,
+        }
     }
 
     /// The variant a call of this dtype, head dim and mask runs: [`default_onepass`] unless
@@ -126,6 +146,7 @@ impl BwdVariant {
             pingpong,
             onepass,
             diag,
+            varlen: false,
         }
     }
 
@@ -164,6 +185,7 @@ impl BwdVariant {
         o.push(format!("-DFC_PINGPONG={}", self.pingpong as u8));
         o.push(format!("-DFC_ONEPASS={}", self.onepass as u8));
         o.push(format!("-DFC_OP_DIAG={}", self.diag));
+        o.push(format!("-DFC_VARLEN={}", self.varlen as u8));
         o.push(format!("-DFC_HEAD_DIM={}", self.head_dim));
         o.push(format!("-DFC_BF16={}", (self.dtype == DType::Bf16) as u8));
         o.push(format!("-DFC_CAUSAL={}", self.causal as u8));
@@ -226,12 +248,16 @@ impl BwdVariant {
 
     /// What the audit is told about this variant's parameters: nothing is secret beyond device
     /// memory; the one-pass variants' turn counters (`BwdParams::flags_ptr`) are a public buffer
-    /// that the one-pass kernel writes with public values only (SECURITY.md).
+    /// that the one-pass kernel writes with public values only (SECURITY.md); the varlen
+    /// variants' `cu_seqlens_q`, `cu_seqlens_k` and `seqused_k` are public metadata (DESIGN.md §1).
     pub fn declared(&self) -> crate::audit::Declared {
+        use crate::attention::backward as ab;
         crate::audit::Declared {
             secret_params: self.secret_params(),
             public_fields: if self.onepass {
-                vec![(0, crate::attention::backward::FLAGS_FIELD)]
+                vec![(0, ab::FLAGS_FIELD)]
+            } else if self.varlen {
+                ab::VARLEN_FIELDS.iter().map(|&f| (0, f)).collect()
             } else {
                 Vec::new()
             },
@@ -265,6 +291,7 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                         pingpong,
                         onepass: false,
                         diag: 0,
+                        varlen: false,
                     });
                 }
                 v.push(BwdVariant {
@@ -274,6 +301,17 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                     pingpong: false,
                     onepass: true,
                     diag: 0,
+                    varlen: false,
+                });
+                // Varlen (issue 22): the default two-pass schedule only.
+                v.push(BwdVariant {
+                    dtype,
+                    head_dim,
+                    causal,
+                    pingpong: true,
+                    onepass: false,
+                    diag: 0,
+                    varlen: true,
                 });
             }
         }
@@ -288,7 +326,7 @@ mod tests {
     #[test]
     fn shared_memory_fits_and_names_are_distinct() {
         let vs = shipped_bwd_variants();
-        assert_eq!(vs.len(), 24);
+        assert_eq!(vs.len(), 32);
         let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), vs.len());
         for v in &vs {

@@ -1,0 +1,68 @@
+// The sequence a backward CTA works on (issue 22's varlen, FC_VARLEN): in a dense build the
+// call's shape; in a varlen build sequence `b` of the pack, from cu_seqlens_q / cu_seqlens_k (and
+// seqused_k) in device memory — public metadata (DESIGN.md §1), declared public to the audit
+// (BwdVariant::declared). Offsets are clamped into the pack and lengths to max_seqlen (the grid
+// and the workspace's padding are sized by it), so any values are memory-safe; values outside the
+// contract only give that sequence wrong gradients, as in the forward.
+#pragma once
+#include "fc_bwd_config.cuh"
+
+#ifndef FC_VARLEN
+#define FC_VARLEN 0
+#endif
+static_assert(!(FC_VARLEN && FC_ONEPASS), "varlen: the two-pass kernels only");
+
+struct BwdSeq {
+    int q0, k0;        // the sequence's first packed query / key row (0 dense)
+    int tb;            // the tensor maps' batch coordinate (the batch dense; 0: one packed batch)
+    int len_q, len_k;  // query rows; keys the queries see (seqused_k applied)
+    int k_rows;        // key rows whose dK, dV are stored (keys past seqused_k get zeros)
+};
+
+FC_DEVICE BwdSeq bwd_seq(const BwdParams& p, int b) {
+    BwdSeq s;
+#if FC_VARLEN
+    const int* cu_q = reinterpret_cast<const int*>(p.cu_q_ptr);
+    const int* cu_k = reinterpret_cast<const int*>(p.cu_k_ptr);
+    const int q0 = max(0, min(p.vl_total_q, cu_q[b]));
+    const int q1 = max(q0, min(p.vl_total_q, cu_q[b + 1]));
+    const int k0 = max(0, min(p.vl_total_k, cu_k[b]));
+    const int k1 = max(k0, min(p.vl_total_k, cu_k[b + 1]));
+    s.q0 = q0;
+    s.k0 = k0;
+    s.tb = 0;
+    s.len_q = min(q1 - q0, p.seqlen_q);  // seqlen_q, seqlen_k: max_seqlen_q, max_seqlen_k
+    s.k_rows = min(k1 - k0, p.seqlen_k);
+    // seqused_k; without one the host points used_k_ptr at cu_seqlens_k + 1, whose entry b
+    // (≥ the sequence's key count) leaves it as is: no branch on the pointer.
+    s.len_k = max(0, min(s.k_rows, reinterpret_cast<const int*>(p.used_k_ptr)[b]));
+#else
+    s.q0 = 0;
+    s.k0 = 0;
+    s.tb = b;
+    s.len_q = p.seqlen_q;
+    s.len_k = p.seqlen_k;
+    s.k_rows = p.seqlen_k;
+#endif
+    return s;
+}
+
+// The forward's LSE of query row i of (b, h): dense [B, Hq, Sq]; varlen [Hq, total_q].
+FC_DEVICE int64_t bwd_lse_index(const BwdParams& p, const BwdSeq& s, int b, int h, int i) {
+#if FC_VARLEN
+    (void)b;
+    return (int64_t)h * p.vl_total_q + s.q0 + i;
+#else
+    (void)s;
+    return ((int64_t)b * p.heads_q + h) * p.seqlen_q + i;
+#endif
+}
+
+// Query tiles of the dK/dV kernel (KV_BM rows) and key blocks of the dQ kernel (Q_BN keys) of
+// the sequence: the params' counts in a dense build.
+FC_DEVICE int bwd_kv_m_blocks(const BwdParams& p, const BwdSeq& s) {
+    return FC_VARLEN ? (s.len_q + bw::KV_BM - 1) / bw::KV_BM : p.kv_m_blocks;
+}
+FC_DEVICE int bwd_q_n_blocks(const BwdParams& p, const BwdSeq& s) {
+    return FC_VARLEN ? (s.len_k + bw::Q_BN - 1) / bw::Q_BN : p.q_n_blocks;
+}
