@@ -64,3 +64,52 @@ pub fn varlen_sinks_f64(
     }
     RefOutput { out, lse }
 }
+
+/// Gradients of [`varlen_f64`] (issue 23) given `d_o` (q's packed shape): per sequence, the
+/// dense [`super::attention_backward_f64`] over its own rows. `used_k`: sequence b's queries
+/// saw its first `used_k[b]` keys only (`seqused_k`); its other keys get zero gradients.
+#[allow(clippy::too_many_arguments)]
+pub fn varlen_backward_f64(
+    p: &AttentionParams,
+    cu_q: &[i32],
+    cu_k: &[i32],
+    used_k: Option<&[i32]>,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+) -> super::RefGrads {
+    let (hq, hk, d) = (p.heads_q, p.heads_kv, p.head_dim);
+    let mut g = super::RefGrads {
+        dq: vec![0.0; q.len()],
+        dk: vec![0.0; k.len()],
+        dv: vec![0.0; v.len()],
+    };
+    for b in 0..cu_q.len().saturating_sub(1) {
+        let (q0, q1) = (cu_q[b] as usize, cu_q[b + 1] as usize);
+        let k0 = cu_k[b] as usize;
+        let mut k1 = cu_k[b + 1] as usize;
+        if let Some(u) = used_k {
+            k1 = k1.min(k0 + u[b].max(0) as usize);
+        }
+        let sp = AttentionParams {
+            batch: 1,
+            seqlen_q: q1 - q0,
+            seqlen_k: k1 - k0,
+            layout: Layout::Bshd,
+            ..p.clone()
+        };
+        let (qr, kr) = (q0 * hq * d..q1 * hq * d, k0 * hk * d..k1 * hk * d);
+        let r = super::attention_backward_f64(
+            &sp,
+            &q[qr.clone()],
+            &k[kr.clone()],
+            &v[kr.clone()],
+            &d_o[qr.clone()],
+        );
+        g.dq[qr].copy_from_slice(&r.dq);
+        g.dk[kr.clone()].copy_from_slice(&r.dk);
+        g.dv[kr].copy_from_slice(&r.dv);
+    }
+    g
+}

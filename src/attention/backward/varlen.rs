@@ -43,7 +43,23 @@ pub fn check_varlen_backward_params(p: &AttentionParams) -> Result<()> {
 /// Bytes of scratch one varlen backward needs: the dense two-pass workspace of `batch`
 /// sequences of `max_seqlen_q` (LSE₂ and D per padded row).
 pub fn varlen_workspace_bytes(p: &AttentionParams) -> usize {
-    workspace_layout(p, BwdVariant::for_varlen_call(p.dtype, p.head_dim, p.causal)).3
+    workspace_layout(
+        p,
+        BwdVariant::for_varlen_call(p.dtype, p.head_dim, p.causal),
+    )
+    .3
+}
+
+/// The variant a varlen call runs, given `FLASHCORE_BWD_ONEPASS`'s value: the two-pass kernels;
+/// asking for the one-pass ones (which have no varlen build) is an error, not a silent switch.
+fn varlen_variant(p: &AttentionParams, onepass: Option<&str>) -> Result<BwdVariant> {
+    if onepass == Some("1") || (onepass.is_none() && kb::default_onepass(p.head_dim, p.causal)) {
+        return Err(Error::invalid(
+            "FLASHCORE_BWD_ONEPASS",
+            "the one-pass backward has no varlen build (two passes only): unset it or set it to 0",
+        ));
+    }
+    Ok(BwdVariant::for_varlen_call(p.dtype, p.head_dim, p.causal))
 }
 
 /// A varlen call's pack: device addresses of its metadata (0: no `seqused_k`) and its totals.
@@ -93,7 +109,16 @@ impl BackwardPlan {
         };
         // One packed batch; the sequence's first row is added to every coordinate.
         let map = |ptr, strides, total, heads, rows: usize| {
-            tensor_map::encode(ptr, p.dtype, strides, 1, total, heads, p.head_dim, rows as u32)
+            tensor_map::encode(
+                ptr,
+                p.dtype,
+                strides,
+                1,
+                total,
+                heads,
+                p.head_dim,
+                rows as u32,
+            )
         };
         let (hq, hkv) = (p.heads_q, p.heads_kv);
         let scale = p.softmax_scale();
@@ -238,15 +263,8 @@ impl Context {
         params: &AttentionParams,
     ) -> Result<BackwardPlan> {
         check_varlen_backward_params(params)?;
-        if kb::default_onepass(params.head_dim, params.causal)
-            || std::env::var("FLASHCORE_BWD_ONEPASS").as_deref() == Ok("1")
-        {
-            return Err(Error::invalid(
-                "varlen",
-                "the one-pass backward (FLASHCORE_BWD_ONEPASS=1) has no varlen build: unset it",
-            ));
-        }
-        let variant = BwdVariant::for_varlen_call(params.dtype, params.head_dim, params.causal);
+        let onepass = std::env::var("FLASHCORE_BWD_ONEPASS").ok();
+        let variant = varlen_variant(params, onepass.as_deref())?;
         Ok(BackwardPlan {
             params: params.clone(),
             variant,
@@ -318,8 +336,20 @@ impl Context {
         }
         let cu_q = self.download(cu_seqlens_q)?;
         let cu_k = self.download(cu_seqlens_k)?;
-        check_cu_seqlens("cu_seqlens_q", &cu_q, params.batch, total_q, params.seqlen_q)?;
-        check_cu_seqlens("cu_seqlens_k", &cu_k, params.batch, total_k, params.seqlen_k)?;
+        check_cu_seqlens(
+            "cu_seqlens_q",
+            &cu_q,
+            params.batch,
+            total_q,
+            params.seqlen_q,
+        )?;
+        check_cu_seqlens(
+            "cu_seqlens_k",
+            &cu_k,
+            params.batch,
+            total_k,
+            params.seqlen_k,
+        )?;
         let plan = self.plan_backward_varlen(params)?;
         let s = self.stream();
         let (q_ptr, _g1) = q.device_ptr(s);
@@ -591,7 +621,11 @@ mod tests {
                     _ => &mut c.lse,
                 };
                 *f = bad;
-                assert_eq!(arg_of(validate_varlen_backward(&c)), name, "{name} {bad:#x}");
+                assert_eq!(
+                    arg_of(validate_varlen_backward(&c)),
+                    name,
+                    "{name} {bad:#x}"
+                );
             }
         }
         let mut c = call();
@@ -613,6 +647,18 @@ mod tests {
         let mut p = call().params;
         p.layout = Layout::Bhsd;
         assert_eq!(arg_of(check_varlen_backward_params(&p)), "layout");
+    }
+
+    #[test]
+    fn the_one_pass_backward_is_refused_for_varlen() {
+        let p = call().params;
+        let e = varlen_variant(&p, Some("1")).unwrap_err();
+        assert!(e.to_string().contains("no varlen build"), "{e}");
+        assert_eq!(arg_of(Err(e)), "FLASHCORE_BWD_ONEPASS");
+        for ok in [None, Some("0")] {
+            let v = varlen_variant(&p, ok).unwrap();
+            assert!(v.varlen && !v.onepass, "{v:?}");
+        }
     }
 
     #[test]

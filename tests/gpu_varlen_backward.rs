@@ -1,0 +1,444 @@
+//! The varlen backward (issues 22 + 23) on the GPU: dQ, dK, dV of packed sequences of mixed
+//! lengths (1, 17, 128, 129, 1000, 4097; empty sequences — no queries, no keys; Sq ≠ Sk per
+//! sequence, causal rows fully masked) against the float64 reference per sequence, causal and
+//! not, GQA and MQA, f16 and bf16, head dims 64 and 128; `seqused_k`; a sequence's gradient bits
+//! independent of its neighbours and of its place in the pack; bitwise run to run; bad
+//! `cu_seqlens` and buffers refused before launch (outputs untouched). Fresh random inputs (the
+//! seed is printed; FLASHCORE_SEED replays it), outputs poisoned with NaN before each launch.
+//! Skips visibly without a GPU; fails under FLASHCORE_REQUIRE_GPU=1.
+
+mod common;
+
+use common::{gpu, poison, randn, rng_from, seed, tolerance};
+use flashcore::attention::{AttentionParams, Context, DType, Element};
+use flashcore::error::Error;
+use flashcore::reference;
+
+fn prefix(lens: &[usize]) -> Vec<i32> {
+    let mut cu = vec![0i32];
+    for &l in lens {
+        cu.push(cu.last().unwrap() + l as i32);
+    }
+    cu
+}
+
+fn params(
+    dtype: DType,
+    hq: usize,
+    hk: usize,
+    d: usize,
+    causal: bool,
+    lq: &[usize],
+    lk: &[usize],
+) -> AttentionParams {
+    AttentionParams {
+        batch: lq.len(),
+        seqlen_q: lq.iter().copied().max().unwrap_or(0).max(1),
+        seqlen_k: lk.iter().copied().max().unwrap_or(0).max(1),
+        heads_q: hq,
+        heads_kv: hk,
+        head_dim: d,
+        dtype,
+        causal,
+        ..AttentionParams::new(1, 1, 1, d)
+    }
+}
+
+/// One pack's host inputs.
+struct Pack<T> {
+    p: AttentionParams,
+    cu_q: Vec<i32>,
+    cu_k: Vec<i32>,
+    used_k: Option<Vec<i32>>,
+    q: Vec<T>,
+    k: Vec<T>,
+    v: Vec<T>,
+    d_o: Vec<T>,
+}
+
+impl<T: Element> Pack<T> {
+    fn random(p: AttentionParams, lq: &[usize], lk: &[usize], rng: &mut impl rand::Rng) -> Pack<T> {
+        let (cu_q, cu_k) = (prefix(lq), prefix(lk));
+        let (tq, tk) = (lq.iter().sum::<usize>(), lk.iter().sum::<usize>());
+        let (rq, rk) = (p.heads_q * p.head_dim, p.heads_kv * p.head_dim);
+        Pack {
+            q: randn(rng, tq * rq),
+            k: randn(rng, tk * rk),
+            v: randn(rng, tk * rk),
+            d_o: randn(rng, tq * rq),
+            p,
+            cu_q,
+            cu_k,
+            used_k: None,
+        }
+    }
+}
+
+type Grads<T> = [Vec<T>; 3];
+
+/// Forward (O, LSE) then the varlen backward over poisoned gradients.
+fn backward<T: Element>(ctx: &Context, pk: &Pack<T>) -> Result<Grads<T>, Error> {
+    let p = &pk.p;
+    let up = |x: &[T]| ctx.upload(x).unwrap();
+    let (q, k, v, d_o) = (up(&pk.q), up(&pk.k), up(&pk.v), up(&pk.d_o));
+    let (cq, ck) = (ctx.upload(&pk.cu_q).unwrap(), ctx.upload(&pk.cu_k).unwrap());
+    let used = pk.used_k.as_ref().map(|u| ctx.upload(u).unwrap());
+    let tq = pk.q.len() / (p.heads_q * p.head_dim);
+    let mut o = up(&vec![poison::<T>(); pk.q.len()]);
+    let mut lse = ctx.upload(&vec![f32::NAN; p.heads_q * tq]).unwrap();
+    ctx.attention_varlen_device(
+        p,
+        &q,
+        &k,
+        &v,
+        &cq,
+        &ck,
+        used.as_ref(),
+        None,
+        &mut o,
+        Some(&mut lse),
+    )?;
+    let mut dq = up(&vec![poison::<T>(); pk.q.len()]);
+    let mut dk = up(&vec![poison::<T>(); pk.k.len()]);
+    let mut dv = up(&vec![poison::<T>(); pk.k.len()]);
+    ctx.attention_varlen_backward(
+        p,
+        &q,
+        &k,
+        &v,
+        &cq,
+        &ck,
+        used.as_ref(),
+        &o,
+        &lse,
+        &d_o,
+        &mut dq,
+        &mut dk,
+        &mut dv,
+    )?;
+    Ok([
+        ctx.download(&dq).unwrap(),
+        ctx.download(&dk).unwrap(),
+        ctx.download(&dv).unwrap(),
+    ])
+}
+
+fn f64s<T: Element>(x: &[T]) -> Vec<f64> {
+    x.iter().map(|v| v.to_f64()).collect()
+}
+
+/// Checks one pack's gradients against the reference: every element finite, each gradient's
+/// relative L2 over the pack and per sequence (where the reference is not ~0) within the
+/// dtype's bound, exact zeros where the reference is exactly zero. Returns the worst errors.
+fn check<T: Element>(ctx: &Context, pk: &Pack<T>, what: &str) -> [f64; 3] {
+    let p = &pk.p;
+    let g = backward(ctx, pk).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let want = reference::varlen_backward_f64(
+        p,
+        &pk.cu_q,
+        &pk.cu_k,
+        pk.used_k.as_deref(),
+        &f64s(&pk.q),
+        &f64s(&pk.k),
+        &f64s(&pk.v),
+        &f64s(&pk.d_o),
+    );
+    let tol = tolerance(p.dtype);
+    let mut worst = [0.0f64; 3];
+    for (i, (name, got, want, cu, row)) in [
+        ("dq", &g[0], &want.dq, &pk.cu_q, p.heads_q * p.head_dim),
+        ("dk", &g[1], &want.dk, &pk.cu_k, p.heads_kv * p.head_dim),
+        ("dv", &g[2], &want.dv, &pk.cu_k, p.heads_kv * p.head_dim),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let got = f64s(got);
+        if let Some(j) = got.iter().position(|x| !x.is_finite()) {
+            panic!(
+                "{what}: {name}[{j}] = {} (not finite: unwritten or NaN)",
+                got[j]
+            );
+        }
+        if !got.is_empty() && want.iter().any(|&x| x != 0.0) {
+            let e = reference::rel_l2(&got, want);
+            assert!(
+                e <= tol,
+                "{what}: {name} relative L2 over the pack {e:.3e} > {tol:.0e}"
+            );
+            worst[i] = worst[i].max(e);
+        }
+        for b in 0..cu.len() - 1 {
+            let (a, e) = (cu[b] as usize * row, cu[b + 1] as usize * row);
+            let (gs, ws) = (&got[a..e], &want[a..e]);
+            // Exactly zero in the reference (no key, no query, keys past seqused_k, fully
+            // masked rows): exactly zero here.
+            for (j, (&x, &w)) in gs.iter().zip(ws).enumerate() {
+                assert!(
+                    w != 0.0 || x == 0.0,
+                    "{what}: {name} sequence {b} element {j} = {x}, want 0"
+                );
+            }
+            let rms = (ws.iter().map(|x| x * x).sum::<f64>() / ws.len().max(1) as f64).sqrt();
+            if rms > 1e-2 {
+                let err = reference::rel_l2(gs, ws);
+                assert!(
+                    err <= tol,
+                    "{what}: {name} sequence {b} relative L2 {err:.3e} > {tol:.0e}"
+                );
+                worst[i] = worst[i].max(err);
+            }
+        }
+    }
+    worst
+}
+
+fn sweep<T: Element>(test: &str, dtype: DType) {
+    let Some(ctx) = gpu(test) else {
+        return;
+    };
+    let s = seed();
+    eprintln!("{test}: seed {s}");
+    let mut rng = rng_from(s);
+    // Lengths 1, 17, 128, 129, 1000 mixed with an empty sequence of each kind, Sq ≠ Sk per
+    // sequence (keys shorter — causal rows fully masked — longer, none).
+    let lq = [1, 17, 128, 129, 1000, 0, 17, 5, 200];
+    let lk = [1, 17, 128, 129, 1000, 40, 0, 300, 50];
+    let mut cases = 0;
+    let mut worst = [0.0f64; 3];
+    for d in [64, 128] {
+        for causal in [false, true] {
+            for (hq, hk) in [(4, 2), (4, 1), (2, 2)] {
+                let p = params(dtype, hq, hk, d, causal, &lq, &lk);
+                let pk = Pack::<T>::random(p, &lq, &lk, &mut rng);
+                let w = check(
+                    &ctx,
+                    &pk,
+                    &format!("seed {s} d{d} causal {causal} heads {hq}/{hk}"),
+                );
+                for i in 0..3 {
+                    worst[i] = worst[i].max(w[i]);
+                }
+                cases += 1;
+            }
+        }
+    }
+    // One long sequence (4097: several tiles plus one row) beside a short one.
+    let (lq, lk) = ([4097, 17], [4097, 33]);
+    let (d, causal) = if dtype == DType::F16 {
+        (64, true)
+    } else {
+        (128, false)
+    };
+    let p = params(dtype, 4, 2, d, causal, &lq, &lk);
+    let pk = Pack::<T>::random(p, &lq, &lk, &mut rng);
+    check(&ctx, &pk, &format!("seed {s} long d{d} causal {causal}"));
+    cases += 1;
+    eprintln!(
+        "{test}: {cases} packs passed; worst relative L2 dq {:.2e} dk {:.2e} dv {:.2e}",
+        worst[0], worst[1], worst[2]
+    );
+}
+
+#[test]
+fn f16_varlen_gradients_match_reference() {
+    sweep::<half::f16>("f16_varlen_gradients_match_reference", DType::F16);
+}
+
+#[test]
+fn bf16_varlen_gradients_match_reference() {
+    sweep::<half::bf16>("bf16_varlen_gradients_match_reference", DType::Bf16);
+}
+
+#[test]
+fn seqused_k_gradients_match_reference() {
+    let Some(ctx) = gpu("seqused_k_gradients_match_reference") else {
+        return;
+    };
+    let s = seed();
+    let mut rng = rng_from(s);
+    let (lq, lk) = ([100, 17, 129], [300, 50, 129]);
+    for causal in [false, true] {
+        let p = params(DType::F16, 4, 2, 64, causal, &lq, &lk);
+        let mut pk = Pack::<half::f16>::random(p, &lq, &lk, &mut rng);
+        // Fewer keys, none, all: keys past the used count get dK = dV = 0 exactly (checked).
+        pk.used_k = Some(vec![200, 0, 129]);
+        check(&ctx, &pk, &format!("seed {s} seqused_k causal {causal}"));
+    }
+}
+
+/// The bits of one sequence's gradients do not depend on its neighbours or its place in the
+/// pack, and a pack's gradients are bitwise the same run to run.
+#[test]
+fn neighbours_and_reruns_do_not_change_the_bits() {
+    let Some(ctx) = gpu("neighbours_and_reruns_do_not_change_the_bits") else {
+        return;
+    };
+    let s = seed();
+    let mut rng = rng_from(s);
+    for causal in [false, true] {
+        same_bits::<half::f16>(&ctx, DType::F16, 64, causal, &mut rng, s);
+        same_bits::<half::f16>(&ctx, DType::F16, 128, causal, &mut rng, s);
+        same_bits::<half::bf16>(&ctx, DType::Bf16, 128, causal, &mut rng, s);
+    }
+}
+
+fn same_bits<T: Element>(
+    ctx: &Context,
+    dtype: DType,
+    d: usize,
+    causal: bool,
+    rng: &mut impl rand::Rng,
+    s: u64,
+) {
+    let (xq, xk) = (129usize, 200usize);
+    let alone = Pack::<T>::random(
+        params(dtype, 4, 2, d, causal, &[xq], &[xk]),
+        &[xq],
+        &[xk],
+        rng,
+    );
+    // The same sequence third in a pack, between random neighbours.
+    let (lq, lk) = ([17, 1000, xq, 1], [5, 1000, xk, 64]);
+    let mut pk = Pack::<T>::random(params(dtype, 4, 2, d, causal, &lq, &lk), &lq, &lk, rng);
+    let (rq, rk) = (4 * d, 2 * d);
+    let (q0, k0) = (pk.cu_q[2] as usize * rq, pk.cu_k[2] as usize * rk);
+    pk.q[q0..q0 + xq * rq].copy_from_slice(&alone.q);
+    pk.d_o[q0..q0 + xq * rq].copy_from_slice(&alone.d_o);
+    pk.k[k0..k0 + xk * rk].copy_from_slice(&alone.k);
+    pk.v[k0..k0 + xk * rk].copy_from_slice(&alone.v);
+    let bits = |x: &[T]| x.iter().map(|v| v.to_f64().to_bits()).collect::<Vec<u64>>();
+    let a = backward(ctx, &alone).unwrap();
+    let b = backward(ctx, &pk).unwrap();
+    let what = format!("seed {s} {dtype:?} d{d} causal {causal}");
+    assert!(
+        a.iter().flatten().all(|x| x.to_f64().is_finite()),
+        "{what}: unwritten"
+    );
+    assert!(
+        a[0].iter().any(|x| x.to_f64() != 0.0),
+        "{what}: dQ all zero"
+    );
+    assert_eq!(
+        bits(&a[0]),
+        bits(&b[0][q0..q0 + xq * rq]),
+        "{what}: dQ bits changed with neighbours"
+    );
+    assert_eq!(
+        bits(&a[1]),
+        bits(&b[1][k0..k0 + xk * rk]),
+        "{what}: dK bits changed with neighbours"
+    );
+    assert_eq!(
+        bits(&a[2]),
+        bits(&b[2][k0..k0 + xk * rk]),
+        "{what}: dV bits changed with neighbours"
+    );
+    let again = backward(ctx, &pk).unwrap();
+    for i in 0..3 {
+        assert_eq!(
+            bits(&b[i]),
+            bits(&again[i]),
+            "{what}: gradient {i} differs run to run"
+        );
+    }
+}
+
+/// Every rule is checked before launch: the error names the argument and the gradients keep
+/// their poison.
+#[test]
+fn bad_cu_seqlens_and_buffers_are_refused_before_launch() {
+    let Some(ctx) = gpu("bad_cu_seqlens_and_buffers_are_refused_before_launch") else {
+        return;
+    };
+    let mut rng = rng_from(seed());
+    let (lq, lk) = ([3usize, 5], [4usize, 6]);
+    let good = Pack::<half::f16>::random(
+        params(DType::F16, 2, 2, 64, false, &lq, &lk),
+        &lq,
+        &lk,
+        &mut rng,
+    );
+    let arg = |r: Result<Grads<half::f16>, Error>| match r {
+        Err(Error::InvalidArgument { arg, .. }) => arg,
+        Err(e) => panic!("not an invalid argument: {e}"),
+        Ok(_) => panic!("accepted"),
+    };
+    let cases: Vec<(&str, Box<dyn Fn(&mut Pack<half::f16>)>)> = vec![
+        ("cu_seqlens_q", Box::new(|pk| pk.cu_q = vec![0, 3, 7])), // not ending at the total 8
+        ("cu_seqlens_k", Box::new(|pk| pk.cu_k = vec![0, 7, 10])), // 7 > max_seqlen_k 6
+        ("cu_seqlens_q", Box::new(|pk| pk.cu_q = vec![0, 3])),    // batch + 1 entries wanted
+        ("cu_seqlens_k", Box::new(|pk| pk.cu_k = vec![1, 4, 10])), // not starting at 0
+    ];
+    for (want, bad) in cases {
+        let mut pk = Pack {
+            p: good.p.clone(),
+            cu_q: good.cu_q.clone(),
+            cu_k: good.cu_k.clone(),
+            used_k: None,
+            q: good.q.clone(),
+            k: good.k.clone(),
+            v: good.v.clone(),
+            d_o: good.d_o.clone(),
+        };
+        bad(&mut pk);
+        // The forward checks nothing of the values on its device path: call the backward alone.
+        assert_eq!(arg(backward_only(&ctx, &pk, 0)), want, "{want}");
+    }
+    // Wrong buffer lengths: lse, d_o, dq.
+    for (which, want) in [(1, "lse"), (2, "d_o"), (3, "dq")] {
+        assert_eq!(arg(backward_only(&ctx, &good, which)), want);
+    }
+    // The backward's feature rules apply to varlen too.
+    let mut pk = Pack {
+        p: good.p.clone(),
+        cu_q: good.cu_q.clone(),
+        cu_k: good.cu_k.clone(),
+        used_k: None,
+        q: good.q.clone(),
+        k: good.k.clone(),
+        v: good.v.clone(),
+        d_o: good.d_o.clone(),
+    };
+    pk.p.softcap = 20.0;
+    assert_eq!(arg(backward_only(&ctx, &pk, 0)), "softcap");
+}
+
+/// The backward alone on the pack (O and LSE random: only the checks matter), with buffer
+/// `shorten` (1 lse, 2 d_o, 3 dq) one element short; checks the gradients stayed poisoned.
+fn backward_only(
+    ctx: &Context,
+    pk: &Pack<half::f16>,
+    shorten: usize,
+) -> Result<Grads<half::f16>, Error> {
+    let p = &pk.p;
+    let up = |x: &[half::f16]| ctx.upload(x).unwrap();
+    let cut = |n: usize, i: usize| if shorten == i { n - 1 } else { n };
+    let (q, k, v) = (up(&pk.q), up(&pk.k), up(&pk.v));
+    let d_o = up(&pk.d_o[..cut(pk.d_o.len(), 2)]);
+    let tq = pk.q.len() / (p.heads_q * p.head_dim);
+    let (cq, ck) = (ctx.upload(&pk.cu_q).unwrap(), ctx.upload(&pk.cu_k).unwrap());
+    let o = up(&pk.q);
+    let lse = ctx.upload(&vec![0.0f32; cut(p.heads_q * tq, 1)]).unwrap();
+    let mut dq = up(&vec![poison::<half::f16>(); cut(pk.q.len(), 3)]);
+    let mut dk = up(&vec![poison::<half::f16>(); pk.k.len()]);
+    let mut dv = up(&vec![poison::<half::f16>(); pk.k.len()]);
+    let r = ctx.attention_varlen_backward(
+        p, &q, &k, &v, &cq, &ck, None, &o, &lse, &d_o, &mut dq, &mut dk, &mut dv,
+    );
+    if r.is_err() {
+        for t in [&dq, &dk, &dv] {
+            assert!(
+                ctx.download(t).unwrap().iter().all(|x| x.is_nan()),
+                "a refused call wrote a gradient"
+            );
+        }
+    }
+    r.map(|()| {
+        [
+            ctx.download(&dq).unwrap(),
+            ctx.download(&dk).unwrap(),
+            ctx.download(&dv).unwrap(),
+        ]
+    })
+}
