@@ -70,13 +70,14 @@ struct BwdParams {
     uint64_t dq_acc_ptr, flags_ptr;
     int32_t kv_n_blocks;
     // Varlen (FC_VARLEN, fc_bwd_varlen.cuh): the pack's query and key tokens, and the public
-    // metadata — cu_seqlens_q / cu_seqlens_k (i32 [batch + 1]) and seqused_k (i32 [batch], 0: none).
+    // metadata — cu_seqlens_q / cu_seqlens_k (i32 [batch + 1]), seqused_k / seqused_q (i32 [batch];
+    // without one the host passes cu_seqlens + 1, which bounds nothing).
     int32_t vl_total_q;
-    uint64_t cu_q_ptr, cu_k_ptr, used_k_ptr;
+    uint64_t cu_q_ptr, cu_k_ptr, used_k_ptr, used_q_ptr;
     int32_t vl_total_k;
     // To 768 bytes: the host's CUtensorMap is 128-byte aligned (CUDA 13 headers), so its copy of
     // this block is a multiple of 128 bytes long.
-    int32_t reserved[13];
+    int32_t reserved[11];
 };
 static_assert(sizeof(BwdParams) == 768, "BwdKernelParams in src/attention/backward.rs is 768 bytes");
 

@@ -15,7 +15,7 @@ static_assert(!(FC_VARLEN && FC_ONEPASS), "varlen: the two-pass kernels only");
 struct BwdSeq {
     int q0, k0;        // the sequence's first packed query / key row (0 dense)
     int tb;            // the tensor maps' batch coordinate (the batch dense; 0: one packed batch)
-    int len_q, len_k;  // query rows; keys the queries see (seqused_k applied)
+    int len_q, len_k;  // query rows (seqused_q applied); keys the queries see (seqused_k applied)
     int k_rows;        // key rows whose dK, dV are stored (keys past seqused_k get zeros)
 };
 
@@ -31,10 +31,12 @@ FC_DEVICE BwdSeq bwd_seq(const BwdParams& p, int b) {
     s.q0 = q0;
     s.k0 = k0;
     s.tb = 0;
-    s.len_q = min(q1 - q0, p.seqlen_q);  // seqlen_q, seqlen_k: max_seqlen_q, max_seqlen_k
-    s.k_rows = min(k1 - k0, p.seqlen_k);
-    // seqused_k; without one the host points used_k_ptr at cu_seqlens_k + 1, whose entry b
-    // (≥ the sequence's key count) leaves it as is: no branch on the pointer.
+    s.k_rows = min(k1 - k0, p.seqlen_k);  // seqlen_q, seqlen_k: max_seqlen_q, max_seqlen_k
+    // seqused_q / seqused_k: a prefix of the sequence's queries / keys. Without one the host
+    // points the pointer at cu_seqlens + 1, whose entry b (≥ the sequence's count) leaves the
+    // count as it is: no branch on the pointer (a conditional load defeats the audit's proof
+    // that the loads read the public buffers).
+    s.len_q = max(0, min(min(q1 - q0, p.seqlen_q), reinterpret_cast<const int*>(p.used_q_ptr)[b]));
     s.len_k = max(0, min(s.k_rows, reinterpret_cast<const int*>(p.used_k_ptr)[b]));
 #else
     s.q0 = 0;

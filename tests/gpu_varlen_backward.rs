@@ -50,6 +50,7 @@ struct Pack<T> {
     cu_q: Vec<i32>,
     cu_k: Vec<i32>,
     used_k: Option<Vec<i32>>,
+    used_q: Option<Vec<i32>>,
     q: Vec<T>,
     k: Vec<T>,
     v: Vec<T>,
@@ -70,11 +71,15 @@ impl<T: Element> Pack<T> {
             cu_q,
             cu_k,
             used_k: None,
+            used_q: None,
         }
     }
 }
 
 type Grads<T> = [Vec<T>; 3];
+
+/// Makes a good pack's metadata bad.
+type Breaker = Box<dyn Fn(&mut Pack<half::f16>)>;
 
 /// Forward (O, LSE) then the varlen backward over poisoned gradients.
 fn backward<T: Element>(ctx: &Context, pk: &Pack<T>) -> Result<Grads<T>, Error> {
@@ -83,6 +88,7 @@ fn backward<T: Element>(ctx: &Context, pk: &Pack<T>) -> Result<Grads<T>, Error> 
     let (q, k, v, d_o) = (up(&pk.q), up(&pk.k), up(&pk.v), up(&pk.d_o));
     let (cq, ck) = (ctx.upload(&pk.cu_q).unwrap(), ctx.upload(&pk.cu_k).unwrap());
     let used = pk.used_k.as_ref().map(|u| ctx.upload(u).unwrap());
+    let used_q = pk.used_q.as_ref().map(|u| ctx.upload(u).unwrap());
     let tq = pk.q.len() / (p.heads_q * p.head_dim);
     let mut o = up(&vec![poison::<T>(); pk.q.len()]);
     let mut lse = ctx.upload(&vec![f32::NAN; p.heads_q * tq]).unwrap();
@@ -94,7 +100,7 @@ fn backward<T: Element>(ctx: &Context, pk: &Pack<T>) -> Result<Grads<T>, Error> 
         &cq,
         &ck,
         used.as_ref(),
-        None,
+        used_q.as_ref(),
         &mut o,
         Some(&mut lse),
     )?;
@@ -108,7 +114,7 @@ fn backward<T: Element>(ctx: &Context, pk: &Pack<T>) -> Result<Grads<T>, Error> 
         &v,
         &cq,
         &ck,
-        used.as_ref(),
+        [used.as_ref(), used_q.as_ref()],
         &o,
         &lse,
         &d_o,
@@ -137,7 +143,7 @@ fn check<T: Element>(ctx: &Context, pk: &Pack<T>, what: &str) -> [f64; 3] {
         p,
         &pk.cu_q,
         &pk.cu_k,
-        pk.used_k.as_deref(),
+        [pk.used_k.as_deref(), pk.used_q.as_deref()],
         &f64s(&pk.q),
         &f64s(&pk.k),
         &f64s(&pk.v),
@@ -153,7 +159,18 @@ fn check<T: Element>(ctx: &Context, pk: &Pack<T>, what: &str) -> [f64; 3] {
     .into_iter()
     .enumerate()
     {
-        let got = f64s(got);
+        let mut got = f64s(got);
+        if let (0, Some(u)) = (i, &pk.used_q) {
+            // dQ rows past a sequence's seqused_q are not written: still the poison; compared
+            // as the reference's zeros from here on.
+            for b in 0..u.len() {
+                let first = (pk.cu_q[b] + u[b].max(0)).min(pk.cu_q[b + 1]) as usize;
+                for x in &mut got[first * row..pk.cu_q[b + 1] as usize * row] {
+                    assert!(x.is_nan(), "{what}: dq row past seqused_q was written");
+                    *x = 0.0;
+                }
+            }
+        }
         if let Some(j) = got.iter().position(|x| !x.is_finite()) {
             panic!(
                 "{what}: {name}[{j}] = {} (not finite: unwritten or NaN)",
@@ -267,6 +284,25 @@ fn seqused_k_gradients_match_reference() {
     }
 }
 
+#[test]
+fn seqused_q_gradients_match_reference() {
+    let Some(ctx) = gpu("seqused_q_gradients_match_reference") else {
+        return;
+    };
+    let s = seed();
+    let mut rng = rng_from(s);
+    // A padded batch as the HF backend runs it: sequence b owns slot b of S tokens and uses its
+    // first `used` queries and keys.
+    let (lq, lk) = ([130, 130, 130], [130, 130, 130]);
+    for causal in [false, true] {
+        let p = params(DType::Bf16, 4, 2, 128, causal, &lq, &lk);
+        let mut pk = Pack::<half::bf16>::random(p, &lq, &lk, &mut rng);
+        pk.used_k = Some(vec![130, 17, 1]);
+        pk.used_q = Some(vec![130, 17, 1]);
+        check(&ctx, &pk, &format!("seed {s} seqused_q causal {causal}"));
+    }
+}
+
 /// The bits of one sequence's gradients do not depend on its neighbours or its place in the
 /// pack, and a pack's gradients are bitwise the same run to run.
 #[test]
@@ -364,7 +400,7 @@ fn bad_cu_seqlens_and_buffers_are_refused_before_launch() {
         Err(e) => panic!("not an invalid argument: {e}"),
         Ok(_) => panic!("accepted"),
     };
-    let cases: Vec<(&str, Box<dyn Fn(&mut Pack<half::f16>)>)> = vec![
+    let cases: Vec<(&str, Breaker)> = vec![
         ("cu_seqlens_q", Box::new(|pk| pk.cu_q = vec![0, 3, 7])), // not ending at the total 8
         ("cu_seqlens_k", Box::new(|pk| pk.cu_k = vec![0, 7, 10])), // 7 > max_seqlen_k 6
         ("cu_seqlens_q", Box::new(|pk| pk.cu_q = vec![0, 3])),    // batch + 1 entries wanted
@@ -376,6 +412,7 @@ fn bad_cu_seqlens_and_buffers_are_refused_before_launch() {
             cu_q: good.cu_q.clone(),
             cu_k: good.cu_k.clone(),
             used_k: None,
+            used_q: None,
             q: good.q.clone(),
             k: good.k.clone(),
             v: good.v.clone(),
@@ -395,6 +432,7 @@ fn bad_cu_seqlens_and_buffers_are_refused_before_launch() {
         cu_q: good.cu_q.clone(),
         cu_k: good.cu_k.clone(),
         used_k: None,
+        used_q: None,
         q: good.q.clone(),
         k: good.k.clone(),
         v: good.v.clone(),
@@ -424,7 +462,19 @@ fn backward_only(
     let mut dk = up(&vec![poison::<half::f16>(); pk.k.len()]);
     let mut dv = up(&vec![poison::<half::f16>(); pk.k.len()]);
     let r = ctx.attention_varlen_backward(
-        p, &q, &k, &v, &cq, &ck, None, &o, &lse, &d_o, &mut dq, &mut dk, &mut dv,
+        p,
+        &q,
+        &k,
+        &v,
+        &cq,
+        &ck,
+        [None, None],
+        &o,
+        &lse,
+        &d_o,
+        &mut dq,
+        &mut dk,
+        &mut dv,
     );
     if r.is_err() {
         for t in [&dq, &dk, &dv] {

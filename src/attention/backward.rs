@@ -58,8 +58,9 @@ struct BwdKernelParams {
     cu_q_ptr: u64,
     cu_k_ptr: u64,
     used_k_ptr: u64,
+    used_q_ptr: u64,
     vl_total_k: i32,
-    reserved: [i32; 13],
+    reserved: [i32; 11],
 }
 
 const _: () = assert!(std::mem::size_of::<BwdKernelParams>() == 768);
@@ -69,11 +70,12 @@ const _: () = assert!(std::mem::size_of::<BwdKernelParams>() == 768);
 pub const FLAGS_FIELD: u32 = std::mem::offset_of!(BwdKernelParams, flags_ptr) as u32;
 
 /// Byte offsets of the varlen variants' metadata pointers (`cu_seqlens_q`, `cu_seqlens_k`,
-/// `seqused_k`), declared public to the audit ([`BwdVariant::declared`]).
-pub const VARLEN_FIELDS: [u32; 3] = [
+/// `seqused_k`, `seqused_q`), declared public to the audit ([`BwdVariant::declared`]).
+pub const VARLEN_FIELDS: [u32; 4] = [
     std::mem::offset_of!(BwdKernelParams, cu_q_ptr) as u32,
     std::mem::offset_of!(BwdKernelParams, cu_k_ptr) as u32,
     std::mem::offset_of!(BwdKernelParams, used_k_ptr) as u32,
+    std::mem::offset_of!(BwdKernelParams, used_q_ptr) as u32,
 ];
 
 pub mod varlen;
@@ -379,8 +381,9 @@ impl BackwardPlan {
             cu_q_ptr: 0,
             cu_k_ptr: 0,
             used_k_ptr: 0,
+            used_q_ptr: 0,
             vl_total_k: 0,
-            reserved: [0; 13],
+            reserved: [0; 11],
         })
     }
 
@@ -765,8 +768,8 @@ mod tests {
             assert_eq!(FLAGS_FIELD, 672);
             assert_eq!(off(std::ptr::addr_of!((*p).kv_n_blocks) as *const u8), 680);
             assert_eq!(off(std::ptr::addr_of!((*p).vl_total_q) as *const u8), 684);
-            assert_eq!(VARLEN_FIELDS, [688, 696, 704]);
-            assert_eq!(off(std::ptr::addr_of!((*p).vl_total_k) as *const u8), 712);
+            assert_eq!(VARLEN_FIELDS, [688, 696, 704, 712]);
+            assert_eq!(off(std::ptr::addr_of!((*p).vl_total_k) as *const u8), 720);
         }
     }
 }

@@ -66,14 +66,15 @@ pub fn varlen_sinks_f64(
 }
 
 /// Gradients of [`varlen_f64`] (issue 23) given `d_o` (q's packed shape): per sequence, the
-/// dense [`super::attention_backward_f64`] over its own rows. `used_k`: sequence b's queries
-/// saw its first `used_k[b]` keys only (`seqused_k`); its other keys get zero gradients.
+/// dense [`super::attention_backward_f64`] over its own rows. `used` = (k, q): sequence b's
+/// queries saw its first `used_k[b]` keys only (`seqused_k`), and only its first `used_q[b]`
+/// queries count (`seqused_q`); its other keys and queries get zero gradients.
 #[allow(clippy::too_many_arguments)]
 pub fn varlen_backward_f64(
     p: &AttentionParams,
     cu_q: &[i32],
     cu_k: &[i32],
-    used_k: Option<&[i32]>,
+    [used_k, used_q]: [Option<&[i32]>; 2],
     q: &[f64],
     k: &[f64],
     v: &[f64],
@@ -86,7 +87,11 @@ pub fn varlen_backward_f64(
         dv: vec![0.0; v.len()],
     };
     for b in 0..cu_q.len().saturating_sub(1) {
-        let (q0, q1) = (cu_q[b] as usize, cu_q[b + 1] as usize);
+        let q0 = cu_q[b] as usize;
+        let mut q1 = cu_q[b + 1] as usize;
+        if let Some(u) = used_q {
+            q1 = q1.min(q0 + u[b].max(0) as usize);
+        }
         let k0 = cu_k[b] as usize;
         let mut k1 = cu_k[b + 1] as usize;
         if let Some(u) = used_k {

@@ -68,6 +68,9 @@ pub struct VarlenMeta {
     pub cu_seqlens_q: u64,
     pub cu_seqlens_k: u64,
     pub seqused_k: u64,
+    /// i32 `[batch]`, 0 for none: only sequence b's first `seqused_q[b]` queries count (the
+    /// forward's); its other dQ rows are not written.
+    pub seqused_q: u64,
     pub total_q: usize,
     pub total_k: usize,
 }
@@ -166,8 +169,13 @@ impl BackwardPlan {
             } else {
                 meta.cu_seqlens_k + 4
             },
+            used_q_ptr: if meta.seqused_q != 0 {
+                meta.seqused_q
+            } else {
+                meta.cu_seqlens_q + 4
+            },
             vl_total_k: tk as i32,
-            reserved: [0; 13],
+            reserved: [0; 11],
         })
     }
 
@@ -278,8 +286,10 @@ impl Context {
     /// `seqlen_q` / `seqlen_k` = `max_seqlen_q` / `max_seqlen_k`, layout `Bshd`) from the packed
     /// q, k, v, the forward's `o` and `lse` (fp32 `[heads_q, total_q]`) and `d_o` (q's shape).
     /// `dq` is packed like q, `dk`, `dv` like k (GQA: summed over each K/V head's query heads).
-    /// `seqused_k` (i32 `[batch]`), as the forward's: sequence b's queries saw its first
-    /// `seqused_k[b]` keys only; its other keys get dK = dV = 0. Bitwise deterministic; a
+    /// `seqused` = (`seqused_k`, `seqused_q`), i32 `[batch]` each, as the forward's: sequence b's
+    /// queries saw its first `seqused_k[b]` keys only (its other keys get dK = dV = 0), and only
+    /// its first `seqused_q[b]` queries count (its other rows of `dq` are not written, as the
+    /// forward leaves those rows of `o`). Bitwise deterministic; a
     /// sequence's bits do not depend on the others in the pack nor on its place there.
     ///
     /// Downloads `cu_seqlens` once to check them (a host synchronisation; the forward's rules),
@@ -293,7 +303,7 @@ impl Context {
         v: &CudaSlice<T>,
         cu_seqlens_q: &CudaSlice<i32>,
         cu_seqlens_k: &CudaSlice<i32>,
-        seqused_k: Option<&CudaSlice<i32>>,
+        [seqused_k, seqused_q]: [Option<&CudaSlice<i32>>; 2],
         o: &CudaSlice<T>,
         lse: &CudaSlice<f32>,
         d_o: &CudaSlice<T>,
@@ -331,8 +341,10 @@ impl Context {
         }
         check_meta_len("cu_seqlens_q", cu_seqlens_q.len(), params.batch + 1)?;
         check_meta_len("cu_seqlens_k", cu_seqlens_k.len(), params.batch + 1)?;
-        if let Some(u) = seqused_k {
-            check_meta_len("seqused_k", u.len(), params.batch)?;
+        for (name, u) in [("seqused_k", seqused_k), ("seqused_q", seqused_q)] {
+            if let Some(u) = u {
+                check_meta_len(name, u.len(), params.batch)?;
+            }
         }
         let cu_q = self.download(cu_seqlens_q)?;
         let cu_k = self.download(cu_seqlens_k)?;
@@ -361,6 +373,7 @@ impl Context {
         let (cuq_ptr, _g7) = cu_seqlens_q.device_ptr(s);
         let (cuk_ptr, _g8) = cu_seqlens_k.device_ptr(s);
         let used = seqused_k.map(|u| u.device_ptr(s));
+        let used_q = seqused_q.map(|u| u.device_ptr(s));
         let (dq_ptr, _g9) = dq.device_ptr_mut(s);
         let (dk_ptr, _g10) = dk.device_ptr_mut(s);
         let (dv_ptr, _g11) = dv.device_ptr_mut(s);
@@ -379,6 +392,7 @@ impl Context {
             cu_seqlens_q: cuq_ptr,
             cu_seqlens_k: cuk_ptr,
             seqused_k: used.as_ref().map_or(0, |u| u.0),
+            seqused_q: used_q.as_ref().map_or(0, |u| u.0),
             total_q,
             total_k,
         };
@@ -425,6 +439,9 @@ pub struct ExternalVarlenBackwardCall {
     pub cu_seqlens_q: u64,
     pub cu_seqlens_k: u64,
     pub seqused_k: u64,
+    /// i32 `[batch]` or 0: only sequence b's first `seqused_q[b]` queries count; dQ rows of no
+    /// sequence's used queries are not written (the caller zeroes them).
+    pub seqused_q: u64,
     /// [`varlen_workspace_bytes`] bytes, 16-byte aligned, used by no other launch in flight.
     pub workspace: u64,
 }
@@ -462,11 +479,10 @@ pub fn validate_varlen_backward(call: &ExternalVarlenBackwardCall) -> Result<()>
     let a = validate::TENSOR_ALIGN as u64;
     nonnull("cu_seqlens_q", call.cu_seqlens_q, 4)?;
     nonnull("cu_seqlens_k", call.cu_seqlens_k, 4)?;
-    if call.seqused_k % 4 != 0 {
-        return Err(Error::invalid(
-            "seqused_k",
-            "device address is not 4-byte aligned",
-        ));
+    for (arg, ptr) in [("seqused_k", call.seqused_k), ("seqused_q", call.seqused_q)] {
+        if ptr % 4 != 0 {
+            return Err(Error::invalid(arg, "device address is not 4-byte aligned"));
+        }
     }
     nonnull("workspace", call.workspace, a)?;
     if call.total_q > 0 {
@@ -533,6 +549,7 @@ impl ExternalContext {
                 cu_seqlens_q: call.cu_seqlens_q,
                 cu_seqlens_k: call.cu_seqlens_k,
                 seqused_k: call.seqused_k,
+                seqused_q: call.seqused_q,
                 total_q: call.total_q,
                 total_k: call.total_k,
             };
@@ -585,6 +602,7 @@ mod tests {
             cu_seqlens_q: 0xa0000,
             cu_seqlens_k: 0xa1000,
             seqused_k: 0,
+            seqused_q: 0,
             workspace: 0xb0000,
         }
     }
@@ -631,6 +649,9 @@ mod tests {
         let mut c = call();
         c.seqused_k = 0x1002;
         assert_eq!(arg_of(validate_varlen_backward(&c)), "seqused_k");
+        let mut c = call();
+        c.seqused_q = 0x1002;
+        assert_eq!(arg_of(validate_varlen_backward(&c)), "seqused_q");
     }
 
     #[test]
