@@ -23,6 +23,7 @@ from .api import attention, flash_attn_func, prepare, scaled_dot_product_attenti
 from . import kvcache  # noqa: E402
 from .kvcache import flash_attn_with_kvcache  # noqa: E402
 from . import varlen  # noqa: E402
+from . import varlen_autograd  # noqa: E402,F401
 from .varlen import flash_attn_varlen_func  # noqa: E402
 
 sdpa_backend.register()  # known to torch's registry; activated only by the user

@@ -320,7 +320,9 @@ def _padded_prefill(query, key, value, padded, scaling, features):
     q, k, v = (t.transpose(1, 2).reshape(b * s, t.shape[1], t.shape[3]) for t in (query, key, value))
     base = torch.arange(b + 1, dtype=torch.int32, device=query.device) * s
     cu = torch.cat([base[:b] + start, base[b:]])
-    out, _ = attention_varlen_op(q, k, v, cu, cu, used, s, s, causal, scaling, False, used, wl, wr, softcap, sinks)
+    # Under grad the forward keeps its LSE for the backward (python/flashcore/varlen_autograd.py).
+    grad = _checks.needs_grad(query, key, value)
+    out, _ = attention_varlen_op(q, k, v, cu, cu, used, s, s, causal, scaling, grad, used, wl, wr, softcap, sinks)
     return out.view(b, s, query.shape[1], query.shape[3])
 
 
@@ -427,12 +429,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if reason == "attention_mask" or featured:
         # A decode step of a padded batch: served over the keys from each sequence's first.
         leftpad = leftpad_of(attention_mask, query, key)
-        if leftpad is None and not _checks.needs_grad(query, key, value):
+        grad = _checks.needs_grad(query, key, value)
+        if leftpad is None and (not grad or (not featured and _served_features(kwargs, key, False) is None)):
             # A forward pass or prefill of a padded batch (left or right), its sliding window too:
-            # served through varlen (inference only: varlen has no backward yet, training with
-            # padding goes to SDPA).
+            # served through varlen. Training too (issue 23: varlen's backward), without a window,
+            # softcap or sinks (those have no backward yet: SDPA).
             w = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
-            padded = padded_prefill_of(attention_mask, query, key, w)
+            padded = padded_prefill_of(attention_mask, query, key, None if grad else w)
         if leftpad is not None or padded is not None:
             reason = fallback_reason(query, key, value, attention_mask, dropout, scaling, kwargs, mask_served=True)
     if reason is None and leftpad is None and not windowed and causal and query.shape[2] != key.shape[2]:

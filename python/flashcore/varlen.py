@@ -233,8 +233,11 @@ def flash_attn_varlen_func(
     skipped; `softcap` (scores softcap · tanh(scale · q·k / softcap)); `learnable_sink` (FA4's
     name; ``[Hq]``, any float dtype, taken as fp32: one logit per query head joins each row's
     softmax denominator, gpt-oss). Not supported (ValueError): dropout, ALiBi, a block table;
-    inputs that require grad raise RuntimeError (no backward for varlen yet). `deterministic` is accepted: flashcore is bitwise deterministic, and each
-    sequence's bits do not depend on its neighbours in the pack.
+    Training (issue 23, ``varlen_autograd``): gradients flow to q, k, v (head dims 64 and 128; with
+    ``seqused_k`` / ``seqused_q`` too), with no host synchronisation; a window, softcap, sinks or
+    ``secret_lengths`` under grad raise RuntimeError (no backward for them yet). `deterministic` is
+    accepted: flashcore is bitwise deterministic, and each sequence's bits (outputs and gradients)
+    do not depend on its neighbours in the pack.
 
     ``secret_lengths`` (int32 ``[B]`` on q's device): **secret true lengths inside public slots**
     (SECURITY.md). The pack is self-attention: pass the same tensor as ``cu_seqlens_q`` and
@@ -258,9 +261,21 @@ def flash_attn_varlen_func(
         if given:
             raise ValueError(f"flashcore: flash_attn_varlen_func does not support {name} yet")
     sink_t = learnable_sink if isinstance(learnable_sink, torch.Tensor) else None
-    _checks.check_no_grad("flash_attn_varlen_func", q, k, v, sink_t)
+    grad = _checks.needs_grad(q, k, v, sink_t)
+    if grad and secret_lengths is not None:
+        raise RuntimeError(
+            "flashcore: secret_lengths has no backward pass: train on unpadded sequences, or compute this call "
+            "under torch.no_grad()"
+        )
     window, softcap, sinks = _checks.features(window_size, softcap, learnable_sink, q, q.shape[-2])
     want_lse = bool(return_attn_probs) or bool(return_lse)
+    if grad:
+        _checks.check_backward_head_dim(q.shape[-1])
+        if window != (-1, -1) or softcap != 0.0 or sinks is not None:
+            raise RuntimeError(
+                "flashcore: window_size, softcap and learnable_sink have no backward pass yet: call it under "
+                "torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
+            )
     if secret_lengths is not None:
         if window != (-1, -1) or softcap != 0.0 or sinks is not None:
             raise ValueError("flashcore: window_size, softcap and learnable_sink are not supported with "
@@ -270,9 +285,10 @@ def flash_attn_varlen_func(
         if return_attn_probs:
             return out, lse, None
         return (out, lse) if return_lse else out
+    # The backward needs the LSE: computed whenever autograd records the call.
     out, lse = attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                                   bool(causal), softmax_scale, want_lse, seqused_q, window[0], window[1], softcap,
-                                   sinks)
+                                   bool(causal), softmax_scale, want_lse or grad, seqused_q, window[0], window[1],
+                                   softcap, sinks)
     if return_attn_probs:
         return out, lse, None
     return (out, lse) if return_lse else out

@@ -3,6 +3,7 @@
 //! forward's; O, dO and the gradients as pointers to tensors contiguous in the call's layout.
 
 use crate::{context, params, tensor, to_py, PyTensor, Shape};
+use flashcore::attention::backward::varlen::{varlen_workspace_bytes, ExternalVarlenBackwardCall};
 use flashcore::attention::backward::workspace_bytes;
 use flashcore::attention::backward_external::{validate_backward, ExternalBackwardCall};
 use flashcore::attention::{AttentionParams, Layout};
@@ -106,4 +107,64 @@ pub fn attention_backward(
 #[pyfunction]
 pub fn backward_workspace_bytes(dtype: &str, shape: Shape) -> PyResult<usize> {
     Ok(workspace_bytes(&params(dtype, shape, false, None)?))
+}
+
+/// Enqueues the varlen backward (issues 22 + 23) on `stream`: packed q [total_q, Hq, D], k, v
+/// [total_k, Hkv, D] as (pointer, strides) with `totals` = (total_q, total_k); `buffers` as for
+/// `attention_backward` (O, dO, dQ packed like q, dK, dV like k, lse fp32 [Hq, total_q], the
+/// workspace `varlen_backward_workspace_bytes` bytes); `meta` = (cu_seqlens_q, cu_seqlens_k,
+/// seqused_k, seqused_q) device pointers (0: none). No host synchronisation. The pointers must be
+/// live device memory covering what their shapes reach, held by the caller until the kernels run.
+#[pyfunction]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, totals, buffers, meta))]
+#[allow(clippy::too_many_arguments)]
+pub fn attention_varlen_backward(
+    py: Python<'_>,
+    device: usize,
+    stream: usize,
+    dtype: &str,
+    shape: Shape,
+    causal: bool,
+    scale: Option<f64>,
+    q: PyTensor,
+    k: PyTensor,
+    v: PyTensor,
+    totals: (usize, usize),
+    buffers: Buffers,
+    meta: (u64, u64, u64, u64),
+) -> PyResult<()> {
+    let (o, lse, d_o, dq, dk, dv, workspace) = buffers;
+    let (cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q) = meta;
+    let c = ExternalVarlenBackwardCall {
+        params: params(dtype, shape, causal, scale)?,
+        total_q: totals.0,
+        total_k: totals.1,
+        q: tensor(q),
+        k: tensor(k),
+        v: tensor(v),
+        o,
+        lse,
+        d_o,
+        dq,
+        dk,
+        dv,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        seqused_k,
+        seqused_q,
+        workspace,
+    };
+    let ctx = context(device)?;
+    py.detach(move || {
+        // SAFETY: see the function's doc; the call is validated inside.
+        unsafe { ctx.attention_varlen_backward(&c, stream as cudarc::driver::sys::CUstream) }
+    })
+    .map_err(to_py)
+}
+
+/// Bytes of device scratch one varlen backward call needs (`shape`'s batch is the number of
+/// sequences, its lengths max_seqlen_q / max_seqlen_k).
+#[pyfunction]
+pub fn varlen_backward_workspace_bytes(dtype: &str, shape: Shape, causal: bool) -> PyResult<usize> {
+    Ok(varlen_workspace_bytes(&params(dtype, shape, causal, None)?))
 }

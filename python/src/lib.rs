@@ -542,6 +542,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(backward::attention_backward, m)?)?;
     m.add_function(wrap_pyfunction!(backward::validate_attention_backward, m)?)?;
     m.add_function(wrap_pyfunction!(backward::backward_workspace_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(backward::attention_varlen_backward, m)?)?;
+    m.add_function(wrap_pyfunction!(
+        backward::varlen_backward_workspace_bytes,
+        m
+    )?)?;
     m.add(
         "DECODE_MAX_SEQLEN_Q",
         flashcore::attention::decode::MAX_SEQLEN_Q,

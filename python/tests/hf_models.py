@@ -148,19 +148,21 @@ def compare(family, device, dtype, seq):
     return errors, logits, counted
 
 
-def _loss_and_grads(model, ids):
+def _loss_and_grads(model, ids, mask=None):
     model.zero_grad(set_to_none=True)
-    loss = model(ids, labels=ids).loss
+    labels = ids if mask is None else ids.masked_fill(mask == 0, -100)  # no loss on padding
+    loss = model(ids, attention_mask=mask, labels=labels).loss
     loss.backward()
     grads = torch.cat([p.grad.double().flatten() for p in model.parameters() if p.grad is not None])
     return loss.detach().double(), grads
 
 
-def compare_training(family, device, dtype, seq):
+def compare_training(family, device, dtype, seq, padded=False):
     """One training step's loss and parameter gradients through "fcore" and transformers' own
     backends in `dtype`, against an fp32 "eager" model on the same (sharpened) weights:
     {impl: (relative loss error, rel-L2 error of all parameter gradients)}, and the calls
-    flashcore served in the fcore step."""
+    flashcore served in the fcore step. `padded`: the batch's first row is right-padded (its last
+    37 tokens), the second left-padded (its first 20), with an attention mask and no loss there."""
     import flashcore.hf
 
     name = flashcore.hf.register()
@@ -169,12 +171,17 @@ def compare_training(family, device, dtype, seq):
     ref = build(family, "eager", cfg, device=device).train()
     state = ref.state_dict()
     ids = torch.randint(3, VOCAB, (2, seq), device=device)
-    want_loss, want_grads = _loss_and_grads(ref, ids)
+    mask = None
+    if padded:
+        mask = torch.ones(2, seq, dtype=torch.long, device=device)
+        mask[0, seq - 37:] = 0
+        mask[1, :20] = 0
+    want_loss, want_grads = _loss_and_grads(ref, ids, mask)
     errors, served = {}, 0
     for impl in ("eager", "sdpa", name):
         model = build(family, impl, cfg, state, dtype, device).train()
         before = flashcore.hf.stats["flashcore"]
-        loss, grads = _loss_and_grads(model, ids)
+        loss, grads = _loss_and_grads(model, ids, mask)
         if impl == name:
             served = flashcore.hf.stats["flashcore"] - before
         errors[impl] = (abs(loss - want_loss).item() / abs(want_loss).item(), rel_l2(grads, want_grads))

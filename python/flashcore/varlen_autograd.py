@@ -1,0 +1,129 @@
+"""Training through varlen (issues 22 + 23): the backward of ``torch.ops.flashcore.attention_varlen``.
+
+``torch.library.register_autograd`` gives the varlen op a backward that saves q, k, v, the output,
+the log-sum-exp and the pack's metadata, and calls ``torch.ops.flashcore.attention_varlen_backward``
+— a custom op of its own (opaque to ``torch.compile``, with a fake implementation) running
+flashcore's Rust varlen backward (``ExternalContext::attention_varlen_backward``: the dense
+backward's two-pass kernels, each CTA reading its sequence from ``cu_seqlens`` on the device) on
+torch's current stream. No host synchronisation: the ``cu_seqlens`` values are never read on the
+host. Bitwise deterministic; a sequence's gradient bits do not depend on its neighbours in the pack.
+
+The backward needs the LSE: ``flash_attn_varlen_func`` asks the forward for it whenever autograd
+records the call; a direct call of the op with ``return_lse=False`` has no backward (a clear
+error). ``seqused_k`` and ``seqused_q`` train (dQ rows of no sequence's used queries are 0). No
+backward yet for sliding windows, softcap and learnable sinks (a clear error), nor for
+``secret_lengths`` (refused up front by ``flash_attn_varlen_func``).
+"""
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import _checks, _native
+from ._launch import _DTYPES, current_stream
+from .varlen import _check, _desc, _readable, _shape, attention_varlen_op
+
+
+def _check_grads_in(grad_out, q, out, lse, hq):
+    total = q.shape[0]
+    for name, t in (("grad_out", grad_out), ("out", out)):
+        if tuple(t.shape) != tuple(q.shape) or t.dtype != q.dtype or t.device != q.device:
+            raise ValueError(f"flashcore: `{name}` must match q ({tuple(q.shape)}, {q.dtype}), got "
+                             f"{tuple(t.shape)}, {t.dtype} on {t.device}")
+    if lse.dtype != torch.float32 or tuple(lse.shape) != (hq, total) or lse.device != q.device:
+        raise ValueError(f"flashcore: the varlen backward needs the forward's LSE, float32 [{hq}, {total}]: got "
+                         f"{tuple(lse.shape)}, {lse.dtype} (run the forward with return_lse=True)")
+
+
+def _grads(q, k, zero_q):
+    dq = torch.zeros_like(q, memory_format=torch.contiguous_format) if zero_q else \
+        torch.empty_like(q, memory_format=torch.contiguous_format)
+    c = torch.contiguous_format
+    return dq, torch.empty_like(k, memory_format=c), torch.empty_like(k, memory_format=c)
+
+
+@torch.library.custom_op("flashcore::attention_varlen_backward", mutates_args=())
+def attention_varlen_backward_op(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    seqused_k: Optional[torch.Tensor],
+    seqused_q: Optional[torch.Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    scale: Optional[float],
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of ``torch.ops.flashcore.attention_varlen`` (same arguments) from its output,
+    its LSE fp32 [Hq, total_q] and the output gradient; contiguous packed, the inputs' dtype."""
+    b, hq, _, d = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, seqused_q)
+    _checks.check_backward_head_dim(d)
+    _check_grads_in(grad_out, q, out, lse, hq)
+    scale = _checks.check_scale(scale)
+    dq, dk, dv = _grads(q, k, seqused_q is not None)
+    if q.shape[0] == 0 or k.shape[0] == 0 or b == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    q, k, v = _readable(q), _readable(k), _readable(v)
+    dev = q.get_device()
+    dtype = _DTYPES[q.dtype]
+    shape = _shape(b, max_seqlen_q, max_seqlen_k, hq, k.shape[1], d)
+    ws = torch.empty(max(_native.varlen_backward_workspace_bytes(dtype, shape, bool(causal)), 16), dtype=torch.uint8,
+                     device=q.device)
+    grad_out, out, lse = grad_out.contiguous(), out.contiguous(), lse.contiguous()
+    _native.attention_varlen_backward(
+        dev, current_stream(dev), dtype, shape, bool(causal), scale, _desc(q), _desc(k), _desc(v),
+        (q.shape[0], k.shape[0]),
+        (out.data_ptr(), lse.data_ptr(), grad_out.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+         ws.data_ptr()),
+        (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), seqused_k.data_ptr() if seqused_k is not None else 0,
+         seqused_q.data_ptr() if seqused_q is not None else 0),
+    )
+    return dq, dk, dv
+
+
+@attention_varlen_backward_op.register_fake
+def _attention_varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q,
+                                    max_seqlen_q, max_seqlen_k, causal, scale):
+    _, hq, _, d = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, seqused_q)
+    _checks.check_backward_head_dim(d)
+    _check_grads_in(grad_out, q, out, lse, hq)
+    _checks.check_scale(scale)
+    return _grads(q, k, False)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, return_lse, seqused_q = inputs[:12]
+    extra = inputs[12:]  # window_left, window_right, softcap, sinks (issue 24), when given
+    ctx.features = bool(extra) and (tuple(extra[:2]) != (-1, -1) or (len(extra) > 2 and extra[2] != 0.0)
+                                    or (len(extra) > 3 and extra[3] is not None))
+    ctx.n_inputs = len(inputs)
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, seqused_q)
+    ctx.max_q, ctx.max_k, ctx.causal, ctx.scale, ctx.return_lse = max_q, max_k, causal, scale, return_lse
+
+
+def _backward(ctx, grad_out, grad_lse):
+    if ctx.features:
+        raise RuntimeError(
+            "flashcore: window_size, softcap and learnable_sink have no backward pass yet: call it under "
+            "torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
+        )
+    if not ctx.return_lse:
+        raise RuntimeError(
+            "flashcore: torch.ops.flashcore.attention_varlen ran with return_lse=False, and its backward needs the "
+            "LSE: pass return_lse=True when training (flash_attn_varlen_func does)"
+        )
+    q, k, v, out, lse, cu_q, cu_k, seqused_k, seqused_q = ctx.saved_tensors
+    dq, dk, dv = attention_varlen_backward_op(grad_out, q, k, v, out, lse, cu_q, cu_k, seqused_k, seqused_q,
+                                              ctx.max_q, ctx.max_k, ctx.causal, ctx.scale)
+    want = ctx.needs_input_grad
+    return (dq if want[0] else None, dk if want[1] else None, dv if want[2] else None) + (None,) * (ctx.n_inputs - 3)
+
+
+attention_varlen_op.register_autograd(_backward, setup_context=_setup_context)
