@@ -331,3 +331,97 @@ fn window_softcap_and_sinks_per_sequence() {
     assert_eq!(code, 1, "{stderr}");
     assert!(stderr.contains("one per query head"), "{stderr}");
 }
+
+/// The case's output gradient `do` (q's shape) as a file entry.
+fn d_o_entry(seed: u64) -> (&'static str, Dtype, Vec<usize>, Vec<u8>) {
+    let mut r = rand::rngs::StdRng::seed_from_u64(seed);
+    let tq = LQ.iter().sum::<usize>();
+    (
+        "do",
+        Dtype::BF16,
+        vec![tq, HQ, D],
+        bytes_of(&bf16s(&mut r, tq * HQ * D)),
+    )
+}
+
+/// `--grad` on a varlen input (issue 23): `--cpu` writes the per-sequence reference gradients
+/// (dq q's shape, dk, dv k's), the GPU matches it within bf16's bound (skipped visibly without a
+/// GPU), and a missing `do` is an error naming it.
+#[test]
+fn grad_matches_the_per_sequence_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = |x: &[bf16]| x.iter().map(|v| v.to_f64()).collect::<Vec<f64>>();
+    for causal in [false, true] {
+        let c = case(11 + causal as u64);
+        let d = d_o_entry(21 + causal as u64);
+        let d_o: Vec<f64> =
+            d.3.chunks(2)
+                .map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64())
+                .collect();
+        let input = write(dir.path(), &c, vec![d], &[]);
+        let p = AttentionParams {
+            batch: LQ.len(),
+            seqlen_q: 129,
+            seqlen_k: 300,
+            heads_q: HQ,
+            heads_kv: HKV,
+            head_dim: D,
+            dtype: DType::Bf16,
+            layout: Layout::Bshd,
+            causal,
+            scale: None,
+            window: Default::default(),
+            softcap: 0.0,
+        };
+        let want = reference::varlen_backward_f64(
+            &p,
+            &prefix(&LQ),
+            &prefix(&LK),
+            [None, None],
+            &f(&c.q),
+            &f(&c.k),
+            &f(&c.v),
+            &d_o,
+        );
+        let mut engines = vec![("cpu", vec!["--cpu", "--grad"], 1e-6)];
+        if common::gpu("grad_matches_the_per_sequence_reference").is_some() {
+            engines.push(("gpu", vec!["--grad"], 1e-2));
+        }
+        for (engine, mut extra, tol) in engines {
+            if causal {
+                extra.push("--causal");
+            }
+            let output = dir.path().join(format!("{engine}{causal}.safetensors"));
+            let (code, stdout, stderr) = run(&input, &output, &extra);
+            assert_eq!(code, 0, "{stdout}\n{stderr}");
+            assert!(
+                stdout.contains("--grad: varlen B=5") && stdout.contains("dq, dk, dv"),
+                "{stdout}"
+            );
+            let t = read_file(&output).unwrap();
+            let (tq, tk) = (LQ.iter().sum::<usize>(), LK.iter().sum::<usize>());
+            for (name, w, shape) in [
+                ("dq", &want.dq, vec![tq, HQ, D]),
+                ("dk", &want.dk, vec![tk, HKV, D]),
+                ("dv", &want.dv, vec![tk, HKV, D]),
+            ] {
+                assert_eq!(t[name].shape, shape, "{engine} {name}");
+                let got = t[name].data.to_f64();
+                assert!(
+                    got.iter().all(|x| x.is_finite()),
+                    "{engine} {name}: not finite"
+                );
+                let err = reference::rel_l2(&got, w);
+                assert!(err < tol, "{engine} causal {causal} {name}: {err:.2e}");
+            }
+        }
+    }
+    let input = write(dir.path(), &case(3), vec![], &[]);
+    let (code, _, stderr) = run(
+        &input,
+        &dir.path().join("x.safetensors"),
+        &["--cpu", "--grad"],
+    );
+    assert_ne!(code, 0);
+    assert!(stderr.contains("`do`"), "{stderr}");
+}

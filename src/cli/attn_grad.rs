@@ -29,6 +29,10 @@ pub fn attn_grad(args: &AttnArgs) -> Result<()> {
             "--grad takes q, k, v and do; a KV-cache input (k_cache, v_cache) has no backward pass",
         ));
     }
+    if super::attn_varlen::has_varlen(&args.input)? {
+        // Packed sequences with cu_seqlens: the varlen backward (issues 22 + 23).
+        return super::attn_varlen::attn_varlen(args, None);
+    }
     let input = tensor_io::read_attn_input(&args.input, args.layout)?;
     let d_o = read_d_o(&args.input, &input)?;
     let p = AttentionParams {

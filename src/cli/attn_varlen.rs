@@ -2,7 +2,9 @@
 //! `v` `[total_k, Hkv, D]` (F16 or BF16) and `cu_seqlens_q`, `cu_seqlens_k` (I32 `[B + 1]`, flash-
 //! attn's prefix sums). Checks the metadata on the host (a clear error before any launch), runs
 //! `Context::attention_varlen_host` (or the float64 reference with --cpu) and writes `out`
-//! (q's shape) and, with --lse, `lse` F32 `[Hq, total_q]`.
+//! (q's shape) and, with --lse, `lse` F32 `[Hq, total_q]`. With --grad (issue 23) it also reads
+//! the output gradient `do` (q's shape and dtype), runs `Context::attention_varlen_backward` (or
+//! the float64 reference's gradients) and writes `dq` (q's shape), `dk`, `dv` (k's shape).
 
 use super::attn::AttnArgs;
 use crate::attention::launch::varlen::check_varlen;
@@ -60,6 +62,29 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
             .ok_or_else(|| bad(path, format!("a varlen input needs a tensor `{n}`")))
     };
     let (q, k, v) = (take("q")?, take("k")?, take("v")?);
+    let d_o = if args.grad {
+        let d = take("do").map_err(|_| {
+            bad(
+                path,
+                "--grad needs the output gradient `do` (q's shape and dtype) in the file",
+            )
+        })?;
+        if d.shape != q.shape || d.data.dtype_name() != q.data.dtype_name() {
+            return Err(bad(
+                path,
+                format!(
+                    "tensor `do` is {:?} {} but `q` is {:?} {}; the output gradient has q's shape and dtype",
+                    d.shape,
+                    d.data.dtype_name(),
+                    q.shape,
+                    q.data.dtype_name()
+                ),
+            ));
+        }
+        Some(d)
+    } else {
+        None
+    };
     for (n, x) in [("q", &q), ("k", &k), ("v", &v)] {
         if x.shape.len() != 3 {
             return Err(bad(
@@ -118,6 +143,9 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
         ));
     }
     validate::check_params(&p)?;
+    if d_o.is_some() {
+        crate::attention::backward::varlen::check_varlen_backward_params(&p)?;
+    }
     super::attn::check_sinks(sinks, &p, &args.input)?;
     let (total_q, _) = check_varlen(
         &p,
@@ -129,7 +157,22 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
         Some(p.heads_q * q.shape[0]),
     )?;
     let start = std::time::Instant::now();
+    let mut grads: Option<[TensorData; 3]> = None;
     let (out, lse, engine) = if args.cpu {
+        if let Some(d) = &d_o {
+            let g = reference::varlen_backward_f64(
+                &p,
+                &cu_q,
+                &cu_k,
+                [None, None],
+                &q.data.to_f64(),
+                &k.data.to_f64(),
+                &v.data.to_f64(),
+                &d.data.to_f64(),
+            );
+            let f = |x: Vec<f64>| TensorData::F32(x.into_iter().map(|v| v as f32).collect());
+            grads = Some([f(g.dq), f(g.dk), f(g.dv)]);
+        }
         let s64 = super::attn::sinks_f64(sinks);
         let r = reference::varlen_sinks_f64(
             &p,
@@ -150,13 +193,26 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
         let ordinal = args.device.unwrap_or(0);
         let ctx = Context::new(ordinal)?;
         let name = format!("GPU {ordinal} ({})", ctx.device_name());
-        match (&q.data, &k.data, &v.data) {
-            (TensorData::F16(q), TensorData::F16(k), TensorData::F16(v)) => {
-                let (o, l) = launch(&ctx, &p, [&cu_q, &cu_k], q, k, v, total_q, sinks)?;
+        let cu = [cu_q.as_slice(), cu_k.as_slice()];
+        match (&q.data, &k.data, &v.data, d_o.as_ref().map(|d| &d.data)) {
+            (TensorData::F16(q), TensorData::F16(k), TensorData::F16(v), d) => {
+                let (o, l) = launch(&ctx, &p, cu, q, k, v, total_q, sinks)?;
+                if let Some(TensorData::F16(d)) = d {
+                    let [a, b, c] = launch_grad(&ctx, &p, cu, [q, k, v, &o, d], &l)?;
+                    grads = Some([TensorData::F16(a), TensorData::F16(b), TensorData::F16(c)]);
+                }
                 (TensorData::F16(o), l, name)
             }
-            (TensorData::Bf16(q), TensorData::Bf16(k), TensorData::Bf16(v)) => {
-                let (o, l) = launch(&ctx, &p, [&cu_q, &cu_k], q, k, v, total_q, sinks)?;
+            (TensorData::Bf16(q), TensorData::Bf16(k), TensorData::Bf16(v), d) => {
+                let (o, l) = launch(&ctx, &p, cu, q, k, v, total_q, sinks)?;
+                if let Some(TensorData::Bf16(d)) = d {
+                    let [a, b, c] = launch_grad(&ctx, &p, cu, [q, k, v, &o, d], &l)?;
+                    grads = Some([
+                        TensorData::Bf16(a),
+                        TensorData::Bf16(b),
+                        TensorData::Bf16(c),
+                    ]);
+                }
                 (TensorData::Bf16(o), l, name)
             }
             _ => return Err(bad(path, "q, k and v must share one dtype (F16 or BF16)")),
@@ -175,9 +231,20 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
     if args.lse {
         tensors.push(("lse", &lse));
     }
+    let grad_tensors = grads.map(|[a, b, c]| {
+        let t = |shape: &Vec<usize>, data| Tensor {
+            shape: shape.clone(),
+            data,
+        };
+        [t(&q.shape, a), t(&k.shape, b), t(&k.shape, c)]
+    });
+    if let Some([dq, dk, dv]) = &grad_tensors {
+        tensors.extend([("dq", dq), ("dk", dk), ("dv", dv)]);
+    }
     tensor_io::write_file(&args.output, &tensors, Some(tensor_io::attn_metadata(&p)))?;
     println!(
-        "flashcore attn: varlen B={} total_q={total_q} total_k={} Hq={} Hkv={} D={} {}{}{} on {engine} in {:.3} ms (wall, incl. setup): wrote out{} to {}",
+        "flashcore attn{}: varlen B={} total_q={total_q} total_k={} Hq={} Hkv={} D={} {}{}{} on {engine} in {:.3} ms (wall, incl. setup): wrote out{}{} to {}",
+        if args.grad { " --grad" } else { "" },
         p.batch,
         k.shape[0],
         p.heads_q,
@@ -187,6 +254,11 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
         if p.causal { " causal" } else { "" },
         super::attn::features_note(&p, sinks.is_some()),
         elapsed.as_secs_f64() * 1e3,
+        if grad_tensors.is_some() {
+            " and dq, dk, dv"
+        } else {
+            ""
+        },
         if args.lse { " and lse F32 [Hq, total_q]" } else { "" },
         args.output.display()
     );
@@ -223,4 +295,45 @@ fn launch<T: Element>(
     )?;
     let (o, l) = (ctx.download(&out)?, ctx.download(&lse)?);
     Ok((o, l))
+}
+
+/// The varlen backward on the GPU: dq, dk, dv from q, k, v, the forward's `o` and `lse`, and `do`
+/// (`t` = [q, k, v, o, do]). No query or no key anywhere: zeros, nothing launched.
+fn launch_grad<T: Element>(
+    ctx: &Context,
+    p: &AttentionParams,
+    [cu_q, cu_k]: [&[i32]; 2],
+    t: [&[T]; 5],
+    lse: &[f32],
+) -> Result<[Vec<T>; 3]> {
+    let [q, k, v, o, d_o] = t;
+    if q.is_empty() || k.is_empty() {
+        return Ok([
+            vec![T::from_f64(0.0); q.len()],
+            vec![T::from_f64(0.0); k.len()],
+            vec![T::from_f64(0.0); k.len()],
+        ]);
+    }
+    let up = |x: &[T]| ctx.upload(x);
+    let (dq_, dk_, dv_, o_, do_) = (up(q)?, up(k)?, up(v)?, up(o)?, up(d_o)?);
+    let (cq, ck, l) = (ctx.upload(cu_q)?, ctx.upload(cu_k)?, ctx.upload(lse)?);
+    let mut gq = ctx.alloc::<T>(q.len())?;
+    let mut gk = ctx.alloc::<T>(k.len())?;
+    let mut gv = ctx.alloc::<T>(k.len())?;
+    ctx.attention_varlen_backward(
+        p,
+        &dq_,
+        &dk_,
+        &dv_,
+        &cq,
+        &ck,
+        [None, None],
+        &o_,
+        &l,
+        &do_,
+        &mut gq,
+        &mut gk,
+        &mut gv,
+    )?;
+    Ok([ctx.download(&gq)?, ctx.download(&gk)?, ctx.download(&gv)?])
 }
