@@ -35,11 +35,13 @@ def _check_grads_in(grad_out, q, out, lse, hq):
                          f"{tuple(lse.shape)}, {lse.dtype} (run the forward with return_lse=True)")
 
 
-def _grads(q, k, zero_q):
-    dq = torch.zeros_like(q, memory_format=torch.contiguous_format) if zero_q else \
-        torch.empty_like(q, memory_format=torch.contiguous_format)
+def _grads(q, k, zero_q, zero_k):
+    # With seqused_q / seqused_k, rows past a sequence's used tokens may lie past max_seqlen of
+    # its cu_seqlens range (the HF backend's pack of a padded batch): the kernels, bounded by
+    # max_seqlen, never reach them, and their gradient is 0.
     c = torch.contiguous_format
-    return dq, torch.empty_like(k, memory_format=c), torch.empty_like(k, memory_format=c)
+    new = lambda t, z: torch.zeros_like(t, memory_format=c) if z else torch.empty_like(t, memory_format=c)  # noqa: E731
+    return new(q, zero_q), new(k, zero_k), new(k, zero_k)
 
 
 @torch.library.custom_op("flashcore::attention_varlen_backward", mutates_args=())
@@ -65,7 +67,7 @@ def attention_varlen_backward_op(
     _checks.check_backward_head_dim(d)
     _check_grads_in(grad_out, q, out, lse, hq)
     scale = _checks.check_scale(scale)
-    dq, dk, dv = _grads(q, k, seqused_q is not None)
+    dq, dk, dv = _grads(q, k, seqused_q is not None, seqused_k is not None)
     if q.shape[0] == 0 or k.shape[0] == 0 or b == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     q, k, v = _readable(q), _readable(k), _readable(v)
@@ -93,7 +95,7 @@ def _attention_varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, c
     _checks.check_backward_head_dim(d)
     _check_grads_in(grad_out, q, out, lse, hq)
     _checks.check_scale(scale)
-    return _grads(q, k, False)
+    return _grads(q, k, False, False)
 
 
 def _setup_context(ctx, inputs, output):

@@ -103,7 +103,10 @@ def test_seqused_gradients_match_float64():
         for g, w in zip(got, want):
             assert torch.isfinite(g).all()
             assert rel(g, w) <= TOL[torch.bfloat16]
-            assert (g.double()[w == 0] == 0).all()  # rows no sequence uses: exactly 0
+        # Rows past each sequence's used tokens: exactly 0.
+        for b in range(3):
+            for g in got:
+                assert (g[b * s + used[b]:(b + 1) * s] == 0).all()
 
 
 def test_bits_are_independent_of_neighbours_and_reruns():
@@ -185,7 +188,7 @@ def test_what_has_no_backward_is_refused():
 def test_hf_padded_training_step_matches_sdpa(dtype):
     """A Llama (GQA 4/2, sharpened q/k) training step on a padded batch (one row right-padded, one
     left-padded) through "fcore": every attention call served by varlen (no fallback), loss and
-    parameter gradients against an fp32 eager model within hf_models.BOUND of "sdpa"."""
+    parameter gradients against an fp32 eager model within hf_models.BOUND of "sdpa"'s error."""
     pytest.importorskip("transformers")
     import flashcore.hf
     import hf_models
@@ -195,7 +198,7 @@ def test_hf_padded_training_step_matches_sdpa(dtype):
     fcore = errors.pop("fcore")
     print(f"hf padded training llama {dtype}: fcore loss {fcore[0]:.2e} grads {fcore[1]:.2e}; others {errors}")
     assert served == 2 and flashcore.hf.stats["fallback"] == fallback  # no call fell back
-    best_grad = min(e[1] for e in errors.values())
-    assert fcore[1] <= hf_models.BOUND * best_grad, (fcore, errors)
+    # Against "sdpa" (the backend a padded batch trained through before): within BOUND of its error.
+    assert fcore[1] <= hf_models.BOUND * errors["sdpa"][1], (fcore, errors)
     worst_loss = max(e[0] for e in errors.values())
     assert fcore[0] <= max(hf_models.BOUND * worst_loss, 1e-3), (fcore, errors)

@@ -287,9 +287,10 @@ impl Context {
     /// q, k, v, the forward's `o` and `lse` (fp32 `[heads_q, total_q]`) and `d_o` (q's shape).
     /// `dq` is packed like q, `dk`, `dv` like k (GQA: summed over each K/V head's query heads).
     /// `seqused` = (`seqused_k`, `seqused_q`), i32 `[batch]` each, as the forward's: sequence b's
-    /// queries saw its first `seqused_k[b]` keys only (its other keys get dK = dV = 0), and only
-    /// its first `seqused_q[b]` queries count (its other rows of `dq` are not written, as the
-    /// forward leaves those rows of `o`). Bitwise deterministic; a
+    /// queries saw its first `seqused_k[b]` keys only (its other keys up to `max_seqlen_k` get
+    /// dK = dV = 0; past it they are not written), and only its first `seqused_q[b]` queries
+    /// count (its other rows of `dq` are not written, as the forward leaves those rows of `o`).
+    /// Bitwise deterministic; a
     /// sequence's bits do not depend on the others in the pack nor on its place there.
     ///
     /// Downloads `cu_seqlens` once to check them (a host synchronisation; the forward's rules),
