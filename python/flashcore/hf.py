@@ -30,7 +30,8 @@ batch: each real query row sees the keys of its sequence's real tokens (causal: 
 is served by varlen (``padded_prefill_of``: one host read per mask tensor, to check the mask's
 form, a causal sliding window on top included; the starts and counts are computed on the
 device): the padded batch runs as a pack with ``seqused_q``/``seqused_k``, rows of padding come
-out zero. Sinks and a softcap are served on both mask paths (issue 24: gpt-oss and Gemma 2
+out zero — under grad too (varlen's backward, python/flashcore/varlen_autograd.py), unless the
+call has a window, softcap or sinks (no backward for those yet: SDPA). Sinks and a softcap are served on both mask paths (issue 24: gpt-oss and Gemma 2
 batches, prefill and generate). Every other call goes to a path that
 computes it:
 
