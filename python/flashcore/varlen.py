@@ -262,20 +262,15 @@ def flash_attn_varlen_func(
             raise ValueError(f"flashcore: flash_attn_varlen_func does not support {name} yet")
     sink_t = learnable_sink if isinstance(learnable_sink, torch.Tensor) else None
     grad = _checks.needs_grad(q, k, v, sink_t)
-    if grad and secret_lengths is not None:
-        raise RuntimeError(
-            "flashcore: secret_lengths has no backward pass: train on unpadded sequences, or compute this call "
-            "under torch.no_grad()"
-        )
+    if secret_lengths is not None:
+        _checks.check_no_grad("flash_attn_varlen_func with secret_lengths", q, k, v, sink_t)
     window, softcap, sinks = _checks.features(window_size, softcap, learnable_sink, q, q.shape[-2])
     want_lse = bool(return_attn_probs) or bool(return_lse)
     if grad:
         _checks.check_backward_head_dim(q.shape[-1])
         if window != (-1, -1) or softcap != 0.0 or sinks is not None:
-            raise RuntimeError(
-                "flashcore: window_size, softcap and learnable_sink have no backward pass yet: call it under "
-                "torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
-            )
+            _checks.check_no_grad("flash_attn_varlen_func with window_size, softcap or learnable_sink", q, k, v,
+                                  sink_t)
     if secret_lengths is not None:
         if window != (-1, -1) or softcap != 0.0 or sinks is not None:
             raise ValueError("flashcore: window_size, softcap and learnable_sink are not supported with "
