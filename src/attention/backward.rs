@@ -614,7 +614,19 @@ impl Context {
         dv: &mut CudaSlice<T>,
         dsink: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        self.backward_checked(params, q, k, v, o, lse, d_o, dq, dk, dv, Some((sinks, dsink)))
+        self.backward_checked(
+            params,
+            q,
+            k,
+            v,
+            o,
+            lse,
+            d_o,
+            dq,
+            dk,
+            dv,
+            Some((sinks, dsink)),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -859,6 +871,32 @@ mod tests {
             assert_eq!(off(std::ptr::addr_of!((*p).dq_acc_ptr) as *const u8), 664);
             assert_eq!(FLAGS_FIELD, 672);
             assert_eq!(off(std::ptr::addr_of!((*p).kv_n_blocks) as *const u8), 680);
+            // Issue 24's fields (kernels/fc_bwd_config.cuh).
+            assert_eq!(off(std::ptr::addr_of!((*p).window_left) as *const u8), 684);
+            assert_eq!(off(std::ptr::addr_of!((*p).window_right) as *const u8), 688);
+            assert_eq!(off(std::ptr::addr_of!((*p).softcap_in) as *const u8), 692);
+            assert_eq!(off(std::ptr::addr_of!((*p).softcap_out) as *const u8), 696);
+            assert_eq!(off(std::ptr::addr_of!((*p).sinks_ptr) as *const u8), 704);
+            assert_eq!(off(std::ptr::addr_of!((*p).dsink_ptr) as *const u8), 712);
+            assert_eq!(off(std::ptr::addr_of!((*p).reserved) as *const u8), 720);
         }
+    }
+
+    #[test]
+    fn sinks_and_their_gradient_come_together_sized_per_query_head() {
+        let p = params(); // Hq 4
+        let ok = Some((4, 0x1000u64));
+        check_backward_sinks(&p, None, None).unwrap();
+        check_backward_sinks(&p, ok, ok).unwrap();
+        assert_eq!(arg_of(check_backward_sinks(&p, ok, None)), "dsink");
+        assert_eq!(arg_of(check_backward_sinks(&p, None, ok)), "sinks");
+        assert_eq!(
+            arg_of(check_backward_sinks(&p, Some((3, 0x1000)), ok)),
+            "sinks"
+        );
+        assert_eq!(
+            arg_of(check_backward_sinks(&p, ok, Some((4, 0x1002)))),
+            "dsink"
+        );
     }
 }

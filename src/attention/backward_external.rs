@@ -236,6 +236,21 @@ mod tests {
     }
 
     #[test]
+    fn sinks_without_their_gradient_or_misaligned_are_rejected() {
+        let mut c = call();
+        c.sinks = 0xb0000;
+        c.dsink = 0xc0000;
+        validate_backward(&c).unwrap();
+        c.dsink = 0;
+        assert_eq!(arg_of(validate_backward(&c)), "dsink");
+        let mut c = call();
+        c.dsink = 0xc0000;
+        assert_eq!(arg_of(validate_backward(&c)), "sinks");
+        c.sinks = 0xb0002;
+        assert_eq!(arg_of(validate_backward(&c)), "sinks");
+    }
+
+    #[test]
     fn unreadable_input_strides_are_rejected() {
         let mut c = call();
         c.k.strides.seq = 65; // not a multiple of 16 bytes
