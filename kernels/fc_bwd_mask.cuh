@@ -62,21 +62,6 @@ FC_DEVICE int bwd_block_x() {
     return x;
 }
 
-// threadIdx.x, read likewise.
-FC_DEVICE int bwd_thread_x() {
-    int x;
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(x));
-    return x;
-}
-
-// x, through an instruction the compiler may not move out of a loop (so what is derived from it
-// is recomputed there rather than held live).
-FC_DEVICE uint32_t bwd_opaque(uint32_t x) {
-    uint32_t y;
-    asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
-    return y;
-}
-
 // Softcap: the base-2 exponent of P for raw score s is t·(softcap_out·scale_log2) − LSE₂ with
 // t = tanh(s·softcap_in) (the forward's fast_tanh: exp2 and a reciprocal, fixed latency).
 FC_DEVICE float bwd_softcap_t(const BwdParams& p, float s) { return fast_tanh(s * p.softcap_in); }

@@ -2,7 +2,9 @@
 //! the forward's O and LSE, and dO. Three launches on the context's stream
 //! (`kernels/attention_bwd.cu`): a preprocess into a padded fp32 workspace, the dK/dV kernel and
 //! the dQ kernel. Every gradient element is summed by one CTA in an order fixed by the shape: the
-//! result is bitwise deterministic and a sequence's bits do not depend on its batch.
+//! result is bitwise deterministic and a sequence's bits do not depend on its batch. Issue 24:
+//! windows and softcap run their own two-pass builds ([`BwdVariant::for_params`]); a call with
+//! learnable sinks adds a fourth launch, the sinks' gradient (`flashcore_bwd_dsink`).
 //!
 //! Every rule is checked on the host before anything is launched ([`check_backward`]).
 
@@ -107,7 +109,7 @@ pub fn check_backward_params(p: &AttentionParams) -> Result<()> {
 
 /// The one-pass kernel (`FLASHCORE_BWD_ONEPASS=1`) has no window or softcap (issue 24's features
 /// run on the two-pass kernels only): a call that would run it with either is refused.
-pub fn check_backward_variant(p: &AttentionParams, v: BwdVariant) -> Result<()> {
+pub fn check_backward_variant(v: BwdVariant) -> Result<()> {
     if v.onepass && (v.window || v.softcap) {
         let arg = if v.softcap { "softcap" } else { "window" };
         return Err(Error::invalid(
@@ -116,7 +118,6 @@ pub fn check_backward_variant(p: &AttentionParams, v: BwdVariant) -> Result<()> 
              softcap: unset FLASHCORE_BWD_ONEPASS to run the two-pass kernels",
         ));
     }
-    let _ = p;
     Ok(())
 }
 
@@ -559,7 +560,7 @@ impl Context {
     pub(crate) fn plan_backward_external(&self, params: &AttentionParams) -> Result<BackwardPlan> {
         check_backward_params(params)?;
         let variant = BwdVariant::for_params(params);
-        check_backward_variant(params, variant)?;
+        check_backward_variant(variant)?;
         Ok(BackwardPlan {
             params: params.clone(),
             variant,

@@ -349,7 +349,7 @@ mod tests {
             assert!(check_backward_params(q).is_ok());
             let v = BwdVariant::for_params(q);
             assert!(v.window && !v.onepass, "{v:?}");
-            assert!(check_backward_variant(q, v).is_ok());
+            assert!(check_backward_variant(v).is_ok());
         }
         assert!(BwdVariant::for_params(&cap).softcap);
         // FLASHCORE_BWD_ONEPASS=1 would pick the one-pass kernel: it has neither feature.
@@ -359,7 +359,7 @@ mod tests {
                 pingpong: false,
                 ..BwdVariant::for_params(q)
             };
-            let e = check_backward_variant(q, one).unwrap_err();
+            let e = check_backward_variant(one).unwrap_err();
             assert!(e.to_string().contains("one-pass"), "{e}");
             assert_eq!(arg_of(Err(e)), arg);
         }
