@@ -69,9 +69,17 @@ struct BwdParams {
     // turn counters [B·Hq][kv_m_blocks] in the workspace; key blocks ceil(Sk / KV_BN).
     uint64_t dq_acc_ptr, flags_ptr;
     int32_t kv_n_blocks;
+    // Issue 24 (fc_bwd_mask.cuh): the window's sides (unbounded: Sq + Sk, host-clamped) and the
+    // softcap's factors (as the forward's: softcap_in = scale / cap, softcap_out = cap / scale).
+    int32_t window_left, window_right;
+    float softcap_in, softcap_out;
+    int32_t pad0;
+    // Learnable sinks: fp32 [Hq] logits (secret) and their gradient fp32 [Hq] (the dsink kernel);
+    // 0 when the call has none.
+    uint64_t sinks_ptr, dsink_ptr;
     // To 768 bytes: the host's CUtensorMap is 128-byte aligned (CUDA 13 headers), so its copy of
     // this block is a multiple of 128 bytes long.
-    int32_t reserved[21];
+    int32_t reserved[12];
 };
 static_assert(sizeof(BwdParams) == 768, "BwdKernelParams in src/attention/backward.rs is 768 bytes");
 

@@ -15,6 +15,7 @@
 #include "fc_tma.cuh"
 #include "fc_wgmma.cuh"
 #include "fc_bwd_onepass.cuh"
+#include "fc_bwd_mask.cuh"
 
 struct DkdvShared {
     uint16_t k[bw::CHUNKS][bw::KV_BN][64];
@@ -38,6 +39,17 @@ FC_DEVICE int dkdv_first_m(const BwdParams& p, int n_block) {
 #endif
 }
 
+// The query tiles [first, end) a key block visits per query head: window builds skip the tiles
+// wholly outside the window on either side (fc_bwd_mask.cuh), by index.
+FC_DEVICE void dkdv_m_range(const BwdParams& p, int n_block, int& first, int& end) {
+#if FC_WINDOW
+    bwd_window_query_tiles(p, n_block, bw::KV_BN, bw::KV_BM, p.kv_m_blocks, first, end);
+#else
+    first = dkdv_first_m(p, n_block);
+    end = p.kv_m_blocks;
+#endif
+}
+
 FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int kv_head, int batch) {
     using namespace bw;
     tma_prefetch_desc(&p.q_map);
@@ -50,8 +62,9 @@ FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int
         tma_load_4d(&s.k[c][0][0], &p.k_map, &s.kv_full, c * 64, n_block * KV_BN, kv_head, batch);
         tma_load_4d(&s.v[c][0][0], &p.v_map, &s.kv_full, c * 64, n_block * KV_BN, kv_head, batch);
     }
-    const int first_m = dkdv_first_m(p, n_block);
-    const int per_head = p.kv_m_blocks - first_m;
+    int first_m, end_m;
+    dkdv_m_range(p, n_block, first_m, end_m);
+    const int per_head = end_m - first_m;
     const int total = per_head * p.group;
     for (int it = 0; it < total; ++it) {
         const int head = kv_head * p.group + it / per_head;
@@ -90,8 +103,9 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
 
     const uint32_t k_base = smem_u32(&s.k[0][wg * 64][0]);
     const uint32_t v_base = smem_u32(&s.v[0][wg * 64][0]);
-    const int first_m = dkdv_first_m(p, n_block);
-    const int per_head = p.kv_m_blocks - first_m;
+    int first_m, end_m;
+    dkdv_m_range(p, n_block, first_m, end_m);
+    const int per_head = end_m - first_m;
     const int total = per_head * p.group;
     mbar_wait(&s.kv_full, 0);
     const Turns turns{wg, total};
@@ -102,8 +116,17 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
     (void)ds;
 
     for (int it = 0; it < total; ++it) {
+#if FC_WINDOW
+        // The range again from a fresh read of the block index (two passes: n_block is
+        // blockIdx.x): held across the loop beside dK and dV it spilled at d128.
+        int first_t, end_t;
+        dkdv_m_range(p, bwd_block_x(), first_t, end_t);
+        const int head = kv_head * p.group + it / (end_t - first_t);
+        const int m_block = first_t + it % (end_t - first_t);
+#else
         const int head = kv_head * p.group + it / per_head;
         const int m_block = first_m + it % per_head;
+#endif
         const int st = bwd_stage<KV_STAGES>(it);
         const uint32_t q_base = smem_u32(&s.q[st][0][0][0]);
         const uint32_t do_base = smem_u32(&s.d_o[st][0][0][0]);
@@ -150,19 +173,29 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
 
         // Causal: query − key ≥ Sq − Sk; relative to this thread's first (key, query) pair.
         const int rel = m_block * KV_BM + col0 - key0 - (p.seqlen_q - p.seqlen_k);
+#if FC_SOFTCAP
+        const float cap_log2 = p.softcap_out * p.scale_log2;
+#endif
 #pragma unroll
         for (int i = 0; i < KV_BM / 2; ++i) {
             const int h = (i / 2) % 2;
             const int off = 8 * (i / 4) + (i % 2) - 8 * h;  // (query − key) − rel
             bool visible = key_in[h];
-#if FC_CAUSAL
+#if FC_WINDOW
+            visible = visible && bwd_in_window(p, rel + off);
+#elif FC_CAUSAL
             visible = visible && (rel + off >= 0);
 #else
             (void)off;
             (void)rel;
 #endif
             const float l2 = lse2_p[8 * (i / 4) + (i % 2)];
+#if FC_SOFTCAP
+            // Pᵀ from the capped logit (t = tanh(s·softcap_in); the exponent is t·cap_log2).
+            sacc[i] = select_f(visible, fast_exp2(fmaf(bwd_softcap_t(p, sacc[i]), cap_log2, -l2)), 0.0f);
+#else
             sacc[i] = select_f(visible, fast_exp2(fmaf(sacc[i], p.scale_log2, -l2)), 0.0f);
+#endif
         }
         uint32_t pf[KV_BM / 16][4], sf[KV_BM / 16][4];
         acc_to_frags<KV_BM>(sacc, pf);
@@ -185,6 +218,12 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
                 unpack_elem2(pf[kk][r], p0, p1);
                 const int i = 8 * kk + 2 * r;
                 const float2 dd = *reinterpret_cast<const float2*>(dvec_p + 8 * (i / 4));
+#if FC_SOFTCAP
+                // Softcap: Pᵀ·(1 − t²), t recovered from the 16-bit Pᵀ (fc_bwd_mask.cuh).
+                const float2 ll = *reinterpret_cast<const float2*>(lse2_p + 8 * (i / 4));
+                p0 = bwd_softcap_grad_from_p(p0, ll.x, cap_log2);
+                p1 = bwd_softcap_grad_from_p(p1, ll.y, cap_log2);
+#endif
                 dpacc[i] = p0 * (dpacc[i] - dd.x);
                 dpacc[i + 1] = p1 * (dpacc[i + 1] - dd.y);
             }

@@ -12,6 +12,7 @@
 #include "fc_mbarrier.cuh"
 #include "fc_tma.cuh"
 #include "fc_wgmma.cuh"
+#include "fc_bwd_mask.cuh"
 
 struct DqShared {
     uint16_t q[bw::CHUNKS][bw::Q_BM][64];
@@ -34,9 +35,23 @@ FC_DEVICE int dq_key_blocks(const BwdParams& p, int m_block) {
 #endif
 }
 
+// The key blocks [first, first + count) the tile visits: window builds skip the blocks wholly
+// outside the window on either side (fc_bwd_mask.cuh), by index. count 0: every row masked.
+FC_DEVICE int dq_key_range(const BwdParams& p, int m_block, int& first) {
+#if FC_WINDOW
+    int end;
+    bwd_window_key_blocks(p, m_block, bw::Q_BM, bw::Q_BN, p.q_n_blocks, first, end);
+    return end - first;
+#else
+    first = 0;
+    return dq_key_blocks(p, m_block);
+#endif
+}
+
 FC_DEVICE void dq_producer(const BwdParams& p, DqShared& s, int m_block, int head, int batch) {
     using namespace bw;
-    const int count = dq_key_blocks(p, m_block);
+    int first;
+    const int count = dq_key_range(p, m_block, first);
     if (count == 0) return;
     tma_prefetch_desc(&p.q_map);
     tma_prefetch_desc(&p.k_map);
@@ -55,8 +70,8 @@ FC_DEVICE void dq_producer(const BwdParams& p, DqShared& s, int m_block, int hea
         mbar_arrive_expect_tx(&s.full[st], 2u * Q_BN * D * 2);
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
-            tma_load_4d(&s.k[st][c][0][0], &p.k_map, &s.full[st], c * 64, it * Q_BN, kv_head, batch);
-            tma_load_4d(&s.v[st][c][0][0], &p.v_map, &s.full[st], c * 64, it * Q_BN, kv_head, batch);
+            tma_load_4d(&s.k[st][c][0][0], &p.k_map, &s.full[st], c * 64, (first + it) * Q_BN, kv_head, batch);
+            tma_load_4d(&s.v[st][c][0][0], &p.v_map, &s.full[st], c * 64, (first + it) * Q_BN, kv_head, batch);
         }
     }
 }
@@ -72,7 +87,8 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) dq[i] = 0.0f;
 
-    const int count = dq_key_blocks(p, m_block);
+    int first;
+    const int count = dq_key_range(p, m_block, first);
     const int64_t ws_row = ((int64_t)batch * p.heads_q + head) * p.sq_pad + row0;
     const float* lse2_p = reinterpret_cast<const float*>(p.lse2_ptr) + ws_row;
     const float* dvec_p = reinterpret_cast<const float*>(p.dvec_ptr) + ws_row;
@@ -113,20 +129,32 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
 
         // Keys past Sk are masked; causal: key − query ≤ Sk − Sq. Relative to this thread's
         // first (query, key) pair.
-        const int key_first = it * Q_BN + col0;
+        const int key_first = (first + it) * Q_BN + col0;
         const int limit = p.seqlen_k - key_first;
         const int rel = key_first - row0 - (p.seqlen_k - p.seqlen_q);
+#if FC_SOFTCAP
+        const float cap_log2 = p.softcap_out * p.scale_log2;
+#endif
 #pragma unroll
         for (int i = 0; i < Q_BN / 2; ++i) {
             const int h = (i / 2) % 2;
             const int kof = 8 * (i / 4) + (i % 2);
             bool visible = kof < limit;
-#if FC_CAUSAL
+#if FC_WINDOW
+            visible = visible && bwd_in_window(p, -(rel + kof - 8 * h));
+#elif FC_CAUSAL
             visible = visible && (rel + kof - 8 * h <= 0);
 #else
             (void)rel;
 #endif
+#if FC_SOFTCAP
+            // P from the capped logit, times (1 − t²): all dS needs (dQ has no P V).
+            const float t = bwd_softcap_t(p, sacc[i]);
+            const float prob = select_f(visible, fast_exp2(fmaf(t, cap_log2, -lse2[h])), 0.0f);
+            sacc[i] = bwd_softcap_grad(prob, t);
+#else
             sacc[i] = select_f(visible, fast_exp2(fmaf(sacc[i], p.scale_log2, -lse2[h])), 0.0f);
+#endif
         }
         wgmma_wait<0>();
         fence_regs(dpacc);

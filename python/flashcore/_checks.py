@@ -239,6 +239,15 @@ def sinks_f32(sinks):
     return sinks
 
 
+def sinks_f32_grad(sinks):
+    """A learnable_sink as the op takes it when autograd records the call: float32 and contiguous
+    like `sinks_f32`, but not detached, so the sink's gradient flows back through the conversion
+    (a bf16 model parameter gets a bf16 gradient)."""
+    if isinstance(sinks, torch.Tensor) and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
+        return sinks.float().contiguous()
+    return sinks
+
+
 def check_block_table(block_table, b, pool, device):
     """A paged KV cache's block table: int32 ``[B, max_pages]`` on `device`, over a pool
     ``[num_pages, page_size, Hkv, D]`` whose page size is a power of two of at least 16 rows."""

@@ -330,27 +330,39 @@ mod tests {
     }
 
     #[test]
-    fn the_backward_refuses_windows_and_softcap() {
-        use crate::attention::backward::check_backward_params;
+    fn the_backward_takes_windows_and_softcap_but_the_one_pass_kernel_refuses_them() {
+        use crate::attention::backward::{check_backward_params, check_backward_variant};
         use crate::attention::Window;
+        use crate::kernels::backward::BwdVariant;
         let p = AttentionParams::new(1, 2, 8, 64);
         assert!(check_backward_params(&p).is_ok());
-        // Causal is the window (None, 0): still plain causal.
+        // Causal is the window (None, 0): still plain causal, no window variant.
         let causal = p
             .clone()
             .causal(true)
             .window(Window::from_flash_attn(-1, 0));
         assert!(check_backward_params(&causal).is_ok());
-        assert_eq!(
-            arg_of(check_backward_params(
-                &p.clone().window(Window::from_flash_attn(4, 0))
-            )),
-            "window"
-        );
-        assert_eq!(
-            arg_of(check_backward_params(&p.clone().softcap(5.0))),
-            "softcap"
-        );
+        assert!(!BwdVariant::for_params(&causal).window);
+        let win = p.clone().window(Window::from_flash_attn(4, 0));
+        let cap = p.clone().softcap(5.0);
+        for q in [&win, &cap] {
+            assert!(check_backward_params(q).is_ok());
+            let v = BwdVariant::for_params(q);
+            assert!(v.window && !v.onepass, "{v:?}");
+            assert!(check_backward_variant(v).is_ok());
+        }
+        assert!(BwdVariant::for_params(&cap).softcap);
+        // FLASHCORE_BWD_ONEPASS=1 would pick the one-pass kernel: it has neither feature.
+        for (q, arg) in [(&win, "window"), (&cap, "softcap")] {
+            let one = BwdVariant {
+                onepass: true,
+                pingpong: false,
+                ..BwdVariant::for_params(q)
+            };
+            let e = check_backward_variant(one).unwrap_err();
+            assert!(e.to_string().contains("one-pass"), "{e}");
+            assert_eq!(arg_of(Err(e)), arg);
+        }
     }
     use crate::attention::params::AttentionParams;
 

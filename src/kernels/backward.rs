@@ -14,6 +14,11 @@ pub const DQ_SYMBOL: &str = "flashcore_bwd_dq";
 /// conversion from the fp32 accumulator.
 pub const ONEPASS_SYMBOL: &str = "flashcore_bwd_onepass";
 pub const CONVERT_SYMBOL: &str = "flashcore_bwd_dq_convert";
+/// Learnable sinks' gradient (issue 24), in every variant's cubin, launched only for calls with
+/// sinks (kernels/fc_bwd_sink.cuh).
+pub const DSINK_SYMBOL: &str = "flashcore_bwd_dsink";
+/// Threads of the dsink kernel (one CTA per query head).
+pub const DSINK_THREADS: u32 = 256;
 /// Every two-pass kernel symbol; the GEMM kernels (the last two) must use wgmma.
 pub const SYMBOLS: [&str; 3] = [PREPROCESS_SYMBOL, DKDV_SYMBOL, DQ_SYMBOL];
 /// Every one-pass kernel symbol; the GEMM kernel (the second) must use wgmma.
@@ -33,6 +38,8 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_bwd_dkdv.cuh",
     "fc_bwd_dq.cuh",
     "fc_bwd_onepass.cuh",
+    "fc_bwd_mask.cuh",
+    "fc_bwd_sink.cuh",
 );
 
 /// Keys per dK/dV CTA and query rows per dQ CTA: 64 per consumer warpgroup, two consumers
@@ -79,13 +86,20 @@ pub struct BwdVariant {
     /// waits nor adds (dQ wrong), 3 = nor runs the dQ GEMM, 4 = nor exchanges dSᵀ between its
     /// warpgroups. What the ordering, the reductions, the fifth GEMM and the lockstep cost.
     pub diag: u8,
+    /// Issue 24: a sliding window (`FC_WINDOW`: skips query tiles / key blocks outside it and
+    /// masks by select; kernels/fc_bwd_mask.cuh). Two-pass only.
+    pub window: bool,
+    /// Issue 24: logit softcap (`FC_SOFTCAP`: dS carries the tanh's derivative). Two-pass only;
+    /// shipped with `window` (an unbounded window costs a compare, not a variant).
+    pub softcap: bool,
 }
 
 impl BwdVariant {
-    /// A stable, human-readable name, e.g. `bwd_bf16_d128_causal`, `bwd_f16_d64_full_onepass`.
+    /// A stable, human-readable name, e.g. `bwd_bf16_d128_causal`, `bwd_f16_d64_full_onepass`,
+    /// `bwd_f16_d64_full_window_softcap`.
     pub fn name(&self) -> String {
         format!(
-            "bwd_{}_d{}_{}{}",
+            "bwd_{}_d{}_{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
@@ -101,8 +115,36 @@ impl BwdVariant {
                 ""
             } else {
                 "_lockstep"
-            }
+            },
+            if self.window { "_window" } else { "" },
+            if self.softcap { "_softcap" } else { "" }
         )
+    }
+
+    /// The variant a call with these parameters runs: [`BwdVariant::for_call`], plus issue 24's
+    /// window and softcap (softcap runs the window build: an unbounded window masks nothing). A
+    /// call with either runs the two-pass kernels (the one-pass kernel refuses them:
+    /// [`crate::attention::backward::check_backward_variant`]) unless `FLASHCORE_BWD_ONEPASS=1`
+    /// asks for the one-pass kernel.
+    pub fn for_params(p: &crate::attention::AttentionParams) -> BwdVariant {
+        let base = BwdVariant::for_call(p.dtype, p.head_dim, p.causal);
+        let w = p.effective_window();
+        let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
+        if !window || base.onepass {
+            return BwdVariant {
+                window,
+                softcap: p.softcap != 0.0,
+                ..base
+            };
+        }
+        BwdVariant {
+            window,
+            softcap: p.softcap != 0.0,
+            onepass: false,
+            pingpong: std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0"),
+            diag: 0,
+            ..base
+        }
     }
 
     /// The variant a call of this dtype, head dim and mask runs: [`default_onepass`] unless
@@ -126,7 +168,17 @@ impl BwdVariant {
             pingpong,
             onepass,
             diag,
+            window: false,
+            softcap: false,
         }
+    }
+
+    /// Every kernel of this variant's cubin (the audit's list): [`BwdVariant::symbols`] and the
+    /// dsink kernel.
+    pub fn audited_symbols(&self) -> Vec<&'static str> {
+        let mut v = self.symbols().to_vec();
+        v.push(DSINK_SYMBOL);
+        v
     }
 
     /// The kernel symbols of this variant, in launch order.
@@ -146,7 +198,8 @@ impl BwdVariant {
         let d64 = self.head_dim == 64;
         BwdTiles {
             kv_block_n: KV_BLOCK_N,
-            kv_block_m: if d64 { 128 } else { 64 },
+            // Softcap at d64 streams 64-row tiles too: at 128 its tanh temporaries spill.
+            kv_block_m: if d64 && !self.softcap { 128 } else { 64 },
             kv_stages: 3,
             q_block_m: Q_BLOCK_M,
             q_block_n: 128,
@@ -167,6 +220,8 @@ impl BwdVariant {
         o.push(format!("-DFC_HEAD_DIM={}", self.head_dim));
         o.push(format!("-DFC_BF16={}", (self.dtype == DType::Bf16) as u8));
         o.push(format!("-DFC_CAUSAL={}", self.causal as u8));
+        o.push(format!("-DFC_WINDOW={}", self.window as u8));
+        o.push(format!("-DFC_SOFTCAP={}", self.softcap as u8));
         o
     }
 
@@ -265,6 +320,8 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                         pingpong,
                         onepass: false,
                         diag: 0,
+                        window: false,
+                        softcap: false,
                     });
                 }
                 v.push(BwdVariant {
@@ -274,7 +331,22 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                     pingpong: false,
                     onepass: true,
                     diag: 0,
+                    window: false,
+                    softcap: false,
                 });
+                // Issue 24: windows, and softcap with a window (two passes, ping-pong).
+                for softcap in [false, true] {
+                    v.push(BwdVariant {
+                        dtype,
+                        head_dim,
+                        causal,
+                        pingpong: true,
+                        onepass: false,
+                        diag: 0,
+                        window: true,
+                        softcap,
+                    });
+                }
             }
         }
     }
@@ -288,7 +360,7 @@ mod tests {
     #[test]
     fn shared_memory_fits_and_names_are_distinct() {
         let vs = shipped_bwd_variants();
-        assert_eq!(vs.len(), 24);
+        assert_eq!(vs.len(), 40);
         let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), vs.len());
         for v in &vs {
