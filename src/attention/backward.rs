@@ -110,6 +110,22 @@ pub fn check_backward_params(p: &AttentionParams) -> Result<()> {
     Ok(())
 }
 
+/// The variant a call selected must be built for its head dim: the opt-in one-pass kernels
+/// (`FLASHCORE_BWD_ONEPASS=1`) serve only [`kb::ONEPASS_HEAD_DIMS`].
+fn check_variant(v: &BwdVariant) -> Result<()> {
+    if v.onepass && !kb::ONEPASS_HEAD_DIMS.contains(&v.head_dim) {
+        return Err(Error::invalid(
+            "head_dim",
+            format!(
+                "the one-pass backward (FLASHCORE_BWD_ONEPASS=1) serves head dims 64 and 128, got {}; \
+                 unset it for the two-pass kernels",
+                v.head_dim
+            ),
+        ));
+    }
+    Ok(())
+}
+
 fn padded_rows(seqlen_q: usize) -> usize {
     seqlen_q.div_ceil(kb::ROW_PAD) * kb::ROW_PAD
 }
@@ -498,6 +514,7 @@ impl Context {
     pub(crate) fn plan_backward_external(&self, params: &AttentionParams) -> Result<BackwardPlan> {
         check_backward_params(params)?;
         let variant = BwdVariant::for_call(params.dtype, params.head_dim, params.causal);
+        check_variant(&variant)?;
         Ok(BackwardPlan {
             params: params.clone(),
             variant,
@@ -696,8 +713,34 @@ mod tests {
         assert_eq!(arg_of(check_backward_params(&p)), "heads_q");
         // The forward's rules apply too.
         let mut p = params();
-        p.head_dim = 96;
+        p.head_dim = 80;
         assert_eq!(arg_of(check_backward_params(&p)), "head_dim");
+    }
+
+    #[test]
+    fn the_one_pass_kernels_refuse_head_dims_96_and_256() {
+        for d in [64, 96, 128, 256] {
+            let two = BwdVariant {
+                onepass: false,
+                pingpong: true,
+                diag: 0,
+                ..BwdVariant::for_call(DType::F16, d, false)
+            };
+            check_variant(&two).unwrap();
+            let one = BwdVariant {
+                onepass: true,
+                pingpong: false,
+                ..two
+            };
+            if d == 64 || d == 128 {
+                check_variant(&one).unwrap();
+            } else {
+                let (arg, rule) =
+                    crate::attention::validate::rule_of(check_variant(&one).unwrap_err());
+                assert_eq!(arg, "head_dim");
+                assert!(rule.contains("one-pass"), "{rule}");
+            }
+        }
     }
 
     #[test]
