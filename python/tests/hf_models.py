@@ -184,7 +184,8 @@ def compare_training(family, device, dtype, seq):
 def training_configs():
     """Training-step configs at head dims 96 and 256 (branch bwdhd) without the features whose
     backward another branch adds: Gemma 2 at its real head dim 256 with no softcap and a window
-    (64 tokens) no shorter than the sequences trained on, so each layer is plain causal attention.
+    (128 tokens) longer than the sequences trained on (64), so each layer is plain causal attention
+    (at a window equal to the sequence the sliding layer gets a mask, served as a window).
     Phi-3 (d96) is configs()["phi3"] (its window is longer than the sequence)."""
     import transformers as tf
 
@@ -194,7 +195,7 @@ def training_configs():
     )
     return {
         "gemma2_d256_plain": tf.Gemma2Config(
-            **c, head_dim=256, query_pre_attn_scalar=256, sliding_window=64, attn_logit_softcapping=None,
+            **c, head_dim=256, query_pre_attn_scalar=256, sliding_window=128, attn_logit_softcapping=None,
             final_logit_softcapping=None
         ),
     }

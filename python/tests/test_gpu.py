@@ -964,8 +964,8 @@ def test_hf_training_step_matches_sdpa(dtype):
 @pytest.mark.parametrize("family", ["phi3", "gemma2_d256_plain"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_hf_training_step_head_dims_96_256(family, dtype):
-    """Branch bwdhd: a Phi-3 (d96) and a Gemma 2 at d256 (no softcap, its window no shorter than
-    the sequence) training step through "fcore" with zero fallbacks: loss and parameter gradients
+    """Branch bwdhd: a Phi-3 (d96) and a Gemma 2 at d256 (no softcap, its window longer than the
+    sequence) training step through "fcore" with zero fallbacks: loss and parameter gradients
     against an fp32 eager model, within hf_models.BOUND of transformers' best backend."""
     pytest.importorskip("transformers")
     import flashcore.hf
