@@ -2,7 +2,8 @@
 // fp32 registers while it streams every KV_BM-row (Q, dO) tile that can see them: the group's
 // query heads in head order, then query tiles in order — a fixed order, so the GQA sum and every
 // other sum are bitwise deterministic and depend on nothing but this sequence.
-// Per tile, with the keys as rows (64 per consumer warpgroup):
+// Per tile, with the keys as rows (64 per consumer warpgroup; d256: the same 64 for both, each
+// owning half the head dim of dK and dV — HSPLIT, fc_bwd_config.cuh):
 //   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ                      (wgmma, both operands in shared memory)
 //   Pᵀ = exp2(Sᵀ·c − LSE₂), dSᵀ = Pᵀ ∘ (dPᵀ − D)  (fp32 registers; masks by select)
 //   dV += Pᵀ dO, dK += dSᵀ Q                      (wgmma, A from registers)
