@@ -18,11 +18,11 @@
 // Data-oblivious: loop bounds, branches and addresses depend only on shapes and block indices;
 // masks are selects (DESIGN.md §1).
 //
-// Compile-time configuration (NVRTC -D, BwdVariant::options): FC_HEAD_DIM (64|128), FC_BF16 (0|1),
-// FC_CAUSAL (0|1), the streamed tile heights and ring depths FC_KV_BM, FC_KV_STAGES, FC_Q_BN,
-// FC_Q_STAGES, FC_PINGPONG (0|1, fc_bwd_config.cuh), and issue 24's FC_WINDOW, FC_SOFTCAP (0|1,
-// fc_bwd_mask.cuh; two-pass only). FC_BWD_LEAKY_CONTROL is the audit's
-// planted-leak build, never shipped.
+// Compile-time configuration (NVRTC -D, BwdVariant::options): FC_HEAD_DIM (64|96|128|256; the one
+// pass: 64|128), FC_BF16 (0|1), FC_CAUSAL (0|1), the streamed tile heights and ring depths
+// FC_KV_BM, FC_KV_STAGES, FC_Q_BN, FC_Q_STAGES, FC_PINGPONG (0|1, fc_bwd_config.cuh), and issue
+// 24's FC_WINDOW, FC_SOFTCAP (0|1, fc_bwd_mask.cuh; two-pass only). FC_BWD_LEAKY_CONTROL is the
+// audit's planted-leak build, never shipped.
 #include "fc_bwd_config.cuh"
 #include "fc_bwd_preprocess.cuh"
 #include "fc_bwd_dkdv.cuh"

@@ -2,7 +2,8 @@
 // fp32 registers while it streams every KV_BM-row (Q, dO) tile that can see them: the group's
 // query heads in head order, then query tiles in order — a fixed order, so the GQA sum and every
 // other sum are bitwise deterministic and depend on nothing but this sequence.
-// Per tile, with the keys as rows (64 per consumer warpgroup):
+// Per tile, with the keys as rows (64 per consumer warpgroup; d256: the same 64 for both, each
+// owning half the head dim of dK and dV — HSPLIT, fc_bwd_config.cuh):
 //   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ                      (wgmma, both operands in shared memory)
 //   Pᵀ = exp2(Sᵀ·c − LSE₂), dSᵀ = Pᵀ ∘ (dPᵀ − D)  (fp32 registers; masks by select)
 //   dV += Pᵀ dO, dK += dSᵀ Q                      (wgmma, A from registers)
@@ -18,10 +19,10 @@
 #include "fc_bwd_mask.cuh"
 
 struct DkdvShared {
-    uint16_t k[bw::CHUNKS][bw::KV_BN][64];
-    uint16_t v[bw::CHUNKS][bw::KV_BN][64];
-    uint16_t q[bw::KV_STAGES][bw::CHUNKS][bw::KV_BM][64];
-    uint16_t d_o[bw::KV_STAGES][bw::CHUNKS][bw::KV_BM][64];
+    uint16_t k[bw::CHUNKS][bw::KV_BN][bw::SW_ELEMS];
+    uint16_t v[bw::CHUNKS][bw::KV_BN][bw::SW_ELEMS];
+    uint16_t q[bw::KV_STAGES][bw::CHUNKS][bw::KV_BM][bw::SW_ELEMS];
+    uint16_t d_o[bw::KV_STAGES][bw::CHUNKS][bw::KV_BM][bw::SW_ELEMS];
     uint64_t kv_full;
     uint64_t full[bw::KV_STAGES], empty[bw::KV_STAGES];
 };
@@ -59,8 +60,8 @@ FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int
     mbar_arrive_expect_tx(&s.kv_full, 2u * KV_BN * D * 2);
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
-        tma_load_4d(&s.k[c][0][0], &p.k_map, &s.kv_full, c * 64, n_block * KV_BN, kv_head, batch);
-        tma_load_4d(&s.v[c][0][0], &p.v_map, &s.kv_full, c * 64, n_block * KV_BN, kv_head, batch);
+        tma_load_4d(&s.k[c][0][0], &p.k_map, &s.kv_full, c * SW_ELEMS, n_block * KV_BN, kv_head, batch);
+        tma_load_4d(&s.v[c][0][0], &p.v_map, &s.kv_full, c * SW_ELEMS, n_block * KV_BN, kv_head, batch);
     }
     int first_m, end_m;
     dkdv_m_range(p, n_block, first_m, end_m);
@@ -69,13 +70,13 @@ FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int
     for (int it = 0; it < total; ++it) {
         const int head = kv_head * p.group + it / per_head;
         const int row = (first_m + it % per_head) * KV_BM;
-        const int st = bwd_stage<KV_STAGES>(it);
+        const int st = (int)bwd_opaque(bwd_stage<KV_STAGES>(it));  // d256: no per-stage addresses held
         mbar_wait(&s.empty[st], bwd_phase<KV_STAGES>(it) ^ 1);
         mbar_arrive_expect_tx(&s.full[st], 2u * KV_BM * D * 2);
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
-            tma_load_4d(&s.q[st][c][0][0], &p.q_map, &s.full[st], c * 64, row, head, batch);
-            tma_load_4d(&s.d_o[st][c][0][0], &p.do_map, &s.full[st], c * 64, row, head, batch);
+            tma_load_4d(&s.q[st][c][0][0], &p.q_map, &s.full[st], c * SW_ELEMS, row, head, batch);
+            tma_load_4d(&s.d_o[st][c][0][0], &p.do_map, &s.full[st], c * SW_ELEMS, row, head, batch);
         }
     }
 }
@@ -93,16 +94,19 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
     const int warp = warp_id_in_block() % 4;
     const int lane = lane_id();
     // This thread's two key rows (row halves h = 0, 1 are 8 apart) and first query column.
-    const int key0 = n_block * KV_BN + wg * 64 + warp * 16 + lane / 4;
+    // HSPLIT: both warpgroups own the same 64 keys and head-dim half wg of their dK, dV.
+    const int key_wg = HSPLIT == 1 ? wg : 0;
+    const uint32_t dim_off = (HSPLIT == 1 ? 0 : wg) * (DWG / SW_ELEMS) * (KV_BM * ROW_BYTES);
+    const int key0 = n_block * KV_BN + key_wg * 64 + warp * 16 + lane / 4;
     const int col0 = 2 * (lane % 4);
     const bool key_in[2] = {key0 < p.seqlen_k, key0 + 8 < p.seqlen_k};
 
-    float dk[D / 2], dv[D / 2];
+    float dk[DWG / 2], dv[DWG / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+    for (int i = 0; i < DWG / 2; ++i) dk[i] = dv[i] = 0.0f;
 
-    const uint32_t k_base = smem_u32(&s.k[0][wg * 64][0]);
-    const uint32_t v_base = smem_u32(&s.v[0][wg * 64][0]);
+    const uint32_t k_base = smem_u32(&s.k[0][key_wg * 64][0]);
+    const uint32_t v_base = smem_u32(&s.v[0][key_wg * 64][0]);
     int first_m, end_m;
     dkdv_m_range(p, n_block, first_m, end_m);
     const int per_head = end_m - first_m;
@@ -143,16 +147,12 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t kin = (kk / 4) * (KV_BN * ROW_BYTES) + (kk % 4) * 32;
-            const uint32_t qin = (kk / 4) * (KV_BM * ROW_BYTES) + (kk % 4) * 32;
-            Mma<KV_BM>::ss(sacc, wgmma_desc_sw128(k_base + kin, 16, 1024), wgmma_desc_sw128(q_base + qin, 16, 1024), kk > 0);
+            Mma<KV_BM>::ss(sacc, bwd_desc_k(bwd_opaque(k_base), KV_BN, kk), bwd_desc_k(bwd_opaque(q_base), KV_BM, kk), kk > 0);
         }
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t vin = (kk / 4) * (KV_BN * ROW_BYTES) + (kk % 4) * 32;
-            const uint32_t din = (kk / 4) * (KV_BM * ROW_BYTES) + (kk % 4) * 32;
-            Mma<KV_BM>::ss(dpacc, wgmma_desc_sw128(v_base + vin, 16, 1024), wgmma_desc_sw128(do_base + din, 16, 1024), kk > 0);
+            Mma<KV_BM>::ss(dpacc, bwd_desc_k(bwd_opaque(v_base), KV_BN, kk), bwd_desc_k(bwd_opaque(do_base), KV_BM, kk), kk > 0);
         }
         wgmma_commit();
         turns.pass(it);
@@ -202,7 +202,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KV_BM / 16; ++kk) {
-            Mma<D>::rs_tb(dv, pf[kk], wgmma_desc_sw128(do_base + kk * 16 * ROW_BYTES, KV_BM * ROW_BYTES, 1024), 1);
+            Mma<DWG>::rs_tb(dv, pf[kk], bwd_desc_t(do_base + dim_off, KV_BM, kk), 1);
         }
         wgmma_commit();
 
@@ -232,7 +232,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KV_BM / 16; ++kk) {
-            Mma<D>::rs_tb(dk, sf[kk], wgmma_desc_sw128(q_base + kk * 16 * ROW_BYTES, KV_BM * ROW_BYTES, 1024), 1);
+            Mma<DWG>::rs_tb(dk, sf[kk], bwd_desc_t(q_base + dim_off, KV_BM, kk), 1);
         }
         wgmma_commit();
         if constexpr (DQ) {
@@ -318,9 +318,10 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
     for (int h = 0; h < 2; ++h) {
         const int key = key0 + 8 * h;
         if (key < p.seqlen_k) {
-            const int64_t off = batch * p.k_stride_b + (int64_t)key * p.k_stride_s + kv_head * p.k_stride_h + col0;
-            bwd_store_row(reinterpret_cast<uint16_t*>(p.dk_ptr) + off, dk, h, p.scale);
-            bwd_store_row(reinterpret_cast<uint16_t*>(p.dv_ptr) + off, dv, h, 1.0f);
+            const int64_t off = batch * p.k_stride_b + (int64_t)key * p.k_stride_s + kv_head * p.k_stride_h + col0 +
+                                (HSPLIT == 1 ? 0 : wg * DWG);
+            bwd_store_row<DWG>(reinterpret_cast<uint16_t*>(p.dk_ptr) + off, dk, h, p.scale);
+            bwd_store_row<DWG>(reinterpret_cast<uint16_t*>(p.dv_ptr) + off, dv, h, 1.0f);
         }
     }
 }

@@ -15,10 +15,10 @@
 #include "fc_bwd_mask.cuh"
 
 struct DqShared {
-    uint16_t q[bw::CHUNKS][bw::Q_BM][64];
-    uint16_t d_o[bw::CHUNKS][bw::Q_BM][64];
-    uint16_t k[bw::Q_STAGES][bw::CHUNKS][bw::Q_BN][64];
-    uint16_t v[bw::Q_STAGES][bw::CHUNKS][bw::Q_BN][64];
+    uint16_t q[bw::CHUNKS][bw::Q_BM][bw::SW_ELEMS];
+    uint16_t d_o[bw::CHUNKS][bw::Q_BM][bw::SW_ELEMS];
+    uint16_t k[bw::Q_STAGES][bw::CHUNKS][bw::Q_BN][bw::SW_ELEMS];
+    uint16_t v[bw::Q_STAGES][bw::CHUNKS][bw::Q_BN][bw::SW_ELEMS];
     uint64_t q_full;
     uint64_t full[bw::Q_STAGES], empty[bw::Q_STAGES];
 };
@@ -60,8 +60,8 @@ FC_DEVICE void dq_producer(const BwdParams& p, DqShared& s, int m_block, int hea
     mbar_arrive_expect_tx(&s.q_full, 2u * Q_BM * D * 2);
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
-        tma_load_4d(&s.q[c][0][0], &p.q_map, &s.q_full, c * 64, m_block * Q_BM, head, batch);
-        tma_load_4d(&s.d_o[c][0][0], &p.do_map, &s.q_full, c * 64, m_block * Q_BM, head, batch);
+        tma_load_4d(&s.q[c][0][0], &p.q_map, &s.q_full, c * SW_ELEMS, m_block * Q_BM, head, batch);
+        tma_load_4d(&s.d_o[c][0][0], &p.do_map, &s.q_full, c * SW_ELEMS, m_block * Q_BM, head, batch);
     }
     const int kv_head = head / p.group;
     for (int it = 0; it < count; ++it) {
@@ -70,8 +70,8 @@ FC_DEVICE void dq_producer(const BwdParams& p, DqShared& s, int m_block, int hea
         mbar_arrive_expect_tx(&s.full[st], 2u * Q_BN * D * 2);
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
-            tma_load_4d(&s.k[st][c][0][0], &p.k_map, &s.full[st], c * 64, (first + it) * Q_BN, kv_head, batch);
-            tma_load_4d(&s.v[st][c][0][0], &p.v_map, &s.full[st], c * 64, (first + it) * Q_BN, kv_head, batch);
+            tma_load_4d(&s.k[st][c][0][0], &p.k_map, &s.full[st], c * SW_ELEMS, (first + it) * Q_BN, kv_head, batch);
+            tma_load_4d(&s.v[st][c][0][0], &p.v_map, &s.full[st], c * SW_ELEMS, (first + it) * Q_BN, kv_head, batch);
         }
     }
 }
@@ -110,16 +110,12 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t qin = (kk / 4) * (Q_BM * ROW_BYTES) + (kk % 4) * 32;
-            const uint32_t kin = (kk / 4) * (Q_BN * ROW_BYTES) + (kk % 4) * 32;
-            Mma<Q_BN>::ss(sacc, wgmma_desc_sw128(q_base + qin, 16, 1024), wgmma_desc_sw128(k_base + kin, 16, 1024), kk > 0);
+            Mma<Q_BN>::ss(sacc, bwd_desc_k(bwd_opaque(q_base), Q_BM, kk), bwd_desc_k(k_base, Q_BN, kk), kk > 0);
         }
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t din = (kk / 4) * (Q_BM * ROW_BYTES) + (kk % 4) * 32;
-            const uint32_t vin = (kk / 4) * (Q_BN * ROW_BYTES) + (kk % 4) * 32;
-            Mma<Q_BN>::ss(dpacc, wgmma_desc_sw128(do_base + din, 16, 1024), wgmma_desc_sw128(v_base + vin, 16, 1024), kk > 0);
+            Mma<Q_BN>::ss(dpacc, bwd_desc_k(bwd_opaque(do_base), Q_BM, kk), bwd_desc_k(v_base, Q_BN, kk), kk > 0);
         }
         wgmma_commit();
         turns.pass(it);
@@ -166,7 +162,7 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < Q_BN / 16; ++kk) {
-            Mma<D>::rs_tb(dq, sf[kk], wgmma_desc_sw128(k_base + kk * 16 * ROW_BYTES, Q_BN * ROW_BYTES, 1024), 1);
+            Mma<D>::rs_tb(dq, sf[kk], bwd_desc_t(k_base, Q_BN, kk), 1);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -182,7 +178,7 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
         const int row = row0 + 8 * h;
         if (row < p.seqlen_q) {
             const int64_t off = batch * p.q_stride_b + (int64_t)row * p.q_stride_s + head * p.q_stride_h + col0;
-            bwd_store_row(reinterpret_cast<uint16_t*>(p.dq_ptr) + off, dq, h, p.scale);
+            bwd_store_row<D>(reinterpret_cast<uint16_t*>(p.dq_ptr) + off, dq, h, p.scale);
         }
     }
 }

@@ -206,9 +206,9 @@ fn do_of_the_wrong_shape_is_an_error() {
 #[test]
 fn unsupported_shape_is_an_error_naming_the_inferred_shape() {
     let dir = tempfile::tempdir().unwrap();
-    let p = AttentionParams::new(1, 2, 8, 96);
+    let p = AttentionParams::new(1, 2, 8, 80);
     let input = input_file(dir.path(), &p, 1, None);
-    expect_error(&p, &input, dir.path(), &["head_dim", "D=96"]);
+    expect_error(&p, &input, dir.path(), &["head_dim", "D=80"]);
 }
 
 #[test]
@@ -266,6 +266,9 @@ fn gpu_grad_fails_cleanly_without_a_gpu_and_matches_reference_with_one() {
                 .causal(true),
             1e-2,
         ),
+        // Head dims 96 and 256 (branch bwdhd).
+        (gqa(1, 100, 77, 4, 1, 96).causal(true), 2e-3),
+        (gqa(2, 33, 140, 2, 2, 256).dtype(DType::Bf16), 1e-2),
     ]
     .into_iter()
     .enumerate()

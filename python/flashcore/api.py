@@ -29,7 +29,7 @@ def _call(q, k, v, causal, scale, bhsd, return_lse, lengths):
 def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=False, secret_lengths=None,
               window_size=(-1, -1), softcap=0.0, learnable_sink=None):
     """Fused attention ``softmax(scale · q kᵀ + mask) v``, fp16/bf16, head dim 64, 96, 128 or 256
-    (96 and 256 forward only: with an input that requires grad they raise RuntimeError).
+    (differentiable at every one).
 
     `layout` "bshd" (flash-attn: [B, S, H, D], the default) or "bhsd" (SDPA: [B, H, S, D]). K and
     V may have fewer heads than Q (grouped-query attention: Hq a multiple of Hkv) and another
@@ -178,6 +178,7 @@ def _attention_features(q, k, v, causal, scale, layout, return_lse, lengths, win
             )
         sinks = _checks.sinks_f32_grad(sinks)
         window, softcap, sinks = _checks.check_features(window, softcap, sinks, q, hq, lengths)
+        _checks.check_feature_backward_head_dim(d, window, softcap)
         out, lse = ops.attention_op(q, k, v, bool(causal), scale, layout == "bhsd", True, lengths, window[0],
                                     window[1], softcap, sinks)
         return (out, lse) if return_lse else out

@@ -70,13 +70,12 @@ def test_plain_calls_keep_the_plain_backward(mock_launches):
     assert kw == {}  # no feature keywords: the plain kernels
 
 
-def test_feature_backward_still_refuses_head_dim_96_and_secret_lengths(mock_launches):
+def test_feature_backward_refuses_window_and_softcap_at_head_dim_96_and_secret_lengths(mock_launches):
     q = torch.randn(1, 16, 2, 96).to(F16).requires_grad_()
     with pytest.raises(RuntimeError, match="head dim 96 has no backward"):
         flashcore.flash_attn_func(q, q, q, window_size=(4, 0))
-    s = torch.zeros(2, requires_grad=True)
-    with pytest.raises(RuntimeError, match="head dim 96 has no backward"):
-        flashcore.flash_attn_func(q.detach(), q.detach(), q.detach(), learnable_sink=s)
+    with pytest.raises(RuntimeError, match="head dim 96 has no backward pass with window_size or softcap"):
+        flashcore.flash_attn_func(q, q, q, softcap=30.0)
     q = torch.randn(1, 16, 2, 64).to(F16).requires_grad_()
     with pytest.raises(RuntimeError, match="secret_lengths has no backward"):
         flashcore.attention(q, q, q, window_size=(4, 0), secret_lengths=torch.full((1,), 16, dtype=torch.int32))

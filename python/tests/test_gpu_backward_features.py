@@ -129,13 +129,13 @@ def test_backward_features_op_opcheck():
 
 
 def test_what_the_feature_backward_still_refuses():
-    # Head dim 96 (forward-only here) under grad: a clear error before the launch.
+    # Head dim 96 with a window or softcap under grad (no such backward build): a clear error
+    # before the launch.
     q = torch.randn(1, 64, 2, 96, device="cuda", dtype=torch.float16)
-    with pytest.raises(RuntimeError, match="no backward"):
+    with pytest.raises(RuntimeError, match="no backward pass with window_size or softcap"):
         flashcore.flash_attn_func(q.clone().requires_grad_(), q, q, window_size=(8, 0))
-    s = torch.zeros(2, device="cuda", requires_grad=True)
-    with pytest.raises(RuntimeError, match="no backward"):
-        flashcore.flash_attn_func(q, q, q, learnable_sink=s)
+    with pytest.raises(RuntimeError, match="no backward pass with window_size or softcap"):
+        flashcore.flash_attn_func(q.clone().requires_grad_(), q, q, softcap=20.0)
     # Features with secret lengths stay refused (forward and backward).
     q64 = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.float16)
     with pytest.raises((RuntimeError, ValueError), match="secret_lengths"):

@@ -107,9 +107,31 @@ pub fn check_backward_params(p: &AttentionParams) -> Result<()> {
     Ok(())
 }
 
-/// The one-pass kernel (`FLASHCORE_BWD_ONEPASS=1`) has no window or softcap (issue 24's features
-/// run on the two-pass kernels only): a call that would run it with either is refused.
+/// The variant a call selected must be built for it: the opt-in one-pass kernels
+/// (`FLASHCORE_BWD_ONEPASS=1`) serve only [`kb::ONEPASS_HEAD_DIMS`] and have no window or softcap;
+/// the window/softcap builds exist at head dims 64 and 128 only (issue 24's features were built
+/// and GPU-tested there; 96 and 256 train without them).
 pub fn check_backward_variant(v: BwdVariant) -> Result<()> {
+    if v.onepass && !kb::ONEPASS_HEAD_DIMS.contains(&v.head_dim) {
+        return Err(Error::invalid(
+            "head_dim",
+            format!(
+                "the one-pass backward (FLASHCORE_BWD_ONEPASS=1) serves head dims 64 and 128, got {}; \
+                 unset it for the two-pass kernels",
+                v.head_dim
+            ),
+        ));
+    }
+    if (v.window || v.softcap) && !kb::ONEPASS_HEAD_DIMS.contains(&v.head_dim) {
+        let arg = if v.softcap { "softcap" } else { "window" };
+        return Err(Error::invalid(
+            arg,
+            format!(
+                "the backward supports sliding windows and softcap at head dims 64 and 128, got {}",
+                v.head_dim
+            ),
+        ));
+    }
     if v.onepass && (v.window || v.softcap) {
         let arg = if v.softcap { "softcap" } else { "window" };
         return Err(Error::invalid(
@@ -825,8 +847,45 @@ mod tests {
         assert_eq!(arg_of(check_backward_params(&p)), "heads_q");
         // The forward's rules apply too.
         let mut p = params();
-        p.head_dim = 96;
+        p.head_dim = 80;
         assert_eq!(arg_of(check_backward_params(&p)), "head_dim");
+    }
+
+    #[test]
+    fn the_one_pass_kernels_refuse_head_dims_96_and_256() {
+        for d in [64, 96, 128, 256] {
+            let two = BwdVariant {
+                onepass: false,
+                pingpong: true,
+                diag: 0,
+                ..BwdVariant::for_call(DType::F16, d, false)
+            };
+            check_backward_variant(two).unwrap();
+            let one = BwdVariant {
+                onepass: true,
+                pingpong: false,
+                ..two
+            };
+            if d == 64 || d == 128 {
+                check_backward_variant(one).unwrap();
+            } else {
+                let (arg, rule) =
+                    crate::attention::validate::rule_of(check_backward_variant(one).unwrap_err());
+                assert_eq!(arg, "head_dim");
+                assert!(rule.contains("one-pass"), "{rule}");
+                // The window/softcap builds exist at 64 and 128 only.
+                for softcap in [false, true] {
+                    let feat = BwdVariant {
+                        window: true,
+                        softcap,
+                        ..two
+                    };
+                    let (arg, _) =
+                        crate::attention::validate::rule_of(check_backward_variant(feat).unwrap_err());
+                    assert_eq!(arg, if softcap { "softcap" } else { "window" });
+                }
+            }
+        }
     }
 
     #[test]

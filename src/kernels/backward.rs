@@ -193,9 +193,22 @@ impl BwdVariant {
     /// Tile shapes. The score GEMMs' N is 128 where the registers allow it (wider wgmma reads
     /// less shared memory per FLOP): the dK/dV kernel at d128 holds dK, dV, Sᵀ and dPᵀ in fp32
     /// (192 registers at N = 64), so it streams 64-row query tiles there and 128-row ones at d64.
-    /// Ring depths: what fits in 227 KiB.
+    /// Ring depths: what fits in 227 KiB. d96 takes d128's tiles (its 64-byte-swizzled rows hold
+    /// no padding) with a third dQ stage, which fits at 96 dims. d256: the dK/dV CTA owns 64 keys
+    /// (its two warpgroups split the head dim, `HSPLIT` in kernels/fc_bwd_config.cuh) and the dQ
+    /// kernel streams 64-key blocks through one stage: Q and dO alone take 128 KiB there.
     pub fn tiles(&self) -> BwdTiles {
         let d64 = self.head_dim == 64;
+        if self.head_dim == 256 {
+            return BwdTiles {
+                kv_block_n: KV_BLOCK_N / 2,
+                kv_block_m: 64,
+                kv_stages: 2,
+                q_block_m: Q_BLOCK_M,
+                q_block_n: 64,
+                q_stages: 1,
+            };
+        }
         BwdTiles {
             kv_block_n: KV_BLOCK_N,
             // Softcap at d64 streams 64-row tiles too: at 128 its tanh temporaries spill.
@@ -203,7 +216,7 @@ impl BwdVariant {
             kv_stages: 3,
             q_block_m: Q_BLOCK_M,
             q_block_n: 128,
-            q_stages: if d64 { 3 } else { 2 },
+            q_stages: if d64 || self.head_dim == 96 { 3 } else { 2 },
         }
     }
 
@@ -306,11 +319,15 @@ pub fn default_onepass(_head_dim: usize, _causal: bool) -> bool {
     false
 }
 
+/// Head dims the one-pass kernels serve (`FLASHCORE_BWD_ONEPASS=1`); the two-pass kernels serve
+/// every backward head dim (`validate::BACKWARD_HEAD_DIMS`).
+pub const ONEPASS_HEAD_DIMS: [usize; 2] = [64, 128];
+
 /// Every backward variant the library can launch.
 pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
     let mut v = Vec::new();
     for dtype in [DType::F16, DType::Bf16] {
-        for head_dim in [64, 128] {
+        for head_dim in crate::attention::validate::BACKWARD_HEAD_DIMS {
             for causal in [false, true] {
                 for pingpong in [true, false] {
                     v.push(BwdVariant {
@@ -323,6 +340,9 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                         window: false,
                         softcap: false,
                     });
+                }
+                if !ONEPASS_HEAD_DIMS.contains(&head_dim) {
+                    continue;
                 }
                 v.push(BwdVariant {
                     dtype,
@@ -360,7 +380,9 @@ mod tests {
     #[test]
     fn shared_memory_fits_and_names_are_distinct() {
         let vs = shipped_bwd_variants();
-        assert_eq!(vs.len(), 40);
+        // Per dtype and mask: four head dims × (ping-pong, lockstep), plus at d64 and d128 the
+        // one pass and the window and window+softcap builds.
+        assert_eq!(vs.len(), 2 * 2 * (4 * 2 + 2 * 3));
         let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), vs.len());
         for v in &vs {
