@@ -15,6 +15,12 @@ skipped with the reason. `--backends flashcore-torch` also times the `flashcore`
     python3 bench/sdpa.py --suite seed --json sdpa.json
     python3 bench/sdpa.py --heads 16 --seqlen 4096 --headdim 128 --causal --dtype bf16
     python3 bench/sdpa.py --suite backward --backward --json sdpa-bwd.json
+    python3 bench/sdpa.py --heads 16 --heads-kv 8 --seqlen 8192 --headdim 256 --causal --window 4095,0
+
+`--window LEFT,RIGHT` (ad-hoc shapes; flash-attn's `window_size`, -1 unbounded, bottom-right
+aligned as flashcore's) gives FA4 and flashcore-torch their native windows and SDPA's cuDNN and
+efficient backends the same window as a boolean mask (SDPA's flash backend takes no mask: skipped
+with the reason). FLOPs still count the whole (or causal) matrix, as `flashcore bench`: compare times.
 
 `--backward` times, per backend, the backward alone (`torch.autograd.grad` of one forward's output,
 kept with `retain_graph`, against a random dO: the backward kernels and autograd's bookkeeping)
@@ -185,7 +191,8 @@ SUITES = {"seed": seed_suite, "fa3": fa3_suite, "decode": decode_suite, "backwar
 def label(shape):
     heads = str(shape["heads_q"]) if shape["heads_q"] == shape["heads_kv"] else "%d/%d" % (shape["heads_q"], shape["heads_kv"])
     seq = str(shape["seqlen_q"]) if shape["seqlen_q"] == shape["seqlen_k"] else "%d/%d" % (shape["seqlen_q"], shape["seqlen_k"])
-    return "b%d h%s s%s d%d%s" % (shape["batch"], heads, seq, shape["head_dim"], " causal" if shape["causal"] else "")
+    win = " window %d,%d" % tuple(shape["window"]) if shape.get("window") else ""
+    return "b%d h%s s%s d%d%s%s" % (shape["batch"], heads, seq, shape["head_dim"], " causal" if shape["causal"] else "", win)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -298,6 +305,8 @@ def build_parser():
     p.add_argument("--headdim", type=int)
     p.add_argument("--dtype", type=parse_dtype)
     p.add_argument("--causal", action="store_true")
+    p.add_argument("--window", type=parse_window, metavar="LEFT,RIGHT",
+                   help="ad-hoc shape: sliding window (flash-attn's window_size, -1 unbounded)")
     p.add_argument("--layout", choices=LAYOUTS, default="bshd")
     p.add_argument("--reps", type=positive, default=DEFAULT_REPS)
     p.add_argument("--warmup", type=nonnegative, default=DEFAULT_WARMUP)
@@ -327,6 +336,16 @@ def parse_dtype(s):
     raise argparse.ArgumentTypeError("unknown dtype `%s` (expected f16 or bf16)" % s)
 
 
+def parse_window(s):
+    try:
+        left, right = (int(x) for x in s.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected LEFT,RIGHT (two integers, -1 unbounded), got `%s`" % s) from None
+    if left < -1 or right < -1:
+        raise argparse.ArgumentTypeError("window sizes are >= -1 (-1 unbounded), got `%s`" % s)
+    return (left, right)
+
+
 def positive(s):
     v = int(s)
     if v < 1:
@@ -353,7 +372,7 @@ def select_shapes(args):
     """[(dtype, shape)] the arguments ask for, or raises ValueError (a usage error)."""
     # With --suite, --headdim (like --dtype) keeps that head dim's shapes.
     adhoc = any(v is not None for v in (args.batch, args.heads, args.heads_kv, args.seqlen, args.seqlen_k)) or args.causal
-    adhoc = adhoc or (args.headdim is not None and not args.suite)
+    adhoc = adhoc or (args.headdim is not None and not args.suite) or args.window is not None
     if args.suite and adhoc:
         raise ValueError("give either --suite or an ad-hoc shape (--heads, --seqlen, --headdim, ...), not both")
     if args.suite:
@@ -365,8 +384,11 @@ def select_shapes(args):
     if adhoc:
         if args.heads is None or args.seqlen is None or args.headdim is None:
             raise ValueError("an ad-hoc shape needs --heads, --seqlen and --headdim (--batch defaults to 1)")
-        return [(args.dtype or "f16", make_shape(args.batch or 1, args.heads, args.seqlen, args.headdim, args.causal,
-                                                 args.layout, args.heads_kv, args.seqlen_k))]
+        shape = make_shape(args.batch or 1, args.heads, args.seqlen, args.headdim, args.causal,
+                           args.layout, args.heads_kv, args.seqlen_k)
+        if args.window is not None and args.window != (-1, -1):
+            shape["window"] = list(args.window)
+        return [(args.dtype or "f16", shape)]
     raise ValueError("nothing to do: give --suite or an ad-hoc shape")
 
 
@@ -512,10 +534,29 @@ class Runner:
         torch.cuda.synchronize()
         return sets
 
+    def window_mask(self, shape):
+        """The shape's window (with its causal right edge) as SDPA's boolean mask [Sq, Sk], True =
+        attend: query i sees key j iff i + Sk - Sq - left <= j <= i + Sk - Sq + right."""
+        torch = self.torch
+        sq, sk = shape["seqlen_q"], shape["seqlen_k"]
+        left, right = shape["window"]
+        if shape["causal"]:
+            right = 0
+        rel = (torch.arange(sk, device=self.dev)[None, :] - torch.arange(sq, device=self.dev)[:, None]) - (sk - sq)
+        ok = torch.ones(sq, sk, dtype=torch.bool, device=self.dev)
+        if left >= 0:
+            ok &= rel >= -left
+        if right >= 0:
+            ok &= rel <= right
+        return ok
+
     def call_fn(self, shape, sets):
         F, torch = self.F, self.torch
         gqa = shape["heads_q"] != shape["heads_kv"]
         kwargs = {"enable_gqa": True} if gqa else {}
+        if shape.get("window"):
+            mask = self.window_mask(shape)
+            return lambda i: F.scaled_dot_product_attention(*sets[i], attn_mask=mask, **kwargs)
         if shape["causal"] and shape["seqlen_q"] != shape["seqlen_k"]:
             # flashcore's causal mask is bottom-right aligned when Sq != Sk.
             from torch.nn.attention.bias import causal_lower_right
@@ -531,6 +572,9 @@ class Runner:
         from flash_attn.cute import flash_attn_func
         causal = shape["causal"]
         views = [tuple(t.transpose(1, 2) for t in s) for s in sets]
+        if shape.get("window"):
+            window = tuple(None if w < 0 else w for w in shape["window"])  # FA4: None = unbounded
+            return lambda i: flash_attn_func(*views[i], causal=causal, window_size=window)
         return lambda i: flash_attn_func(*views[i], causal=causal)
 
     def flashcore_fn(self, shape, sets):
@@ -540,7 +584,8 @@ class Runner:
         import flashcore
         causal, layout = shape["causal"], shape["layout"]
         views = [tuple(t.transpose(1, 2) for t in s) for s in sets] if layout == "bshd" else sets
-        return lambda i: flashcore.attention(*views[i], causal=causal, layout=layout)
+        window = tuple(shape.get("window") or (-1, -1))
+        return lambda i: flashcore.attention(*views[i], causal=causal, layout=layout, window_size=window)
 
     def time_per_call(self, fn, nsets):
         torch, a = self.torch, self.args

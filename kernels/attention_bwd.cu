@@ -9,28 +9,41 @@
 //       the shapes: no atomics;
 //   one pass (FC_ONEPASS=1): flashcore_bwd_onepass — the dK/dV kernel plus each tile's dQ
 //       partial, added to an fp32 accumulator in an order fixed by the shapes (turn counters,
-//       fc_bwd_onepass.cuh); flashcore_bwd_dq_convert — that accumulator to dQ.
+//       fc_bwd_onepass.cuh); flashcore_bwd_dq_convert — that accumulator to dQ;
+//   with learnable sinks (issue 24), after the preprocess: flashcore_bwd_dsink (fc_bwd_sink.cuh),
+//       the sinks' gradient from the workspace, one CTA per head.
 // Either way bitwise deterministic, and a sequence's bits do not depend on the batch it is in.
 // The GEMM kernels are warp-specialised like the forward: warpgroup 0 is the producer (one thread
 // issues TMA loads into an mbarrier ring), warpgroups 1 and 2 compute on wgmma.
 // Data-oblivious: loop bounds, branches and addresses depend only on shapes and block indices;
 // masks are selects (DESIGN.md §1).
 //
-// Compile-time configuration (NVRTC -D, BwdVariant::options): FC_HEAD_DIM (64|128), FC_BF16 (0|1),
-// FC_CAUSAL (0|1), the streamed tile heights and ring depths FC_KV_BM, FC_KV_STAGES, FC_Q_BN,
-// FC_Q_STAGES, and FC_PINGPONG (0|1, fc_bwd_config.cuh). FC_BWD_LEAKY_CONTROL is the audit's
-// planted-leak build, never shipped. FC_VARLEN (0|1, two passes only): packed sequences with
-// cu_seqlens — the grids' z is the sequence, each CTA reads its sequence's rows
-// (fc_bwd_varlen.cuh) and one past the sequence's blocks exits at once.
+// Compile-time configuration (NVRTC -D, BwdVariant::options): FC_HEAD_DIM (64|96|128|256; the one
+// pass: 64|128), FC_BF16 (0|1), FC_CAUSAL (0|1), the streamed tile heights and ring depths
+// FC_KV_BM, FC_KV_STAGES, FC_Q_BN, FC_Q_STAGES, FC_PINGPONG (0|1, fc_bwd_config.cuh), and issue
+// 24's FC_WINDOW, FC_SOFTCAP (0|1, fc_bwd_mask.cuh; two-pass only). FC_BWD_LEAKY_CONTROL is the
+// audit's planted-leak build, never shipped. FC_VARLEN (0|1, two passes, head dims 64 and 128, no
+// window or softcap): packed sequences with cu_seqlens — the grids' z is the sequence, each CTA
+// reads its sequence's rows (fc_bwd_varlen.cuh) and one past the sequence's blocks exits at once.
 #include "fc_bwd_config.cuh"
 #include "fc_bwd_preprocess.cuh"
 #include "fc_bwd_dkdv.cuh"
 #include "fc_bwd_dq.cuh"
 #include "fc_bwd_onepass.cuh"
+#include "fc_bwd_sink.cuh"
+
+static_assert(!(FC_VARLEN && (FC_WINDOW || FC_SOFTCAP || (FC_HEAD_DIM != 64 && FC_HEAD_DIM != 128))),
+              "varlen backward builds: head dims 64 and 128, no window or softcap");
 
 // Rows of the padded workspace, one warp each: grid (sq_pad / 8, heads_q, batch).
 extern "C" __global__ void __launch_bounds__(256) flashcore_bwd_preprocess(const __grid_constant__ BwdParams p) {
     bwd_preprocess_row(p, blockIdx.x * 8 + threadIdx.x / 32, blockIdx.y, blockIdx.z);
+}
+
+// Learnable sinks' gradient (fc_bwd_sink.cuh), after the preprocess: grid (heads_q), launched
+// only when the call has sinks.
+extern "C" __global__ void __launch_bounds__(bw::DSINK_THREADS) flashcore_bwd_dsink(const __grid_constant__ BwdParams p) {
+    bwd_dsink_head(p, blockIdx.x);
 }
 
 // Shared memory of the GEMM kernels, 1024-byte aligned for the 128-byte swizzle (the host adds

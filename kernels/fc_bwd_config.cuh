@@ -26,8 +26,20 @@
 
 namespace bw {
 constexpr int D = FC_HEAD_DIM;
-constexpr int CHUNKS = D / 64;       // 128-byte swizzle atoms across the head dim
-constexpr int ROW_BYTES = 128;       // one swizzled row of 64 two-byte elements
+static_assert(D == 64 || D == 96 || D == 128 || D == 256, "head dims 64, 96, 128, 256");
+// Shared tiles are [CHUNKS][rows][SW_ELEMS]: 64-element (128-byte swizzled) rows where the head
+// dim is a multiple of 64, 32-element (64-byte swizzled) rows at d96 — the forward's layout
+// (fc_config.cuh) and the host's tensor-map boxes (tensor_map::swizzle_elems).
+constexpr int SW_ELEMS = D % 64 == 0 ? 64 : 32;
+constexpr int CHUNKS = D / SW_ELEMS;  // swizzle atoms across the head dim
+constexpr int ROW_BYTES = SW_ELEMS * 2;  // one swizzled row of two-byte elements
+constexpr int GROUP_BYTES = 8 * ROW_BYTES;  // one 8-row swizzle atom (the descriptors' stride)
+constexpr int K_STEPS = SW_ELEMS / 16;  // k16 steps per swizzled row
+// d256 (HSPLIT = 2): dK and dV of 64 keys × 256 dims would take 256 fp32 registers per thread,
+// so both consumer warpgroups work on the same 64 keys, each owning half the head dim of dK and
+// dV (both compute the tile's Sᵀ and dPᵀ: PERF_NOTES, branch bwdhd). DWG = dims per warpgroup.
+constexpr int HSPLIT = D > 128 ? 2 : 1;
+constexpr int DWG = D / HSPLIT;
 constexpr int CONSUMERS = 2;         // consumer warpgroups, 64 rows each
 constexpr int THREADS = 128 * (1 + CONSUMERS);
 // setmaxnreg split: 128·40 + 256·232 = 64512, what launch_bounds(384, 1) gives the block (at 24
@@ -37,7 +49,7 @@ constexpr int CONSUMER_REGS = 232;
 // dK/dV kernel: a CTA owns KV_BN keys (64 per consumer) and streams KV_BM-row Q/dO tiles.
 // dQ kernel: a CTA owns Q_BM query rows (64 per consumer) and streams Q_BN-key K/V tiles.
 // The streamed tile heights and ring depths come from the host (BwdVariant::tiles).
-constexpr int KV_BN = 128;
+constexpr int KV_BN = 128 / HSPLIT;
 constexpr int KV_BM = FC_KV_BM;
 constexpr int KV_STAGES = FC_KV_STAGES;
 constexpr int Q_BM = 128;
@@ -47,7 +59,7 @@ static_assert((KV_BM == 64 || KV_BM == 128) && (Q_BN == 64 || Q_BN == 128), "wgm
 // Rows of the preprocess workspace per (batch, head) are padded to a multiple of this, so every
 // tile of either kernel reads its LSE/D values without a bounds check.
 constexpr int ROW_PAD = 128;
-static_assert(KV_BN == 64 * CONSUMERS && Q_BM == 64 * CONSUMERS, "64 rows per consumer warpgroup");
+static_assert(KV_BN * HSPLIT == 64 * CONSUMERS && Q_BM == 64 * CONSUMERS, "64 rows per consumer warpgroup");
 static_assert(ROW_PAD % KV_BM == 0 && ROW_PAD % Q_BM == 0, "padding covers every query tile");
 }  // namespace bw
 
@@ -69,15 +81,22 @@ struct BwdParams {
     // turn counters [B·Hq][kv_m_blocks] in the workspace; key blocks ceil(Sk / KV_BN).
     uint64_t dq_acc_ptr, flags_ptr;
     int32_t kv_n_blocks;
+    // Issue 24 (fc_bwd_mask.cuh): the window's sides (unbounded: Sq + Sk, host-clamped) and the
+    // softcap's factors (as the forward's: softcap_in = scale / cap, softcap_out = cap / scale).
+    int32_t window_left, window_right;
+    float softcap_in, softcap_out;
+    int32_t pad0;
+    // Learnable sinks: fp32 [Hq] logits (secret) and their gradient fp32 [Hq] (the dsink kernel);
+    // 0 when the call has none.
+    uint64_t sinks_ptr, dsink_ptr;
     // Varlen (FC_VARLEN, fc_bwd_varlen.cuh): the pack's query and key tokens, and the public
     // metadata — cu_seqlens_q / cu_seqlens_k (i32 [batch + 1]), seqused_k / seqused_q (i32 [batch];
     // without one the host passes cu_seqlens + 1, which bounds nothing).
-    int32_t vl_total_q;
+    int32_t vl_total_q, vl_total_k;
     uint64_t cu_q_ptr, cu_k_ptr, used_k_ptr, used_q_ptr;
-    int32_t vl_total_k;
     // To 768 bytes: the host's CUtensorMap is 128-byte aligned (CUDA 13 headers), so its copy of
     // this block is a multiple of 128 bytes long.
-    int32_t reserved[11];
+    int32_t reserved[2];
 };
 static_assert(sizeof(BwdParams) == 768, "BwdKernelParams in src/attention/backward.rs is 768 bytes");
 
@@ -105,11 +124,12 @@ FC_DEVICE void acc_to_frags(const float (&acc)[N / 2], uint32_t (&f)[N / 16][4])
         for (int r = 0; r < 4; ++r) f[kk][r] = pack_elem2(acc[8 * kk + 2 * r], acc[8 * kk + 2 * r + 1]);
 }
 
-// Stores row half `h` of an m64nD accumulator times `mul` at `out` (the row's first element plus
+// Stores row half `h` of an m64nN accumulator times `mul` at `out` (the row's first element plus
 // this thread's column).
-FC_DEVICE void bwd_store_row(uint16_t* out, const float (&acc)[bw::D / 2], int h, float mul) {
+template <int N>
+FC_DEVICE void bwd_store_row(uint16_t* out, const float (&acc)[N / 2], int h, float mul) {
 #pragma unroll
-    for (int j = 0; j < bw::D / 8; ++j)
+    for (int j = 0; j < N / 8; ++j)
         *reinterpret_cast<uint32_t*>(out + 8 * j) = pack_elem2(acc[4 * j + 2 * h] * mul, acc[4 * j + 2 * h + 1] * mul);
 }
 
@@ -151,6 +171,30 @@ FC_DEVICE float bwd_leak(float x, float secret, const float* base) {
     (void)base;
     return x;
 #endif
+}
+
+// The descriptor of a K-major operand's k16 step kk in a [CHUNKS][rows][SW_ELEMS] tile (the
+// score GEMMs' A and B): chunk kk / K_STEPS, 32 bytes per step inside the swizzled row.
+FC_DEVICE uint64_t bwd_desc_k(uint32_t base, int rows, int kk) {
+    using namespace bw;
+    const uint32_t off = (kk / K_STEPS) * (rows * ROW_BYTES) + (kk % K_STEPS) * 32;
+    return wgmma_desc_rows<ROW_BYTES>(base + off, 16, GROUP_BYTES);
+}
+
+// The descriptor of an MN-major B operand's k16 step kk (rows kk·16.. of a [CHUNKS][rows]
+// [SW_ELEMS] tile, N across the chunks): the dK, dV and dQ GEMMs' transposed B.
+FC_DEVICE uint64_t bwd_desc_t(uint32_t base, int rows, int kk) {
+    using namespace bw;
+    return wgmma_desc_rows<ROW_BYTES>(base + kk * 16 * ROW_BYTES, rows * ROW_BYTES, GROUP_BYTES);
+}
+
+// At d256 the 64-bit descriptors of a tile that stays put for the whole loop (the dK/dV kernel's
+// K, V; the dQ kernel's Q, dO: 16 k-steps each) would be hoisted out of it and held in registers
+// the accumulators need (spills). Hiding the base address inside the loop makes them be rebuilt
+// per tile (a few integer ops). The identity at the other head dims (their code is unchanged).
+FC_DEVICE uint32_t bwd_opaque(uint32_t x) {
+    if constexpr (bw::D > 128) asm volatile("" : "+r"(x));
+    return x;
 }
 
 FC_DEVICE void bwd_release(uint64_t* bar) {

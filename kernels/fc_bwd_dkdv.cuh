@@ -2,7 +2,8 @@
 // fp32 registers while it streams every KV_BM-row (Q, dO) tile that can see them: the group's
 // query heads in head order, then query tiles in order — a fixed order, so the GQA sum and every
 // other sum are bitwise deterministic and depend on nothing but this sequence.
-// Per tile, with the keys as rows (64 per consumer warpgroup):
+// Per tile, with the keys as rows (64 per consumer warpgroup; d256: the same 64 for both, each
+// owning half the head dim of dK and dV — HSPLIT, fc_bwd_config.cuh):
 //   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ                      (wgmma, both operands in shared memory)
 //   Pᵀ = exp2(Sᵀ·c − LSE₂), dSᵀ = Pᵀ ∘ (dPᵀ − D)  (fp32 registers; masks by select)
 //   dV += Pᵀ dO, dK += dSᵀ Q                      (wgmma, A from registers)
@@ -16,12 +17,13 @@
 #include "fc_tma.cuh"
 #include "fc_wgmma.cuh"
 #include "fc_bwd_onepass.cuh"
+#include "fc_bwd_mask.cuh"
 
 struct DkdvShared {
-    uint16_t k[bw::CHUNKS][bw::KV_BN][64];
-    uint16_t v[bw::CHUNKS][bw::KV_BN][64];
-    uint16_t q[bw::KV_STAGES][bw::CHUNKS][bw::KV_BM][64];
-    uint16_t d_o[bw::KV_STAGES][bw::CHUNKS][bw::KV_BM][64];
+    uint16_t k[bw::CHUNKS][bw::KV_BN][bw::SW_ELEMS];
+    uint16_t v[bw::CHUNKS][bw::KV_BN][bw::SW_ELEMS];
+    uint16_t q[bw::KV_STAGES][bw::CHUNKS][bw::KV_BM][bw::SW_ELEMS];
+    uint16_t d_o[bw::KV_STAGES][bw::CHUNKS][bw::KV_BM][bw::SW_ELEMS];
     uint64_t kv_full;
     uint64_t full[bw::KV_STAGES], empty[bw::KV_STAGES];
 };
@@ -41,6 +43,18 @@ FC_DEVICE int dkdv_first_m(const BwdParams& p, const BwdSeq& sq, int n_block) {
 #endif
 }
 
+// The query tiles [first, end) a key block visits per query head: window builds skip the tiles
+// wholly outside the window on either side (fc_bwd_mask.cuh), by index.
+// (Window builds are dense only: FC_VARLEN excludes FC_WINDOW, fc_bwd_mask.cuh.)
+FC_DEVICE void dkdv_m_range(const BwdParams& p, const BwdSeq& sq, int n_block, int& first, int& end) {
+#if FC_WINDOW
+    bwd_window_query_tiles(p, n_block, bw::KV_BN, bw::KV_BM, bwd_kv_m_blocks(p, sq), first, end);
+#else
+    first = dkdv_first_m(p, sq, n_block);
+    end = bwd_kv_m_blocks(p, sq);
+#endif
+}
+
 FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int kv_head, int batch) {
     using namespace bw;
     tma_prefetch_desc(&p.q_map);
@@ -51,22 +65,23 @@ FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int
     mbar_arrive_expect_tx(&s.kv_full, 2u * KV_BN * D * 2);
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
-        tma_load_4d(&s.k[c][0][0], &p.k_map, &s.kv_full, c * 64, sq.k0 + n_block * KV_BN, kv_head, sq.tb);
-        tma_load_4d(&s.v[c][0][0], &p.v_map, &s.kv_full, c * 64, sq.k0 + n_block * KV_BN, kv_head, sq.tb);
+        tma_load_4d(&s.k[c][0][0], &p.k_map, &s.kv_full, c * SW_ELEMS, sq.k0 + n_block * KV_BN, kv_head, sq.tb);
+        tma_load_4d(&s.v[c][0][0], &p.v_map, &s.kv_full, c * SW_ELEMS, sq.k0 + n_block * KV_BN, kv_head, sq.tb);
     }
-    const int first_m = dkdv_first_m(p, sq, n_block);
-    const int per_head = bwd_kv_m_blocks(p, sq) - first_m;
+    int first_m, end_m;
+    dkdv_m_range(p, sq, n_block, first_m, end_m);
+    const int per_head = end_m - first_m;
     const int total = per_head * p.group;
     for (int it = 0; it < total; ++it) {
         const int head = kv_head * p.group + it / per_head;
         const int row = sq.q0 + (first_m + it % per_head) * KV_BM;
-        const int st = bwd_stage<KV_STAGES>(it);
+        const int st = (int)bwd_opaque(bwd_stage<KV_STAGES>(it));  // d256: no per-stage addresses held
         mbar_wait(&s.empty[st], bwd_phase<KV_STAGES>(it) ^ 1);
         mbar_arrive_expect_tx(&s.full[st], 2u * KV_BM * D * 2);
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
-            tma_load_4d(&s.q[st][c][0][0], &p.q_map, &s.full[st], c * 64, row, head, sq.tb);
-            tma_load_4d(&s.d_o[st][c][0][0], &p.do_map, &s.full[st], c * 64, row, head, sq.tb);
+            tma_load_4d(&s.q[st][c][0][0], &p.q_map, &s.full[st], c * SW_ELEMS, row, head, sq.tb);
+            tma_load_4d(&s.d_o[st][c][0][0], &p.do_map, &s.full[st], c * SW_ELEMS, row, head, sq.tb);
         }
     }
 }
@@ -84,19 +99,23 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
     const int warp = warp_id_in_block() % 4;
     const int lane = lane_id();
     // This thread's two key rows (row halves h = 0, 1 are 8 apart) and first query column.
-    const int key0 = n_block * KV_BN + wg * 64 + warp * 16 + lane / 4;
+    // HSPLIT: both warpgroups own the same 64 keys and head-dim half wg of their dK, dV.
+    const int key_wg = HSPLIT == 1 ? wg : 0;
+    const uint32_t dim_off = (HSPLIT == 1 ? 0 : wg) * (DWG / SW_ELEMS) * (KV_BM * ROW_BYTES);
+    const int key0 = n_block * KV_BN + key_wg * 64 + warp * 16 + lane / 4;
     const int col0 = 2 * (lane % 4);
     const BwdSeq sq = bwd_seq(p, batch);
     const bool key_in[2] = {key0 < sq.len_k, key0 + 8 < sq.len_k};
 
-    float dk[D / 2], dv[D / 2];
+    float dk[DWG / 2], dv[DWG / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; ++i) dk[i] = dv[i] = 0.0f;
+    for (int i = 0; i < DWG / 2; ++i) dk[i] = dv[i] = 0.0f;
 
-    const uint32_t k_base = smem_u32(&s.k[0][wg * 64][0]);
-    const uint32_t v_base = smem_u32(&s.v[0][wg * 64][0]);
-    const int first_m = dkdv_first_m(p, sq, n_block);
-    const int per_head = bwd_kv_m_blocks(p, sq) - first_m;
+    const uint32_t k_base = smem_u32(&s.k[0][key_wg * 64][0]);
+    const uint32_t v_base = smem_u32(&s.v[0][key_wg * 64][0]);
+    int first_m, end_m;
+    dkdv_m_range(p, sq, n_block, first_m, end_m);
+    const int per_head = end_m - first_m;
     const int total = per_head * p.group;
     mbar_wait(&s.kv_full, 0);
     const Turns turns{wg, total};
@@ -107,8 +126,17 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
     (void)ds;
 
     for (int it = 0; it < total; ++it) {
+#if FC_WINDOW
+        // The range again from a fresh read of the block index (two passes: n_block is
+        // blockIdx.x): held across the loop beside dK and dV it spilled at d128.
+        int first_t, end_t;
+        dkdv_m_range(p, sq, bwd_block_x(), first_t, end_t);
+        const int head = kv_head * p.group + it / (end_t - first_t);
+        const int m_block = first_t + it % (end_t - first_t);
+#else
         const int head = kv_head * p.group + it / per_head;
         const int m_block = first_m + it % per_head;
+#endif
         const int st = bwd_stage<KV_STAGES>(it);
         const uint32_t q_base = smem_u32(&s.q[st][0][0][0]);
         const uint32_t do_base = smem_u32(&s.d_o[st][0][0][0]);
@@ -125,16 +153,12 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t kin = (kk / 4) * (KV_BN * ROW_BYTES) + (kk % 4) * 32;
-            const uint32_t qin = (kk / 4) * (KV_BM * ROW_BYTES) + (kk % 4) * 32;
-            Mma<KV_BM>::ss(sacc, wgmma_desc_sw128(k_base + kin, 16, 1024), wgmma_desc_sw128(q_base + qin, 16, 1024), kk > 0);
+            Mma<KV_BM>::ss(sacc, bwd_desc_k(bwd_opaque(k_base), KV_BN, kk), bwd_desc_k(bwd_opaque(q_base), KV_BM, kk), kk > 0);
         }
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t vin = (kk / 4) * (KV_BN * ROW_BYTES) + (kk % 4) * 32;
-            const uint32_t din = (kk / 4) * (KV_BM * ROW_BYTES) + (kk % 4) * 32;
-            Mma<KV_BM>::ss(dpacc, wgmma_desc_sw128(v_base + vin, 16, 1024), wgmma_desc_sw128(do_base + din, 16, 1024), kk > 0);
+            Mma<KV_BM>::ss(dpacc, bwd_desc_k(bwd_opaque(v_base), KV_BN, kk), bwd_desc_k(bwd_opaque(do_base), KV_BM, kk), kk > 0);
         }
         wgmma_commit();
         turns.pass(it);
@@ -155,26 +179,36 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
 
         // Causal: query − key ≥ Sq − Sk; relative to this thread's first (key, query) pair.
         const int rel = m_block * KV_BM + col0 - key0 - (sq.len_q - sq.len_k);
+#if FC_SOFTCAP
+        const float cap_log2 = p.softcap_out * p.scale_log2;
+#endif
 #pragma unroll
         for (int i = 0; i < KV_BM / 2; ++i) {
             const int h = (i / 2) % 2;
             const int off = 8 * (i / 4) + (i % 2) - 8 * h;  // (query − key) − rel
             bool visible = key_in[h];
-#if FC_CAUSAL
+#if FC_WINDOW
+            visible = visible && bwd_in_window(p, rel + off);
+#elif FC_CAUSAL
             visible = visible && (rel + off >= 0);
 #else
             (void)off;
             (void)rel;
 #endif
             const float l2 = lse2_p[8 * (i / 4) + (i % 2)];
+#if FC_SOFTCAP
+            // Pᵀ from the capped logit (t = tanh(s·softcap_in); the exponent is t·cap_log2).
+            sacc[i] = select_f(visible, fast_exp2(fmaf(bwd_softcap_t(p, sacc[i]), cap_log2, -l2)), 0.0f);
+#else
             sacc[i] = select_f(visible, fast_exp2(fmaf(sacc[i], p.scale_log2, -l2)), 0.0f);
+#endif
         }
         uint32_t pf[KV_BM / 16][4], sf[KV_BM / 16][4];
         acc_to_frags<KV_BM>(sacc, pf);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KV_BM / 16; ++kk) {
-            Mma<D>::rs_tb(dv, pf[kk], wgmma_desc_sw128(do_base + kk * 16 * ROW_BYTES, KV_BM * ROW_BYTES, 1024), 1);
+            Mma<DWG>::rs_tb(dv, pf[kk], bwd_desc_t(do_base + dim_off, KV_BM, kk), 1);
         }
         wgmma_commit();
 
@@ -190,6 +224,12 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
                 unpack_elem2(pf[kk][r], p0, p1);
                 const int i = 8 * kk + 2 * r;
                 const float2 dd = *reinterpret_cast<const float2*>(dvec_p + 8 * (i / 4));
+#if FC_SOFTCAP
+                // Softcap: Pᵀ·(1 − t²), t recovered from the 16-bit Pᵀ (fc_bwd_mask.cuh).
+                const float2 ll = *reinterpret_cast<const float2*>(lse2_p + 8 * (i / 4));
+                p0 = bwd_softcap_grad_from_p(p0, ll.x, cap_log2);
+                p1 = bwd_softcap_grad_from_p(p1, ll.y, cap_log2);
+#endif
                 dpacc[i] = p0 * (dpacc[i] - dd.x);
                 dpacc[i + 1] = p1 * (dpacc[i + 1] - dd.y);
             }
@@ -198,7 +238,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KV_BM / 16; ++kk) {
-            Mma<D>::rs_tb(dk, sf[kk], wgmma_desc_sw128(q_base + kk * 16 * ROW_BYTES, KV_BM * ROW_BYTES, 1024), 1);
+            Mma<DWG>::rs_tb(dk, sf[kk], bwd_desc_t(q_base + dim_off, KV_BM, kk), 1);
         }
         wgmma_commit();
         if constexpr (DQ) {
@@ -284,9 +324,10 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
     for (int h = 0; h < 2; ++h) {
         const int key = key0 + 8 * h;
         if (key < sq.k_rows) {
-            const int64_t off = batch * p.k_stride_b + (int64_t)(sq.k0 + key) * p.k_stride_s + kv_head * p.k_stride_h + col0;
-            bwd_store_row(reinterpret_cast<uint16_t*>(p.dk_ptr) + off, dk, h, p.scale);
-            bwd_store_row(reinterpret_cast<uint16_t*>(p.dv_ptr) + off, dv, h, 1.0f);
+            const int64_t off = batch * p.k_stride_b + (int64_t)(sq.k0 + key) * p.k_stride_s + kv_head * p.k_stride_h +
+                                col0 + (HSPLIT == 1 ? 0 : wg * DWG);
+            bwd_store_row<DWG>(reinterpret_cast<uint16_t*>(p.dk_ptr) + off, dk, h, p.scale);
+            bwd_store_row<DWG>(reinterpret_cast<uint16_t*>(p.dv_ptr) + off, dv, h, 1.0f);
         }
     }
 }

@@ -13,12 +13,13 @@
 #include "fc_mbarrier.cuh"
 #include "fc_tma.cuh"
 #include "fc_wgmma.cuh"
+#include "fc_bwd_mask.cuh"
 
 struct DqShared {
-    uint16_t q[bw::CHUNKS][bw::Q_BM][64];
-    uint16_t d_o[bw::CHUNKS][bw::Q_BM][64];
-    uint16_t k[bw::Q_STAGES][bw::CHUNKS][bw::Q_BN][64];
-    uint16_t v[bw::Q_STAGES][bw::CHUNKS][bw::Q_BN][64];
+    uint16_t q[bw::CHUNKS][bw::Q_BM][bw::SW_ELEMS];
+    uint16_t d_o[bw::CHUNKS][bw::Q_BM][bw::SW_ELEMS];
+    uint16_t k[bw::Q_STAGES][bw::CHUNKS][bw::Q_BN][bw::SW_ELEMS];
+    uint16_t v[bw::Q_STAGES][bw::CHUNKS][bw::Q_BN][bw::SW_ELEMS];
     uint64_t q_full;
     uint64_t full[bw::Q_STAGES], empty[bw::Q_STAGES];
 };
@@ -35,10 +36,25 @@ FC_DEVICE int dq_key_blocks(const BwdParams& p, const BwdSeq& sq, int m_block) {
 #endif
 }
 
+// The key blocks [first, first + count) the tile visits: window builds skip the blocks wholly
+// outside the window on either side (fc_bwd_mask.cuh), by index. count 0: every row masked.
+// (Window builds are dense only: FC_VARLEN excludes FC_WINDOW, fc_bwd_mask.cuh.)
+FC_DEVICE int dq_key_range(const BwdParams& p, const BwdSeq& sq, int m_block, int& first) {
+#if FC_WINDOW
+    int end;
+    bwd_window_key_blocks(p, m_block, bw::Q_BM, bw::Q_BN, bwd_q_n_blocks(p, sq), first, end);
+    return end - first;
+#else
+    first = 0;
+    return dq_key_blocks(p, sq, m_block);
+#endif
+}
+
 FC_DEVICE void dq_producer(const BwdParams& p, DqShared& s, int m_block, int head, int batch) {
     using namespace bw;
     const BwdSeq sq = bwd_seq(p, batch);
-    const int count = dq_key_blocks(p, sq, m_block);
+    int first;
+    const int count = dq_key_range(p, sq, m_block, first);
     if (count == 0) return;
     tma_prefetch_desc(&p.q_map);
     tma_prefetch_desc(&p.k_map);
@@ -47,8 +63,8 @@ FC_DEVICE void dq_producer(const BwdParams& p, DqShared& s, int m_block, int hea
     mbar_arrive_expect_tx(&s.q_full, 2u * Q_BM * D * 2);
 #pragma unroll
     for (int c = 0; c < CHUNKS; ++c) {
-        tma_load_4d(&s.q[c][0][0], &p.q_map, &s.q_full, c * 64, sq.q0 + m_block * Q_BM, head, sq.tb);
-        tma_load_4d(&s.d_o[c][0][0], &p.do_map, &s.q_full, c * 64, sq.q0 + m_block * Q_BM, head, sq.tb);
+        tma_load_4d(&s.q[c][0][0], &p.q_map, &s.q_full, c * SW_ELEMS, sq.q0 + m_block * Q_BM, head, sq.tb);
+        tma_load_4d(&s.d_o[c][0][0], &p.do_map, &s.q_full, c * SW_ELEMS, sq.q0 + m_block * Q_BM, head, sq.tb);
     }
     const int kv_head = head / p.group;
     for (int it = 0; it < count; ++it) {
@@ -57,8 +73,8 @@ FC_DEVICE void dq_producer(const BwdParams& p, DqShared& s, int m_block, int hea
         mbar_arrive_expect_tx(&s.full[st], 2u * Q_BN * D * 2);
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
-            tma_load_4d(&s.k[st][c][0][0], &p.k_map, &s.full[st], c * 64, sq.k0 + it * Q_BN, kv_head, sq.tb);
-            tma_load_4d(&s.v[st][c][0][0], &p.v_map, &s.full[st], c * 64, sq.k0 + it * Q_BN, kv_head, sq.tb);
+            tma_load_4d(&s.k[st][c][0][0], &p.k_map, &s.full[st], c * SW_ELEMS, sq.k0 + (first + it) * Q_BN, kv_head, sq.tb);
+            tma_load_4d(&s.v[st][c][0][0], &p.v_map, &s.full[st], c * SW_ELEMS, sq.k0 + (first + it) * Q_BN, kv_head, sq.tb);
         }
     }
 }
@@ -75,7 +91,8 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
     for (int i = 0; i < D / 2; ++i) dq[i] = 0.0f;
 
     const BwdSeq sq = bwd_seq(p, batch);
-    const int count = dq_key_blocks(p, sq, m_block);
+    int first;
+    const int count = dq_key_range(p, sq, m_block, first);
     const int64_t ws_row = ((int64_t)batch * p.heads_q + head) * p.sq_pad + row0;
     const float* lse2_p = reinterpret_cast<const float*>(p.lse2_ptr) + ws_row;
     const float* dvec_p = reinterpret_cast<const float*>(p.dvec_ptr) + ws_row;
@@ -97,16 +114,12 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t qin = (kk / 4) * (Q_BM * ROW_BYTES) + (kk % 4) * 32;
-            const uint32_t kin = (kk / 4) * (Q_BN * ROW_BYTES) + (kk % 4) * 32;
-            Mma<Q_BN>::ss(sacc, wgmma_desc_sw128(q_base + qin, 16, 1024), wgmma_desc_sw128(k_base + kin, 16, 1024), kk > 0);
+            Mma<Q_BN>::ss(sacc, bwd_desc_k(bwd_opaque(q_base), Q_BM, kk), bwd_desc_k(k_base, Q_BN, kk), kk > 0);
         }
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            const uint32_t din = (kk / 4) * (Q_BM * ROW_BYTES) + (kk % 4) * 32;
-            const uint32_t vin = (kk / 4) * (Q_BN * ROW_BYTES) + (kk % 4) * 32;
-            Mma<Q_BN>::ss(dpacc, wgmma_desc_sw128(do_base + din, 16, 1024), wgmma_desc_sw128(v_base + vin, 16, 1024), kk > 0);
+            Mma<Q_BN>::ss(dpacc, bwd_desc_k(bwd_opaque(do_base), Q_BM, kk), bwd_desc_k(v_base, Q_BN, kk), kk > 0);
         }
         wgmma_commit();
         turns.pass(it);
@@ -116,20 +129,32 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
 
         // Keys past Sk are masked; causal: key − query ≤ Sk − Sq. Relative to this thread's
         // first (query, key) pair.
-        const int key_first = it * Q_BN + col0;
+        const int key_first = (first + it) * Q_BN + col0;
         const int limit = sq.len_k - key_first;
         const int rel = key_first - row0 - (sq.len_k - sq.len_q);
+#if FC_SOFTCAP
+        const float cap_log2 = p.softcap_out * p.scale_log2;
+#endif
 #pragma unroll
         for (int i = 0; i < Q_BN / 2; ++i) {
             const int h = (i / 2) % 2;
             const int kof = 8 * (i / 4) + (i % 2);
             bool visible = kof < limit;
-#if FC_CAUSAL
+#if FC_WINDOW
+            visible = visible && bwd_in_window(p, -(rel + kof - 8 * h));
+#elif FC_CAUSAL
             visible = visible && (rel + kof - 8 * h <= 0);
 #else
             (void)rel;
 #endif
+#if FC_SOFTCAP
+            // P from the capped logit, times (1 − t²): all dS needs (dQ has no P V).
+            const float t = bwd_softcap_t(p, sacc[i]);
+            const float prob = select_f(visible, fast_exp2(fmaf(t, cap_log2, -lse2[h])), 0.0f);
+            sacc[i] = bwd_softcap_grad(prob, t);
+#else
             sacc[i] = select_f(visible, fast_exp2(fmaf(sacc[i], p.scale_log2, -lse2[h])), 0.0f);
+#endif
         }
         wgmma_wait<0>();
         fence_regs(dpacc);
@@ -141,7 +166,7 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < Q_BN / 16; ++kk) {
-            Mma<D>::rs_tb(dq, sf[kk], wgmma_desc_sw128(k_base + kk * 16 * ROW_BYTES, Q_BN * ROW_BYTES, 1024), 1);
+            Mma<D>::rs_tb(dq, sf[kk], bwd_desc_t(k_base, Q_BN, kk), 1);
         }
         wgmma_commit();
         wgmma_wait<0>();
@@ -157,7 +182,7 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
         const int row = row0 + 8 * h;
         if (row < sq.len_q) {
             const int64_t off = batch * p.q_stride_b + (int64_t)(sq.q0 + row) * p.q_stride_s + head * p.q_stride_h + col0;
-            bwd_store_row(reinterpret_cast<uint16_t*>(p.dq_ptr) + off, dq, h, p.scale);
+            bwd_store_row<D>(reinterpret_cast<uint16_t*>(p.dq_ptr) + off, dq, h, p.scale);
         }
     }
 }

@@ -23,6 +23,10 @@
 // The turn protocol runs (waits, fences, releases) unless a diagnostic build drops it.
 #define OP_ORDERED (FC_OP_DIAG == 0)
 
+#if FC_ONEPASS
+static_assert(FC_HEAD_DIM == 64 || FC_HEAD_DIM == 128, "the one-pass kernels serve head dims 64 and 128");
+#endif
+
 namespace bw {
 // 64-query chunks of a streamed tile: dSᵀ is kept in shared memory as [chunk][key][64 queries].
 constexpr int QCH = KV_BM / 64;

@@ -18,20 +18,36 @@ FC_DEVICE void bwd_preprocess_row(const BwdParams& p, int i, int h, int b) {
     const bool real = i < sq.len_q;  // public: index against the shape
     float dot = 0.0f, lse = neg_inf();
     if (real) {
-        const int64_t off = b * p.q_stride_b + (int64_t)(sq.q0 + i) * p.q_stride_s + h * p.q_stride_h + lane * (D / 32);
+        const int64_t row_off = b * p.q_stride_b + (int64_t)(sq.q0 + i) * p.q_stride_s + h * p.q_stride_h;
+        const int64_t off = row_off + lane * (D / 32);
         const uint16_t* o = reinterpret_cast<const uint16_t*>(p.o_ptr) + off;
         const uint16_t* d_o = reinterpret_cast<const uint16_t*>(p.do_ptr) + off;
-        uint32_t ow[D / 64], dw[D / 64];
+        // d96: elements 2·lane, 2·lane + 1 (one word) and 64 + lane (one element, widened);
+        // d256: 8 elements per lane.
+        constexpr int WORDS = D == 96 ? 2 : D / 64;
+        uint32_t ow[WORDS], dw[WORDS];
         if constexpr (D == 64) {
             ow[0] = *reinterpret_cast<const uint32_t*>(o);
             dw[0] = *reinterpret_cast<const uint32_t*>(d_o);
+        } else if constexpr (D == 96) {
+            const uint16_t* o96 = reinterpret_cast<const uint16_t*>(p.o_ptr) + row_off;
+            const uint16_t* d96 = reinterpret_cast<const uint16_t*>(p.do_ptr) + row_off;
+            ow[0] = *reinterpret_cast<const uint32_t*>(o96 + 2 * lane);
+            dw[0] = *reinterpret_cast<const uint32_t*>(d96 + 2 * lane);
+            ow[1] = o96[64 + lane];  // high half zero: adds 0 · 0
+            dw[1] = d96[64 + lane];
+        } else if constexpr (D == 256) {
+            const uint4 a = *reinterpret_cast<const uint4*>(o);
+            const uint4 c = *reinterpret_cast<const uint4*>(d_o);
+            ow[0] = a.x, ow[1] = a.y, ow[2] = a.z, ow[3] = a.w;
+            dw[0] = c.x, dw[1] = c.y, dw[2] = c.z, dw[3] = c.w;
         } else {
             const uint2 a = *reinterpret_cast<const uint2*>(o);
             const uint2 c = *reinterpret_cast<const uint2*>(d_o);
             ow[0] = a.x, ow[1] = a.y, dw[0] = c.x, dw[1] = c.y;
         }
 #pragma unroll
-        for (int w = 0; w < D / 64; ++w) {
+        for (int w = 0; w < WORDS; ++w) {
             float o0, o1, d0, d1;
             unpack_elem2(ow[w], o0, o1);
             unpack_elem2(dw[w], d0, d1);

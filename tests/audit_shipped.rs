@@ -15,11 +15,11 @@ fn shipped_variants_are_data_oblivious_spill_free_and_use_wgmma() {
     let backward = flashcore::kernels::backward::shipped_bwd_variants().len();
     assert_eq!(
         audits.len(),
-        variants.len() + decode + kv_cache + varlen + 3 * backward,
+        variants.len() + decode + kv_cache + varlen + 4 * backward,
         "one audited kernel per shipped variant, two (forward and combine) per decode variant, \
          a third (the append) per KV-cache variant, two (forward and work-list builder) per \
-         varlen variant, three (preprocess, dK/dV, dQ; or preprocess, one-pass, dQ conversion) per \
-         backward variant"
+         varlen variant, four (preprocess, dK/dV, dQ, dsink; or preprocess, one-pass, dQ conversion, \
+         dsink) per backward variant"
     );
     // The append kernel is audited with its counts and table declared public.
     assert_eq!(

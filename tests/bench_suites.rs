@@ -273,4 +273,37 @@ fn python_argument_errors_exit_2() {
         v[0].1,
         Shape::of(&flashcore::AttentionParams::new(1, 16, 4096, 128).causal(true))
     );
+    // --window: the same shape record as `flashcore bench --window` writes; bad values exit 2.
+    let o = run(&[
+        "--heads",
+        "16",
+        "--seqlen",
+        "8192",
+        "--headdim",
+        "128",
+        "--causal",
+        "--window",
+        "4095,0",
+        "--print-shapes",
+    ])
+    .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: Vec<(DType, Shape)> = serde_json::from_slice(&o.stdout).unwrap();
+    let mut want = Shape::of(&flashcore::AttentionParams::new(1, 16, 8192, 128).causal(true));
+    want.window = Some((4095, 0));
+    assert_eq!(v[0].1, want);
+    for bad in ["4,x", "-2,0", "5"] {
+        let o = run(&[
+            "--heads",
+            "16",
+            "--seqlen",
+            "64",
+            "--headdim",
+            "64",
+            "--window",
+            bad,
+        ])
+        .unwrap();
+        assert_eq!(o.status.code(), Some(2), "--window {bad}");
+    }
 }

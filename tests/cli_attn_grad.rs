@@ -206,9 +206,9 @@ fn do_of_the_wrong_shape_is_an_error() {
 #[test]
 fn unsupported_shape_is_an_error_naming_the_inferred_shape() {
     let dir = tempfile::tempdir().unwrap();
-    let p = AttentionParams::new(1, 2, 8, 96);
+    let p = AttentionParams::new(1, 2, 8, 80);
     let input = input_file(dir.path(), &p, 1, None);
-    expect_error(&p, &input, dir.path(), &["head_dim", "D=96"]);
+    expect_error(&p, &input, dir.path(), &["head_dim", "D=80"]);
 }
 
 #[test]
@@ -266,6 +266,9 @@ fn gpu_grad_fails_cleanly_without_a_gpu_and_matches_reference_with_one() {
                 .causal(true),
             1e-2,
         ),
+        // Head dims 96 and 256 (branch bwdhd).
+        (gqa(1, 100, 77, 4, 1, 96).causal(true), 2e-3),
+        (gqa(2, 33, 140, 2, 2, 256).dtype(DType::Bf16), 1e-2),
     ]
     .into_iter()
     .enumerate()
@@ -278,4 +281,171 @@ fn gpu_grad_fails_cleanly_without_a_gpu_and_matches_reference_with_one() {
         assert_eq!(got["dq"].data.dtype_name(), want_dtype);
         check_against_reference(&p, &input, &output, tol);
     }
+}
+
+// --- issue 24: windows, softcap and sinks in the backward ---------------------------------------
+
+/// `input_file` plus learnable sinks (F32 [Hq]) when `sinks` is given.
+fn feature_input(dir: &Path, p: &AttentionParams, seed: u64, sinks: Option<&[f32]>) -> PathBuf {
+    let path = input_file(dir, p, seed, None);
+    if let Some(s) = sinks {
+        let mut all = read_file(&path).unwrap();
+        let t = Tensor {
+            shape: vec![s.len()],
+            data: TensorData::F32(s.to_vec()),
+        };
+        all.insert("sinks".into(), t);
+        let tensors: Vec<(&str, &Tensor)> = all.iter().map(|(n, t)| (n.as_str(), t)).collect();
+        write_file(&path, &tensors, None).unwrap();
+    }
+    path
+}
+
+/// The CLI arguments of `p`'s window and softcap.
+fn feature_args(p: &AttentionParams) -> Vec<String> {
+    let (l, r) = p.window.to_flash_attn();
+    let mut a = Vec::new();
+    if !p.window.is_unbounded() {
+        a.extend(["--window".to_string(), format!("{l},{r}")]);
+    }
+    if p.softcap != 0.0 {
+        a.extend(["--softcap".to_string(), p.softcap.to_string()]);
+    }
+    a
+}
+
+/// The written gradients (and dsink) against the reference with the same features.
+fn check_features(
+    p: &AttentionParams,
+    input: &Path,
+    output: &Path,
+    sinks: Option<&[f32]>,
+    tol: f64,
+) {
+    let inp = read_file(input).unwrap();
+    let f = |n: &str| inp[n].data.to_f64();
+    let s64: Option<Vec<f64>> = sinks.map(|s| s.iter().map(|&x| x as f64).collect());
+    let (want, want_dsink) = reference::attention_backward_f64_sinks(
+        p,
+        &f("q"),
+        &f("k"),
+        &f("v"),
+        &f("do"),
+        s64.as_deref(),
+    );
+    let got = read_file(output).unwrap();
+    for (name, w) in [("dq", &want.dq), ("dk", &want.dk), ("dv", &want.dv)] {
+        let err = reference::rel_l2(&got[name].data.to_f64(), w);
+        assert!(
+            err <= tol,
+            "{p:?}: {name} relative L2 {err:.3e} > {tol:.0e}"
+        );
+    }
+    match sinks {
+        Some(_) => {
+            assert_eq!(got["dsink"].shape, vec![p.heads_q]);
+            assert!(matches!(got["dsink"].data, TensorData::F32(_)));
+            let err = reference::rel_l2(&got["dsink"].data.to_f64(), &want_dsink);
+            assert!(err <= tol, "{p:?}: dsink relative L2 {err:.3e} > {tol:.0e}");
+        }
+        None => assert!(!got.contains_key("dsink"), "dsink written without sinks"),
+    }
+}
+
+fn feature_cases() -> Vec<(AttentionParams, Option<Vec<f32>>)> {
+    use flashcore::attention::Window;
+    vec![
+        (
+            gqa(2, 40, 60, 4, 2, 64)
+                .window(Window::from_flash_attn(8, 4))
+                .softcap(2.0),
+            None,
+        ),
+        (
+            gqa(1, 70, 50, 2, 2, 128)
+                .causal(true)
+                .window(Window::from_flash_attn(16, -1))
+                .dtype(DType::Bf16),
+            Some(vec![0.5, -1.0]),
+        ),
+    ]
+}
+
+#[test]
+fn cpu_grad_with_window_softcap_and_sinks_matches_reference() {
+    for (seed, (p, sinks)) in feature_cases().into_iter().enumerate() {
+        let dir = tempfile::tempdir().unwrap();
+        let input = feature_input(dir.path(), &p, 40 + seed as u64, sinks.as_deref());
+        let output = dir.path().join("out.safetensors");
+        let extra = feature_args(&p);
+        let mut args = args_for(&p, &input, &output);
+        args.extend(extra.iter().map(|s| s.as_str()));
+        args.push("--cpu");
+        let run = flashcore_attn(&args);
+        assert_eq!(run.code, 0, "{p:?}\n{}", run.stderr);
+        if sinks.is_some() {
+            assert!(
+                run.stdout.contains("dsink") && run.stdout.contains("sinks"),
+                "{}",
+                run.stdout
+            );
+        }
+        check_features(&p, &input, &output, sinks.as_deref(), 1e-6);
+    }
+}
+
+/// Sinks of the wrong length: exit 1 naming the tensor, nothing written.
+#[test]
+fn grad_with_sinks_of_the_wrong_length_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = AttentionParams::new(1, 2, 8, 64);
+    let input = feature_input(dir.path(), &p, 3, Some(&[0.0, 1.0, 2.0]));
+    expect_error(&p, &input, dir.path(), &["sinks", "one per query head"]);
+}
+
+/// With a GPU: the features' gradients (and dsink) match the reference; the one-pass kernel
+/// (FLASHCORE_BWD_ONEPASS=1) refuses a window with a message saying what to do. Without one the
+/// CPU tests above cover the CLI.
+#[test]
+fn gpu_grad_with_features_matches_reference_and_one_pass_refuses_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = dir.path().join("out.safetensors");
+    if let Err(e) = flashcore::attention::Context::new(0) {
+        if std::env::var("FLASHCORE_REQUIRE_GPU").as_deref() == Ok("1") {
+            panic!("FLASHCORE_REQUIRE_GPU=1 but no usable GPU: {e}");
+        }
+        eprintln!("SKIPPED gpu_grad_with_features_matches_reference_and_one_pass_refuses_them: no usable GPU ({e})");
+        return;
+    }
+    for (seed, (p, sinks)) in feature_cases().into_iter().enumerate() {
+        let input = feature_input(dir.path(), &p, 50 + seed as u64, sinks.as_deref());
+        let extra = feature_args(&p);
+        let mut args = args_for(&p, &input, &output);
+        args.extend(extra.iter().map(|s| s.as_str()));
+        let run = flashcore_attn(&args);
+        assert_eq!(run.code, 0, "{p:?}\n{}", run.stderr);
+        let tol = if p.dtype == DType::F16 { 2e-3 } else { 1e-2 };
+        check_features(&p, &input, &output, sinks.as_deref(), tol);
+    }
+    let (p, _) = feature_cases().remove(0);
+    let input = feature_input(dir.path(), &p, 60, None);
+    let _ = std::fs::remove_file(&output);
+    let extra = feature_args(&p);
+    let mut args = vec!["attn".to_string()];
+    args.extend(args_for(&p, &input, &output).iter().map(|s| s.to_string()));
+    args.extend(extra);
+    let bin = std::env::var("FLASHCORE_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_flashcore").to_string());
+    let o = std::process::Command::new(bin)
+        .args(&args)
+        .env("FLASHCORE_BWD_ONEPASS", "1")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("one-pass") && stderr.contains("FLASHCORE_BWD_ONEPASS"),
+        "{stderr}"
+    );
+    assert!(!output.exists());
 }

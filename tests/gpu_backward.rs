@@ -419,6 +419,8 @@ fn backward_throughput_report() {
             dq: dq.device_ptr_mut(&s_).0,
             dk: dk.device_ptr_mut(&s_).0,
             dv: dv.device_ptr_mut(&s_).0,
+            sinks: 0,
+            dsink: 0,
         };
         // Median of 10 synchronised launches (after 2 warm-ups) of the chosen kernels.
         let time = |which: [bool; 3]| {
@@ -522,6 +524,8 @@ fn external_backward_with_strided_q_matches_the_context_bits() {
         dk: dk.device_ptr_mut(&st).0,
         dv: dv.device_ptr_mut(&st).0,
         workspace: ws.device_ptr_mut(&st).0,
+        sinks: 0,
+        dsink: 0,
     };
     // SAFETY: every buffer above is live, sized for its shape and strides, and outlives the
     // synchronisation below.

@@ -434,6 +434,79 @@ fn backward_matches_finite_differences() {
     }
 }
 
+/// Issue 24 in the backward oracle: windows (left-only, right-only, a window some rows see no key
+/// through), softcap and sinks, alone and combined, against central differences of
+/// L = Σ O ∘ dO through the forward oracle with the same features — dQ, dK, dV and dsink.
+#[test]
+fn backward_features_match_finite_differences() {
+    use flashcore::attention::Window;
+    let cases = [
+        // (hq, hkv, sq, sk, causal, window (left, right), softcap, sinks)
+        (2, 1, 6, 9, false, (2, 1), 0.0, false), // Sq < Sk, both sides
+        (2, 2, 7, 4, true, (1, -1), 0.0, false), // causal + left, rows with no key
+        (2, 2, 5, 5, false, (-1, 0), 0.0, false), // right-only (= causal)
+        (2, 2, 5, 5, false, (0, -1), 0.0, false), // left 0: keys at and after the diagonal
+        (4, 2, 6, 6, false, (-1, -1), 2.5, false), // softcap, GQA
+        (4, 2, 6, 8, true, (2, -1), 1.5, false), // window + causal + GQA + softcap
+        (2, 2, 5, 5, false, (-1, -1), 0.0, true), // sinks
+        (2, 1, 7, 4, true, (1, -1), 0.0, true),  // sinks + window: a row may see only its sink
+        (2, 2, 6, 6, false, (3, 3), 2.0, true),  // everything
+    ];
+    let mut rng = rand::rngs::StdRng::seed_from_u64(0x24b);
+    for (hq, hkv, sq, sk, causal, (wl, wr), cap, with_sinks) in cases {
+        let mut p = AttentionParams::new(2, hq, sq, 8)
+            .seqlen_k(sk)
+            .causal(causal)
+            .window(Window::from_flash_attn(wl, wr))
+            .softcap(cap);
+        p.heads_kv = hkv;
+        let r = |n: usize, rng: &mut rand::rngs::StdRng| {
+            (0..n)
+                .map(|_| rng.random_range(-1.5..1.5))
+                .collect::<Vec<f64>>()
+        };
+        let (q, k, v, d_o) = (
+            r(p.q_len(), &mut rng),
+            r(p.kv_len(), &mut rng),
+            r(p.kv_len(), &mut rng),
+            r(p.q_len(), &mut rng),
+        );
+        let sinks = with_sinks.then(|| r(hq, &mut rng));
+        let (g, dsink) =
+            reference::attention_backward_f64_sinks(&p, &q, &k, &v, &d_o, sinks.as_deref());
+        assert_eq!(dsink.len(), if with_sinks { hq } else { 0 });
+        let loss = |x: &[Vec<f64>; 4]| -> f64 {
+            let s = with_sinks.then_some(&x[3][..]);
+            reference::attention_f64_sinks(&p, &x[0], &x[1], &x[2], s)
+                .out
+                .iter()
+                .zip(&d_o)
+                .map(|(a, b)| a * b)
+                .sum()
+        };
+        let eps = 1e-6;
+        let base = [q, k, v, sinks.clone().unwrap_or_default()];
+        let fd = |which: usize, i: usize| {
+            let mut x = base.clone();
+            x[which][i] += eps;
+            let up = loss(&x);
+            x[which][i] -= 2.0 * eps;
+            let down = loss(&x);
+            (up - down) / (2.0 * eps)
+        };
+        for (which, grad) in [(0, &g.dq), (1, &g.dk), (2, &g.dv), (3, &dsink)] {
+            for i in (0..grad.len()).step_by(if which == 3 { 1 } else { 2 }) {
+                let want = fd(which, i);
+                assert!(
+                    (grad[i] - want).abs() <= 1e-6 * (1.0 + want.abs()),
+                    "{p:?}: gradient {which} entry {i}: analytic {} vs finite difference {want}",
+                    grad[i]
+                );
+            }
+        }
+    }
+}
+
 /// Issue 24's features straight from their definitions: a window in signed arithmetic
 /// (flash-attn's bottom-right alignment, causal forcing right = 0), the softcap, and a sink
 /// added to the denominator (exp without max subtraction: small scores).

@@ -10,15 +10,40 @@ import torch
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 SUPPORTED_HEAD_DIMS = (64, 96, 128, 256)
-# Head dims with a backward: 96 (Phi-3) and 256 (Gemma 2) are forward-only so far (issue 24).
-BACKWARD_HEAD_DIMS = (64, 128)
+# Head dims with a backward: every forward head dim (96: Phi-3, 256: Gemma 2/3; branch bwdhd).
+BACKWARD_HEAD_DIMS = (64, 96, 128, 256)
+# Head dims with a varlen backward (the bwd_*_varlen builds).
+VARLEN_BACKWARD_HEAD_DIMS = (64, 128)
+
+
+def check_varlen_backward_head_dim(d):
+    if d not in VARLEN_BACKWARD_HEAD_DIMS:
+        raise RuntimeError(
+            f"flashcore: head dim {d} has no varlen backward pass yet (varlen gradients: head dims "
+            f"{', '.join(map(str, VARLEN_BACKWARD_HEAD_DIMS))}): call it under torch.no_grad() or "
+            "torch.inference_mode(), or .detach() the inputs"
+        )
+
+
+# Head dims whose backward takes a sliding window or a softcap (the bwd_*_window[_softcap] builds).
+FEATURE_BACKWARD_HEAD_DIMS = (64, 128)
+
+
+def check_feature_backward_head_dim(d, window, softcap):
+    """Refuses a gradient through a window or softcap at a head dim without those backward builds."""
+    if d not in FEATURE_BACKWARD_HEAD_DIMS and (tuple(window) != (-1, -1) or softcap):
+        raise RuntimeError(
+            f"flashcore: head dim {d} has no backward pass with window_size or softcap (gradients with "
+            f"them: head dims {', '.join(map(str, FEATURE_BACKWARD_HEAD_DIMS))}): call it under "
+            "torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
+        )
 
 
 def check_backward_head_dim(d):
     if d not in BACKWARD_HEAD_DIMS:
         raise RuntimeError(
-            f"flashcore: head dim {d} has no backward pass yet (gradients: head dims 64 and 128; 96 and 256 "
-            "are forward-only): call it under torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
+            f"flashcore: head dim {d} has no backward pass (gradients: head dims {', '.join(map(str, BACKWARD_HEAD_DIMS))}): "
+            "call it under torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
         )
 LAYOUTS = ("bshd", "bhsd")
 
@@ -236,6 +261,15 @@ def sinks_f32(sinks):
     dtype, e.g. bf16). Non-tensors pass through for check_features to refuse."""
     if isinstance(sinks, torch.Tensor) and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
         return sinks.detach().float().contiguous()
+    return sinks
+
+
+def sinks_f32_grad(sinks):
+    """A learnable_sink as the op takes it when autograd records the call: float32 and contiguous
+    like `sinks_f32`, but not detached, so the sink's gradient flows back through the conversion
+    (a bf16 model parameter gets a bf16 gradient)."""
+    if isinstance(sinks, torch.Tensor) and (sinks.dtype != torch.float32 or not sinks.is_contiguous()):
+        return sinks.float().contiguous()
     return sinks
 
 

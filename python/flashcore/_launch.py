@@ -210,13 +210,16 @@ def dense(t):
     return t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.clone(memory_format=torch.contiguous_format)
 
 
-def launch_backward(d_o, q, k, v, out, lse, dq, dk, dv, causal, scale, bhsd=False):
+def launch_backward(d_o, q, k, v, out, lse, dq, dk, dv, causal, scale, bhsd=False, window=(-1, -1), softcap=0.0,
+                    sinks=None, dsink=None):
     """dq, dk, dv (fresh contiguous tensors of q's and k's shapes) of attention(q, k, v) from the
     forward's `out` and `lse` and the output gradient `d_o`, on torch's current stream. q, k, v
     have any strides (copied where TMA cannot read them); `d_o` and `out` are dense (`dense`), in
     q's layout (`bhsd`: [B, H, S, D], else [B, S, H, D]); `lse` fp32 contiguous [B, Hq, Sq]. GQA:
     dk, dv are summed over the query heads of each K/V head. The scratch comes from torch's
-    allocator on the same stream."""
+    allocator on the same stream. Issue 24: the forward's `window` (flash-attn's (left, right)),
+    `softcap` and `sinks` (fp32 contiguous [Hq] or None); with sinks, their gradient goes to
+    `dsink` (fp32 contiguous [Hq])."""
     b, sq, sk, hq, hkv, d = _dims(q, k, bhsd)
     q, qd = _in_desc(q, bhsd)
     k, kd = _in_desc(k, bhsd)
@@ -227,8 +230,14 @@ def launch_backward(d_o, q, k, v, out, lse, dq, dk, dv, causal, scale, bhsd=Fals
     ws = torch.empty(_backward_workspace_bytes(dtype, shape), dtype=torch.uint8, device=q.device)
     buffers = (out.data_ptr(), lse.data_ptr(), d_o.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                ws.data_ptr())
+    if window == (-1, -1) and softcap == 0.0 and sinks is None:
+        _native.attention_backward(dev, current_stream(dev), dtype, shape, bool(causal), scale, bool(bhsd), qd, kd, vd,
+                                   buffers)
+        return
     _native.attention_backward(dev, current_stream(dev), dtype, shape, bool(causal), scale, bool(bhsd), qd, kd, vd,
-                               buffers)
+                               buffers, window=tuple(window), softcap=float(softcap),
+                               sinks=0 if sinks is None else sinks.data_ptr(),
+                               dsink=0 if sinks is None else dsink.data_ptr())
 
 
 @functools.lru_cache(maxsize=1024)

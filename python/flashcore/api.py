@@ -29,7 +29,7 @@ def _call(q, k, v, causal, scale, bhsd, return_lse, lengths):
 def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=False, secret_lengths=None,
               window_size=(-1, -1), softcap=0.0, learnable_sink=None):
     """Fused attention ``softmax(scale · q kᵀ + mask) v``, fp16/bf16, head dim 64, 96, 128 or 256
-    (96 and 256 forward only: with an input that requires grad they raise RuntimeError).
+    (differentiable at every one).
 
     `layout` "bshd" (flash-attn: [B, S, H, D], the default) or "bhsd" (SDPA: [B, H, S, D]). K and
     V may have fewer heads than Q (grouped-query attention: Hq a multiple of Hkv) and another
@@ -44,9 +44,9 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=Fa
     backward (flashcore.autograd: dq, dk, dv, GQA sums, bitwise deterministic); lse is not
     differentiable. `secret_lengths` has no backward (RuntimeError).
 
-    Issue 24 (forward only, dense calls): `window_size` (left, right) sliding window (−1
-    unbounded; causal means right = 0), `softcap` (0 off), `learnable_sink` [Hq] sinks — see
-    `flash_attn_func`. With an input that requires grad they raise RuntimeError.
+    Issue 24 (dense calls): `window_size` (left, right) sliding window (−1 unbounded; causal
+    means right = 0), `softcap` (0 off), `learnable_sink` [Hq] sinks — see `flash_attn_func`.
+    Differentiable at head dims 64 and 128 (the sink too, when it requires grad).
     """
     window = tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size
     if window != (-1, -1) or softcap != 0.0 or learnable_sink is not None:
@@ -80,15 +80,15 @@ def flash_attn_func(
     learnable_sink=None,
 ):
     """flash-attn's ``flash_attn_func`` on [B, S, H, D] tensors, as a drop-in (differentiable, as
-    `attention`, for calls without the features below).
+    `attention`).
 
     `window_size=(left, right)` (−1 unbounded; `causal` sets right = 0, as flash-attn does):
     query i, aligned bottom-right to the keys, sees key j iff i − left ≤ j ≤ i + right; whole key
     blocks outside the window are skipped. `softcap`: scores become softcap · tanh(scale · q·k /
     softcap) (Gemma 2). `learnable_sink` (FA4's name; [Hq], any float dtype, taken as fp32): one
     logit per query head joining every row's softmax denominator with no value row (gpt-oss).
-    These three are forward-only so far: with an input that requires grad they raise
-    RuntimeError. What flash-attn offers and flashcore does not (dropout, ALiBi, attention
+    These three are differentiable at head dims 64 and 128 (the sink's gradient too, when it
+    requires grad; 96 and 256 are forward-only). What flash-attn offers and flashcore does not (dropout, ALiBi, attention
     probabilities) raises ``ValueError``; `deterministic` is accepted (flashcore is always bitwise
     deterministic). Returns `out`, or `(out, lse)` when `return_lse`.
     """
@@ -164,15 +164,24 @@ def prepare(q, k, *, causal=False, scale=None, layout="bshd", secret_lengths=Fal
 
 def _attention_features(q, k, v, causal, scale, layout, return_lse, lengths, window, softcap, sinks):
     """`attention` with a window, a softcap or sinks: checked here, then the op (directly in plain
-    eager mode, through the dispatcher otherwise). No backward yet: refused before the launch."""
+    eager mode, through the dispatcher otherwise; always through it when autograd records the
+    call, with the log-sum-exp its backward needs)."""
     b, sq, sk, hq, hkv, d = _checks.split_shape(q, k, v, layout)
     scale = _checks.check_scale(scale)
     _checks.check_lengths(lengths, q, b, sq, sk)
     if _checks.needs_grad(q, k, v, sinks if isinstance(sinks, torch.Tensor) else None):
-        raise RuntimeError(
-            "flashcore: window_size, softcap and learnable_sink have no backward pass yet (forward only): "
-            "call it under torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
-        )
+        _checks.check_backward_head_dim(d)
+        if lengths is not None:
+            raise RuntimeError(
+                "flashcore: secret_lengths has no backward pass: call it under torch.no_grad() or "
+                "torch.inference_mode(), or .detach() the inputs"
+            )
+        sinks = _checks.sinks_f32_grad(sinks)
+        window, softcap, sinks = _checks.check_features(window, softcap, sinks, q, hq, lengths)
+        _checks.check_feature_backward_head_dim(d, window, softcap)
+        out, lse = ops.attention_op(q, k, v, bool(causal), scale, layout == "bhsd", True, lengths, window[0],
+                                    window[1], softcap, sinks)
+        return (out, lse) if return_lse else out
     sinks = _checks.sinks_f32(sinks)
     window, softcap, sinks = _checks.check_features(window, softcap, sinks, q, hq, lengths)
     bhsd = layout == "bhsd"

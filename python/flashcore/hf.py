@@ -12,7 +12,7 @@ causal or full attention is exact; models whose own code adds the mask to its sc
 calling an attention function (Bloom, ...: they support neither "sdpa" nor attention backends)
 get the additive mask they have under "eager" (``build_mask``). flashcore serves a call only
 when it understands every argument the model passed: no mask, no dropout, fp16/bf16, head dim
-64/96/128/256 (96 and 256 for inference: under grad mode they go to SDPA), an sm_90 GPU, and keyword arguments from an allow-list at
+64/96/128/256 (training too), an sm_90 GPU, and keyword arguments from an allow-list at
 values that change nothing flashcore computes — ``position_ids``, ``use_cache``,
 ``output_hidden_states``, ``output_router_logits``, ``num_items_in_batch``,
 ``encoder_hidden_states`` (any value), ``position_bias`` (None), ``output_attentions`` (false);
@@ -157,6 +157,11 @@ def _feature_reason(query, key, attention_mask, kwargs, mask_served):
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
             return "sliding_window"
+    # Training: the window/softcap backward builds exist at head dims 64 and 128 only.
+    if (query.dim() == 4 and query.shape[-1] not in _checks.FEATURE_BACKWARD_HEAD_DIMS
+            and _checks.needs_grad(query, key)
+            and (_nonzero(softcap) or (window is not None and key.dim() == 4 and key.shape[2] > window))):
+        return "head_dim"
     return None
 
 
@@ -177,7 +182,7 @@ def _base_reason(query, key, value, attention_mask, dropout, scaling, kwargs, ma
     if d not in _checks.SUPPORTED_HEAD_DIMS or key.shape[-1] != d:
         return "head_dim"
     if d not in _checks.BACKWARD_HEAD_DIMS and _checks.needs_grad(query, key, value):
-        return "head_dim"  # 96 and 256 are forward-only: training goes to SDPA
+        return "head_dim"  # a forward-only head dim (none at present): training goes to SDPA
     if query.shape[0] != key.shape[0] or query.shape[1] % key.shape[1] != 0:
         return "heads"
     if min(query.shape) == 0 or min(key.shape) == 0:
@@ -431,10 +436,11 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         # A decode step of a padded batch: served over the keys from each sequence's first.
         leftpad = leftpad_of(attention_mask, query, key)
         grad = _checks.needs_grad(query, key, value)
-        if leftpad is None and (not grad or (not featured and _served_features(kwargs, key, False) is None)):
+        if leftpad is None and (not grad or (not featured and _served_features(kwargs, key, False) is None
+                                             and query.shape[-1] in _checks.VARLEN_BACKWARD_HEAD_DIMS)):
             # A forward pass or prefill of a padded batch (left or right), its sliding window too:
-            # served through varlen. Training too (issue 23: varlen's backward), without a window,
-            # softcap or sinks (those have no backward yet: SDPA).
+            # served through varlen. Training too (issue 23: varlen's backward), at head dims 64
+            # and 128 without a window, softcap or sinks (those have no varlen backward: SDPA).
             w = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
             padded = padded_prefill_of(attention_mask, query, key, None if grad else w)
         if leftpad is not None or padded is not None:

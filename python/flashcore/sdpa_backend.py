@@ -11,8 +11,7 @@ kernel instead (exact semantics kept; counted in ``stats``). Never a wrong resul
 
 Training: the hook also serves the op's backward (``aten::_scaled_dot_product_flash_attention_backward``)
 with flashcore's (``flashcore.autograd``'s kernels: bitwise deterministic, GQA sums); a call whose
-forward fell back gets its gradients from an fp32 recomputation (``_fallback_backward``), and so
-does one at head dim 96 or 256 (forward-only kernels so far), except dropout, whose mask cannot be recomputed here: its backward raises.
+forward fell back gets its gradients from an fp32 recomputation (``_fallback_backward``), except dropout, whose mask cannot be recomputed here: its backward raises.
 """
 
 import torch
@@ -136,7 +135,7 @@ def _flash_backward(grad_out, query, key, value, out, logsumexp, cum_seq_q, cum_
             "kernel, whose dropout mask is not kept): restore_flash_attention_impl() to train with dropout"
         )
     if reason is None and query.shape[-1] not in _checks.BACKWARD_HEAD_DIMS:
-        reason = "head dim"  # 96 and 256: flashcore's forward, no backward kernels yet
+        reason = "head dim"  # a head dim with a forward and no backward kernels (none at present)
     if reason is not None:
         stats["fallback_backward"] += 1
         return _fallback_backward(grad_out, query, key, value, is_causal, scale)

@@ -267,7 +267,7 @@ def flash_attn_varlen_func(
     window, softcap, sinks = _checks.features(window_size, softcap, learnable_sink, q, q.shape[-2])
     want_lse = bool(return_attn_probs) or bool(return_lse)
     if grad:
-        _checks.check_backward_head_dim(q.shape[-1])
+        _checks.check_varlen_backward_head_dim(q.shape[-1])
         if window != (-1, -1) or softcap != 0.0 or sinks is not None:
             _checks.check_no_grad("flash_attn_varlen_func with window_size, softcap or learnable_sink", q, k, v,
                                   sink_t)

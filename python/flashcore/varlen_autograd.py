@@ -64,7 +64,7 @@ def attention_varlen_backward_op(
     """(dq, dk, dv) of ``torch.ops.flashcore.attention_varlen`` (same arguments) from its output,
     its LSE fp32 [Hq, total_q] and the output gradient; contiguous packed, the inputs' dtype."""
     b, hq, _, d = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, seqused_q)
-    _checks.check_backward_head_dim(d)
+    _checks.check_varlen_backward_head_dim(d)
     _check_grads_in(grad_out, q, out, lse, hq)
     scale = _checks.check_scale(scale)
     dq, dk, dv = _grads(q, k, seqused_q is not None, seqused_k is not None)
@@ -92,7 +92,7 @@ def attention_varlen_backward_op(
 def _attention_varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q,
                                     max_seqlen_q, max_seqlen_k, causal, scale):
     _, hq, _, d = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, seqused_q)
-    _checks.check_backward_head_dim(d)
+    _checks.check_varlen_backward_head_dim(d)
     _check_grads_in(grad_out, q, out, lse, hq)
     _checks.check_scale(scale)
     return _grads(q, k, False, False)

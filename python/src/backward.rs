@@ -2,7 +2,7 @@
 //! over `flashcore::attention::backward_external`. Q, K, V come as (pointer, strides) like the
 //! forward's; O, dO and the gradients as pointers to tensors contiguous in the call's layout.
 
-use crate::{context, params, tensor, to_py, PyTensor, Shape};
+use crate::{context, params, tensor, to_py, Features, PyTensor, Shape};
 use flashcore::attention::backward::varlen::{varlen_workspace_bytes, ExternalVarlenBackwardCall};
 use flashcore::attention::backward::workspace_bytes;
 use flashcore::attention::backward_external::{validate_backward, ExternalBackwardCall};
@@ -11,6 +11,13 @@ use pyo3::prelude::*;
 
 /// The pointers of one backward call that are not Q, K, V: (o, lse, d_o, dq, dk, dv, workspace).
 type Buffers = (u64, u64, u64, u64, u64, u64, u64);
+
+/// Issue 24's extras of a backward call: the forward's window, softcap and sinks (as
+/// [`Features`]), and the sinks' gradient buffer (fp32 `[heads_q]`, 0 without sinks).
+struct BwdFeatures {
+    features: Features,
+    dsink: u64,
+}
 
 fn backward_params(
     dtype: &str,
@@ -35,9 +42,12 @@ fn backward_call(
     k: PyTensor,
     v: PyTensor,
     (o, lse, d_o, dq, dk, dv, workspace): Buffers,
+    f: BwdFeatures,
 ) -> PyResult<ExternalBackwardCall> {
     Ok(ExternalBackwardCall {
-        params: backward_params(dtype, shape, causal, scale, bhsd)?,
+        params: f
+            .features
+            .apply(backward_params(dtype, shape, causal, scale, bhsd)?)?,
         q: tensor(q),
         k: tensor(k),
         v: tensor(v),
@@ -48,12 +58,16 @@ fn backward_call(
         dk,
         dv,
         workspace,
+        sinks: f.features.sinks,
+        dsink: f.dsink,
     })
 }
 
-/// Checks a backward call's shape, strides, alignment and LSE without touching a GPU.
+/// Checks a backward call's shape, strides, alignment and LSE without touching a GPU. Issue 24:
+/// the forward's `window` (flash-attn's, −1 unbounded), `softcap` (0 off) and `sinks` (fp32
+/// [Hq] pointer, 0 none), with `dsink` the sinks' gradient (fp32 [Hq], written; 0 without).
 #[pyfunction]
-#[pyo3(signature = (dtype, shape, causal, scale, bhsd, q, k, v, buffers))]
+#[pyo3(signature = (dtype, shape, causal, scale, bhsd, q, k, v, buffers, window=(-1, -1), softcap=0.0, sinks=0, dsink=0))]
 #[allow(clippy::too_many_arguments)]
 pub fn validate_attention_backward(
     dtype: &str,
@@ -65,8 +79,20 @@ pub fn validate_attention_backward(
     k: PyTensor,
     v: PyTensor,
     buffers: Buffers,
+    window: (i64, i64),
+    softcap: f64,
+    sinks: u64,
+    dsink: u64,
 ) -> PyResult<()> {
-    let c = backward_call(dtype, shape, causal, scale, bhsd, q, k, v, buffers)?;
+    let f = BwdFeatures {
+        features: Features {
+            window,
+            softcap,
+            sinks,
+        },
+        dsink,
+    };
+    let c = backward_call(dtype, shape, causal, scale, bhsd, q, k, v, buffers, f)?;
     validate_backward(&c).map_err(to_py)
 }
 
@@ -75,9 +101,10 @@ pub fn validate_attention_backward(
 /// gradients contiguous in the layout (`bhsd`: [B, H, S, D], else [B, S, H, D]), lse fp32
 /// [B, Hq, Sq], the workspace `backward_workspace_bytes` bytes. The pointers must be live device
 /// memory covering what their shapes reach, held by the caller until the kernels have run (the
-/// stream orders their reuse).
+/// stream orders their reuse). `window`, `softcap`, `sinks`, `dsink` as
+/// [`validate_attention_backward`]'s.
 #[pyfunction]
-#[pyo3(signature = (device, stream, dtype, shape, causal, scale, bhsd, q, k, v, buffers))]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, bhsd, q, k, v, buffers, window=(-1, -1), softcap=0.0, sinks=0, dsink=0))]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_backward(
     py: Python<'_>,
@@ -92,8 +119,20 @@ pub fn attention_backward(
     k: PyTensor,
     v: PyTensor,
     buffers: Buffers,
+    window: (i64, i64),
+    softcap: f64,
+    sinks: u64,
+    dsink: u64,
 ) -> PyResult<()> {
-    let c = backward_call(dtype, shape, causal, scale, bhsd, q, k, v, buffers)?;
+    let f = BwdFeatures {
+        features: Features {
+            window,
+            softcap,
+            sinks,
+        },
+        dsink,
+    };
+    let c = backward_call(dtype, shape, causal, scale, bhsd, q, k, v, buffers, f)?;
     let ctx = context(device)?;
     // The first call of a variant may compile its kernels (NVRTC, seconds): let other threads run.
     py.detach(move || {

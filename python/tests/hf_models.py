@@ -157,16 +157,17 @@ def _loss_and_grads(model, ids, mask=None):
     return loss.detach().double(), grads
 
 
-def compare_training(family, device, dtype, seq, padded=False):
+def compare_training(family, device, dtype, seq, padded=False, cfg=None):
     """One training step's loss and parameter gradients through "fcore" and transformers' own
     backends in `dtype`, against an fp32 "eager" model on the same (sharpened) weights:
     {impl: (relative loss error, rel-L2 error of all parameter gradients)}, and the calls
     flashcore served in the fcore step. `padded`: the batch's first row is right-padded (its last
-    37 tokens), the second left-padded (its first 20), with an attention mask and no loss there."""
+    37 tokens), the second left-padded (its first 20), with an attention mask and no loss there.
+    `cfg`: a config of the family instead of configs()'s."""
     import flashcore.hf
 
     name = flashcore.hf.register()
-    cfg = configs()[family]
+    cfg = {**configs(), **training_configs()}[family] if cfg is None else cfg
     torch.manual_seed(0)
     ref = build(family, "eager", cfg, device=device).train()
     state = ref.state_dict()
@@ -179,10 +180,33 @@ def compare_training(family, device, dtype, seq, padded=False):
     want_loss, want_grads = _loss_and_grads(ref, ids, mask)
     errors, served = {}, 0
     for impl in ("eager", "sdpa", name):
-        model = build(family, impl, cfg, state, dtype, device).train()
+        try:
+            model = build(family, impl, cfg, state, dtype, device).train()
+        except ValueError:  # gpt-oss refuses "sdpa": SDPA cannot compute its sinks
+            continue
         before = flashcore.hf.stats["flashcore"]
         loss, grads = _loss_and_grads(model, ids, mask)
         if impl == name:
             served = flashcore.hf.stats["flashcore"] - before
         errors[impl] = (abs(loss - want_loss).item() / abs(want_loss).item(), rel_l2(grads, want_grads))
     return errors, served
+
+
+def training_configs():
+    """Training-step configs at head dims 96 and 256 (branch bwdhd) without the features whose
+    backward another branch adds: Gemma 2 at its real head dim 256 with no softcap and a window
+    (128 tokens) longer than the sequences trained on (64), so each layer is plain causal attention
+    (at a window equal to the sequence the sliding layer gets a mask, served as a window).
+    Phi-3 (d96) is configs()["phi3"] (its window is longer than the sequence)."""
+    import transformers as tf
+
+    c = dict(
+        vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    return {
+        "gemma2_d256_plain": tf.Gemma2Config(
+            **c, head_dim=256, query_pre_attn_scalar=256, sliding_window=128, attn_logit_softcapping=None,
+            final_logit_softcapping=None
+        ),
+    }

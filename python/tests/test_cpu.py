@@ -916,3 +916,14 @@ def test_sdpa_backward_reads_bshd_memory_in_place(monkeypatch):
     (args, kw), = calls
     assert kw == {"bhsd": True} and args[-2:] == (False, 0.5)
     assert dq.is_contiguous() and dk.shape == kv.shape
+
+
+def test_backward_head_dim_rule_names_the_served_dims():
+    # Branch bwdhd: every forward head dim has a backward; others are refused with the list.
+    from flashcore import _checks
+
+    assert _checks.BACKWARD_HEAD_DIMS == (64, 96, 128, 256)
+    for d in _checks.BACKWARD_HEAD_DIMS:
+        _checks.check_backward_head_dim(d)
+    with pytest.raises(RuntimeError, match="head dim 80 has no backward pass.*64, 96, 128, 256"):
+        _checks.check_backward_head_dim(80)

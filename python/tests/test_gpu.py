@@ -262,18 +262,16 @@ def test_unsupported_head_dim_raises():
 
 
 @pytest.mark.parametrize("d", [96, 256])
-def test_head_dims_96_256_are_forward_only(d):
+def test_head_dims_96_256_are_differentiable(d):
+    # Branch bwdhd: every entry point records the op for autograd at d96/d256 (their gradients
+    # against float64: test_gradients_match_float64), and the backward op serves them directly.
     q = randn(1, 64, 2, d)
     for fn in (flashcore.attention, flashcore.flash_attn_func):
-        with pytest.raises(RuntimeError, match=f"head dim {d} has no backward"):
-            fn(q.clone().requires_grad_(), q, q, causal=True)
-    with torch.no_grad():
-        out = flashcore.flash_attn_func(q.clone().requires_grad_(), q, q, causal=True)
-    assert not out.requires_grad and torch.isfinite(out).all()
-    # The backward op itself refuses them too (a forward run with the log-sum-exp).
+        out = fn(q.clone().requires_grad_(), q, q, causal=True)
+        assert out.requires_grad and torch.isfinite(out).all()
     out, lse = flashcore.attention(q, q, q, causal=True, return_lse=True)
-    with pytest.raises(RuntimeError, match=f"head dim {d} has no backward"):
-        torch.ops.flashcore.attention_backward(out, q, q, q, out, lse, True, None, False)
+    dq, dk, dv = torch.ops.flashcore.attention_backward(out, q, q, q, out, lse, True, None, False)
+    assert all(t.shape == q.shape and torch.isfinite(t).all() for t in (dq, dk, dv))
 
 
 # --- the SDPA backend ----------------------------------------------------------------------
@@ -782,6 +780,16 @@ GRAD_CASES = [
     (2, 100, 257, 4, 2, 64, True),  # Sq < Sk
     (2, 257, 100, 4, 4, 128, True),  # Sq > Sk: the first 157 rows see no key
     (2, 128, 384, 8, 8, 128, False),
+    # Head dims 96 (Phi-3) and 256 (Gemma 2/3), branch bwdhd
+    (1, 1, 1, 2, 2, 96, False),
+    (2, 17, 17, 4, 1, 96, True),
+    (1, 1000, 1000, 8, 2, 96, True),
+    (2, 257, 100, 4, 4, 96, True),
+    (1, 1, 1, 2, 2, 256, False),
+    (2, 17, 17, 4, 1, 256, True),
+    (1, 1000, 1000, 8, 2, 256, True),
+    (2, 100, 257, 4, 2, 256, True),
+    (2, 257, 100, 4, 4, 256, False),
 ]
 
 
@@ -953,6 +961,28 @@ def test_hf_training_step_matches_sdpa(dtype):
     assert fcore[0] <= max(hf_models.BOUND * worst_loss, 1e-3), (fcore, errors)
 
 
+@pytest.mark.parametrize("family", ["phi3", "gemma2_d256_plain"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_hf_training_step_head_dims_96_256(family, dtype):
+    """Branch bwdhd: a Phi-3 (d96) and a Gemma 2 at d256 (no softcap, its window longer than the
+    sequence) training step through "fcore" with zero fallbacks: loss and parameter gradients
+    against an fp32 eager model, within hf_models.BOUND of transformers' best backend."""
+    pytest.importorskip("transformers")
+    import flashcore.hf
+    import hf_models
+
+    before = dict(flashcore.hf.reasons)
+    errors, served = hf_models.compare_training(family, "cuda", dtype, seq=64)
+    fcore = errors.pop("fcore")
+    best_grad = min(e[1] for e in errors.values())
+    print(f"hf training {family} {dtype}: fcore loss {fcore[0]:.2e} grads {fcore[1]:.2e}; others {errors}")
+    assert served == 2, (served, flashcore.hf.reasons)  # both layers on flashcore, forward and backward
+    assert fcore[1] <= hf_models.BOUND * best_grad, (fcore, errors)
+    worst_loss = max(e[0] for e in errors.values())
+    assert fcore[0] <= max(hf_models.BOUND * worst_loss, 1e-3), (fcore, errors)
+    assert flashcore.hf.reasons.get("head_dim", 0) == before.get("head_dim", 0)
+
+
 # --- issue 24: sliding windows, softcap, learnable sinks ------------------------------------------
 
 
@@ -1029,12 +1059,9 @@ def test_flash_attn_func_window_softcap_sinks(b, sq, sk, hq, hkv, d, causal, win
     assert torch.equal(op_out, out)
 
 
-def test_features_refuse_grad_and_bad_values():
+def test_features_refuse_bad_values():
+    # Their training: test_gpu_backward_features.py.
     q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.float16)
-    with pytest.raises(RuntimeError, match="no backward"):
-        flashcore.flash_attn_func(q.clone().requires_grad_(), q, q, window_size=(8, 0))
-    with pytest.raises(RuntimeError, match="no backward"):
-        flashcore.flash_attn_func(q, q, q, learnable_sink=torch.zeros(2, device="cuda", requires_grad=True))
     with pytest.raises(ValueError, match="window_size"):
         flashcore.flash_attn_func(q, q, q, window_size=(-2, 0))
     with pytest.raises(ValueError, match="softcap"):

@@ -180,7 +180,7 @@ def test_what_has_no_backward_is_refused():
         out.backward(d_o)
     # Head dims 96 and 256 are forward-only.
     q96 = torch.randn(25, 2, 96, device="cuda", dtype=torch.float16, requires_grad=True)
-    with pytest.raises(RuntimeError, match="no backward pass yet"):
+    with pytest.raises(RuntimeError, match="no (varlen )?backward pass yet"):
         flash_attn_varlen_func(q96, q96.detach(), q96.detach(), c, c, 16, 16)
 
 

@@ -144,13 +144,11 @@ def test_what_sdpa_expresses_goes_to_sdpa(gpu, monkeypatch):
         assert got == want and fh.fallback_path(want) == "sdpa"
     w = torch.empty(2, 4, 64, 64, dtype=BF16, device="cuda", requires_grad=True)
     assert reason(w, k, v) is None  # training is served (flashcore.autograd)
-    # Head dims 96 and 256 are served for inference; their training goes to SDPA (no backward).
+    # Head dims 96 and 256 are served for inference and training (branch bwdhd).
     for d in (96, 256):
         assert reason(*qkv(d=d)) is None
         qd, kd, vd = qkv(d=d)
-        assert reason(qd.clone().requires_grad_(), kd, vd) == "head_dim"
-        with torch.no_grad():
-            assert reason(qd.clone().requires_grad_(), kd, vd) is None
+        assert reason(qd.clone().requires_grad_(), kd, vd) is None
     monkeypatch.setattr(fh, "_gpu_ok", lambda device: False)
     assert reason(q, k, v) == "gpu" and fh.fallback_path("gpu") == "sdpa"
 

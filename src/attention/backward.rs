@@ -2,7 +2,9 @@
 //! the forward's O and LSE, and dO. Three launches on the context's stream
 //! (`kernels/attention_bwd.cu`): a preprocess into a padded fp32 workspace, the dK/dV kernel and
 //! the dQ kernel. Every gradient element is summed by one CTA in an order fixed by the shape: the
-//! result is bitwise deterministic and a sequence's bits do not depend on its batch.
+//! result is bitwise deterministic and a sequence's bits do not depend on its batch. Issue 24:
+//! windows and softcap run their own two-pass builds ([`BwdVariant::for_params`]); a call with
+//! learnable sinks adds a fourth launch, the sinks' gradient (`flashcore_bwd_dsink`).
 //!
 //! Every rule is checked on the host before anything is launched ([`check_backward`]).
 
@@ -53,14 +55,22 @@ struct BwdKernelParams {
     dq_acc_ptr: u64,
     flags_ptr: u64,
     kv_n_blocks: i32,
+    // Issue 24 (kernels/fc_bwd_mask.cuh, fc_bwd_sink.cuh).
+    window_left: i32,
+    window_right: i32,
+    softcap_in: f32,
+    softcap_out: f32,
+    pad0: i32,
+    sinks_ptr: u64,
+    dsink_ptr: u64,
     // Varlen (kernels/fc_bwd_varlen.cuh): the pack's totals and its public metadata.
     vl_total_q: i32,
+    vl_total_k: i32,
     cu_q_ptr: u64,
     cu_k_ptr: u64,
     used_k_ptr: u64,
     used_q_ptr: u64,
-    vl_total_k: i32,
-    reserved: [i32; 11],
+    reserved: [i32; 2],
 }
 
 const _: () = assert!(std::mem::size_of::<BwdKernelParams>() == 768);
@@ -87,19 +97,6 @@ const MAX_GRID_YZ: usize = 65_535;
 pub fn check_backward_params(p: &AttentionParams) -> Result<()> {
     validate::check_params(p)?;
     validate::check_backward_head_dim(p)?;
-    // Issue 24's features are forward-only so far: a gradient through them would be wrong.
-    if p.window.left.is_some() || (!p.causal && p.window.right.is_some()) {
-        return Err(Error::invalid(
-            "window",
-            "the backward does not support sliding windows yet (forward only)",
-        ));
-    }
-    if p.softcap != 0.0 {
-        return Err(Error::invalid(
-            "softcap",
-            "the backward does not support softcap yet (forward only)",
-        ));
-    }
     if p.batch > MAX_GRID_YZ {
         return Err(Error::invalid(
             "batch",
@@ -126,6 +123,67 @@ pub fn check_backward_params(p: &AttentionParams) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The variant a call selected must be built for it: the opt-in one-pass kernels
+/// (`FLASHCORE_BWD_ONEPASS=1`) serve only [`kb::ONEPASS_HEAD_DIMS`] and have no window or softcap;
+/// the window/softcap builds exist at head dims 64 and 128 only (issue 24's features were built
+/// and GPU-tested there; 96 and 256 train without them).
+pub fn check_backward_variant(v: BwdVariant) -> Result<()> {
+    if v.onepass && !kb::ONEPASS_HEAD_DIMS.contains(&v.head_dim) {
+        return Err(Error::invalid(
+            "head_dim",
+            format!(
+                "the one-pass backward (FLASHCORE_BWD_ONEPASS=1) serves head dims 64 and 128, got {}; \
+                 unset it for the two-pass kernels",
+                v.head_dim
+            ),
+        ));
+    }
+    if (v.window || v.softcap) && !kb::ONEPASS_HEAD_DIMS.contains(&v.head_dim) {
+        let arg = if v.softcap { "softcap" } else { "window" };
+        return Err(Error::invalid(
+            arg,
+            format!(
+                "the backward supports sliding windows and softcap at head dims 64 and 128, got {}",
+                v.head_dim
+            ),
+        ));
+    }
+    if v.onepass && (v.window || v.softcap) {
+        let arg = if v.softcap { "softcap" } else { "window" };
+        return Err(Error::invalid(
+            arg,
+            "the one-pass backward (FLASHCORE_BWD_ONEPASS=1) does not support sliding windows or \
+             softcap: unset FLASHCORE_BWD_ONEPASS to run the two-pass kernels",
+        ));
+    }
+    Ok(())
+}
+
+/// Learnable sinks of a backward call (issue 24): `sinks` fp32 `[heads_q]` (the forward's) and
+/// `dsink` fp32 `[heads_q]` (their gradient, written), each as (length, address), both given or
+/// neither.
+pub fn check_backward_sinks(
+    p: &AttentionParams,
+    sinks: Option<(usize, u64)>,
+    dsink: Option<(usize, u64)>,
+) -> Result<()> {
+    match (sinks, dsink) {
+        (None, None) => Ok(()),
+        (Some(_), None) => Err(Error::invalid(
+            "dsink",
+            "a call with sinks needs a dsink buffer (f32 [heads_q]) for their gradient",
+        )),
+        (None, Some(_)) => Err(Error::invalid(
+            "sinks",
+            "a dsink buffer was given without the sinks (f32 [heads_q]) the forward used",
+        )),
+        (Some((sl, sa)), Some((dl, da))) => {
+            validate::check_buffer("sinks", sl, p.heads_q, sa, 4)?;
+            validate::check_buffer("dsink", dl, p.heads_q, da, 4)
+        }
+    }
 }
 
 fn padded_rows(seqlen_q: usize) -> usize {
@@ -196,6 +254,7 @@ struct LoadedBackward {
     preprocess: CudaFunction,
     dkdv: CudaFunction,
     dq: CudaFunction,
+    dsink: CudaFunction,
 }
 
 /// The loaded kernels of `variant` on `cuda`'s device, loading them on first use.
@@ -216,6 +275,7 @@ fn loaded(cuda: &Arc<CudaContext>, variant: BwdVariant) -> Result<Arc<LoadedBack
     // Two passes: the dK/dV and dQ kernels; one pass: the one-pass kernel and dQ's conversion.
     let dkdv = module.load_function(main_sym)?;
     let dq = module.load_function(last_sym)?;
+    let dsink = module.load_function(kb::DSINK_SYMBOL)?;
     let attr = sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
     if variant.onepass {
         dkdv.set_attribute(attr, variant.onepass_smem_bytes() as i32)?;
@@ -229,6 +289,7 @@ fn loaded(cuda: &Arc<CudaContext>, variant: BwdVariant) -> Result<Arc<LoadedBack
         preprocess,
         dkdv,
         dq,
+        dsink,
     });
     cache.insert(key, k.clone());
     Ok(k)
@@ -239,7 +300,7 @@ fn loaded(cuda: &Arc<CudaContext>, variant: BwdVariant) -> Result<Arc<LoadedBack
 /// variant the call runs ([`BwdVariant::for_call`]), also dQ's fp32 accumulator (`head_dim`
 /// floats per padded row) and an int32 turn counter per (sequence, head, query tile).
 pub fn workspace_bytes(p: &AttentionParams) -> usize {
-    workspace_layout(p, BwdVariant::for_call(p.dtype, p.head_dim, p.causal)).3
+    workspace_layout(p, BwdVariant::for_params(p)).3
 }
 
 /// Byte offsets of the workspace's parts (D, dQ accumulator, counters) and its size.
@@ -288,6 +349,10 @@ pub struct BackwardPtrs {
     pub dq: u64,
     pub dk: u64,
     pub dv: u64,
+    /// Learnable sinks (issue 24): fp32 `[heads_q]` logits the forward used, and their gradient
+    /// fp32 `[heads_q]` (written); both 0 for a call without sinks.
+    pub sinks: u64,
+    pub dsink: u64,
 }
 
 impl BackwardPlan {
@@ -345,6 +410,8 @@ impl BackwardPlan {
         let (sq, sk, hq, hkv) = (p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv);
         let scale = p.softmax_scale();
         let (ws_dvec, ws_acc, ws_flags, _) = workspace_layout(p, self.variant);
+        let (window_left, window_right, softcap_in, softcap_out) =
+            super::launch::feature_fields(p, p.seqlen_q, p.seqlen_k);
         Ok(BwdKernelParams {
             q_map: map(ptrs.q, input.q, sq, hq, q_rows)?,
             k_map: map(ptrs.k, input.k, sk, hkv, k_rows)?,
@@ -377,13 +444,20 @@ impl BackwardPlan {
             dq_acc_ptr: workspace + ws_acc as u64,
             flags_ptr: workspace + ws_flags as u64,
             kv_n_blocks: p.seqlen_k.div_ceil(t.kv_block_n) as i32,
+            window_left,
+            window_right,
+            softcap_in,
+            softcap_out,
+            pad0: 0,
+            sinks_ptr: ptrs.sinks,
+            dsink_ptr: ptrs.dsink,
             vl_total_q: 0,
+            vl_total_k: 0,
             cu_q_ptr: 0,
             cu_k_ptr: 0,
             used_k_ptr: 0,
             used_q_ptr: 0,
-            vl_total_k: 0,
-            reserved: [0; 11],
+            reserved: [0; 2],
         })
     }
 
@@ -468,6 +542,16 @@ impl BackwardPlan {
                 0,
                 &mut kv_block,
             )?;
+            // Learnable sinks: their gradient from the preprocess's workspace (a public choice).
+            if ptrs.sinks != 0 {
+                launch(
+                    &self.kernels.dsink,
+                    (hq, 1, 1),
+                    kb::DSINK_THREADS,
+                    0,
+                    &mut kv_block,
+                )?;
+            }
         }
         if which[1] {
             let grid = (p.seqlen_k.div_ceil(t.kv_block_n) as u32, hkv, b);
@@ -521,7 +605,8 @@ impl Context {
     /// ([`BackwardPlan::launch_on`]).
     pub(crate) fn plan_backward_external(&self, params: &AttentionParams) -> Result<BackwardPlan> {
         check_backward_params(params)?;
-        let variant = BwdVariant::for_call(params.dtype, params.head_dim, params.causal);
+        let variant = BwdVariant::for_params(params);
+        check_backward_variant(variant)?;
         Ok(BackwardPlan {
             params: params.clone(),
             variant,
@@ -552,6 +637,60 @@ impl Context {
         dk: &mut CudaSlice<T>,
         dv: &mut CudaSlice<T>,
     ) -> Result<()> {
+        self.backward_checked(params, q, k, v, o, lse, d_o, dq, dk, dv, None)
+    }
+
+    /// As [`Context::attention_backward`] for a forward with learnable sinks
+    /// ([`Context::attention_with_sinks`], fp32 `[heads_q]`), also writing their gradient
+    /// `dsink` (fp32 `[heads_q]`): `dsink[h] = −Σ_{b,i} exp(sink[h] − LSE[b,h,i]) · D[b,h,i]`
+    /// with `D = rowsum(dO ∘ O)`, summed in a fixed order (bitwise deterministic). dQ, dK, dV
+    /// need nothing more: the forward's LSE includes the sinks.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_backward_with_sinks<T: Element, U: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        o: &CudaSlice<T>,
+        lse: Option<&CudaSlice<f32>>,
+        d_o: &CudaSlice<U>,
+        sinks: &CudaSlice<f32>,
+        dq: &mut CudaSlice<T>,
+        dk: &mut CudaSlice<T>,
+        dv: &mut CudaSlice<T>,
+        dsink: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        self.backward_checked(
+            params,
+            q,
+            k,
+            v,
+            o,
+            lse,
+            d_o,
+            dq,
+            dk,
+            dv,
+            Some((sinks, dsink)),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn backward_checked<T: Element, U: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        o: &CudaSlice<T>,
+        lse: Option<&CudaSlice<f32>>,
+        d_o: &CudaSlice<U>,
+        dq: &mut CudaSlice<T>,
+        dk: &mut CudaSlice<T>,
+        dv: &mut CudaSlice<T>,
+        sinks: Option<(&CudaSlice<f32>, &mut CudaSlice<f32>)>,
+    ) -> Result<()> {
         let s = self.stream();
         let t = T::DTYPE;
         let (q_ptr, _g1) = q.device_ptr(s);
@@ -576,6 +715,16 @@ impl Context {
             dv: (t, dv_len, dv_ptr),
         };
         check_backward(params, &bufs)?;
+        let (sinks_info, dsink_info, _g9, _g10) = match sinks {
+            Some((sk, ds)) => {
+                let (sp, g9) = sk.device_ptr(s);
+                let dl = ds.len();
+                let (dp, g10) = ds.device_ptr_mut(s);
+                (Some((sk.len(), sp)), Some((dl, dp)), Some(g9), Some(g10))
+            }
+            None => (None, None, None, None),
+        };
+        check_backward_sinks(params, sinks_info, dsink_info)?;
         let plan = self.plan_backward(params)?;
         let ptrs = BackwardPtrs {
             q: q_ptr,
@@ -587,6 +736,8 @@ impl Context {
             dq: dq_ptr,
             dk: dk_ptr,
             dv: dv_ptr,
+            sinks: sinks_info.map_or(0, |x| x.1),
+            dsink: dsink_info.map_or(0, |x| x.1),
         };
         // SAFETY: every buffer's dtype, length and alignment was checked against the shape.
         unsafe { plan.launch_raw(&ptrs) }
@@ -720,8 +871,46 @@ mod tests {
         assert_eq!(arg_of(check_backward_params(&p)), "heads_q");
         // The forward's rules apply too.
         let mut p = params();
-        p.head_dim = 96;
+        p.head_dim = 80;
         assert_eq!(arg_of(check_backward_params(&p)), "head_dim");
+    }
+
+    #[test]
+    fn the_one_pass_kernels_refuse_head_dims_96_and_256() {
+        for d in [64, 96, 128, 256] {
+            let two = BwdVariant {
+                onepass: false,
+                pingpong: true,
+                diag: 0,
+                ..BwdVariant::for_call(DType::F16, d, false)
+            };
+            check_backward_variant(two).unwrap();
+            let one = BwdVariant {
+                onepass: true,
+                pingpong: false,
+                ..two
+            };
+            if d == 64 || d == 128 {
+                check_backward_variant(one).unwrap();
+            } else {
+                let (arg, rule) =
+                    crate::attention::validate::rule_of(check_backward_variant(one).unwrap_err());
+                assert_eq!(arg, "head_dim");
+                assert!(rule.contains("one-pass"), "{rule}");
+                // The window/softcap builds exist at 64 and 128 only.
+                for softcap in [false, true] {
+                    let feat = BwdVariant {
+                        window: true,
+                        softcap,
+                        ..two
+                    };
+                    let (arg, _) = crate::attention::validate::rule_of(
+                        check_backward_variant(feat).unwrap_err(),
+                    );
+                    assert_eq!(arg, if softcap { "softcap" } else { "window" });
+                }
+            }
+        }
     }
 
     #[test]
@@ -767,9 +956,36 @@ mod tests {
             assert_eq!(off(std::ptr::addr_of!((*p).dq_acc_ptr) as *const u8), 664);
             assert_eq!(FLAGS_FIELD, 672);
             assert_eq!(off(std::ptr::addr_of!((*p).kv_n_blocks) as *const u8), 680);
-            assert_eq!(off(std::ptr::addr_of!((*p).vl_total_q) as *const u8), 684);
-            assert_eq!(VARLEN_FIELDS, [688, 696, 704, 712]);
-            assert_eq!(off(std::ptr::addr_of!((*p).vl_total_k) as *const u8), 720);
+            // Issue 24's fields (kernels/fc_bwd_config.cuh).
+            assert_eq!(off(std::ptr::addr_of!((*p).window_left) as *const u8), 684);
+            assert_eq!(off(std::ptr::addr_of!((*p).window_right) as *const u8), 688);
+            assert_eq!(off(std::ptr::addr_of!((*p).softcap_in) as *const u8), 692);
+            assert_eq!(off(std::ptr::addr_of!((*p).softcap_out) as *const u8), 696);
+            assert_eq!(off(std::ptr::addr_of!((*p).sinks_ptr) as *const u8), 704);
+            assert_eq!(off(std::ptr::addr_of!((*p).dsink_ptr) as *const u8), 712);
+            // Varlen's.
+            assert_eq!(off(std::ptr::addr_of!((*p).vl_total_q) as *const u8), 720);
+            assert_eq!(off(std::ptr::addr_of!((*p).vl_total_k) as *const u8), 724);
+            assert_eq!(VARLEN_FIELDS, [728, 736, 744, 752]);
+            assert_eq!(off(std::ptr::addr_of!((*p).reserved) as *const u8), 760);
         }
+    }
+
+    #[test]
+    fn sinks_and_their_gradient_come_together_sized_per_query_head() {
+        let p = params(); // Hq 4
+        let ok = Some((4, 0x1000u64));
+        check_backward_sinks(&p, None, None).unwrap();
+        check_backward_sinks(&p, ok, ok).unwrap();
+        assert_eq!(arg_of(check_backward_sinks(&p, ok, None)), "dsink");
+        assert_eq!(arg_of(check_backward_sinks(&p, None, ok)), "sinks");
+        assert_eq!(
+            arg_of(check_backward_sinks(&p, Some((3, 0x1000)), ok)),
+            "sinks"
+        );
+        assert_eq!(
+            arg_of(check_backward_sinks(&p, ok, Some((4, 0x1002)))),
+            "dsink"
+        );
     }
 }

@@ -8,7 +8,9 @@
 //! comes from the caller too (its allocator, on the call's stream), so calls on different
 //! streams never share it.
 
-use super::backward::{check_backward_params, workspace_bytes, BackwardPtrs, InputStrides};
+use super::backward::{
+    check_backward_params, check_backward_sinks, workspace_bytes, BackwardPtrs, InputStrides,
+};
 use super::external::{self, DeviceTensor, ExternalCall, ExternalContext, Strides};
 use super::params::AttentionParams;
 use super::validate::TENSOR_ALIGN;
@@ -35,6 +37,10 @@ pub struct ExternalBackwardCall {
     pub dv: u64,
     /// [`workspace_bytes`] bytes of scratch, 16-byte aligned, used by no other launch in flight.
     pub workspace: u64,
+    /// Learnable sinks (issue 24): the forward's fp32 `[heads_q]` logits and their gradient
+    /// fp32 `[heads_q]` (written); both 0 for a call without sinks.
+    pub sinks: u64,
+    pub dsink: u64,
 }
 
 fn aligned(arg: &'static str, ptr: u64, align: u64) -> Result<()> {
@@ -81,6 +87,17 @@ pub fn validate_backward(call: &ExternalBackwardCall) -> Result<()> {
     aligned("dk", call.dk, a)?;
     aligned("dv", call.dv, a)?;
     aligned("workspace", call.workspace, a)?;
+    match (call.sinks, call.dsink) {
+        (0, 0) => {}
+        (s, d) => {
+            let len = p.heads_q;
+            check_backward_sinks(
+                p,
+                (s != 0).then_some((len, s)),
+                (d != 0).then_some((len, d)),
+            )?;
+        }
+    }
     Ok(())
 }
 
@@ -133,6 +150,8 @@ impl ExternalContext {
             dq: call.dq,
             dk: call.dk,
             dv: call.dv,
+            sinks: call.sinks,
+            dsink: call.dsink,
         };
         let p = &call.params;
         let input = InputStrides {
@@ -197,6 +216,8 @@ mod tests {
             dk: 0x80000,
             dv: 0x90000,
             workspace: 0xa0000,
+            sinks: 0,
+            dsink: 0,
         }
     }
 
@@ -212,6 +233,21 @@ mod tests {
         let e = validate_backward(&c).unwrap_err();
         assert!(e.to_string().contains("log-sum-exp"), "{e}");
         assert_eq!(arg_of(Err(e)), "lse");
+    }
+
+    #[test]
+    fn sinks_without_their_gradient_or_misaligned_are_rejected() {
+        let mut c = call();
+        c.sinks = 0xb0000;
+        c.dsink = 0xc0000;
+        validate_backward(&c).unwrap();
+        c.dsink = 0;
+        assert_eq!(arg_of(validate_backward(&c)), "dsink");
+        let mut c = call();
+        c.dsink = 0xc0000;
+        assert_eq!(arg_of(validate_backward(&c)), "sinks");
+        c.sinks = 0xb0002;
+        assert_eq!(arg_of(validate_backward(&c)), "sinks");
     }
 
     #[test]

@@ -6,17 +6,16 @@ use crate::error::{Error, Result};
 /// Head dimensions the shipped forward kernels are built for (96: Phi-3; 256: Gemma 2).
 pub const SUPPORTED_HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
 
-/// Head dimensions the backward kernels are built for (a subset: issue 24's dims are forward-only).
-pub const BACKWARD_HEAD_DIMS: [usize; 2] = [64, 128];
+/// Head dimensions the backward kernels are built for (every forward head dim).
+pub const BACKWARD_HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
 
-/// The backward's head-dim rule (check_backward_params): the forward's dims 96 and 256 have no
-/// backward kernels yet.
+/// The backward's head-dim rule (check_backward_params): a head dim without backward kernels.
 pub fn check_backward_head_dim(p: &AttentionParams) -> Result<()> {
     if !BACKWARD_HEAD_DIMS.contains(&p.head_dim) {
         return Err(Error::invalid(
             "head_dim",
             format!(
-                "{} has no backward (gradients: 64, 128; head dims 96 and 256 are forward-only)",
+                "{} has no backward (gradients: head dims 64, 96, 128, 256)",
                 p.head_dim
             ),
         ));
@@ -330,27 +329,39 @@ mod tests {
     }
 
     #[test]
-    fn the_backward_refuses_windows_and_softcap() {
-        use crate::attention::backward::check_backward_params;
+    fn the_backward_takes_windows_and_softcap_but_the_one_pass_kernel_refuses_them() {
+        use crate::attention::backward::{check_backward_params, check_backward_variant};
         use crate::attention::Window;
+        use crate::kernels::backward::BwdVariant;
         let p = AttentionParams::new(1, 2, 8, 64);
         assert!(check_backward_params(&p).is_ok());
-        // Causal is the window (None, 0): still plain causal.
+        // Causal is the window (None, 0): still plain causal, no window variant.
         let causal = p
             .clone()
             .causal(true)
             .window(Window::from_flash_attn(-1, 0));
         assert!(check_backward_params(&causal).is_ok());
-        assert_eq!(
-            arg_of(check_backward_params(
-                &p.clone().window(Window::from_flash_attn(4, 0))
-            )),
-            "window"
-        );
-        assert_eq!(
-            arg_of(check_backward_params(&p.clone().softcap(5.0))),
-            "softcap"
-        );
+        assert!(!BwdVariant::for_params(&causal).window);
+        let win = p.clone().window(Window::from_flash_attn(4, 0));
+        let cap = p.clone().softcap(5.0);
+        for q in [&win, &cap] {
+            assert!(check_backward_params(q).is_ok());
+            let v = BwdVariant::for_params(q);
+            assert!(v.window && !v.onepass, "{v:?}");
+            assert!(check_backward_variant(v).is_ok());
+        }
+        assert!(BwdVariant::for_params(&cap).softcap);
+        // FLASHCORE_BWD_ONEPASS=1 would pick the one-pass kernel: it has neither feature.
+        for (q, arg) in [(&win, "window"), (&cap, "softcap")] {
+            let one = BwdVariant {
+                onepass: true,
+                pingpong: false,
+                ..BwdVariant::for_params(q)
+            };
+            let e = check_backward_variant(one).unwrap_err();
+            assert!(e.to_string().contains("one-pass"), "{e}");
+            assert_eq!(arg_of(Err(e)), arg);
+        }
     }
     use crate::attention::params::AttentionParams;
 
@@ -432,15 +443,21 @@ mod tests {
     }
 
     #[test]
-    fn the_backward_refuses_head_dims_96_and_256() {
+    fn the_backward_serves_every_forward_head_dim_and_refuses_others() {
         use crate::attention::backward::check_backward_params;
-        for d in [96, 256] {
+        for d in [80, 192] {
             let p = AttentionParams::new(1, 2, 8, d);
-            let (arg, rule) = rule_of(check_backward_params(&p).unwrap_err());
+            let (arg, _) = rule_of(check_backward_params(&p).unwrap_err());
             assert_eq!(arg, "head_dim");
-            assert!(rule.contains("forward-only"), "{rule}");
+            // The backward's own rule, past the forward's.
+            let (arg, rule) = rule_of(check_backward_head_dim(&p).unwrap_err());
+            assert_eq!(arg, "head_dim");
+            assert!(
+                rule.contains(&d.to_string()) && rule.contains("no backward"),
+                "{rule}"
+            );
         }
-        for d in [64, 128] {
+        for d in [64, 96, 128, 256] {
             check_backward_params(&AttentionParams::new(1, 2, 8, d)).unwrap();
         }
     }

@@ -73,6 +73,8 @@ impl BackwardLauncher {
                 dq: ptr(&dq),
                 dk: ptr(&dk),
                 dv: ptr(&dv),
+                sinks: 0,
+                dsink: 0,
             };
             let plan = ctx.plan(p)?;
             // SAFETY: every buffer was allocated above for exactly this shape and dtype (cudarc

@@ -132,16 +132,8 @@ pub fn run(args: AttnArgs) -> i32 {
 fn attn(args: &AttnArgs) -> Result<()> {
     crate::output::check_not_an_input(&args.output, &[&args.input])?;
     let sinks = tensor_io::read_sinks(&args.input)?;
-    let features =
-        args.window.is_some() || args.softcap.is_some_and(|c| c != 0.0) || sinks.is_some();
     if args.grad {
-        if features {
-            return Err(Error::invalid(
-                "grad",
-                "the backward does not support --window, --softcap or sinks yet",
-            ));
-        }
-        return super::attn_grad::attn_grad(args);
+        return super::attn_grad::attn_grad(args, sinks.as_deref());
     }
     // Issue 24's features apply on every path: dense, KV cache, varlen.
     if crate::tensor_io_kv::has_kv_cache(&args.input)? {

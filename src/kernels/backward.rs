@@ -14,6 +14,11 @@ pub const DQ_SYMBOL: &str = "flashcore_bwd_dq";
 /// conversion from the fp32 accumulator.
 pub const ONEPASS_SYMBOL: &str = "flashcore_bwd_onepass";
 pub const CONVERT_SYMBOL: &str = "flashcore_bwd_dq_convert";
+/// Learnable sinks' gradient (issue 24), in every variant's cubin, launched only for calls with
+/// sinks (kernels/fc_bwd_sink.cuh).
+pub const DSINK_SYMBOL: &str = "flashcore_bwd_dsink";
+/// Threads of the dsink kernel (one CTA per query head).
+pub const DSINK_THREADS: u32 = 256;
 /// Every two-pass kernel symbol; the GEMM kernels (the last two) must use wgmma.
 pub const SYMBOLS: [&str; 3] = [PREPROCESS_SYMBOL, DKDV_SYMBOL, DQ_SYMBOL];
 /// Every one-pass kernel symbol; the GEMM kernel (the second) must use wgmma.
@@ -34,6 +39,8 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_bwd_dkdv.cuh",
     "fc_bwd_dq.cuh",
     "fc_bwd_onepass.cuh",
+    "fc_bwd_mask.cuh",
+    "fc_bwd_sink.cuh",
 );
 
 /// Keys per dK/dV CTA and query rows per dQ CTA: 64 per consumer warpgroup, two consumers
@@ -80,6 +87,12 @@ pub struct BwdVariant {
     /// waits nor adds (dQ wrong), 3 = nor runs the dQ GEMM, 4 = nor exchanges dSᵀ between its
     /// warpgroups. What the ordering, the reductions, the fifth GEMM and the lockstep cost.
     pub diag: u8,
+    /// Issue 24: a sliding window (`FC_WINDOW`: skips query tiles / key blocks outside it and
+    /// masks by select; kernels/fc_bwd_mask.cuh). Two-pass only.
+    pub window: bool,
+    /// Issue 24: logit softcap (`FC_SOFTCAP`: dS carries the tanh's derivative). Two-pass only;
+    /// shipped with `window` (an unbounded window costs a compare, not a variant).
+    pub softcap: bool,
     /// Packed variable-length sequences with `cu_seqlens` (`FC_VARLEN`, kernels/fc_bwd_varlen.cuh;
     /// two passes only): the grids' z is the sequence, read from public metadata.
     pub varlen: bool,
@@ -87,10 +100,10 @@ pub struct BwdVariant {
 
 impl BwdVariant {
     /// A stable, human-readable name, e.g. `bwd_bf16_d128_causal`, `bwd_f16_d64_full_onepass`,
-    /// `bwd_f16_d64_causal_varlen`.
+    /// `bwd_f16_d64_full_window_softcap`, `bwd_f16_d64_causal_varlen`.
     pub fn name(&self) -> String {
         format!(
-            "bwd_{}_d{}_{}{}{}",
+            "bwd_{}_d{}_{}{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
@@ -107,8 +120,36 @@ impl BwdVariant {
             } else {
                 "_lockstep"
             },
+            if self.window { "_window" } else { "" },
+            if self.softcap { "_softcap" } else { "" },
             if self.varlen { "_varlen" } else { "" }
         )
+    }
+
+    /// The variant a call with these parameters runs: [`BwdVariant::for_call`], plus issue 24's
+    /// window and softcap (softcap runs the window build: an unbounded window masks nothing). A
+    /// call with either runs the two-pass kernels (the one-pass kernel refuses them:
+    /// [`crate::attention::backward::check_backward_variant`]) unless `FLASHCORE_BWD_ONEPASS=1`
+    /// asks for the one-pass kernel.
+    pub fn for_params(p: &crate::attention::AttentionParams) -> BwdVariant {
+        let base = BwdVariant::for_call(p.dtype, p.head_dim, p.causal);
+        let w = p.effective_window();
+        let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
+        if !window || base.onepass {
+            return BwdVariant {
+                window,
+                softcap: p.softcap != 0.0,
+                ..base
+            };
+        }
+        BwdVariant {
+            window,
+            softcap: p.softcap != 0.0,
+            onepass: false,
+            pingpong: std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0"),
+            diag: 0,
+            ..base
+        }
     }
 
     /// The variant a varlen call runs ([`BwdVariant::for_call`]'s two-pass kernels with
@@ -122,6 +163,8 @@ impl BwdVariant {
             onepass: false,
             diag: 0,
             varlen: true,
+            window: false,
+            softcap: false,
         }
     }
 
@@ -146,8 +189,18 @@ impl BwdVariant {
             pingpong,
             onepass,
             diag,
+            window: false,
+            softcap: false,
             varlen: false,
         }
+    }
+
+    /// Every kernel of this variant's cubin (the audit's list): [`BwdVariant::symbols`] and the
+    /// dsink kernel.
+    pub fn audited_symbols(&self) -> Vec<&'static str> {
+        let mut v = self.symbols().to_vec();
+        v.push(DSINK_SYMBOL);
+        v
     }
 
     /// The kernel symbols of this variant, in launch order.
@@ -162,16 +215,30 @@ impl BwdVariant {
     /// Tile shapes. The score GEMMs' N is 128 where the registers allow it (wider wgmma reads
     /// less shared memory per FLOP): the dK/dV kernel at d128 holds dK, dV, Sᵀ and dPᵀ in fp32
     /// (192 registers at N = 64), so it streams 64-row query tiles there and 128-row ones at d64.
-    /// Ring depths: what fits in 227 KiB.
+    /// Ring depths: what fits in 227 KiB. d96 takes d128's tiles (its 64-byte-swizzled rows hold
+    /// no padding) with a third dQ stage, which fits at 96 dims. d256: the dK/dV CTA owns 64 keys
+    /// (its two warpgroups split the head dim, `HSPLIT` in kernels/fc_bwd_config.cuh) and the dQ
+    /// kernel streams 64-key blocks through one stage: Q and dO alone take 128 KiB there.
     pub fn tiles(&self) -> BwdTiles {
         let d64 = self.head_dim == 64;
+        if self.head_dim == 256 {
+            return BwdTiles {
+                kv_block_n: KV_BLOCK_N / 2,
+                kv_block_m: 64,
+                kv_stages: 2,
+                q_block_m: Q_BLOCK_M,
+                q_block_n: 64,
+                q_stages: 1,
+            };
+        }
         BwdTiles {
             kv_block_n: KV_BLOCK_N,
-            kv_block_m: if d64 { 128 } else { 64 },
+            // Softcap at d64 streams 64-row tiles too: at 128 its tanh temporaries spill.
+            kv_block_m: if d64 && !self.softcap { 128 } else { 64 },
             kv_stages: 3,
             q_block_m: Q_BLOCK_M,
             q_block_n: 128,
-            q_stages: if d64 { 3 } else { 2 },
+            q_stages: if d64 || self.head_dim == 96 { 3 } else { 2 },
         }
     }
 
@@ -189,6 +256,8 @@ impl BwdVariant {
         o.push(format!("-DFC_HEAD_DIM={}", self.head_dim));
         o.push(format!("-DFC_BF16={}", (self.dtype == DType::Bf16) as u8));
         o.push(format!("-DFC_CAUSAL={}", self.causal as u8));
+        o.push(format!("-DFC_WINDOW={}", self.window as u8));
+        o.push(format!("-DFC_SOFTCAP={}", self.softcap as u8));
         o
     }
 
@@ -277,11 +346,15 @@ pub fn default_onepass(_head_dim: usize, _causal: bool) -> bool {
     false
 }
 
+/// Head dims the one-pass kernels serve (`FLASHCORE_BWD_ONEPASS=1`); the two-pass kernels serve
+/// every backward head dim (`validate::BACKWARD_HEAD_DIMS`).
+pub const ONEPASS_HEAD_DIMS: [usize; 2] = [64, 128];
+
 /// Every backward variant the library can launch.
 pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
     let mut v = Vec::new();
     for dtype in [DType::F16, DType::Bf16] {
-        for head_dim in [64, 128] {
+        for head_dim in crate::attention::validate::BACKWARD_HEAD_DIMS {
             for causal in [false, true] {
                 for pingpong in [true, false] {
                     v.push(BwdVariant {
@@ -291,8 +364,13 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                         pingpong,
                         onepass: false,
                         diag: 0,
+                        window: false,
+                        softcap: false,
                         varlen: false,
                     });
+                }
+                if !ONEPASS_HEAD_DIMS.contains(&head_dim) {
+                    continue;
                 }
                 v.push(BwdVariant {
                     dtype,
@@ -301,6 +379,8 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                     pingpong: false,
                     onepass: true,
                     diag: 0,
+                    window: false,
+                    softcap: false,
                     varlen: false,
                 });
                 // Varlen (issue 22): the default two-pass schedule only.
@@ -312,7 +392,23 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                     onepass: false,
                     diag: 0,
                     varlen: true,
+                    window: false,
+                    softcap: false,
                 });
+                // Issue 24: windows, and softcap with a window (two passes, ping-pong).
+                for softcap in [false, true] {
+                    v.push(BwdVariant {
+                        dtype,
+                        head_dim,
+                        causal,
+                        pingpong: true,
+                        onepass: false,
+                        diag: 0,
+                        window: true,
+                        softcap,
+                        varlen: false,
+                    });
+                }
             }
         }
     }
@@ -326,7 +422,9 @@ mod tests {
     #[test]
     fn shared_memory_fits_and_names_are_distinct() {
         let vs = shipped_bwd_variants();
-        assert_eq!(vs.len(), 32);
+        // Per dtype and mask: four head dims × (ping-pong, lockstep), plus at d64 and d128 the
+        // one pass, the window and window+softcap builds, and varlen.
+        assert_eq!(vs.len(), 2 * 2 * (4 * 2 + 2 * 4));
         let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), vs.len());
         for v in &vs {

@@ -6,8 +6,12 @@
 //! Per (batch, query head) and row i, with P the row's probabilities:
 //! dV_j += P_ij dO_i,  dP_ij = dO_i · V_j,  dS_ij = P_ij (dP_ij − Σ_k P_ik dP_ik),
 //! dQ_i = scale Σ_j dS_ij K_j,  dK_j += scale dS_ij Q_i.
+//!
+//! Issue 24: the window masks by [`AttentionParams::sees`]; a softcap's logit
+//! `cap · tanh(x / cap)` (x = scale · q·k) multiplies dS by `1 − tanh²(x / cap)`; learnable sinks
+//! join each row's denominator (P_sink = exp(sink − LSE)) with no value row, and their gradient
+//! is `dsink[h] = −Σ_{b,i} P_sink · Σ_j P_ij dP_ij` ([`attention_backward_f64_sinks`]).
 
-use super::visible_keys;
 use crate::attention::AttentionParams;
 use rayon::prelude::*;
 
@@ -32,7 +36,27 @@ pub fn attention_backward_f64(
     v: &[f64],
     d_o: &[f64],
 ) -> RefGrads {
+    attention_backward_f64_sinks(p, q, k, v, d_o, None).0
+}
+
+/// [`attention_backward_f64`] with issue 24's features: `p.window`, `p.softcap`, and learnable
+/// `sinks` (one logit per query head, as [`super::attention_f64_sinks`]). Returns the gradients
+/// and dsink (one per query head, summed over batch and rows in order; empty without sinks).
+///
+/// # Panics
+/// As [`attention_backward_f64`], and if `sinks` does not hold one value per query head.
+pub fn attention_backward_f64_sinks(
+    p: &AttentionParams,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+    sinks: Option<&[f64]>,
+) -> (RefGrads, Vec<f64>) {
     super::check_inputs(p, q, k, v);
+    if let Some(s) = sinks {
+        assert_eq!(s.len(), p.heads_q, "reference: one sink per query head");
+    }
     assert_eq!(
         d_o.len(),
         p.q_len(),
@@ -44,8 +68,11 @@ pub fn attention_backward_f64(
     let ks = p.layout.strides(sk, p.heads_kv, d);
     let scale = p.softmax_scale() as f64;
 
-    // Per (batch, query head): its dQ block [Sq, D] and its contributions to dK, dV [Sk, D].
-    let blocks: Vec<(Vec<f64>, Vec<f64>, Vec<f64>)> = (0..p.batch * hq)
+    let cap = p.softcap as f64;
+    // Per (batch, query head): its dQ block [Sq, D], its contributions to dK, dV [Sk, D], and
+    // its dsink contribution.
+    type Block = (Vec<f64>, Vec<f64>, Vec<f64>, f64);
+    let blocks: Vec<Block> = (0..p.batch * hq)
         .into_par_iter()
         .map(|bh| {
             let (b, h) = (bh / hq, bh % hq);
@@ -55,51 +82,72 @@ pub fn attention_backward_f64(
             let (mut dq, mut dk, mut dv) =
                 (vec![0.0; sq * d], vec![0.0; sk * d], vec![0.0; sk * d]);
             let (mut pr, mut dp) = (vec![0.0f64; sk], vec![0.0f64; sk]);
+            // The softcap's derivative factor 1 − tanh²(x / cap) per visible key (1 without).
+            let mut dcap = vec![1.0f64; sk];
+            let mut keys: Vec<usize> = Vec::with_capacity(sk);
+            let sink = sinks.map(|s| s[h]);
+            let mut dsink = 0.0;
             for i in 0..sq {
-                let n = visible_keys(p.causal, i, sq, sk);
-                if n == 0 {
-                    continue;
-                }
+                keys.clear();
+                keys.extend((0..sk).filter(|&j| p.sees(i, j)));
+                let n = keys.len();
                 let (qrow, dorow) = (&q[row(i)..][..d], &d_o[row(i)..][..d]);
-                for j in 0..n {
-                    pr[j] = scale
+                for (x, &j) in keys.iter().enumerate() {
+                    let s = scale
                         * qrow
                             .iter()
                             .zip(&k[key(j)..][..d])
                             .map(|(a, b)| a * b)
                             .sum::<f64>();
+                    if cap > 0.0 {
+                        let t = (s / cap).tanh();
+                        pr[x] = cap * t;
+                        dcap[x] = 1.0 - t * t;
+                    } else {
+                        pr[x] = s;
+                    }
                 }
-                let m = pr[..n].iter().copied().fold(f64::NEG_INFINITY, f64::max);
-                let mut l = 0.0;
+                let m = pr[..n]
+                    .iter()
+                    .copied()
+                    .chain(sink)
+                    .fold(f64::NEG_INFINITY, f64::max);
+                if m == f64::NEG_INFINITY {
+                    continue; // no key and no sink: nothing flows back
+                }
+                let mut l = sink.map_or(0.0, |z| (z - m).exp());
                 for x in &mut pr[..n] {
                     *x = (*x - m).exp();
                     l += *x;
                 }
                 pr[..n].iter_mut().for_each(|x| *x /= l);
                 let mut dot = 0.0; // Σ_j P_ij dP_ij (= dO_i · O_i)
-                for j in 0..n {
-                    dp[j] = dorow
+                for (x, &j) in keys.iter().enumerate() {
+                    dp[x] = dorow
                         .iter()
                         .zip(&v[key(j)..][..d])
                         .map(|(a, b)| a * b)
                         .sum::<f64>();
-                    dot += pr[j] * dp[j];
+                    dot += pr[x] * dp[x];
                 }
-                for j in 0..n {
-                    let ds = pr[j] * (dp[j] - dot);
+                if let Some(z) = sink {
+                    dsink -= (z - m).exp() / l * dot;
+                }
+                for (x, &j) in keys.iter().enumerate() {
+                    let ds = pr[x] * (dp[x] - dot) * dcap[x];
                     let (krow, dvrow) = (&k[key(j)..][..d], &mut dv[j * d..][..d]);
-                    for (x, g) in dvrow.iter_mut().zip(dorow) {
-                        *x += pr[j] * g;
+                    for (y, g) in dvrow.iter_mut().zip(dorow) {
+                        *y += pr[x] * g;
                     }
-                    for (x, kc) in dq[i * d..][..d].iter_mut().zip(krow) {
-                        *x += scale * ds * kc;
+                    for (y, kc) in dq[i * d..][..d].iter_mut().zip(krow) {
+                        *y += scale * ds * kc;
                     }
-                    for (x, qc) in dk[j * d..][..d].iter_mut().zip(qrow) {
-                        *x += scale * ds * qc;
+                    for (y, qc) in dk[j * d..][..d].iter_mut().zip(qrow) {
+                        *y += scale * ds * qc;
                     }
                 }
             }
-            (dq, dk, dv)
+            (dq, dk, dv, dsink)
         })
         .collect();
 
@@ -108,8 +156,12 @@ pub fn attention_backward_f64(
         dk: vec![0.0; p.kv_len()],
         dv: vec![0.0; p.kv_len()],
     };
-    for (bh, (dq, dk, dv)) in blocks.into_iter().enumerate() {
+    let mut dsink = vec![0.0; if sinks.is_some() { hq } else { 0 }];
+    for (bh, (dq, dk, dv, ds)) in blocks.into_iter().enumerate() {
         let (b, h) = (bh / hq, bh % hq);
+        if let Some(x) = dsink.get_mut(h) {
+            *x += ds;
+        }
         let hk = h / group;
         for i in 0..sq {
             let at = b * qs[0] + i * qs[1] + h * qs[2];
@@ -123,5 +175,5 @@ pub fn attention_backward_f64(
             }
         }
     }
-    g
+    (g, dsink)
 }

@@ -37,7 +37,31 @@ pub fn check_varlen_backward_params(p: &AttentionParams) -> Result<()> {
             "varlen tensors are packed [total tokens, heads, head_dim] (bshd)",
         ));
     }
-    check_backward_params(p)
+    check_backward_params(p)?;
+    // The varlen builds (FC_VARLEN) exist at head dims 64 and 128 without window or softcap.
+    if !kb::ONEPASS_HEAD_DIMS.contains(&p.head_dim) {
+        return Err(Error::invalid(
+            "head_dim",
+            format!(
+                "the varlen backward serves head dims 64 and 128, got {}",
+                p.head_dim
+            ),
+        ));
+    }
+    let w = p.effective_window();
+    if p.softcap != 0.0 {
+        return Err(Error::invalid(
+            "softcap",
+            "the varlen backward has no softcap (dense calls only)",
+        ));
+    }
+    if w.left.is_some() || (!p.causal && w.right.is_some()) {
+        return Err(Error::invalid(
+            "window",
+            "the varlen backward has no sliding window (dense calls only)",
+        ));
+    }
+    Ok(())
 }
 
 /// Bytes of scratch one varlen backward needs: the dense two-pass workspace of `batch`
@@ -175,7 +199,15 @@ impl BackwardPlan {
                 meta.cu_seqlens_q + 4
             },
             vl_total_k: tk as i32,
-            reserved: [0; 11],
+            // Issue 24's features have no varlen backward build (refused before this point).
+            window_left: 0,
+            window_right: 0,
+            softcap_in: 0.0,
+            softcap_out: 0.0,
+            pad0: 0,
+            sinks_ptr: 0,
+            dsink_ptr: 0,
+            reserved: [0; 2],
         })
     }
 
@@ -611,6 +643,28 @@ mod tests {
     #[test]
     fn a_well_formed_varlen_call_passes() {
         validate_varlen_backward(&call()).unwrap();
+    }
+
+    #[test]
+    fn features_and_head_dims_without_a_varlen_backward_build_are_refused() {
+        let p = call().params;
+        check_varlen_backward_params(&p).unwrap();
+        let w = crate::attention::params::Window::from_flash_attn(16, 0);
+        assert_eq!(
+            arg_of(check_varlen_backward_params(&p.clone().window(w))),
+            "window"
+        );
+        assert_eq!(
+            arg_of(check_varlen_backward_params(&p.clone().softcap(30.0))),
+            "softcap"
+        );
+        for d in [96, 256] {
+            let q = AttentionParams {
+                head_dim: d,
+                ..p.clone()
+            };
+            assert_eq!(arg_of(check_varlen_backward_params(&q)), "head_dim");
+        }
     }
 
     #[test]
