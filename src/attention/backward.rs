@@ -186,6 +186,31 @@ pub fn check_backward_sinks(
     }
 }
 
+/// Launches one backward kernel with the parameter block as its only argument (the dense and
+/// varlen plans share it).
+///
+/// # Safety
+/// The block's device addresses must be live for the kernel, as the callers' own contracts say.
+unsafe fn launch_with_block(
+    f: &cudarc::driver::CudaFunction,
+    grid: (u32, u32, u32),
+    threads: u32,
+    smem: usize,
+    stream: sys::CUstream,
+    block: &mut BwdKernelParams,
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    let mut args: [*mut std::ffi::c_void; 1] =
+        [block as *mut BwdKernelParams as *mut std::ffi::c_void];
+    cudarc::driver::result::launch_kernel(
+        f.cu_function(),
+        grid,
+        (threads, 1, 1),
+        smem as u32,
+        stream,
+        &mut args,
+    )
+}
+
 fn padded_rows(seqlen_q: usize) -> usize {
     seqlen_q.div_ceil(kb::ROW_PAD) * kb::ROW_PAD
 }
@@ -511,21 +536,12 @@ impl BackwardPlan {
         let p = &self.params;
         let mut kv_block = self.block(ptrs, input, workspace, false)?;
         let mut q_block = self.block(ptrs, input, workspace, true)?;
-        let launch = |f: &CudaFunction,
+        let launch = |f: &cudarc::driver::CudaFunction,
                       grid: (u32, u32, u32),
                       threads: u32,
                       smem: usize,
                       block: &mut BwdKernelParams| {
-            let mut args: [*mut std::ffi::c_void; 1] =
-                [block as *mut BwdKernelParams as *mut std::ffi::c_void];
-            cudarc::driver::result::launch_kernel(
-                f.cu_function(),
-                grid,
-                (threads, 1, 1),
-                smem as u32,
-                stream,
-                &mut args,
-            )
+            launch_with_block(f, grid, threads, smem, stream, block)
         };
         let (hq, hkv, b) = (p.heads_q as u32, p.heads_kv as u32, p.batch as u32);
         let t = self.variant.tiles();

@@ -16,8 +16,8 @@
 //! varlen build.
 
 use super::{
-    check_backward_params, padded_rows, workspace_layout, BackwardPlan, BwdKernelParams,
-    InputStrides,
+    check_backward_params, launch_with_block, padded_rows, workspace_layout, BackwardPlan,
+    BwdKernelParams, InputStrides,
 };
 use crate::attention::context::{Context, Element};
 use crate::attention::external::{self, DeviceTensor, ExternalContext, Strides};
@@ -253,16 +253,7 @@ impl BackwardPlan {
                       threads: u32,
                       smem: usize,
                       block: &mut BwdKernelParams| {
-            let mut args: [*mut std::ffi::c_void; 1] =
-                [block as *mut BwdKernelParams as *mut std::ffi::c_void];
-            cudarc::driver::result::launch_kernel(
-                f.cu_function(),
-                grid,
-                (threads, 1, 1),
-                smem as u32,
-                stream,
-                &mut args,
-            )
+            launch_with_block(f, grid, threads, smem, stream, block)
         };
         let (hq, hkv, b) = (p.heads_q as u32, p.heads_kv as u32, p.batch as u32);
         let t = self.variant.tiles();
