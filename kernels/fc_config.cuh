@@ -46,6 +46,12 @@ static_assert(!FC_SOFTCAP || FC_KV_CACHE || FC_VARLEN || (!FC_DECODE && !FC_SECR
 static_assert(!FC_SOFTCAP || (FC_BLOCK_M <= 128 && FC_SPLIT == 1), "softcap: at most 128-row tiles, no split");
 static_assert(!FC_VARLEN || (!FC_DECODE && !FC_SECRET_LEN && FC_SPLIT == 1), "varlen: plain prefill tiles");
 static_assert(!(FC_KV_PUBLIC && FC_SECRET_LEN), "key counts are either public or secret");
+// Row sums of P on the tensor cores (fc_rowsum.cuh): plain prefill tiles (dense or varlen), no
+// decode, no cluster split. 0: the softmax adds its terms on the FP32 pipe.
+#ifndef FC_TC_SUM
+#define FC_TC_SUM 0
+#endif
+static_assert(!FC_TC_SUM || (!FC_DECODE && FC_SPLIT == 1), "tensor-core row sums: prefill tiles, no split");
 
 namespace cfg {
 constexpr int D = FC_HEAD_DIM;
@@ -64,7 +70,9 @@ constexpr int CONSUMERS = FC_CONSUMERS;     // consumer warpgroups, 64 query row
 // then its K/V) while this unit's last Q Kᵀ is still to come — its units are short.
 constexpr int QBUF = FC_DECODE ? 2 : 1;
 static_assert(BM == 64 * CONSUMERS, "each consumer warpgroup owns 64 query rows");
-static_assert(BN == 64 || BN == 128, "wgmma N for S = Q K^T");
+// 176 keys: FA3's d128 non-causal tile (fewer, longer key blocks per row; PERF_NOTES, fwdperf).
+static_assert(BN == 64 || BN == 128 || (BN == 176 && D == 128 && CONSUMERS == 2 && !FC_CAUSAL && !FC_DECODE),
+              "wgmma N for S = Q K^T");
 constexpr int SPLIT = FC_SPLIT;             // CTAs per cluster sharing one query tile's keys
 static_assert(SPLIT == 1 || (BM % SPLIT == 0 && (BM / SPLIT) * D % (4 * 128) == 0), "combine tiling");
 static_assert(!FC_DECODE || (BM == 64 && SPLIT == 1), "decode: one 64-row consumer, no cluster");
@@ -79,10 +87,12 @@ constexpr int GROUP_BYTES = 8 * ROW_BYTES;  // one 8-row swizzle atom (the descr
 // 24/240 too): at 232, ptxas parked an mbarrier address under a lane predicate it recomputed
 // in between, which the audit cannot prove public (issue 24).
 constexpr bool WIDE_CONSUMERS = D > 128 && CONSUMERS == 2 && FC_VARLEN && FC_SOFTCAP;
+// 176-key tiles hold an 88-register S and 44 of P beside the 64 of O: 240/24 as well.
+constexpr bool LONG_KEYS = BN == 176;
 constexpr int PRODUCER_REGS =
-    CONSUMERS <= 2 ? (D > 128 && CONSUMERS == 2 ? (WIDE_CONSUMERS ? 24 : 40) : 56) : 32;
+    LONG_KEYS ? 24 : CONSUMERS <= 2 ? (D > 128 && CONSUMERS == 2 ? (WIDE_CONSUMERS ? 24 : 40) : 56) : 32;
 constexpr int CONSUMER_REGS =
-    CONSUMERS == 1 ? 240 : CONSUMERS == 2 ? (D > 128 ? (WIDE_CONSUMERS ? 240 : 232) : 224) : 160;  // 1: light 64-row tiles
+    LONG_KEYS ? 240 : CONSUMERS == 1 ? 240 : CONSUMERS == 2 ? (D > 128 ? (WIDE_CONSUMERS ? 240 : 232) : 224) : 160;  // 1: light 64-row tiles
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
 constexpr uint32_t Q_BYTES = BM * D * 2;
 constexpr uint32_t KV_BYTES = BN * D * 2;
@@ -138,6 +148,9 @@ struct Shared {
     uint64_t k_full[cfg::STAGES], v_full[cfg::STAGES];
     uint64_t k_empty[cfg::STAGES], v_empty[cfg::STAGES];
     float anchor[128 * cfg::CONSUMERS];  // write-only scheduling anchor (see Consumer::iteration)
+#if FC_TC_SUM
+    alignas(128) uint16_t ones[512];  // all 1.0: B of the row-sum wgmma (fc_rowsum.cuh)
+#endif
 #if FC_SPLIT > 1
     // This CTA's partial result over its key range, read by the whole cluster when combining.
     alignas(16) float part_o[cfg::BM][cfg::D];  // unnormalised output (read as float4)

@@ -246,7 +246,7 @@ fn with_knobs(
         Some(192) if d64 && variant.split == 1 && !variant.secret_len => variant.block_m = 192,
         _ => {}
     }
-    if let Some(n @ (64 | 128)) = block_n {
+    if let Some(n @ (64 | 128 | 176)) = block_n {
         variant.block_n = n;
     }
     if crate::kernels::shipped_variants().contains(&variant) {
