@@ -71,7 +71,7 @@ constexpr int CONSUMERS = FC_CONSUMERS;     // consumer warpgroups, 64 query row
 constexpr int QBUF = FC_DECODE ? 2 : 1;
 static_assert(BM == 64 * CONSUMERS, "each consumer warpgroup owns 64 query rows");
 // 176 keys: FA3's d128 non-causal tile (fewer, longer key blocks per row; PERF_NOTES, fwdperf).
-static_assert(BN == 64 || BN == 128 || (BN == 176 && D == 128 && CONSUMERS == 2 && !FC_CAUSAL && !FC_DECODE),
+static_assert(BN == 64 || BN == 128 || (BN == 176 && D == 128 && CONSUMERS <= 2 && !FC_CAUSAL && !FC_DECODE),
               "wgmma N for S = Q K^T");
 constexpr int SPLIT = FC_SPLIT;             // CTAs per cluster sharing one query tile's keys
 static_assert(SPLIT == 1 || (BM % SPLIT == 0 && (BM / SPLIT) * D % (4 * 128) == 0), "combine tiling");

@@ -67,5 +67,10 @@ fn output_bits_do_not_depend_on_the_tile_height() {
             .seqlen_k(170)
             .causal(causal);
         case::<half::f16>(&ctx, &p, &[64, 128]);
+        // Non-causal: 176-key blocks from 4096 keys (Variant::for_shape), in both heights.
+        let p = AttentionParams::new(1, 2, 300, 128)
+            .seqlen_k(4500)
+            .causal(causal);
+        case::<half::f16>(&ctx, &p, &[64, 128]);
     }
 }

@@ -205,7 +205,7 @@ impl Schedule {
 }
 
 /// Tuning knobs for measurements: `FLASHCORE_SPLIT=1|2|4` (d64), `FLASHCORE_BLOCK_M=64|128|192`
-/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|128` override the shape rule. Each is public and
+/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|128|176` (176: d128 non-causal) override the shape rule. Each is public and
 /// deterministic: it changes which kernel runs, never what it computes. Values outside these
 /// sets are ignored, and so is any combination that is not a shipped (audited) variant: the
 /// knobs never run a kernel `flashcore audit` has not checked.

@@ -319,12 +319,21 @@ impl Variant {
         } else {
             128
         };
+        // d128 non-causal with at least 4096 keys: 176-key blocks, as FA3 (PERF_NOTES, branch
+        // fwdperf: −2 to −4% at 4k–16k, flat below). A rule of Sk alone, never of the batch, so
+        // the light-tile rule keeps it (64-row tiles on 176 keys) and bits stay batch-invariant.
+        let block_n = if head_dim == 128 && !causal && !secret_len && split == 1 && seqlen_k >= 4096
+        {
+            176
+        } else {
+            block_n_for(head_dim)
+        };
         Variant {
             dtype,
             head_dim,
             causal,
             block_m,
-            block_n: block_n_for(head_dim),
+            block_n,
             secret_len,
             split,
             decode: false,
@@ -422,7 +431,9 @@ impl Variant {
     /// `FLASHCORE_FWD_TC_SUM=1` (a public, process-wide setting: it changes the build, not what
     /// a row's probabilities are).
     pub fn tc_sum(&self) -> bool {
-        !self.decode && self.split == 1 && std::env::var("FLASHCORE_FWD_TC_SUM").as_deref() == Ok("1")
+        !self.decode
+            && self.split == 1
+            && std::env::var("FLASHCORE_FWD_TC_SUM").as_deref() == Ok("1")
     }
 
     pub fn options(&self) -> Vec<String> {
@@ -624,13 +635,15 @@ pub fn shipped_variants() -> Vec<Variant> {
                         softcap: false,
                     });
                 }
-                // d128 non-causal 128×176 tiles (branch fwdperf, PERF_NOTES): selected only by
-                // the knob FLASHCORE_BLOCK_N=176 while being measured.
+                // d128 non-causal on 176-key blocks from Sk = 4096 (Variant::for_shape), in
+                // 128-row and light 64-row tiles.
                 if head_dim == 128 && !causal {
-                    v.push(Variant {
-                        block_n: 176,
-                        ..Variant::basic(dtype, head_dim, causal, 128)
-                    });
+                    for block_m in [64, 128] {
+                        v.push(Variant {
+                            block_n: 176,
+                            ..Variant::basic(dtype, head_dim, causal, block_m)
+                        });
+                    }
                 }
             }
         }
