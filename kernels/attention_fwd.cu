@@ -149,9 +149,6 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
         }
         fence_barrier_init();
     }
-#if FC_TC_SUM
-    fill_ones(s);  // the row-sum wgmma's constant B (fc_rowsum.cuh), before the barrier
-#endif
     __syncthreads();
     FC_PHASE_MARK(FC_PHASE_INIT, 0);
 

@@ -46,12 +46,6 @@ static_assert(!FC_SOFTCAP || FC_KV_CACHE || FC_VARLEN || (!FC_DECODE && !FC_SECR
 static_assert(!FC_SOFTCAP || (FC_BLOCK_M <= 128 && FC_SPLIT == 1), "softcap: at most 128-row tiles, no split");
 static_assert(!FC_VARLEN || (!FC_DECODE && !FC_SECRET_LEN && FC_SPLIT == 1), "varlen: plain prefill tiles");
 static_assert(!(FC_KV_PUBLIC && FC_SECRET_LEN), "key counts are either public or secret");
-// Row sums of P on the tensor cores (fc_rowsum.cuh): plain prefill tiles (dense or varlen), no
-// decode, no cluster split. 0: the softmax adds its terms on the FP32 pipe.
-#ifndef FC_TC_SUM
-#define FC_TC_SUM 0
-#endif
-static_assert(!FC_TC_SUM || (!FC_DECODE && FC_SPLIT == 1), "tensor-core row sums: prefill tiles, no split");
 
 namespace cfg {
 constexpr int D = FC_HEAD_DIM;
@@ -148,9 +142,6 @@ struct Shared {
     uint64_t k_full[cfg::STAGES], v_full[cfg::STAGES];
     uint64_t k_empty[cfg::STAGES], v_empty[cfg::STAGES];
     float anchor[128 * cfg::CONSUMERS];  // write-only scheduling anchor (see Consumer::iteration)
-#if FC_TC_SUM
-    alignas(128) uint16_t ones[512];  // all 1.0: B of the row-sum wgmma (fc_rowsum.cuh)
-#endif
 #if FC_SPLIT > 1
     // This CTA's partial result over its key range, read by the whole cluster when combining.
     alignas(16) float part_o[cfg::BM][cfg::D];  // unnormalised output (read as float4)

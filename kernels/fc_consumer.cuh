@@ -9,7 +9,6 @@
 #include "fc_wgmma_n176.cuh"
 #include "fc_softmax.cuh"
 #include "fc_instrument.cuh"
-#include "fc_rowsum.cuh"
 
 // One consumer warpgroup's view of one tile.
 struct Consumer {
@@ -220,9 +219,6 @@ struct Consumer {
         issue_qk(sacc, stage);
         wgmma_commit();
         issue_pv(o, pf, prev);
-#if FC_TC_SUM
-        issue_rowsum(softmax.tc_sum, pf, s);
-#endif
         wgmma_commit();
         pass_turn(it == n_blocks - 1);
 
@@ -238,25 +234,14 @@ struct Consumer {
         // Anchor: a shared-memory store of the softmax's last result. The wait below is ordered
         // after it, so ptxas cannot schedule the wait (and stall on the PV GEMM) before the
         // softmax — which is what lets the softmax overlap the PV GEMM.
-#if FC_TC_SUM
-        // (The row sum is on the tensor cores: the last probability is the softmax's last result.)
-        asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_u32(&s.anchor[threadIdx.x - 128])), "f"(sacc[BN / 2 - 1])
-                     : "memory");
-#else
         asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_u32(&s.anchor[threadIdx.x - 128])), "f"(softmax.row_sum[1])
                      : "memory");
-#endif
 
         wgmma_wait<0>();
         fence_regs(o);
         fence_frags(pf);
 #pragma unroll
         for (int i = 0; i < D / 2; ++i) o[i] *= alpha[(i / 2) % 2];
-#if FC_TC_SUM
-        fence_regs(softmax.tc_sum);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) softmax.tc_sum[i] *= alpha[(i / 2) % 2];
-#endif
         to_fragments(sacc, pf);
         // Released only now: an mbarrier arrive right after the wait is a memory operation that
         // ptxas schedules early, dragging the wait (and so the PV GEMM's completion) in front of
@@ -316,14 +301,8 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     c.clear_dead_v(last, c.block_of(n_blocks - 1));
     wgmma_fence();
     c.issue_pv(o, pf, last);
-#if FC_TC_SUM
-    issue_rowsum(softmax.tc_sum, pf, s);
-#endif
     wgmma_commit();
     wgmma_wait<0>();
     fence_regs(o);
-#if FC_TC_SUM
-    fence_regs(softmax.tc_sum);
-#endif
     c.release(&s.v_empty[last]);
 }

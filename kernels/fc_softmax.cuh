@@ -9,18 +9,10 @@ template <int N>
 struct OnlineSoftmax {
     float row_max[2];  // running max of raw scores (−inf until a visible key is seen)
     float row_sum[2];  // this thread's partial sum of exp2 terms; quad-reduced at the end
-#if FC_TC_SUM
-    // Tensor-core builds (fc_rowsum.cuh): the m64n8 accumulator of P · ones, each element its
-    // row half's whole sum ((i/2)%2 as in O); row_sum is then unused.
-    float tc_sum[4];
-#endif
 
     FC_DEVICE void init() {
         row_max[0] = row_max[1] = neg_inf();
         row_sum[0] = row_sum[1] = 0.0f;
-#if FC_TC_SUM
-        tc_sum[0] = tc_sum[1] = tc_sum[2] = tc_sum[3] = 0.0f;
-#endif
     }
 
     // Turns scores `s` into unnormalised probabilities in place; returns the factor by which
@@ -43,14 +35,6 @@ struct OnlineSoftmax {
             // ≤ 0 and finite for any finite scale, so no inf − inf either.
             alpha[h] = fast_exp2((row_max[h] - m_use) * scale_log2);
             row_max[h] = mx;
-#if FC_TC_SUM
-            // The sum comes from the tensor cores (fc_rowsum.cuh); the caller rescales it.
-#pragma unroll
-            for (int j = 0; j < N / 8; ++j) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) s[4 * j + 2 * h + e] = fast_exp2((s[4 * j + 2 * h + e] - m_use) * scale_log2);
-            }
-#else
             float sum = 0.0f;
 #pragma unroll
             for (int j = 0; j < N / 8; ++j) {
@@ -62,16 +46,11 @@ struct OnlineSoftmax {
                 }
             }
             row_sum[h] = row_sum[h] * alpha[h] + sum;
-#endif
         }
     }
 
     // Full row sums (the quad of threads sharing a row combined), in a fixed order.
     FC_DEVICE void finish(float (&total)[2]) const {
-#if FC_TC_SUM
-        total[0] = tc_sum[0];
-        total[1] = tc_sum[2];
-#else
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             float t = row_sum[h];
@@ -79,6 +58,5 @@ struct OnlineSoftmax {
             t += __shfl_xor_sync(0xffffffffu, t, 2);
             total[h] = t;
         }
-#endif
     }
 };

@@ -50,7 +50,6 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_wgmma_ops.cuh",
     "fc_wgmma_n176.cuh",
     "fc_softmax.cuh",
-    "fc_rowsum.cuh",
     "fc_cluster.cuh",
     "fc_instrument.cuh",
     "fc_decode.cuh",
@@ -84,8 +83,6 @@ pub struct Tile {
     pub q_buffers: usize,
     /// CTAs of a cluster sharing one query tile's keys (1: no split).
     pub split: usize,
-    /// Row sums of P on the tensor cores (`FC_TC_SUM`, kernels/fc_rowsum.cuh): a 1 KiB ones tile.
-    pub tc_sum: bool,
 }
 
 impl Tile {
@@ -104,9 +101,7 @@ impl Tile {
         } else {
             0
         };
-        // The ones tile of tensor-core row sums, 128-byte aligned after the anchor.
-        let ones = if self.tc_sum { 1024 + 128 } else { 0 };
-        q + kv + barriers + anchor + partial + ones + 1024
+        q + kv + barriers + anchor + partial + 1024
     }
 }
 
@@ -422,18 +417,7 @@ impl Variant {
             consumers: self.block_m / 64,
             q_buffers: if self.decode { 2 } else { 1 },
             split: self.split,
-            tc_sum: self.tc_sum(),
         }
-    }
-
-    /// Whether the softmax's row sums run on the tensor cores (`FC_TC_SUM`; PERF_NOTES, branch
-    /// fwdperf): prefill tiles without a cluster split. For now only under the measurement knob
-    /// `FLASHCORE_FWD_TC_SUM=1` (a public, process-wide setting: it changes the build, not what
-    /// a row's probabilities are).
-    pub fn tc_sum(&self) -> bool {
-        !self.decode
-            && self.split == 1
-            && std::env::var("FLASHCORE_FWD_TC_SUM").as_deref() == Ok("1")
     }
 
     pub fn options(&self) -> Vec<String> {
@@ -470,10 +454,6 @@ impl Variant {
         // Softcap builds only.
         if self.softcap {
             o.push("-DFC_SOFTCAP=1".into());
-        }
-        // Tensor-core row sums only: the other builds keep their options (and cache keys).
-        if t.tc_sum {
-            o.push("-DFC_TC_SUM=1".into());
         }
         // Measurement builds only: shipped variants pass neither define (both default to 0).
         if self.floor_control {
