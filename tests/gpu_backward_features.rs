@@ -12,12 +12,15 @@ use common::*;
 use flashcore::attention::{AttentionParams, Context, DType, Element, Layout, Window};
 use flashcore::reference;
 
-/// The gradients of one call, downloaded (dsink empty without sinks).
+/// The gradients of one call, downloaded (dsink empty without sinks), and the forward's O and
+/// LSE the backward read.
 struct Grads<T> {
     dq: Vec<T>,
     dk: Vec<T>,
     dv: Vec<T>,
     dsink: Vec<f32>,
+    o: Vec<T>,
+    lse: Vec<f32>,
 }
 
 /// Forward (for O and LSE, with the sinks if given) then backward, outputs poisoned first.
@@ -79,6 +82,8 @@ fn backward<T: Element>(
         } else {
             Vec::new()
         },
+        o: ctx.download(&o).unwrap(),
+        lse: ctx.download(&lse).unwrap(),
     }
 }
 
@@ -137,7 +142,7 @@ fn check_case<T: Element>(
     let s64: Option<Vec<f64>> = sinks
         .as_ref()
         .map(|s| s.iter().map(|&x| x as f64).collect());
-    let (want, want_dsink) = reference::attention_backward_f64_sinks(
+    let (want, _) = reference::attention_backward_f64_sinks(
         p,
         &f64s(&q),
         &f64s(&k),
@@ -145,6 +150,20 @@ fn check_case<T: Element>(
         &f64s(&d_o),
         s64.as_deref(),
     );
+    // dsink's oracle takes D = rowsum(dO ∘ O) from the O the backward read (dtype-rounded), not
+    // the exact O: dsink is a per-head sum of mixed-sign terms whose cancellation amplifies O's
+    // rounding past the dtype's bound on its own (tests/dsink_rounding.rs replays a bf16 case:
+    // 1.06e-2 from rounding O alone). The gradients keep the exact oracle.
+    let want_dsink = match &s64 {
+        Some(s) => reference::dsink_from_o_f64(
+            p,
+            &f64s(&g.o),
+            &g.lse.iter().map(|&x| x as f64).collect::<Vec<_>>(),
+            &f64s(&d_o),
+            s,
+        ),
+        None => Vec::new(),
+    };
     let tol = tolerance(p.dtype);
     let (q_dead, k_dead) = dead_rows(p);
     let dsink: Vec<f64> = g.dsink.iter().map(|&x| x as f64).collect();

@@ -177,3 +177,54 @@ pub fn attention_backward_f64_sinks(
     }
     (g, dsink)
 }
+
+/// dsink from a given output `o` (shape of `q`) and LSE (`[B, Hq, Sq]`, natural log): per head
+/// `−Σ_{b,i} exp(sink − LSE_bi) · (dO_bi · O_bi)`, as the backward kernels compute it from their
+/// inputs. With the exact O and LSE it equals [`attention_backward_f64_sinks`]'s dsink; with the
+/// dtype-rounded O a kernel reads it is the oracle of the dsink that kernel can reach (dsink's
+/// cancellation amplifies O's rounding: tests/dsink_rounding.rs).
+pub fn dsink_from_o_f64(
+    p: &AttentionParams,
+    o: &[f64],
+    lse: &[f64],
+    d_o: &[f64],
+    sinks: &[f64],
+) -> Vec<f64> {
+    assert_eq!(
+        o.len(),
+        p.q_len(),
+        "reference: o length does not match {p:?}"
+    );
+    assert_eq!(
+        d_o.len(),
+        p.q_len(),
+        "reference: dO length does not match {p:?}"
+    );
+    assert_eq!(
+        lse.len(),
+        p.lse_len(),
+        "reference: lse length does not match {p:?}"
+    );
+    assert_eq!(sinks.len(), p.heads_q, "reference: one sink per query head");
+    let (sq, hq, d) = (p.seqlen_q, p.heads_q, p.head_dim);
+    let qs = p.layout.strides(sq, hq, d);
+    let mut dsink = vec![0.0; hq];
+    for (h, out) in dsink.iter_mut().enumerate() {
+        for b in 0..p.batch {
+            for i in 0..sq {
+                let l = lse[(b * hq + h) * sq + i];
+                if l == f64::NEG_INFINITY {
+                    continue;
+                }
+                let at = b * qs[0] + i * qs[1] + h * qs[2];
+                let dot: f64 = o[at..at + d]
+                    .iter()
+                    .zip(&d_o[at..at + d])
+                    .map(|(a, b)| a * b)
+                    .sum();
+                *out -= (sinks[h] - l).exp() * dot;
+            }
+        }
+    }
+    dsink
+}
