@@ -1,8 +1,9 @@
 //! GPU correctness of issue 24's features in the backward (two-pass kernels): sliding windows
 //! (both sides, left-only, right-only, with causal, GQA, Sq ≠ Sk, rows that see no key),
 //! softcap (± causal, GQA) and learnable sinks (with dsink), alone and combined, against the
-//! float64 reference gradients (`attention_backward_f64_sinks`), both dtypes and head dims 64 and
-//! 128; bitwise run-to-run determinism (dsink included); bad sink buffers rejected before launch.
+//! float64 reference gradients (`attention_backward_f64_sinks`; dsink's from the O the backward
+//! read), both dtypes and head dims 64, 96, 128 and 256; bitwise run-to-run determinism (dsink
+//! included); bad sink buffers rejected before launch.
 //! Fresh random inputs each run (the seed is printed; FLASHCORE_SEED replays it); outputs are
 //! poisoned with NaN before each launch. Skips visibly without a GPU; fails under
 //! FLASHCORE_REQUIRE_GPU=1.
@@ -248,7 +249,7 @@ fn sweep<T: Element>(name: &str, dtype: DType) {
     let mut failures = Vec::new();
     let mut worst = [0.0f64; 4];
     let mut n = 0;
-    for d in [64, 128] {
+    for d in [64, 96, 128, 256] {
         for &(b, hq, hkv, sq, sk, causal, (wl, wr), cap, sinks, layout) in &cases() {
             let mut p = AttentionParams::new(b, hq, sq, d)
                 .seqlen_k(sk)
@@ -306,7 +307,7 @@ fn feature_gradient_bits_are_identical_run_to_run() {
         return;
     };
     let mut rng = rng_from(seed());
-    for d in [64, 128] {
+    for d in [64, 96, 128, 256] {
         let mut p = AttentionParams::new(2, 8, 1500, d)
             .causal(true)
             .window(Window::from_flash_attn(300, -1))
