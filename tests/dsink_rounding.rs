@@ -132,3 +132,89 @@ fn interleave(x: &[f64]) -> Vec<f64> {
     }
     y
 }
+
+/// The oracles with D from a given O (`*_given_o`, used by the GPU tests where dP − D cancels)
+/// are the exact ones when given the exact O, dense and varlen, and differ when O is rounded.
+#[test]
+fn given_o_oracles_with_the_exact_o_are_exact() {
+    let (p, [q, k, v, d_o], s) = replay();
+    let sinks: Vec<f64> = s.iter().map(|&x| x as f64).collect();
+    let (q, k, v, d_o) = (f64s(&q), f64s(&k), f64s(&v), f64s(&d_o));
+    let fwd = reference::attention_f64_sinks(&p, &q, &k, &v, Some(&sinks));
+    let (exact, ds) = reference::attention_backward_f64_sinks(&p, &q, &k, &v, &d_o, Some(&sinks));
+    let (got, gds) = reference::attention_backward_f64_given_o(
+        &p,
+        &q,
+        &k,
+        &v,
+        &d_o,
+        Some(&sinks),
+        Some(&fwd.out),
+    );
+    for (a, b) in [
+        (&got.dq, &exact.dq),
+        (&got.dk, &exact.dk),
+        (&got.dv, &exact.dv),
+        (&gds, &ds),
+    ] {
+        assert!(reference::rel_l2(a, b) < 1e-12);
+    }
+    let o_bf16: Vec<f64> = fwd
+        .out
+        .iter()
+        .map(|&x| half::bf16::from_f64(x).to_f64())
+        .collect();
+    let (r, _) = reference::attention_backward_f64_given_o(
+        &p,
+        &q,
+        &k,
+        &v,
+        &d_o,
+        Some(&sinks),
+        Some(&o_bf16),
+    );
+    assert!(
+        reference::rel_l2(&r.dq, &exact.dq) > 1e-6,
+        "a rounded O must move the oracle"
+    );
+    // Varlen: the same rows as three sequences (100 + 150 + 50 queries over 30 + 40 + 30 keys).
+    let (cu_q, cu_k) = ([0, 100, 250, 300], [0, 30, 70, 100]);
+    let vp = AttentionParams {
+        batch: 3,
+        seqlen_q: 150,
+        seqlen_k: 40,
+        ..p.clone()
+    };
+    let vf = reference::varlen_sinks_f64(&vp, &cu_q, &cu_k, &q, &k, &v, Some(&sinks));
+    let (ve, vds) = reference::varlen_backward_f64_sinks(
+        &vp,
+        &cu_q,
+        &cu_k,
+        [None, None],
+        &q,
+        &k,
+        &v,
+        &d_o,
+        Some(&sinks),
+    );
+    let (vg, vgds) = reference::varlen_backward_f64_given_o(
+        &vp,
+        &cu_q,
+        &cu_k,
+        [None, None],
+        &q,
+        &k,
+        &v,
+        &d_o,
+        Some(&sinks),
+        Some(&vf.out),
+    );
+    for (a, b) in [
+        (&vg.dq, &ve.dq),
+        (&vg.dk, &ve.dk),
+        (&vg.dv, &ve.dv),
+        (&vgds, &vds),
+    ] {
+        assert!(reference::rel_l2(a, b) < 1e-12);
+    }
+}

@@ -53,7 +53,32 @@ pub fn attention_backward_f64_sinks(
     d_o: &[f64],
     sinks: Option<&[f64]>,
 ) -> (RefGrads, Vec<f64>) {
+    attention_backward_f64_given_o(p, q, k, v, d_o, sinks, None)
+}
+
+/// [`attention_backward_f64_sinks`] with each row's D = Σ_j P_ij dP_ij taken as dO_i · O_i from
+/// a given `o` (shape of `q`) when `o` is `Some`: the backward kernels' D, computed from the
+/// dtype-rounded O they read. Equal to the exact gradients when `o` is the exact output; with a
+/// rounded one it is the oracle of what a flash backward can reach from its inputs where
+/// dP − D cancels (a row that sees few keys beside a sink: dP − D = dP · P_sink; dsink, a sum of
+/// mixed-sign terms), which amplifies O's rounding (tests/dsink_rounding.rs).
+pub fn attention_backward_f64_given_o(
+    p: &AttentionParams,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+    sinks: Option<&[f64]>,
+    o: Option<&[f64]>,
+) -> (RefGrads, Vec<f64>) {
     super::check_inputs(p, q, k, v);
+    if let Some(o) = o {
+        assert_eq!(
+            o.len(),
+            p.q_len(),
+            "reference: o length does not match {p:?}"
+        );
+    }
     if let Some(s) = sinks {
         assert_eq!(s.len(), p.heads_q, "reference: one sink per query head");
     }
@@ -129,6 +154,13 @@ pub fn attention_backward_f64_sinks(
                         .map(|(a, b)| a * b)
                         .sum::<f64>();
                     dot += pr[x] * dp[x];
+                }
+                if let Some(o) = o {
+                    dot = dorow
+                        .iter()
+                        .zip(&o[row(i)..][..d])
+                        .map(|(a, b)| a * b)
+                        .sum();
                 }
                 if let Some(z) = sink {
                     dsink -= (z - m).exp() / l * dot;
