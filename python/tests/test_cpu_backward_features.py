@@ -108,3 +108,15 @@ def test_rust_validate_backward_with_features():
         _native.validate_attention_backward(*args, window=(-2, 0))
     with pytest.raises(ValueError, match="softcap"):
         _native.validate_attention_backward(*args, softcap=-1.0)
+
+
+def test_varlen_feature_backward_op_is_registered_with_its_schema():
+    """Branch bwdcombo: varlen training through a window, softcap and sinks has its own op."""
+    schema = str(torch.ops.flashcore.attention_varlen_backward_features.default._schema)
+    assert schema.startswith("flashcore::attention_varlen_backward_features(Tensor grad_out, Tensor q, Tensor k, "
+                             "Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+                             "Tensor? seqused_k, Tensor? seqused_q, SymInt max_seqlen_q, SymInt max_seqlen_k, "
+                             "bool causal, float? scale, SymInt window_left, SymInt window_right, float softcap, "
+                             "Tensor? sinks)"), schema
+    assert schema.endswith("-> (Tensor, Tensor, Tensor, Tensor)")
+
