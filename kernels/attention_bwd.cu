@@ -22,18 +22,16 @@
 // pass: 64|128), FC_BF16 (0|1), FC_CAUSAL (0|1), the streamed tile heights and ring depths
 // FC_KV_BM, FC_KV_STAGES, FC_Q_BN, FC_Q_STAGES, FC_PINGPONG (0|1, fc_bwd_config.cuh), and issue
 // 24's FC_WINDOW, FC_SOFTCAP (0|1, fc_bwd_mask.cuh; two-pass only). FC_BWD_LEAKY_CONTROL is the
-// audit's planted-leak build, never shipped. FC_VARLEN (0|1, two passes, head dims 64 and 128, no
-// window or softcap): packed sequences with cu_seqlens — the grids' z is the sequence, each CTA
-// reads its sequence's rows (fc_bwd_varlen.cuh) and one past the sequence's blocks exits at once.
+// audit's planted-leak build, never shipped. FC_VARLEN (0|1, two passes, every head dim, with or
+// without window and softcap): packed sequences with cu_seqlens — the grids' z is the sequence,
+// each CTA reads its sequence's rows (fc_bwd_varlen.cuh; windows aligned to its own lengths),
+// clears the rows its tiles read past them, and one past the sequence's blocks exits at once.
 #include "fc_bwd_config.cuh"
 #include "fc_bwd_preprocess.cuh"
 #include "fc_bwd_dkdv.cuh"
 #include "fc_bwd_dq.cuh"
 #include "fc_bwd_onepass.cuh"
 #include "fc_bwd_sink.cuh"
-
-static_assert(!(FC_VARLEN && (FC_WINDOW || FC_SOFTCAP || (FC_HEAD_DIM != 64 && FC_HEAD_DIM != 128))),
-              "varlen backward builds: head dims 64 and 128, no window or softcap");
 
 // Rows of the padded workspace, one warp each: grid (sq_pad / 8, heads_q, batch).
 extern "C" __global__ void __launch_bounds__(256) flashcore_bwd_preprocess(const __grid_constant__ BwdParams p) {

@@ -19,6 +19,17 @@
 #include "fc_bwd_onepass.cuh"
 #include "fc_bwd_mask.cuh"
 
+// bwd_opaque (fc_bwd_config.cuh), also in varlen softcap builds: there a K/V descriptor held
+// across the loop spilled at d128 (1 LDL / 1 STL); rebuilt per tile instead.
+FC_DEVICE uint32_t dkdv_opaque(uint32_t x) {
+#if FC_VARLEN && FC_SOFTCAP
+    asm volatile("" : "+r"(x));
+    return x;
+#else
+    return bwd_opaque(x);
+#endif
+}
+
 struct DkdvShared {
     uint16_t k[bw::CHUNKS][bw::KV_BN][bw::SW_ELEMS];
     uint16_t v[bw::CHUNKS][bw::KV_BN][bw::SW_ELEMS];
@@ -45,10 +56,9 @@ FC_DEVICE int dkdv_first_m(const BwdParams& p, const BwdSeq& sq, int n_block) {
 
 // The query tiles [first, end) a key block visits per query head: window builds skip the tiles
 // wholly outside the window on either side (fc_bwd_mask.cuh), by index.
-// (Window builds are dense only: FC_VARLEN excludes FC_WINDOW, fc_bwd_mask.cuh.)
 FC_DEVICE void dkdv_m_range(const BwdParams& p, const BwdSeq& sq, int n_block, int& first, int& end) {
 #if FC_WINDOW
-    bwd_window_query_tiles(p, n_block, bw::KV_BN, bw::KV_BM, bwd_kv_m_blocks(p, sq), first, end);
+    bwd_window_query_tiles(p, bwd_seq_shift(p, sq), n_block, bw::KV_BN, bw::KV_BM, bwd_kv_m_blocks(p, sq), first, end);
 #else
     first = dkdv_first_m(p, sq, n_block);
     end = bwd_kv_m_blocks(p, sq);
@@ -105,7 +115,9 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
     const int key0 = n_block * KV_BN + key_wg * 64 + warp * 16 + lane / 4;
     const int col0 = 2 * (lane % 4);
     const BwdSeq sq = bwd_seq(p, batch);
+#if !(FC_VARLEN && FC_WINDOW)
     const bool key_in[2] = {key0 < sq.len_k, key0 + 8 < sq.len_k};
+#endif
 
     float dk[DWG / 2], dv[DWG / 2];
 #pragma unroll
@@ -126,11 +138,18 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
     (void)ds;
 
     for (int it = 0; it < total; ++it) {
+#if FC_VARLEN && FC_WINDOW
+        // Varlen windows: the sequence's lengths read afresh per tile (fc_bwd_varlen.cuh).
+        const BwdSeq sqi = bwd_seq_fresh(p);
+        const bool key_in[2] = {key0 < sqi.len_k, key0 + 8 < sqi.len_k};
+#else
+        const BwdSeq& sqi = sq;
+#endif
 #if FC_WINDOW
         // The range again from a fresh read of the block index (two passes: n_block is
         // blockIdx.x): held across the loop beside dK and dV it spilled at d128.
         int first_t, end_t;
-        dkdv_m_range(p, sq, bwd_block_x(), first_t, end_t);
+        dkdv_m_range(p, sqi, bwd_block_x(), first_t, end_t);
         const int head = kv_head * p.group + it / (end_t - first_t);
         const int m_block = first_t + it % (end_t - first_t);
 #else
@@ -148,17 +167,19 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         const float* dvec_p = reinterpret_cast<const float*>(p.dvec_ptr) + ws_row;
 
         mbar_wait(&s.full[st], bwd_phase<KV_STAGES>(it));
+        // Varlen: rows past the sequence's queries become zeros (fc_bwd_varlen.cuh).
+        bwd_clear_dead_rows<KV_BM>(&s.q[st][0][0][0], &s.d_o[st][0][0][0], sqi.len_q - m_block * KV_BM, wg);
         float sacc[KV_BM / 2], dpacc[KV_BM / 2];
         turns.wait(it);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            Mma<KV_BM>::ss(sacc, bwd_desc_k(bwd_opaque(k_base), KV_BN, kk), bwd_desc_k(bwd_opaque(q_base), KV_BM, kk), kk > 0);
+            Mma<KV_BM>::ss(sacc, bwd_desc_k(dkdv_opaque(k_base), KV_BN, kk), bwd_desc_k(bwd_opaque(q_base), KV_BM, kk), kk > 0);
         }
         wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
-            Mma<KV_BM>::ss(dpacc, bwd_desc_k(bwd_opaque(v_base), KV_BN, kk), bwd_desc_k(bwd_opaque(do_base), KV_BM, kk), kk > 0);
+            Mma<KV_BM>::ss(dpacc, bwd_desc_k(dkdv_opaque(v_base), KV_BN, kk), bwd_desc_k(bwd_opaque(do_base), KV_BM, kk), kk > 0);
         }
         wgmma_commit();
         turns.pass(it);
@@ -178,16 +199,23 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         fence_regs(sacc);
 
         // Causal: query − key ≥ Sq − Sk; relative to this thread's first (key, query) pair.
-        const int rel = m_block * KV_BM + col0 - key0 - (sq.len_q - sq.len_k);
+        const int rel = m_block * KV_BM + col0 - key0 - (sqi.len_q - sqi.len_k);
 #if FC_SOFTCAP
         const float cap_log2 = p.softcap_out * p.scale_log2;
+#endif
+#if FC_WINDOW && FC_VARLEN
+        // Varlen: the hoisted test (fc_bwd_mask.cuh); dense builds keep the per-element form
+        // (hoisted, the causal d128 softcap build spilled).
+        const BwdWindowTest win = bwd_window_test(p, rel);
 #endif
 #pragma unroll
         for (int i = 0; i < KV_BM / 2; ++i) {
             const int h = (i / 2) % 2;
             const int off = 8 * (i / 4) + (i % 2) - 8 * h;  // (query − key) − rel
             bool visible = key_in[h];
-#if FC_WINDOW
+#if FC_WINDOW && FC_VARLEN
+            visible = visible && win(off);
+#elif FC_WINDOW
             visible = visible && bwd_in_window(p, rel + off);
 #elif FC_CAUSAL
             visible = visible && (rel + off >= 0);
@@ -319,13 +347,26 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
     }
 
     dk[0] = bwd_leak(dk[0], dv[0], reinterpret_cast<const float*>(p.lse2_ptr));
+#if FC_VARLEN && FC_WINDOW
+    const BwdSeq sqe = bwd_seq_fresh(p);  // not held across the loop (fc_bwd_varlen.cuh)
+#else
+    const BwdSeq& sqe = sq;
+#endif
     // Keys past Sk are not stored (public); a key no query sees keeps dK = dV = 0.
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int key = key0 + 8 * h;
-        if (key < sq.k_rows) {
-            const int64_t off = batch * p.k_stride_b + (int64_t)(sq.k0 + key) * p.k_stride_s + kv_head * p.k_stride_h +
+        if (key < sqe.k_rows) {
+            const int64_t off = batch * p.k_stride_b + (int64_t)(sqe.k0 + key) * p.k_stride_s + kv_head * p.k_stride_h +
                                 col0 + (HSPLIT == 1 ? 0 : wg * DWG);
+#if FC_VARLEN
+            // A key past seqused_k: zeros (its rows of dK, dV may hold NaN from its own K, V).
+            if (key >= sqe.len_k) {
+                bwd_store_zero_row<DWG>(reinterpret_cast<uint16_t*>(p.dk_ptr) + off);
+                bwd_store_zero_row<DWG>(reinterpret_cast<uint16_t*>(p.dv_ptr) + off);
+                continue;
+            }
+#endif
             bwd_store_row<DWG>(reinterpret_cast<uint16_t*>(p.dk_ptr) + off, dk, h, p.scale);
             bwd_store_row<DWG>(reinterpret_cast<uint16_t*>(p.dv_ptr) + off, dv, h, 1.0f);
         }

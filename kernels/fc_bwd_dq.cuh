@@ -38,11 +38,10 @@ FC_DEVICE int dq_key_blocks(const BwdParams& p, const BwdSeq& sq, int m_block) {
 
 // The key blocks [first, first + count) the tile visits: window builds skip the blocks wholly
 // outside the window on either side (fc_bwd_mask.cuh), by index. count 0: every row masked.
-// (Window builds are dense only: FC_VARLEN excludes FC_WINDOW, fc_bwd_mask.cuh.)
 FC_DEVICE int dq_key_range(const BwdParams& p, const BwdSeq& sq, int m_block, int& first) {
 #if FC_WINDOW
     int end;
-    bwd_window_key_blocks(p, m_block, bw::Q_BM, bw::Q_BN, bwd_q_n_blocks(p, sq), first, end);
+    bwd_window_key_blocks(p, bwd_seq_shift(p, sq), m_block, bw::Q_BM, bw::Q_BN, bwd_q_n_blocks(p, sq), first, end);
     return end - first;
 #else
     first = 0;
@@ -105,10 +104,18 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
     turns.start();
 
     for (int it = 0; it < count; ++it) {
+#if FC_VARLEN && FC_WINDOW
+        // Varlen windows: the sequence's lengths read afresh per tile (fc_bwd_varlen.cuh).
+        const BwdSeq sqi = bwd_seq_fresh(p);
+#else
+        const BwdSeq& sqi = sq;
+#endif
         const int st = bwd_stage<Q_STAGES>(it);
         const uint32_t k_base = smem_u32(&s.k[st][0][0][0]);
         const uint32_t v_base = smem_u32(&s.v[st][0][0][0]);
         mbar_wait(&s.full[st], bwd_phase<Q_STAGES>(it));
+        // Varlen: keys past the sequence's (seqused_k applied) become zeros (fc_bwd_varlen.cuh).
+        bwd_clear_dead_rows<Q_BN>(&s.k[st][0][0][0], &s.v[st][0][0][0], sqi.len_k - (first + it) * Q_BN, wg);
         float sacc[Q_BN / 2], dpacc[Q_BN / 2];
         turns.wait(it);
         wgmma_fence();
@@ -130,8 +137,8 @@ FC_DEVICE void dq_consumer(const BwdParams& p, DqShared& s, int wg, int m_block,
         // Keys past Sk are masked; causal: key − query ≤ Sk − Sq. Relative to this thread's
         // first (query, key) pair.
         const int key_first = (first + it) * Q_BN + col0;
-        const int limit = sq.len_k - key_first;
-        const int rel = key_first - row0 - (sq.len_k - sq.len_q);
+        const int limit = sqi.len_k - key_first;
+        const int rel = key_first - row0 - (sqi.len_k - sqi.len_q);
 #if FC_SOFTCAP
         const float cap_log2 = p.softcap_out * p.scale_log2;
 #endif

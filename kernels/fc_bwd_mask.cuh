@@ -1,4 +1,4 @@
-// Backward sliding windows and softcap (issue 24, two-pass kernels only): which query tiles a key
+// Backward sliding windows and softcap (issue 24, two-pass kernels only, dense and varlen): which query tiles a key
 // block visits and which key blocks a query tile visits (skipped by index: public), the
 // per-element window test (a select), and the softcap's logit and derivative.
 //
@@ -31,11 +31,25 @@ FC_DEVICE bool bwd_in_window(const BwdParams& p, int d) {
     return (uint32_t)(d + right) <= (uint32_t)(p.window_left + right);
 }
 
+// The same test with the tile's part hoisted: base = rel + right once per tile, then per element
+// one add of a constant and one unsigned compare (the per-element form kept the window's sides
+// live in registers beside dK, dV: it spilled in the varlen window builds of the dK/dV kernel).
+struct BwdWindowTest {
+    int base;
+    uint32_t width;
+    FC_DEVICE bool operator()(int off) const { return (uint32_t)(base + off) <= width; }
+};
+FC_DEVICE BwdWindowTest bwd_window_test(const BwdParams& p, int rel) {
+    const int right = bwd_window_right(p);
+    return BwdWindowTest{rel + right, (uint32_t)(p.window_left + right)};
+}
+
 // Query tiles [first, end) of height `bm` that can see key block `n_block` (keys
 // [n·bn, (n+1)·bn)): rows from n·bn − right − (Sk − Sq) to (n+1)·bn − 1 + left − (Sk − Sq).
-FC_DEVICE void bwd_window_query_tiles(const BwdParams& p, int n_block, int bn, int bm, int m_blocks, int& first,
-                                      int& end) {
-    const int shift = p.seqlen_k - p.seqlen_q;
+// shift = Sk − Sq of the sequence (varlen: its own lengths, so its window is bottom-right
+// aligned to them, as the forward's).
+FC_DEVICE void bwd_window_query_tiles(const BwdParams& p, int shift, int n_block, int bn, int bm, int m_blocks,
+                                      int& first, int& end) {
     const int lo = n_block * bn - bwd_window_right(p) - shift;
     const int hi = n_block * bn + bn - 1 + p.window_left - shift;
     first = min(max(lo, 0) / bm, m_blocks);
@@ -45,9 +59,8 @@ FC_DEVICE void bwd_window_query_tiles(const BwdParams& p, int n_block, int bn, i
 
 // Key blocks [first, end) of width `bn` that rows [m·bm, (m+1)·bm) of query tile `m_block` can
 // see: keys from m·bm + (Sk − Sq) − left to (m+1)·bm − 1 + (Sk − Sq) + right.
-FC_DEVICE void bwd_window_key_blocks(const BwdParams& p, int m_block, int bm, int bn, int n_blocks, int& first,
-                                     int& end) {
-    const int shift = p.seqlen_k - p.seqlen_q;
+FC_DEVICE void bwd_window_key_blocks(const BwdParams& p, int shift, int m_block, int bm, int bn, int n_blocks,
+                                     int& first, int& end) {
     const int lo = m_block * bm + shift - p.window_left;
     const int hi = m_block * bm + bm - 1 + shift + bwd_window_right(p);
     first = min(max(lo, 0) / bn, n_blocks);

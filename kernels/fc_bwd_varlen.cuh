@@ -49,6 +49,20 @@ FC_DEVICE BwdSeq bwd_seq(const BwdParams& p, int b) {
     return s;
 }
 
+// The sequence of this CTA (blockIdx.z) read afresh: varlen window builds call it per tile, so
+// the compiler reloads its lengths (L1 hits) after the loop's barriers instead of holding them
+// across the loop beside the gradient accumulators (held, they spilled: PERF_NOTES, bwdcombo).
+FC_DEVICE BwdSeq bwd_seq_fresh(const BwdParams& p) {
+    int z;
+    asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(z));
+    return bwd_seq(p, z);
+}
+
+// Sk − Sq of the sequence (dense: the call's, read from the parameters where it is used).
+FC_DEVICE int bwd_seq_shift(const BwdParams& p, const BwdSeq& s) {
+    return FC_VARLEN ? s.len_k - s.len_q : p.seqlen_k - p.seqlen_q;
+}
+
 // The forward's LSE of query row i of (b, h): dense [B, Hq, Sq]; varlen [Hq, total_q].
 FC_DEVICE int64_t bwd_lse_index(const BwdParams& p, const BwdSeq& s, int b, int h, int i) {
 #if FC_VARLEN
@@ -67,4 +81,47 @@ FC_DEVICE int bwd_kv_m_blocks(const BwdParams& p, const BwdSeq& s) {
 }
 FC_DEVICE int bwd_q_n_blocks(const BwdParams& p, const BwdSeq& s) {
     return FC_VARLEN ? (s.len_k + bw::Q_BN - 1) / bw::Q_BN : p.q_n_blocks;
+}
+
+// Varlen: rows [live, ROWS) of streamed [CHUNKS][ROWS][SW_ELEMS] tiles in shared memory hold the
+// next sequence's tokens (or this sequence's past seqused_q / seqused_k). Inf or NaN there would
+// reach this sequence's gradients through the GEMMs (a P or dS of 0 does not cancel them:
+// 0 · Inf = NaN), so each consumer warpgroup writes zeros over those rows of both tiles before its
+// GEMMs read the stage (the swizzle permutes 16-byte units inside a row: a row stays whole). The
+// other warpgroup may read the stage meanwhile: it sees the same bits either way, and the
+// producer refills it only after both released it. A tile that does not cross the end is left
+// alone — a branch on public lengths (cu_seqlens). Dense builds: nothing (TMA zero-fills rows
+// past the end).
+template <int ROWS>
+FC_DEVICE void bwd_clear_dead_rows(uint16_t* a, uint16_t* b, int live, int wg) {
+#if FC_VARLEN
+    using namespace bw;
+    if (live >= ROWS) return;
+    constexpr int VEC_PER_ROW = ROW_BYTES / 16;
+    constexpr int VECS = CHUNKS * ROWS * VEC_PER_ROW;
+    const uint32_t zero[4] = {0u, 0u, 0u, 0u};
+    const uint32_t base_a = smem_u32(a), base_b = smem_u32(b);
+#pragma unroll 1
+    for (int i = threadIdx.x % 128; i < VECS; i += 128) {
+        if ((i / VEC_PER_ROW) % ROWS >= live) {
+            st_shared_v4(base_a + 16 * i, zero);
+            st_shared_v4(base_b + 16 * i, zero);
+        }
+    }
+    fence_proxy_async_smem();  // the generic stores, before the async proxy's reads
+    named_bar_sync(4 + wg, 128);  // barriers 4, 5: free in two-pass builds (varlen has no one pass)
+#else
+    (void)a;
+    (void)b;
+    (void)live;
+    (void)wg;
+#endif
+}
+
+// A gradient row that must be exactly zero (a key past seqused_k): stored as zeros, not as the
+// accumulator times 0 (the accumulator may hold NaN from the sequence's own unused key rows).
+template <int N>
+FC_DEVICE void bwd_store_zero_row(uint16_t* out) {
+#pragma unroll
+    for (int j = 0; j < N / 8; ++j) *reinterpret_cast<uint32_t*>(out + 8 * j) = 0u;
 }

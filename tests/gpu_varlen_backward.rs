@@ -1,9 +1,11 @@
 //! The varlen backward (issues 22 + 23) on the GPU: dQ, dK, dV of packed sequences of mixed
 //! lengths (1, 17, 128, 129, 1000, 4097; empty sequences — no queries, no keys; Sq ≠ Sk per
 //! sequence, causal rows fully masked) against the float64 reference per sequence, causal and
-//! not, GQA and MQA, f16 and bf16, head dims 64 and 128; `seqused_k`; a sequence's gradient bits
-//! independent of its neighbours and of its place in the pack; bitwise run to run; bad
-//! `cu_seqlens` and buffers refused before launch (outputs untouched). Fresh random inputs (the
+//! not, GQA and MQA, f16 and bf16, head dims 64, 96, 128 and 256; issue 24's windows (aligned to
+//! each sequence's own lengths), softcap and learnable sinks (dsink summed over the pack);
+//! `seqused_k`; a sequence's gradient bits independent of its neighbours and of its place in the
+//! pack, Inf/NaN in its neighbours included; bitwise run to run; bad `cu_seqlens` and buffers
+//! refused before launch (outputs untouched). Fresh random inputs (the
 //! seed is printed; FLASHCORE_SEED replays it), outputs poisoned with NaN before each launch.
 //! Skips visibly without a GPU; fails under FLASHCORE_REQUIRE_GPU=1.
 
@@ -55,6 +57,8 @@ struct Pack<T> {
     k: Vec<T>,
     v: Vec<T>,
     d_o: Vec<T>,
+    /// Learnable sinks (fp32 [heads_q]) of the forward and the backward; None: none.
+    sinks: Option<Vec<f32>>,
 }
 
 impl<T: Element> Pack<T> {
@@ -72,6 +76,7 @@ impl<T: Element> Pack<T> {
             cu_k,
             used_k: None,
             used_q: None,
+            sinks: None,
         }
     }
 }
@@ -83,6 +88,19 @@ type Breaker = Box<dyn Fn(&mut Pack<half::f16>)>;
 
 /// Forward (O, LSE) then the varlen backward over poisoned gradients.
 fn backward<T: Element>(ctx: &Context, pk: &Pack<T>) -> Result<Grads<T>, Error> {
+    backward_full(ctx, pk).map(|r| r.grads)
+}
+
+/// What one forward + backward gave: the gradients, dsink (empty without sinks), and the O and
+/// LSE the backward read.
+struct Run<T> {
+    grads: Grads<T>,
+    dsink: Vec<f32>,
+    o: Vec<T>,
+    lse: Vec<f32>,
+}
+
+fn backward_full<T: Element>(ctx: &Context, pk: &Pack<T>) -> Result<Run<T>, Error> {
     let p = &pk.p;
     let up = |x: &[T]| ctx.upload(x).unwrap();
     let (q, k, v, d_o) = (up(&pk.q), up(&pk.k), up(&pk.v), up(&pk.d_o));
@@ -92,41 +110,70 @@ fn backward<T: Element>(ctx: &Context, pk: &Pack<T>) -> Result<Grads<T>, Error> 
     let tq = pk.q.len() / (p.heads_q * p.head_dim);
     let mut o = up(&vec![poison::<T>(); pk.q.len()]);
     let mut lse = ctx.upload(&vec![f32::NAN; p.heads_q * tq]).unwrap();
-    ctx.attention_varlen_device(
+    let sinks = pk.sinks.as_ref().map(|s| ctx.upload(s).unwrap());
+    ctx.attention_varlen_device_with_sinks(
         p,
         &q,
         &k,
         &v,
-        &cq,
-        &ck,
-        used.as_ref(),
-        used_q.as_ref(),
+        [&cq, &ck],
+        [used.as_ref(), used_q.as_ref()],
+        sinks.as_ref(),
         &mut o,
         Some(&mut lse),
     )?;
     let mut dq = up(&vec![poison::<T>(); pk.q.len()]);
     let mut dk = up(&vec![poison::<T>(); pk.k.len()]);
     let mut dv = up(&vec![poison::<T>(); pk.k.len()]);
-    ctx.attention_varlen_backward(
-        p,
-        &q,
-        &k,
-        &v,
-        &cq,
-        &ck,
-        [used.as_ref(), used_q.as_ref()],
-        &o,
-        &lse,
-        &d_o,
-        &mut dq,
-        &mut dk,
-        &mut dv,
-    )?;
-    Ok([
-        ctx.download(&dq).unwrap(),
-        ctx.download(&dk).unwrap(),
-        ctx.download(&dv).unwrap(),
-    ])
+    let mut dsink = ctx.upload(&vec![f32::NAN; p.heads_q]).unwrap();
+    match &sinks {
+        Some(s) => ctx.attention_varlen_backward_with_sinks(
+            p,
+            &q,
+            &k,
+            &v,
+            &cq,
+            &ck,
+            [used.as_ref(), used_q.as_ref()],
+            &o,
+            &lse,
+            &d_o,
+            s,
+            &mut dq,
+            &mut dk,
+            &mut dv,
+            &mut dsink,
+        )?,
+        None => ctx.attention_varlen_backward(
+            p,
+            &q,
+            &k,
+            &v,
+            &cq,
+            &ck,
+            [used.as_ref(), used_q.as_ref()],
+            &o,
+            &lse,
+            &d_o,
+            &mut dq,
+            &mut dk,
+            &mut dv,
+        )?,
+    }
+    Ok(Run {
+        grads: [
+            ctx.download(&dq).unwrap(),
+            ctx.download(&dk).unwrap(),
+            ctx.download(&dv).unwrap(),
+        ],
+        dsink: if sinks.is_some() {
+            ctx.download(&dsink).unwrap()
+        } else {
+            Vec::new()
+        },
+        o: ctx.download(&o).unwrap(),
+        lse: ctx.download(&lse).unwrap(),
+    })
 }
 
 fn f64s<T: Element>(x: &[T]) -> Vec<f64> {
@@ -138,8 +185,13 @@ fn f64s<T: Element>(x: &[T]) -> Vec<f64> {
 /// dtype's bound, exact zeros where the reference is exactly zero. Returns the worst errors.
 fn check<T: Element>(ctx: &Context, pk: &Pack<T>, what: &str) -> [f64; 3] {
     let p = &pk.p;
-    let g = backward(ctx, pk).unwrap_or_else(|e| panic!("{what}: {e}"));
-    let want = reference::varlen_backward_f64(
+    let run = backward_full(ctx, pk).unwrap_or_else(|e| panic!("{what}: {e}"));
+    let g = &run.grads;
+    let s64: Option<Vec<f64>> = pk
+        .sinks
+        .as_ref()
+        .map(|s| s.iter().map(|&x| x as f64).collect());
+    let (want, _) = reference::varlen_backward_f64_sinks(
         p,
         &pk.cu_q,
         &pk.cu_k,
@@ -148,13 +200,77 @@ fn check<T: Element>(ctx: &Context, pk: &Pack<T>, what: &str) -> [f64; 3] {
         &f64s(&pk.k),
         &f64s(&pk.v),
         &f64s(&pk.d_o),
+        s64.as_deref(),
+    );
+    // Per sequence, the oracle with each row's D from the O the backward read (dtype-rounded):
+    // where dP − D cancels — a row that sees few keys beside a sink has dP − D = dP · P_sink — O's
+    // rounding is amplified past the dtype's bound in every flash backward (a 1×1 bf16 sequence
+    // with a sink measured 2.2e-2 against the exact oracle). The whole pack's error is checked
+    // against the exact oracle.
+    let (want_o, _) = reference::varlen_backward_f64_given_o(
+        p,
+        &pk.cu_q,
+        &pk.cu_k,
+        [pk.used_k.as_deref(), pk.used_q.as_deref()],
+        &f64s(&pk.q),
+        &f64s(&pk.k),
+        &f64s(&pk.v),
+        &f64s(&pk.d_o),
+        s64.as_deref(),
+        Some(&f64s(&run.o)),
     );
     let tol = tolerance(p.dtype);
+    if let Some(s) = &s64 {
+        // dsink against the oracle from the O and LSE the backward read (dtype-rounded O: see
+        // tests/dsink_rounding.rs), every packed row in order.
+        let (hq, d) = (p.heads_q, p.head_dim);
+        let tq = pk.q.len() / (hq * d);
+        let (o, d_o) = (f64s(&run.o), f64s(&pk.d_o));
+        let want_dsink: Vec<f64> = (0..hq)
+            .map(|h| {
+                -(0..tq)
+                    .map(|t| {
+                        let at = (t * hq + h) * d;
+                        let dot: f64 = (0..d).map(|c| o[at + c] * d_o[at + c]).sum();
+                        (s[h] - run.lse[h * tq + t] as f64).exp() * dot
+                    })
+                    .sum::<f64>()
+            })
+            .collect();
+        let got: Vec<f64> = run.dsink.iter().map(|&x| x as f64).collect();
+        assert!(
+            got.iter().all(|x| x.is_finite()),
+            "{what}: dsink {got:?} not finite"
+        );
+        let e = reference::rel_l2(&got, &want_dsink);
+        assert!(e <= tol, "{what}: dsink relative L2 {e:.3e} > {tol:.0e}");
+    }
     let mut worst = [0.0f64; 3];
-    for (i, (name, got, want, cu, row)) in [
-        ("dq", &g[0], &want.dq, &pk.cu_q, p.heads_q * p.head_dim),
-        ("dk", &g[1], &want.dk, &pk.cu_k, p.heads_kv * p.head_dim),
-        ("dv", &g[2], &want.dv, &pk.cu_k, p.heads_kv * p.head_dim),
+    for (i, (name, got, want, want_o, cu, row)) in [
+        (
+            "dq",
+            &g[0],
+            &want.dq,
+            &want_o.dq,
+            &pk.cu_q,
+            p.heads_q * p.head_dim,
+        ),
+        (
+            "dk",
+            &g[1],
+            &want.dk,
+            &want_o.dk,
+            &pk.cu_k,
+            p.heads_kv * p.head_dim,
+        ),
+        (
+            "dv",
+            &g[2],
+            &want.dv,
+            &want_o.dv,
+            &pk.cu_k,
+            p.heads_kv * p.head_dim,
+        ),
     ]
     .into_iter()
     .enumerate()
@@ -187,7 +303,7 @@ fn check<T: Element>(ctx: &Context, pk: &Pack<T>, what: &str) -> [f64; 3] {
         }
         for b in 0..cu.len() - 1 {
             let (a, e) = (cu[b] as usize * row, cu[b + 1] as usize * row);
-            let (gs, ws) = (&got[a..e], &want[a..e]);
+            let (gs, ws) = (&got[a..e], &want_o[a..e]);
             // Structurally zero (the sequence has no used query or no used key): exactly zero
             // here. (A row that sees one key has dQ = 0 only up to rounding.)
             let (uq, uk) = used_counts(pk, b);
@@ -212,7 +328,7 @@ fn check<T: Element>(ctx: &Context, pk: &Pack<T>, what: &str) -> [f64; 3] {
                 let err = reference::rel_l2(gs, ws);
                 assert!(
                     err <= tol,
-                    "{what}: {name} sequence {b} relative L2 {err:.3e} > {tol:.0e}"
+                    "{what}: {name} sequence {b} ({uq} queries, {uk} keys) relative L2 {err:.3e} > {tol:.0e}"
                 );
                 worst[i] = worst[i].max(err);
             }
@@ -249,7 +365,7 @@ fn sweep<T: Element>(test: &str, dtype: DType) {
     let lk = [1, 17, 128, 129, 1000, 40, 0, 300, 50];
     let mut cases = 0;
     let mut worst = [0.0f64; 3];
-    for d in [64, 128] {
+    for d in [64, 96, 128, 256] {
         for causal in [false, true] {
             // GQA 2:1 everywhere; MQA and plain multi-head once per head dim.
             let heads: &[(usize, usize)] = if causal {
@@ -449,6 +565,7 @@ fn bad_cu_seqlens_and_buffers_are_refused_before_launch() {
             k: good.k.clone(),
             v: good.v.clone(),
             d_o: good.d_o.clone(),
+            sinks: None,
         };
         bad(&mut pk);
         // The forward checks nothing of the values on its device path: call the backward alone.
@@ -458,7 +575,7 @@ fn bad_cu_seqlens_and_buffers_are_refused_before_launch() {
     for (which, want) in [(1, "lse"), (2, "d_o"), (3, "dq")] {
         assert_eq!(arg(backward_only(&ctx, &good, which)), want);
     }
-    // The backward's feature rules apply to varlen too.
+    // The backward's shape rules apply to varlen too: a head dim with no backward.
     let mut pk = Pack {
         p: good.p.clone(),
         cu_q: good.cu_q.clone(),
@@ -469,9 +586,10 @@ fn bad_cu_seqlens_and_buffers_are_refused_before_launch() {
         k: good.k.clone(),
         v: good.v.clone(),
         d_o: good.d_o.clone(),
+        sinks: None,
     };
-    pk.p.softcap = 20.0;
-    assert_eq!(arg(backward_only(&ctx, &pk, 0)), "softcap");
+    pk.p.head_dim = 80;
+    assert_eq!(arg(backward_only(&ctx, &pk, 0)), "head_dim");
 }
 
 /// The backward alone on the pack (O and LSE random: only the checks matter), with buffer
@@ -523,4 +641,219 @@ fn backward_only(
             ctx.download(&dv).unwrap(),
         ]
     })
+}
+
+/// Issue 24's features in the varlen backward: windows (both sides, left-only with causal,
+/// right-only), softcap and learnable sinks, alone and combined, at every head dim, against the
+/// float64 reference per sequence (each window bottom-right aligned to the sequence's own
+/// lengths; rows that see no key), dsink against the oracle from the O the backward read.
+#[test]
+fn varlen_feature_gradients_match_reference() {
+    let Some(ctx) = gpu("varlen_feature_gradients_match_reference") else {
+        return;
+    };
+    let s = seed();
+    eprintln!("varlen_feature_gradients_match_reference: seed {s}");
+    let mut rng = rng_from(s);
+    // Sq ≠ Sk per sequence (either way), an empty one of each kind, lengths across tiles.
+    let lq = [1, 17, 300, 129, 0, 200, 5];
+    let lk = [1, 17, 100, 300, 40, 200, 0];
+    // (head dim, causal, window (left, right), softcap, sinks, hq, hkv)
+    type Case = (usize, bool, (i64, i64), f32, bool, usize, usize);
+    let cases: [Case; 8] = [
+        (64, false, (20, 10), 0.0, false, 4, 2), // both sides: rows that see no key
+        (96, true, (64, -1), 0.0, true, 4, 2),   // causal + left + sinks
+        (128, false, (-1, -1), 3.0, false, 4, 1), // softcap, MQA
+        (256, true, (100, -1), 2.5, true, 4, 2), // everything at d256
+        (128, false, (50, 30), 2.0, true, 2, 2), // everything, non-causal
+        (96, false, (-1, 50), 0.0, false, 4, 2), // right-only
+        (256, false, (-1, -1), 0.0, true, 4, 1), // sinks only
+        (64, true, (-1, -1), 2.0, true, 4, 2),   // softcap + sinks, causal
+    ];
+    let mut n = 0;
+    for dtype in [DType::F16, DType::Bf16] {
+        for &(d, causal, (wl, wr), cap, with_sinks, hq, hk) in &cases {
+            let p = params(dtype, hq, hk, d, causal, &lq, &lk)
+                .window(flashcore::attention::Window::from_flash_attn(wl, wr))
+                .softcap(cap);
+            let what = format!(
+                "seed {s} {dtype:?} d{d} causal {causal} window ({wl}, {wr}) softcap {cap} sinks {with_sinks}"
+            );
+            let w = match dtype {
+                DType::F16 => {
+                    feature_case::<half::f16>(&ctx, p, &lq, &lk, with_sinks, &mut rng, &what)
+                }
+                DType::Bf16 => {
+                    feature_case::<half::bf16>(&ctx, p, &lq, &lk, with_sinks, &mut rng, &what)
+                }
+            };
+            eprintln!(
+                "{what}: worst relative L2 dq {:.2e} dk {:.2e} dv {:.2e}",
+                w[0], w[1], w[2]
+            );
+            n += 1;
+        }
+    }
+    eprintln!("varlen_feature_gradients_match_reference: {n} packs passed");
+}
+
+fn feature_case<T: Element>(
+    ctx: &Context,
+    p: AttentionParams,
+    lq: &[usize],
+    lk: &[usize],
+    with_sinks: bool,
+    rng: &mut rand::rngs::StdRng,
+    what: &str,
+) -> [f64; 3] {
+    use rand::Rng;
+    let mut pk = Pack::<T>::random(p, lq, lk, rng);
+    // Sharpened q, k: scores of a few units, so the softcap's tanh bends.
+    let sharp = |x: &[T]| -> Vec<T> { x.iter().map(|v| T::from_f64(v.to_f64() * 1.8)).collect() };
+    pk.q = sharp(&pk.q);
+    pk.k = sharp(&pk.k);
+    if with_sinks {
+        pk.sinks = Some(
+            (0..pk.p.heads_q)
+                .map(|_| rng.random_range(-1.0..2.0))
+                .collect(),
+        );
+    }
+    check(ctx, &pk, what)
+}
+
+/// Inf and NaN in a sequence's neighbours (their Q, K, V, dO; hence NaN in their O and LSE) do
+/// not reach its gradients: the bits equal those of the sequence alone and are finite. Tiles
+/// that cross the sequence's end read the neighbour's rows (dK/dV kernel: Q, dO; dQ kernel: K,
+/// V); they are zeroed before the GEMMs (0 · Inf would be NaN). Also the sequence's own keys past
+/// seqused_k holding NaN: the used keys' gradients keep their bits, the others get exact zeros.
+#[test]
+fn nonfinite_neighbours_do_not_reach_a_sequence() {
+    let Some(ctx) = gpu("nonfinite_neighbours_do_not_reach_a_sequence") else {
+        return;
+    };
+    let s = seed();
+    let mut rng = rng_from(s);
+    for (d, causal, window, cap) in [
+        (64, false, (-1, -1), 0.0),
+        (96, true, (-1, -1), 0.0),
+        (128, false, (40, 20), 0.0),
+        (256, true, (100, -1), 2.5),
+    ] {
+        nonfinite::<half::f16>(&ctx, DType::F16, d, causal, window, cap, &mut rng, s);
+        nonfinite::<half::bf16>(&ctx, DType::Bf16, d, causal, window, cap, &mut rng, s);
+    }
+}
+
+/// ±Inf and NaN in turn.
+fn nonfinite_fill<T: Element>(x: &mut [T]) {
+    for (i, v) in x.iter_mut().enumerate() {
+        *v = T::from_f64([f64::INFINITY, f64::NAN, f64::NEG_INFINITY][i % 3]);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn nonfinite<T: Element>(
+    ctx: &Context,
+    dtype: DType,
+    d: usize,
+    causal: bool,
+    (wl, wr): (i64, i64),
+    cap: f32,
+    rng: &mut rand::rngs::StdRng,
+    s: u64,
+) {
+    let what = format!("seed {s} {dtype:?} d{d} causal {causal} window ({wl}, {wr}) softcap {cap}");
+    let feat = |p: AttentionParams| {
+        p.window(flashcore::attention::Window::from_flash_attn(wl, wr))
+            .softcap(cap)
+    };
+    // 129 queries, 200 keys: both cross a tile end into the next sequence.
+    let (xq, xk) = (129usize, 200usize);
+    let alone = Pack::<T>::random(
+        feat(params(dtype, 4, 2, d, causal, &[xq], &[xk])),
+        &[xq],
+        &[xk],
+        rng,
+    );
+    let (lq, lk) = ([70, xq, 300], [90, xk, 260]);
+    let mut pk = Pack::<T>::random(
+        feat(params(dtype, 4, 2, d, causal, &lq, &lk)),
+        &lq,
+        &lk,
+        rng,
+    );
+    let (rq, rk) = (4 * d, 2 * d);
+    let (q0, k0) = (pk.cu_q[1] as usize * rq, pk.cu_k[1] as usize * rk);
+    let (q1, k1) = (q0 + xq * rq, k0 + xk * rk);
+    for x in [&mut pk.q, &mut pk.d_o] {
+        nonfinite_fill(&mut x[..q0]);
+        nonfinite_fill(&mut x[q1..]);
+    }
+    for x in [&mut pk.k, &mut pk.v] {
+        nonfinite_fill(&mut x[..k0]);
+        nonfinite_fill(&mut x[k1..]);
+    }
+    pk.q[q0..q1].copy_from_slice(&alone.q);
+    pk.d_o[q0..q1].copy_from_slice(&alone.d_o);
+    pk.k[k0..k1].copy_from_slice(&alone.k);
+    pk.v[k0..k1].copy_from_slice(&alone.v);
+    let bits = |x: &[T]| x.iter().map(|v| v.to_f64().to_bits()).collect::<Vec<u64>>();
+    let a = backward(ctx, &alone).unwrap();
+    let b = backward(ctx, &pk).unwrap();
+    assert!(
+        a.iter().flatten().all(|x| x.to_f64().is_finite()),
+        "{what}: the sequence alone has a non-finite gradient"
+    );
+    for (i, (name, lo, hi)) in [("dQ", q0, q1), ("dK", k0, k1), ("dV", k0, k1)]
+        .into_iter()
+        .enumerate()
+    {
+        let got = &b[i][lo..hi];
+        assert!(
+            got.iter().all(|x| x.to_f64().is_finite()),
+            "{what}: {name} not finite beside Inf/NaN neighbours"
+        );
+        assert_eq!(
+            bits(&a[i]),
+            bits(got),
+            "{what}: {name} bits changed beside Inf/NaN neighbours"
+        );
+    }
+    // The sequence's own keys past seqused_k hold Inf/NaN: same bits as with finite ones there.
+    let used = 150usize;
+    let mut finite = Pack::<T>::random(alone.p.clone(), &[xq], &[xk], rng);
+    finite.q.copy_from_slice(&alone.q);
+    finite.d_o.copy_from_slice(&alone.d_o);
+    finite.k.copy_from_slice(&alone.k);
+    finite.v.copy_from_slice(&alone.v);
+    finite.used_k = Some(vec![used as i32]);
+    let mut dirty = Pack::<T>::random(alone.p.clone(), &[xq], &[xk], rng);
+    dirty.q.copy_from_slice(&alone.q);
+    dirty.d_o.copy_from_slice(&alone.d_o);
+    dirty.k.copy_from_slice(&alone.k);
+    dirty.v.copy_from_slice(&alone.v);
+    nonfinite_fill(&mut dirty.k[used * rk..]);
+    nonfinite_fill(&mut dirty.v[used * rk..]);
+    dirty.used_k = Some(vec![used as i32]);
+    let f = backward(ctx, &finite).unwrap();
+    let g = backward(ctx, &dirty).unwrap();
+    for i in 0..3 {
+        assert!(
+            g[i].iter().all(|x| x.to_f64().is_finite()),
+            "{what}: gradient {i} not finite with Inf/NaN keys past seqused_k"
+        );
+        assert_eq!(
+            bits(&f[i]),
+            bits(&g[i]),
+            "{what}: gradient {i} bits changed by keys past seqused_k"
+        );
+    }
+    assert!(
+        g[1][used * rk..]
+            .iter()
+            .chain(&g[2][used * rk..])
+            .all(|x| x.to_f64() == 0.0),
+        "{what}: a key past seqused_k has a gradient"
+    );
 }

@@ -13,7 +13,7 @@ SUPPORTED_HEAD_DIMS = (64, 96, 128, 256)
 # Head dims with a backward: every forward head dim (96: Phi-3, 256: Gemma 2/3; branch bwdhd).
 BACKWARD_HEAD_DIMS = (64, 96, 128, 256)
 # Head dims with a varlen backward (the bwd_*_varlen builds).
-VARLEN_BACKWARD_HEAD_DIMS = (64, 128)
+VARLEN_BACKWARD_HEAD_DIMS = (64, 96, 128, 256)
 
 
 def check_varlen_backward_head_dim(d):
@@ -26,7 +26,7 @@ def check_varlen_backward_head_dim(d):
 
 
 # Head dims whose backward takes a sliding window or a softcap (the bwd_*_window[_softcap] builds).
-FEATURE_BACKWARD_HEAD_DIMS = (64, 128)
+FEATURE_BACKWARD_HEAD_DIMS = (64, 96, 128, 256)
 
 
 def check_feature_backward_head_dim(d, window, softcap):

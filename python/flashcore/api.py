@@ -46,7 +46,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=Fa
 
     Issue 24 (dense calls): `window_size` (left, right) sliding window (−1 unbounded; causal
     means right = 0), `softcap` (0 off), `learnable_sink` [Hq] sinks — see `flash_attn_func`.
-    Differentiable at head dims 64 and 128 (the sink too, when it requires grad).
+    Differentiable at head dims 64, 96, 128 and 256 (the sink too, when it requires grad).
     """
     window = tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size
     if window != (-1, -1) or softcap != 0.0 or learnable_sink is not None:
@@ -87,8 +87,8 @@ def flash_attn_func(
     blocks outside the window are skipped. `softcap`: scores become softcap · tanh(scale · q·k /
     softcap) (Gemma 2). `learnable_sink` (FA4's name; [Hq], any float dtype, taken as fp32): one
     logit per query head joining every row's softmax denominator with no value row (gpt-oss).
-    These three are differentiable at head dims 64 and 128 (the sink's gradient too, when it
-    requires grad; 96 and 256 are forward-only). What flash-attn offers and flashcore does not (dropout, ALiBi, attention
+    These three are differentiable at head dims 64, 96, 128 and 256 (the sink's gradient too, when
+    it requires grad). What flash-attn offers and flashcore does not (dropout, ALiBi, attention
     probabilities) raises ``ValueError``; `deterministic` is accepted (flashcore is always bitwise
     deterministic). Returns `out`, or `(out, lse)` when `return_lse`.
     """

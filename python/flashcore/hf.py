@@ -30,8 +30,9 @@ batch: each real query row sees the keys of its sequence's real tokens (causal: 
 is served by varlen (``padded_prefill_of``: one host read per mask tensor, to check the mask's
 form, a causal sliding window on top included; the starts and counts are computed on the
 device): the padded batch runs as a pack with ``seqused_q``/``seqused_k``, rows of padding come
-out zero — under grad too (varlen's backward, python/flashcore/varlen_autograd.py), unless the
-call has a window, softcap or sinks (no backward for those yet: SDPA). Sinks and a softcap are served on both mask paths (issue 24: gpt-oss and Gemma 2
+out zero — under grad too (varlen's backward, python/flashcore/varlen_autograd.py; every head
+dim), unless the call has a window, softcap or sinks (varlen's backward takes them, but this
+backend does not route a padded batch with them through it yet: SDPA). Sinks and a softcap are served on both mask paths (issue 24: gpt-oss and Gemma 2
 batches, prefill and generate). Every other call goes to a path that
 computes it:
 
@@ -157,11 +158,7 @@ def _feature_reason(query, key, attention_mask, kwargs, mask_served):
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
             return "sliding_window"
-    # Training: the window/softcap backward builds exist at head dims 64 and 128 only.
-    if (query.dim() == 4 and query.shape[-1] not in _checks.FEATURE_BACKWARD_HEAD_DIMS
-            and _checks.needs_grad(query, key)
-            and (_nonzero(softcap) or (window is not None and key.dim() == 4 and key.shape[2] > window))):
-        return "head_dim"
+    # Training: the window/softcap backward builds exist at every head dim (branch bwdcombo).
     return None
 
 
@@ -439,8 +436,8 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         if leftpad is None and (not grad or (not featured and _served_features(kwargs, key, False) is None
                                              and query.shape[-1] in _checks.VARLEN_BACKWARD_HEAD_DIMS)):
             # A forward pass or prefill of a padded batch (left or right), its sliding window too:
-            # served through varlen. Training too (issue 23: varlen's backward), at head dims 64
-            # and 128 without a window, softcap or sinks (those have no varlen backward: SDPA).
+            # served through varlen. Training too (issue 23: varlen's backward, every head dim),
+            # without a window, softcap or sinks (not routed here yet: SDPA).
             w = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
             padded = padded_prefill_of(attention_mask, query, key, None if grad else w)
         if leftpad is not None or padded is not None:

@@ -233,9 +233,10 @@ def flash_attn_varlen_func(
     skipped; `softcap` (scores softcap · tanh(scale · q·k / softcap)); `learnable_sink` (FA4's
     name; ``[Hq]``, any float dtype, taken as fp32: one logit per query head joins each row's
     softmax denominator, gpt-oss). Not supported (ValueError): dropout, ALiBi, a block table;
-    Training (issue 23, ``varlen_autograd``): gradients flow to q, k, v (head dims 64 and 128; with
-    ``seqused_k`` / ``seqused_q`` too), with no host synchronisation; a window, softcap, sinks or
-    ``secret_lengths`` under grad raise RuntimeError (no backward for them yet). `deterministic` is
+    Training (issue 23, ``varlen_autograd``): gradients flow to q, k, v (head dims 64, 96, 128
+    and 256; with ``seqused_k`` / ``seqused_q``, a window, softcap and sinks too — the sink's
+    gradient summed over the pack), with no host synchronisation; ``secret_lengths`` under grad
+    raises RuntimeError (no backward for it yet). `deterministic` is
     accepted: flashcore is bitwise deterministic, and each sequence's bits (outputs and gradients)
     do not depend on its neighbours in the pack.
 
@@ -264,13 +265,16 @@ def flash_attn_varlen_func(
     grad = _checks.needs_grad(q, k, v, sink_t)
     if secret_lengths is not None:
         _checks.check_no_grad("flash_attn_varlen_func with secret_lengths", q, k, v, sink_t)
-    window, softcap, sinks = _checks.features(window_size, softcap, learnable_sink, q, q.shape[-2])
+    if grad and secret_lengths is None:
+        # The sink's gradient flows back through its fp32 conversion (not detached).
+        window = tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size
+        window, softcap, sinks = _checks.check_features(window, softcap, _checks.sinks_f32_grad(learnable_sink), q,
+                                                        q.shape[-2])
+    else:
+        window, softcap, sinks = _checks.features(window_size, softcap, learnable_sink, q, q.shape[-2])
     want_lse = bool(return_attn_probs) or bool(return_lse)
     if grad:
         _checks.check_varlen_backward_head_dim(q.shape[-1])
-        if window != (-1, -1) or softcap != 0.0 or sinks is not None:
-            _checks.check_no_grad("flash_attn_varlen_func with window_size, softcap or learnable_sink", q, k, v,
-                                  sink_t)
     if secret_lengths is not None:
         if window != (-1, -1) or softcap != 0.0 or sinks is not None:
             raise ValueError("flashcore: window_size, softcap and learnable_sink are not supported with "

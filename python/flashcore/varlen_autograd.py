@@ -10,9 +10,11 @@ host. Bitwise deterministic; a sequence's gradient bits do not depend on its nei
 
 The backward needs the LSE: ``flash_attn_varlen_func`` asks the forward for it whenever autograd
 records the call; a direct call of the op with ``return_lse=False`` has no backward (a clear
-error). ``seqused_k`` and ``seqused_q`` train (dQ rows of no sequence's used queries are 0). No
-backward yet for sliding windows, softcap and learnable sinks (a clear error), nor for
-``secret_lengths`` (refused up front by ``flash_attn_varlen_func``).
+error). ``seqused_k`` and ``seqused_q`` train (dQ rows of no sequence's used queries are 0). Issue
+24's sliding windows (each aligned to its sequence's own lengths), softcap and learnable sinks
+train through ``torch.ops.flashcore.attention_varlen_backward_features`` (the sinks' gradient
+summed over every sequence's rows). No backward for ``secret_lengths`` (refused up front by
+``flash_attn_varlen_func``).
 """
 
 from typing import Optional, Tuple
@@ -98,33 +100,108 @@ def _attention_varlen_backward_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, c
     return _grads(q, k, False, False)
 
 
+@torch.library.custom_op("flashcore::attention_varlen_backward_features", mutates_args=())
+def attention_varlen_backward_features_op(
+    grad_out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    seqused_k: Optional[torch.Tensor],
+    seqused_q: Optional[torch.Tensor],
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    causal: bool,
+    scale: Optional[float],
+    window_left: int,
+    window_right: int,
+    softcap: float,
+    sinks: Optional[torch.Tensor],
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsink) of ``torch.ops.flashcore.attention_varlen`` with issue 24's window,
+    softcap and sinks: as ``attention_varlen_backward``, plus the sinks' gradient (fp32 [Hq], summed
+    over every sequence's rows; empty when `sinks` is None)."""
+    b, hq, _, d = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, seqused_q)
+    _checks.check_varlen_backward_head_dim(d)
+    _check_grads_in(grad_out, q, out, lse, hq)
+    scale = _checks.check_scale(scale)
+    window, softcap, sinks = _checks.check_features((window_left, window_right), softcap, sinks, q, hq)
+    dq, dk, dv = _grads(q, k, seqused_q is not None, seqused_k is not None)
+    dsink = _dsink_like(sinks, q)
+    if q.shape[0] == 0 or k.shape[0] == 0 or b == 0:
+        # No row sees a key: O = 0 everywhere, so dsink = 0 too.
+        return dq.zero_(), dk.zero_(), dv.zero_(), dsink.zero_()
+    q, k, v = _readable(q), _readable(k), _readable(v)
+    dev = q.get_device()
+    dtype = _DTYPES[q.dtype]
+    shape = _shape(b, max_seqlen_q, max_seqlen_k, hq, k.shape[1], d)
+    ws = torch.empty(max(_native.varlen_backward_workspace_bytes(dtype, shape, bool(causal)), 16), dtype=torch.uint8,
+                     device=q.device)
+    grad_out, out, lse = grad_out.contiguous(), out.contiguous(), lse.contiguous()
+    _native.attention_varlen_backward(
+        dev, current_stream(dev), dtype, shape, bool(causal), scale, _desc(q), _desc(k), _desc(v),
+        (q.shape[0], k.shape[0]),
+        (out.data_ptr(), lse.data_ptr(), grad_out.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
+         ws.data_ptr()),
+        (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), seqused_k.data_ptr() if seqused_k is not None else 0,
+         seqused_q.data_ptr() if seqused_q is not None else 0),
+        window=window, softcap=softcap, sinks=sinks.data_ptr() if sinks is not None else 0,
+        dsink=dsink.data_ptr() if sinks is not None else 0,
+    )
+    return dq, dk, dv, dsink
+
+
+def _dsink_like(sinks, q):
+    return torch.empty((0,) if sinks is None else sinks.shape, dtype=torch.float32, device=q.device)
+
+
+@attention_varlen_backward_features_op.register_fake
+def _attention_varlen_backward_features_fake(grad_out, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                             seqused_q, max_seqlen_q, max_seqlen_k, causal, scale, window_left,
+                                             window_right, softcap, sinks):
+    _, hq, _, d = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, seqused_q)
+    _checks.check_varlen_backward_head_dim(d)
+    _check_grads_in(grad_out, q, out, lse, hq)
+    _checks.check_scale(scale)
+    _checks.check_features((window_left, window_right), softcap, sinks, q, hq)
+    return _grads(q, k, False, False) + (_dsink_like(sinks, q),)
+
+
 def _setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, return_lse, seqused_q = inputs[:12]
-    extra = inputs[12:]  # window_left, window_right, softcap, sinks (issue 24), when given
-    ctx.features = bool(extra) and (tuple(extra[:2]) != (-1, -1) or (len(extra) > 2 and extra[2] != 0.0)
-                                    or (len(extra) > 3 and extra[3] is not None))
+    extra = tuple(inputs[12:]) + (-1, -1, 0.0, None)[len(inputs[12:]):]  # window, softcap, sinks (issue 24)
+    ctx.window, ctx.softcap = (extra[0], extra[1]), extra[2]
+    sinks = extra[3]
+    ctx.features = ctx.window != (-1, -1) or ctx.softcap != 0.0 or sinks is not None
     ctx.n_inputs = len(inputs)
     out, lse = output
     ctx.mark_non_differentiable(lse)
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, seqused_q)
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, seqused_k, seqused_q, sinks)
     ctx.max_q, ctx.max_k, ctx.causal, ctx.scale, ctx.return_lse = max_q, max_k, causal, scale, return_lse
 
 
 def _backward(ctx, grad_out, grad_lse):
-    if ctx.features:
-        raise RuntimeError(
-            "flashcore: window_size, softcap and learnable_sink have no backward pass yet: call it under "
-            "torch.no_grad() or torch.inference_mode(), or .detach() the inputs"
-        )
     if not ctx.return_lse:
         raise RuntimeError(
             "flashcore: torch.ops.flashcore.attention_varlen ran with return_lse=False, and its backward needs the "
             "LSE: pass return_lse=True when training (flash_attn_varlen_func does)"
         )
-    q, k, v, out, lse, cu_q, cu_k, seqused_k, seqused_q = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, seqused_k, seqused_q, sinks = ctx.saved_tensors
+    want = ctx.needs_input_grad
+    if ctx.features:
+        dq, dk, dv, dsink = attention_varlen_backward_features_op(
+            grad_out, q, k, v, out, lse, cu_q, cu_k, seqused_k, seqused_q, ctx.max_q, ctx.max_k, ctx.causal,
+            ctx.scale, ctx.window[0], ctx.window[1], ctx.softcap, sinks)
+        grads = [dq if want[0] else None, dk if want[1] else None, dv if want[2] else None]
+        grads += [None] * (ctx.n_inputs - 3)
+        if ctx.n_inputs > 15 and sinks is not None and want[15]:
+            grads[15] = dsink
+        return tuple(grads)
     dq, dk, dv = attention_varlen_backward_op(grad_out, q, k, v, out, lse, cu_q, cu_k, seqused_k, seqused_q,
                                               ctx.max_q, ctx.max_k, ctx.causal, ctx.scale)
-    want = ctx.needs_input_grad
     return (dq if want[0] else None, dk if want[1] else None, dv if want[2] else None) + (None,) * (ctx.n_inputs - 3)
 
 

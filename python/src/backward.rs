@@ -154,8 +154,10 @@ pub fn backward_workspace_bytes(dtype: &str, shape: Shape) -> PyResult<usize> {
 /// workspace `varlen_backward_workspace_bytes` bytes); `meta` = (cu_seqlens_q, cu_seqlens_k,
 /// seqused_k, seqused_q) device pointers (0: none). No host synchronisation. The pointers must be
 /// live device memory covering what their shapes reach, held by the caller until the kernels run.
+/// `window`, `softcap`, `sinks`, `dsink` as [`validate_attention_backward`]'s (windows aligned to
+/// each sequence's own lengths; dsink summed over every sequence's rows).
 #[pyfunction]
-#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, totals, buffers, meta))]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, totals, buffers, meta, window=(-1, -1), softcap=0.0, sinks=0, dsink=0))]
 #[allow(clippy::too_many_arguments)]
 pub fn attention_varlen_backward(
     py: Python<'_>,
@@ -171,11 +173,20 @@ pub fn attention_varlen_backward(
     totals: (usize, usize),
     buffers: Buffers,
     meta: (u64, u64, u64, u64),
+    window: (i64, i64),
+    softcap: f64,
+    sinks: u64,
+    dsink: u64,
 ) -> PyResult<()> {
     let (o, lse, d_o, dq, dk, dv, workspace) = buffers;
     let (cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q) = meta;
+    let features = Features {
+        window,
+        softcap,
+        sinks,
+    };
     let c = ExternalVarlenBackwardCall {
-        params: params(dtype, shape, causal, scale)?,
+        params: features.apply(params(dtype, shape, causal, scale)?)?,
         total_q: totals.0,
         total_k: totals.1,
         q: tensor(q),
@@ -192,6 +203,8 @@ pub fn attention_varlen_backward(
         seqused_k,
         seqused_q,
         workspace,
+        sinks,
+        dsink,
     };
     let ctx = context(device)?;
     py.detach(move || {

@@ -1,7 +1,8 @@
 """Training through issue 24's features without a GPU (branch bwdfeat): the feature backward op's
 schema, the autograd wiring (window, softcap, sinks and the sinks' gradient reach the native
 backward; dq, dk, dv and dsink come back with the right shapes and dtypes), the native
-validation of the sinks' buffers, and what is still refused."""
+validation of the sinks' buffers, the feature backward at head dims 96 and 256, and what is still
+refused."""
 
 import pytest
 import torch
@@ -70,12 +71,19 @@ def test_plain_calls_keep_the_plain_backward(mock_launches):
     assert kw == {}  # no feature keywords: the plain kernels
 
 
-def test_feature_backward_refuses_window_and_softcap_at_head_dim_96_and_secret_lengths(mock_launches):
-    q = torch.randn(1, 16, 2, 96).to(F16).requires_grad_()
-    with pytest.raises(RuntimeError, match="head dim 96 has no backward"):
-        flashcore.flash_attn_func(q, q, q, window_size=(4, 0))
-    with pytest.raises(RuntimeError, match="head dim 96 has no backward pass with window_size or softcap"):
-        flashcore.flash_attn_func(q, q, q, softcap=30.0)
+@pytest.mark.parametrize("d", [96, 256])
+def test_feature_backward_at_head_dims_96_and_256(mock_launches, d):
+    """Branch bwdcombo: the window/softcap backward builds exist at every head dim."""
+    q = torch.randn(1, 16, 2, d).to(F16).requires_grad_()
+    out = flashcore.flash_attn_func(q, q, q, causal=True, window_size=(4, 0), softcap=30.0)
+    out.backward(torch.randn(out.shape).to(F16))
+    ((bwd, kw),) = mock_launches["bwd"]
+    assert bwd[3] == (1, 16, 16, 2, 2, d)
+    assert kw["window"] == (4, 0) and kw["softcap"] == 30.0
+    assert q.grad.shape == q.shape
+
+
+def test_feature_backward_refuses_secret_lengths(mock_launches):
     q = torch.randn(1, 16, 2, 64).to(F16).requires_grad_()
     with pytest.raises(RuntimeError, match="secret_lengths has no backward"):
         flashcore.attention(q, q, q, window_size=(4, 0), secret_lengths=torch.full((1,), 16, dtype=torch.int32))
@@ -100,3 +108,15 @@ def test_rust_validate_backward_with_features():
         _native.validate_attention_backward(*args, window=(-2, 0))
     with pytest.raises(ValueError, match="softcap"):
         _native.validate_attention_backward(*args, softcap=-1.0)
+
+
+def test_varlen_feature_backward_op_is_registered_with_its_schema():
+    """Branch bwdcombo: varlen training through a window, softcap and sinks has its own op."""
+    schema = str(torch.ops.flashcore.attention_varlen_backward_features.default._schema)
+    assert schema.startswith("flashcore::attention_varlen_backward_features(Tensor grad_out, Tensor q, Tensor k, "
+                             "Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+                             "Tensor? seqused_k, Tensor? seqused_q, SymInt max_seqlen_q, SymInt max_seqlen_k, "
+                             "bool causal, float? scale, SymInt window_left, SymInt window_right, float softcap, "
+                             "Tensor? sinks)"), schema
+    assert schema.endswith("-> (Tensor, Tensor, Tensor, Tensor)")
+

@@ -1,6 +1,7 @@
 """Training through flash_attn_varlen_func on the GPU (issues 22 + 23): gradients of packed
-sequences of mixed lengths (empty ones too, Sq != Sk, GQA, causal and not, seqused_k/seqused_q)
-against float64 autograd per sequence; bitwise run to run and independent of the neighbours;
+sequences of mixed lengths (empty ones too, Sq != Sk, GQA, causal and not, seqused_k/seqused_q,
+head dims 64, 96, 128 and 256; windows, softcap and learnable sinks) against float64 autograd per
+sequence; bitwise run to run and independent of the neighbours;
 torch.compile(fullgraph=True) as an opaque op; no host synchronisation; refusals; and an HF
 Llama training step on a padded batch through "fcore" (served by varlen, no fallback) against
 "sdpa". Skips visibly without a usable GPU; FLASHCORE_REQUIRE_GPU=1 turns the skips into failures."""
@@ -73,7 +74,7 @@ def rel(got, want):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_varlen_gradients_match_float64(dtype, d, causal):
     lq = [1, 17, 128, 129, 1000, 0, 17, 5, 200]
@@ -172,16 +173,117 @@ def test_what_has_no_backward_is_refused():
     with pytest.raises(RuntimeError, match="requires grad, but flash_attn_varlen_func with secret_lengths"):
         flash_attn_varlen_func(q, k, v, c, c, 16, 16, secret_lengths=torch.tensor([3, 9], dtype=torch.int32,
                                                                                     device="cuda"))
-    with pytest.raises(RuntimeError, match="requires grad, but flash_attn_varlen_func with window_size"):
-        flash_attn_varlen_func(q, k, v, c, c, 16, 16, causal=True, window_size=(4, 0))
     # The op itself without the LSE: its backward says what to pass.
     out, _ = torch.ops.flashcore.attention_varlen(q, k, v, c, c, None, 16, 16, False, None, False, None)
     with pytest.raises(RuntimeError, match="return_lse=True"):
         out.backward(d_o)
-    # Head dims 96 and 256 are forward-only.
-    q96 = torch.randn(25, 2, 96, device="cuda", dtype=torch.float16, requires_grad=True)
-    with pytest.raises(RuntimeError, match="no (varlen )?backward pass yet"):
-        flash_attn_varlen_func(q96, q96.detach(), q96.detach(), c, c, 16, 16)
+
+
+
+def feature_reference(q, k, v, d_o, lq, lk, causal, window, softcap, sinks):
+    """float64 autograd per sequence with issue 24's features (each window bottom-right aligned to
+    the sequence's own lengths; sinks join every row's denominator): (dq, dk, dv, dsink)."""
+    hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    s64 = sinks.detach().double().requires_grad_() if sinks is not None else None
+    loss = torch.zeros((), dtype=torch.float64, device=q.device)
+    q0 = k0 = 0
+    for sq, sk in zip(lq, lk):
+        if sq:
+            qs = q64[q0:q0 + sq].transpose(0, 1)
+            ks = k64[k0:k0 + sk].transpose(0, 1).repeat_interleave(hq // hkv, 0)
+            vs = v64[k0:k0 + sk].transpose(0, 1).repeat_interleave(hq // hkv, 0)
+            s = qs @ ks.transpose(-1, -2) / math.sqrt(d)
+            if softcap:
+                s = softcap * torch.tanh(s / softcap)
+            i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+            j = torch.arange(sk, device=q.device)[None, :]
+            left, right = window
+            right = 0 if causal else right
+            visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+            if left >= 0:
+                visible &= j >= i - left
+            if right >= 0:
+                visible &= j <= i + right
+            s = s.masked_fill(~visible, float("-inf"))
+            if s64 is not None:
+                s = torch.cat([s, s64.view(hq, 1, 1).expand(hq, sq, 1)], -1)
+            m = s.detach().amax(-1, keepdim=True)
+            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+            e = torch.exp(s - m)
+            den = e.sum(-1, keepdim=True)
+            p = e / torch.where(den > 0, den, torch.ones_like(den))
+            if s64 is not None:
+                p = p[..., :-1]
+            o = (p @ vs).transpose(0, 1)
+            loss = loss + (o * d_o[q0:q0 + sq].double()).sum()
+        q0 += sq
+        k0 += sk
+    loss.backward()
+    out = [t.grad if t.grad is not None else torch.zeros_like(t) for t in (q64, k64, v64)]
+    return out + ([s64.grad] if s64 is not None else [])
+
+
+VARLEN_FEATURE_CASES = [
+    # (d, causal, window, softcap, sinks)
+    (64, True, (64, 0), 0.0, False),  # Mistral-like
+    (96, False, (50, 30), 3.0, True),  # everything, both sides
+    (128, True, (20, -1), 5.0, True),  # rows that see only the sink (Sq > Sk)
+    (256, False, (-1, -1), 2.0, False),  # softcap alone
+    (256, True, (127, 0), 0.0, True),  # gpt-oss' sliding layer
+    (96, False, (-1, 40), 0.0, False),  # right-only
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", VARLEN_FEATURE_CASES)
+def test_varlen_feature_gradients_match_float64(case, dtype):
+    """Branch bwdcombo: windows, softcap and sinks through the varlen backward, the sink's
+    gradient (summed over the pack) back in its own dtype."""
+    d, causal, window, softcap, with_sinks = case
+    lq, lk = [1, 17, 300, 129, 0, 200], [1, 17, 77, 300, 40, 200]
+    q, k, v, d_o = leaves(lq, lk, 4, 2, d, dtype, seed=d + int(causal))
+    with torch.no_grad():
+        q.mul_(1.5)
+        k.mul_(1.5)
+    sinks = (torch.randn(4, device="cuda") * 1.5).to(torch.bfloat16).requires_grad_() if with_sinks else None
+    for t in (q, k, v):
+        t.grad = None
+    out = flash_attn_varlen_func(q, k, v, cu(lq), cu(lk), max(lq), max(lk), causal=causal, window_size=window,
+                                 softcap=softcap, learnable_sink=sinks)
+    out.backward(d_o)
+    got = [q.grad, k.grad, v.grad] + ([sinks.grad] if with_sinks else [])
+    want = feature_reference(q, k, v, d_o, lq, lk, causal, window, softcap, sinks)
+    for name, g, w in zip(("dq", "dk", "dv", "dsink"), got, want):
+        assert g is not None and torch.isfinite(g).all(), name
+        if name == "dsink":
+            assert g.dtype == torch.bfloat16
+        # dsink: bf16's tolerance (its own dtype; the kernel reads the dtype-rounded O).
+        tol = TOL[torch.bfloat16] if name == "dsink" else TOL[dtype]
+        assert rel(g, w) <= tol, (name, rel(g, w))
+
+
+def test_varlen_feature_bits_are_deterministic_and_opcheck():
+    lq, lk = [129, 300, 17], [200, 300, 40]
+    q, k, v, d_o = leaves(lq, lk, 4, 2, 128, torch.bfloat16, seed=9)
+    sinks = torch.randn(4, device="cuda", requires_grad=True)
+
+    def run():
+        for t in (q, k, v, sinks):
+            t.grad = None
+        out = flash_attn_varlen_func(q, k, v, cu(lq), cu(lk), 300, 300, causal=True, window_size=(100, 0),
+                                     softcap=20.0, learnable_sink=sinks)
+        out.backward(d_o)
+        return [t.grad.clone() for t in (q, k, v, sinks)]
+
+    first = run()
+    assert all(torch.equal(a, b) for a, b in zip(first, run()))
+    out, lse = torch.ops.flashcore.attention_varlen(q.detach(), k.detach(), v.detach(), cu(lq), cu(lk), None, 300,
+                                                    300, True, None, True, None, 100, 0, 20.0, sinks.detach())
+    torch.library.opcheck(torch.ops.flashcore.attention_varlen_backward_features,
+                          (d_o, q.detach(), k.detach(), v.detach(), out, lse, cu(lq), cu(lk), None, None, 300, 300,
+                           True, None, 100, 0, 20.0, sinks.detach()),
+                          test_utils=("test_schema", "test_faketensor"))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

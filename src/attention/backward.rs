@@ -126,9 +126,8 @@ pub fn check_backward_params(p: &AttentionParams) -> Result<()> {
 }
 
 /// The variant a call selected must be built for it: the opt-in one-pass kernels
-/// (`FLASHCORE_BWD_ONEPASS=1`) serve only [`kb::ONEPASS_HEAD_DIMS`] and have no window or softcap;
-/// the window/softcap builds exist at head dims 64 and 128 only (issue 24's features were built
-/// and GPU-tested there; 96 and 256 train without them).
+/// (`FLASHCORE_BWD_ONEPASS=1`) serve only [`kb::ONEPASS_HEAD_DIMS`] and have no window or softcap
+/// (the two-pass window/softcap builds exist at every backward head dim).
 pub fn check_backward_variant(v: BwdVariant) -> Result<()> {
     if v.onepass && !kb::ONEPASS_HEAD_DIMS.contains(&v.head_dim) {
         return Err(Error::invalid(
@@ -136,16 +135,6 @@ pub fn check_backward_variant(v: BwdVariant) -> Result<()> {
             format!(
                 "the one-pass backward (FLASHCORE_BWD_ONEPASS=1) serves head dims 64 and 128, got {}; \
                  unset it for the two-pass kernels",
-                v.head_dim
-            ),
-        ));
-    }
-    if (v.window || v.softcap) && !kb::ONEPASS_HEAD_DIMS.contains(&v.head_dim) {
-        let arg = if v.softcap { "softcap" } else { "window" };
-        return Err(Error::invalid(
-            arg,
-            format!(
-                "the backward supports sliding windows and softcap at head dims 64 and 128, got {}",
                 v.head_dim
             ),
         ));
@@ -892,7 +881,7 @@ mod tests {
     }
 
     #[test]
-    fn the_one_pass_kernels_refuse_head_dims_96_and_256() {
+    fn the_one_pass_kernels_refuse_head_dims_96_and_256_and_features() {
         for d in [64, 96, 128, 256] {
             let two = BwdVariant {
                 onepass: false,
@@ -913,18 +902,33 @@ mod tests {
                     crate::attention::validate::rule_of(check_backward_variant(one).unwrap_err());
                 assert_eq!(arg, "head_dim");
                 assert!(rule.contains("one-pass"), "{rule}");
-                // The window/softcap builds exist at 64 and 128 only.
-                for softcap in [false, true] {
-                    let feat = BwdVariant {
-                        window: true,
-                        softcap,
-                        ..two
-                    };
-                    let (arg, _) = crate::attention::validate::rule_of(
-                        check_backward_variant(feat).unwrap_err(),
-                    );
-                    assert_eq!(arg, if softcap { "softcap" } else { "window" });
-                }
+            }
+            // The two-pass window/softcap builds exist at every head dim; the one pass has none.
+            for softcap in [false, true] {
+                let feat = BwdVariant {
+                    window: true,
+                    softcap,
+                    ..two
+                };
+                check_backward_variant(feat).unwrap();
+                let (arg, _) = crate::attention::validate::rule_of(
+                    check_backward_variant(BwdVariant {
+                        onepass: true,
+                        pingpong: false,
+                        ..feat
+                    })
+                    .unwrap_err(),
+                );
+                let want = if d == 64 || d == 128 {
+                    if softcap {
+                        "softcap"
+                    } else {
+                        "window"
+                    }
+                } else {
+                    "head_dim"
+                };
+                assert_eq!(arg, want);
             }
         }
     }

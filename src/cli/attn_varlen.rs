@@ -160,7 +160,8 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
     let mut grads: Option<[TensorData; 3]> = None;
     let (out, lse, engine) = if args.cpu {
         if let Some(d) = &d_o {
-            let g = reference::varlen_backward_f64(
+            // The forward's sinks join every row's denominator: the gradients need them too.
+            let (g, _) = reference::varlen_backward_f64_sinks(
                 &p,
                 &cu_q,
                 &cu_k,
@@ -169,6 +170,7 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
                 &k.data.to_f64(),
                 &v.data.to_f64(),
                 &d.data.to_f64(),
+                super::attn::sinks_f64(sinks).as_deref(),
             );
             let f = |x: Vec<f64>| TensorData::F32(x.into_iter().map(|v| v as f32).collect());
             grads = Some([f(g.dq), f(g.dk), f(g.dv)]);

@@ -168,6 +168,19 @@ impl BwdVariant {
         }
     }
 
+    /// The variant a varlen call with these parameters runs: [`BwdVariant::for_varlen_call`]
+    /// plus issue 24's window and softcap, as [`BwdVariant::for_params`] (softcap runs the window
+    /// build).
+    pub fn for_varlen_params(p: &crate::attention::AttentionParams) -> BwdVariant {
+        let w = p.effective_window();
+        let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
+        BwdVariant {
+            window,
+            softcap: p.softcap != 0.0,
+            ..BwdVariant::for_varlen_call(p.dtype, p.head_dim, p.causal)
+        }
+    }
+
     /// The variant a call of this dtype, head dim and mask runs: [`default_onepass`] unless
     /// `FLASHCORE_BWD_ONEPASS` is `0` or `1`; the two-pass kernels ping-pong unless
     /// `FLASHCORE_BWD_PINGPONG=0` (measurement knobs; every variant is shipped and audited).
@@ -369,45 +382,38 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                         varlen: false,
                     });
                 }
-                if !ONEPASS_HEAD_DIMS.contains(&head_dim) {
-                    continue;
-                }
-                v.push(BwdVariant {
-                    dtype,
-                    head_dim,
-                    causal,
-                    pingpong: false,
-                    onepass: true,
-                    diag: 0,
-                    window: false,
-                    softcap: false,
-                    varlen: false,
-                });
-                // Varlen (issue 22): the default two-pass schedule only.
-                v.push(BwdVariant {
-                    dtype,
-                    head_dim,
-                    causal,
-                    pingpong: true,
-                    onepass: false,
-                    diag: 0,
-                    varlen: true,
-                    window: false,
-                    softcap: false,
-                });
-                // Issue 24: windows, and softcap with a window (two passes, ping-pong).
-                for softcap in [false, true] {
+                if ONEPASS_HEAD_DIMS.contains(&head_dim) {
                     v.push(BwdVariant {
                         dtype,
                         head_dim,
                         causal,
-                        pingpong: true,
-                        onepass: false,
+                        pingpong: false,
+                        onepass: true,
                         diag: 0,
-                        window: true,
-                        softcap,
+                        window: false,
+                        softcap: false,
                         varlen: false,
                     });
+                }
+                // Varlen (issue 22): the default two-pass schedule only; issue 24: windows, and
+                // softcap with a window (two passes, ping-pong), dense and varlen.
+                for varlen in [false, true] {
+                    for (window, softcap) in [(false, false), (true, false), (true, true)] {
+                        if !varlen && !window {
+                            continue; // the plain dense builds above
+                        }
+                        v.push(BwdVariant {
+                            dtype,
+                            head_dim,
+                            causal,
+                            pingpong: true,
+                            onepass: false,
+                            diag: 0,
+                            varlen,
+                            window,
+                            softcap,
+                        });
+                    }
                 }
             }
         }
@@ -422,9 +428,9 @@ mod tests {
     #[test]
     fn shared_memory_fits_and_names_are_distinct() {
         let vs = shipped_bwd_variants();
-        // Per dtype and mask: four head dims × (ping-pong, lockstep), plus at d64 and d128 the
-        // one pass, the window and window+softcap builds, and varlen.
-        assert_eq!(vs.len(), 2 * 2 * (4 * 2 + 2 * 4));
+        // Per dtype and mask: four head dims × (ping-pong, lockstep, window, window+softcap,
+        // varlen, varlen+window, varlen+window+softcap), plus the one pass at d64 and d128.
+        assert_eq!(vs.len(), 2 * 2 * (4 * 7 + 2));
         let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), vs.len());
         for v in &vs {

@@ -53,7 +53,32 @@ pub fn attention_backward_f64_sinks(
     d_o: &[f64],
     sinks: Option<&[f64]>,
 ) -> (RefGrads, Vec<f64>) {
+    attention_backward_f64_given_o(p, q, k, v, d_o, sinks, None)
+}
+
+/// [`attention_backward_f64_sinks`] with each row's D = Σ_j P_ij dP_ij taken as dO_i · O_i from
+/// a given `o` (shape of `q`) when `o` is `Some`: the backward kernels' D, computed from the
+/// dtype-rounded O they read. Equal to the exact gradients when `o` is the exact output; with a
+/// rounded one it is the oracle of what a flash backward can reach from its inputs where
+/// dP − D cancels (a row that sees few keys beside a sink: dP − D = dP · P_sink; dsink, a sum of
+/// mixed-sign terms), which amplifies O's rounding (tests/dsink_rounding.rs).
+pub fn attention_backward_f64_given_o(
+    p: &AttentionParams,
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+    sinks: Option<&[f64]>,
+    o: Option<&[f64]>,
+) -> (RefGrads, Vec<f64>) {
     super::check_inputs(p, q, k, v);
+    if let Some(o) = o {
+        assert_eq!(
+            o.len(),
+            p.q_len(),
+            "reference: o length does not match {p:?}"
+        );
+    }
     if let Some(s) = sinks {
         assert_eq!(s.len(), p.heads_q, "reference: one sink per query head");
     }
@@ -130,6 +155,13 @@ pub fn attention_backward_f64_sinks(
                         .sum::<f64>();
                     dot += pr[x] * dp[x];
                 }
+                if let Some(o) = o {
+                    dot = dorow
+                        .iter()
+                        .zip(&o[row(i)..][..d])
+                        .map(|(a, b)| a * b)
+                        .sum();
+                }
                 if let Some(z) = sink {
                     dsink -= (z - m).exp() / l * dot;
                 }
@@ -176,4 +208,55 @@ pub fn attention_backward_f64_sinks(
         }
     }
     (g, dsink)
+}
+
+/// dsink from a given output `o` (shape of `q`) and LSE (`[B, Hq, Sq]`, natural log): per head
+/// `−Σ_{b,i} exp(sink − LSE_bi) · (dO_bi · O_bi)`, as the backward kernels compute it from their
+/// inputs. With the exact O and LSE it equals [`attention_backward_f64_sinks`]'s dsink; with the
+/// dtype-rounded O a kernel reads it is the oracle of the dsink that kernel can reach (dsink's
+/// cancellation amplifies O's rounding: tests/dsink_rounding.rs).
+pub fn dsink_from_o_f64(
+    p: &AttentionParams,
+    o: &[f64],
+    lse: &[f64],
+    d_o: &[f64],
+    sinks: &[f64],
+) -> Vec<f64> {
+    assert_eq!(
+        o.len(),
+        p.q_len(),
+        "reference: o length does not match {p:?}"
+    );
+    assert_eq!(
+        d_o.len(),
+        p.q_len(),
+        "reference: dO length does not match {p:?}"
+    );
+    assert_eq!(
+        lse.len(),
+        p.lse_len(),
+        "reference: lse length does not match {p:?}"
+    );
+    assert_eq!(sinks.len(), p.heads_q, "reference: one sink per query head");
+    let (sq, hq, d) = (p.seqlen_q, p.heads_q, p.head_dim);
+    let qs = p.layout.strides(sq, hq, d);
+    let mut dsink = vec![0.0; hq];
+    for (h, out) in dsink.iter_mut().enumerate() {
+        for b in 0..p.batch {
+            for i in 0..sq {
+                let l = lse[(b * hq + h) * sq + i];
+                if l == f64::NEG_INFINITY {
+                    continue;
+                }
+                let at = b * qs[0] + i * qs[1] + h * qs[2];
+                let dot: f64 = o[at..at + d]
+                    .iter()
+                    .zip(&d_o[at..at + d])
+                    .map(|(a, b)| a * b)
+                    .sum();
+                *out -= (sinks[h] - l).exp() * dot;
+            }
+        }
+    }
+    dsink
 }

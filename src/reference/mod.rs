@@ -12,9 +12,15 @@ use rayon::prelude::*;
 mod backward;
 mod kv_cache;
 mod varlen;
-pub use backward::{attention_backward_f64, attention_backward_f64_sinks, RefGrads};
+pub use backward::{
+    attention_backward_f64, attention_backward_f64_given_o, attention_backward_f64_sinks,
+    dsink_from_o_f64, RefGrads,
+};
 pub use kv_cache::{kv_cache_f64, kv_cache_leftpad_f64, kv_cache_sinks_f64};
-pub use varlen::{varlen_backward_f64, varlen_f64, varlen_sinks_f64};
+pub use varlen::{
+    varlen_backward_f64, varlen_backward_f64_given_o, varlen_backward_f64_sinks, varlen_f64,
+    varlen_sinks_f64,
+};
 
 /// Output of [`attention_f64`].
 #[derive(Debug, Clone, PartialEq)]

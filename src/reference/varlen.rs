@@ -74,13 +74,51 @@ pub fn varlen_backward_f64(
     p: &AttentionParams,
     cu_q: &[i32],
     cu_k: &[i32],
-    [used_k, used_q]: [Option<&[i32]>; 2],
+    used: [Option<&[i32]>; 2],
     q: &[f64],
     k: &[f64],
     v: &[f64],
     d_o: &[f64],
 ) -> super::RefGrads {
+    varlen_backward_f64_sinks(p, cu_q, cu_k, used, q, k, v, d_o, None).0
+}
+
+/// [`varlen_backward_f64`] with issue 24's features, as [`varlen_sinks_f64`]: `p.window` and
+/// `p.softcap` per sequence (its own counts, bottom-right aligned) and learnable `sinks`. Returns
+/// the gradients and dsink (one per query head, summed over the sequences in order; empty
+/// without sinks).
+#[allow(clippy::too_many_arguments)]
+pub fn varlen_backward_f64_sinks(
+    p: &AttentionParams,
+    cu_q: &[i32],
+    cu_k: &[i32],
+    used: [Option<&[i32]>; 2],
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+    sinks: Option<&[f64]>,
+) -> (super::RefGrads, Vec<f64>) {
+    varlen_backward_f64_given_o(p, cu_q, cu_k, used, q, k, v, d_o, sinks, None)
+}
+
+/// [`varlen_backward_f64_sinks`] with each row's D from a given packed `o` (q's shape; only the
+/// rows of used queries are read), as [`super::attention_backward_f64_given_o`].
+#[allow(clippy::too_many_arguments)]
+pub fn varlen_backward_f64_given_o(
+    p: &AttentionParams,
+    cu_q: &[i32],
+    cu_k: &[i32],
+    [used_k, used_q]: [Option<&[i32]>; 2],
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    d_o: &[f64],
+    sinks: Option<&[f64]>,
+    o: Option<&[f64]>,
+) -> (super::RefGrads, Vec<f64>) {
     let (hq, hk, d) = (p.heads_q, p.heads_kv, p.head_dim);
+    let mut dsink = vec![0.0; if sinks.is_some() { hq } else { 0 }];
     let mut g = super::RefGrads {
         dq: vec![0.0; q.len()],
         dk: vec![0.0; k.len()],
@@ -105,16 +143,21 @@ pub fn varlen_backward_f64(
             ..p.clone()
         };
         let (qr, kr) = (q0 * hq * d..q1 * hq * d, k0 * hk * d..k1 * hk * d);
-        let r = super::attention_backward_f64(
+        let (r, ds) = super::attention_backward_f64_given_o(
             &sp,
             &q[qr.clone()],
             &k[kr.clone()],
             &v[kr.clone()],
             &d_o[qr.clone()],
+            sinks,
+            o.map(|o| &o[qr.clone()]),
         );
         g.dq[qr].copy_from_slice(&r.dq);
         g.dk[kr.clone()].copy_from_slice(&r.dk);
         g.dv[kr].copy_from_slice(&r.dv);
+        for (a, b) in dsink.iter_mut().zip(ds) {
+            *a += b;
+        }
     }
-    g
+    (g, dsink)
 }

@@ -37,31 +37,9 @@ pub fn check_varlen_backward_params(p: &AttentionParams) -> Result<()> {
             "varlen tensors are packed [total tokens, heads, head_dim] (bshd)",
         ));
     }
-    check_backward_params(p)?;
-    // The varlen builds (FC_VARLEN) exist at head dims 64 and 128 without window or softcap.
-    if !kb::ONEPASS_HEAD_DIMS.contains(&p.head_dim) {
-        return Err(Error::invalid(
-            "head_dim",
-            format!(
-                "the varlen backward serves head dims 64 and 128, got {}",
-                p.head_dim
-            ),
-        ));
-    }
-    let w = p.effective_window();
-    if p.softcap != 0.0 {
-        return Err(Error::invalid(
-            "softcap",
-            "the varlen backward has no softcap (dense calls only)",
-        ));
-    }
-    if w.left.is_some() || (!p.causal && w.right.is_some()) {
-        return Err(Error::invalid(
-            "window",
-            "the varlen backward has no sliding window (dense calls only)",
-        ));
-    }
-    Ok(())
+    // The varlen builds (FC_VARLEN) exist at every backward head dim, with windows (aligned to
+    // each sequence's own lengths) and softcap.
+    check_backward_params(p)
 }
 
 /// Bytes of scratch one varlen backward needs: the dense two-pass workspace of `batch`
@@ -83,7 +61,7 @@ fn varlen_variant(p: &AttentionParams, onepass: Option<&str>) -> Result<BwdVaria
             "the one-pass backward has no varlen build (two passes only): unset it or set it to 0",
         ));
     }
-    Ok(BwdVariant::for_varlen_call(p.dtype, p.head_dim, p.causal))
+    Ok(BwdVariant::for_varlen_params(p))
 }
 
 /// A varlen call's pack: device addresses of its metadata (0: no `seqused_k`) and its totals.
@@ -112,6 +90,10 @@ pub(crate) struct VarlenPtrs {
     pub dq: u64,
     pub dk: u64,
     pub dv: u64,
+    /// Learnable sinks fp32 `[heads_q]` and their gradient fp32 `[heads_q]` (summed over every
+    /// sequence's rows); both 0 for none.
+    pub sinks: u64,
+    pub dsink: u64,
 }
 
 impl BackwardPlan {
@@ -150,6 +132,10 @@ impl BackwardPlan {
         let (hq, hkv) = (p.heads_q, p.heads_kv);
         let scale = p.softmax_scale();
         let (ws_dvec, _, _, _) = workspace_layout(p, self.variant);
+        // Windows are aligned to each sequence's own lengths in the kernels; an unbounded side
+        // is clamped by the longest ones (max_seqlen_q + max_seqlen_k bounds every sequence's).
+        let (window_left, window_right, softcap_in, softcap_out) =
+            crate::attention::launch::feature_fields(p, p.seqlen_q, p.seqlen_k);
         Ok(BwdKernelParams {
             q_map: map(ptrs.q, input.q, tq, hq, q_rows)?,
             k_map: map(ptrs.k, input.k, tk, hkv, k_rows)?,
@@ -199,14 +185,13 @@ impl BackwardPlan {
                 meta.cu_seqlens_q + 4
             },
             vl_total_k: tk as i32,
-            // Issue 24's features have no varlen backward build (refused before this point).
-            window_left: 0,
-            window_right: 0,
-            softcap_in: 0.0,
-            softcap_out: 0.0,
+            window_left,
+            window_right,
+            softcap_in,
+            softcap_out,
             pad0: 0,
-            sinks_ptr: 0,
-            dsink_ptr: 0,
+            sinks_ptr: ptrs.sinks,
+            dsink_ptr: ptrs.dsink,
             reserved: [0; 2],
         })
     }
@@ -244,6 +229,10 @@ impl BackwardPlan {
                     cudarc::driver::result::memset_d8_async(ptr, 0, bytes, stream)?;
                 }
             }
+            // No row sees a key: O = 0, so D = 0 on every row and dsink = 0.
+            if ptrs.dsink != 0 {
+                cudarc::driver::result::memset_d8_async(ptrs.dsink, 0, p.heads_q * 4, stream)?;
+            }
             return Ok(());
         }
         let mut kv_block = self.varlen_block(ptrs, input, meta, workspace, false)?;
@@ -265,6 +254,17 @@ impl BackwardPlan {
             0,
             &mut kv_block,
         )?;
+        // Learnable sinks: their gradient from the workspace, every sequence's rows in order
+        // (padding rows add exp2(−inf)·0 = 0).
+        if ptrs.sinks != 0 {
+            launch(
+                &self.kernels.dsink,
+                (hq, 1, 1),
+                kb::DSINK_THREADS,
+                0,
+                &mut kv_block,
+            )?;
+        }
         let grid = (p.seqlen_k.div_ceil(t.kv_block_n) as u32, hkv, b);
         let smem = self.variant.dkdv_smem_bytes();
         launch(
@@ -327,13 +327,72 @@ impl Context {
         v: &CudaSlice<T>,
         cu_seqlens_q: &CudaSlice<i32>,
         cu_seqlens_k: &CudaSlice<i32>,
-        [seqused_k, seqused_q]: [Option<&CudaSlice<i32>>; 2],
+        seqused: [Option<&CudaSlice<i32>>; 2],
         o: &CudaSlice<T>,
         lse: &CudaSlice<f32>,
         d_o: &CudaSlice<T>,
         dq: &mut CudaSlice<T>,
         dk: &mut CudaSlice<T>,
         dv: &mut CudaSlice<T>,
+    ) -> Result<()> {
+        self.varlen_backward_checked(
+            params,
+            [q, k, v],
+            [cu_seqlens_q, cu_seqlens_k],
+            seqused,
+            [o, d_o],
+            lse,
+            None,
+            [dq, dk, dv],
+        )
+    }
+
+    /// As [`Context::attention_varlen_backward`] for a varlen forward with learnable sinks
+    /// ([`Context::attention_varlen_device_with_sinks`], fp32 `[heads_q]`), also writing their
+    /// gradient into `dsink` (fp32 `[heads_q]`): summed over every sequence's rows in a fixed
+    /// order (bitwise deterministic; it depends on the whole pack, as a sum over it must).
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_varlen_backward_with_sinks<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        cu_seqlens_q: &CudaSlice<i32>,
+        cu_seqlens_k: &CudaSlice<i32>,
+        seqused: [Option<&CudaSlice<i32>>; 2],
+        o: &CudaSlice<T>,
+        lse: &CudaSlice<f32>,
+        d_o: &CudaSlice<T>,
+        sinks: &CudaSlice<f32>,
+        dq: &mut CudaSlice<T>,
+        dk: &mut CudaSlice<T>,
+        dv: &mut CudaSlice<T>,
+        dsink: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        self.varlen_backward_checked(
+            params,
+            [q, k, v],
+            [cu_seqlens_q, cu_seqlens_k],
+            seqused,
+            [o, d_o],
+            lse,
+            Some((sinks, dsink)),
+            [dq, dk, dv],
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn varlen_backward_checked<T: Element>(
+        &self,
+        params: &AttentionParams,
+        [q, k, v]: [&CudaSlice<T>; 3],
+        [cu_seqlens_q, cu_seqlens_k]: [&CudaSlice<i32>; 2],
+        [seqused_k, seqused_q]: [Option<&CudaSlice<i32>>; 2],
+        [o, d_o]: [&CudaSlice<T>; 2],
+        lse: &CudaSlice<f32>,
+        sinks: Option<(&CudaSlice<f32>, &mut CudaSlice<f32>)>,
+        [dq, dk, dv]: [&mut CudaSlice<T>; 3],
     ) -> Result<()> {
         validate::check_buffers_dtype(params, T::DTYPE)?;
         check_varlen_backward_params(params)?;
@@ -401,6 +460,16 @@ impl Context {
         let (dq_ptr, _g9) = dq.device_ptr_mut(s);
         let (dk_ptr, _g10) = dk.device_ptr_mut(s);
         let (dv_ptr, _g11) = dv.device_ptr_mut(s);
+        let (sinks_info, dsink_info, _g12, _g13) = match sinks {
+            Some((sk, ds)) => {
+                let (sl, dl) = (sk.len(), ds.len());
+                let (a, g1) = sk.device_ptr(s);
+                let (b, g2) = ds.device_ptr_mut(s);
+                (Some((sl, a)), Some((dl, b)), Some(g1), Some(g2))
+            }
+            None => (None, None, None, None),
+        };
+        super::check_backward_sinks(params, sinks_info, dsink_info)?;
         let ptrs = VarlenPtrs {
             q: q_ptr,
             k: k_ptr,
@@ -411,6 +480,8 @@ impl Context {
             dq: dq_ptr,
             dk: dk_ptr,
             dv: dv_ptr,
+            sinks: sinks_info.map_or(0, |x| x.1),
+            dsink: dsink_info.map_or(0, |x| x.1),
         };
         let meta = VarlenMeta {
             cu_seqlens_q: cuq_ptr,
@@ -468,6 +539,10 @@ pub struct ExternalVarlenBackwardCall {
     pub seqused_q: u64,
     /// [`varlen_workspace_bytes`] bytes, 16-byte aligned, used by no other launch in flight.
     pub workspace: u64,
+    /// Learnable sinks (issue 24): the forward's fp32 `[heads_q]` logits and their gradient fp32
+    /// `[heads_q]` (written); both 0 for a call without sinks.
+    pub sinks: u64,
+    pub dsink: u64,
 }
 
 /// Every rule of an [`ExternalVarlenBackwardCall`] that the host can check with no GPU.
@@ -526,6 +601,17 @@ pub fn validate_varlen_backward(call: &ExternalVarlenBackwardCall) -> Result<()>
         nonnull("dk", call.dk, a)?;
         nonnull("dv", call.dv, a)?;
     }
+    match (call.sinks, call.dsink) {
+        (0, 0) => {}
+        (s, d) => {
+            let len = p.heads_q;
+            super::check_backward_sinks(
+                &p,
+                (s != 0).then_some((len, s)),
+                (d != 0).then_some((len, d)),
+            )?;
+        }
+    }
     Ok(())
 }
 
@@ -568,6 +654,8 @@ impl ExternalContext {
                 dq: call.dq,
                 dk: call.dk,
                 dv: call.dv,
+                sinks: call.sinks,
+                dsink: call.dsink,
             };
             let meta = VarlenMeta {
                 cu_seqlens_q: call.cu_seqlens_q,
@@ -628,6 +716,8 @@ mod tests {
             seqused_k: 0,
             seqused_q: 0,
             workspace: 0xb0000,
+            sinks: 0,
+            dsink: 0,
         }
     }
 
@@ -637,25 +727,29 @@ mod tests {
     }
 
     #[test]
-    fn features_and_head_dims_without_a_varlen_backward_build_are_refused() {
+    fn every_head_dim_and_feature_has_a_varlen_backward_build() {
         let p = call().params;
         check_varlen_backward_params(&p).unwrap();
         let w = crate::attention::params::Window::from_flash_attn(16, 0);
-        assert_eq!(
-            arg_of(check_varlen_backward_params(&p.clone().window(w))),
-            "window"
-        );
-        assert_eq!(
-            arg_of(check_varlen_backward_params(&p.clone().softcap(30.0))),
-            "softcap"
-        );
-        for d in [96, 256] {
+        for q in [p.clone().window(w), p.clone().softcap(30.0)] {
+            check_varlen_backward_params(&q).unwrap();
+            let v = varlen_variant(&q, None).unwrap();
+            assert!(v.varlen && v.window && !v.onepass, "{v:?}");
+            assert_eq!(v.softcap, q.softcap != 0.0);
+        }
+        for d in [64, 96, 128, 256] {
             let q = AttentionParams {
                 head_dim: d,
                 ..p.clone()
             };
-            assert_eq!(arg_of(check_varlen_backward_params(&q)), "head_dim");
+            check_varlen_backward_params(&q).unwrap();
         }
+        // A head dim with no backward at all is still refused.
+        let q = AttentionParams {
+            head_dim: 80,
+            ..p.clone()
+        };
+        assert_eq!(arg_of(check_varlen_backward_params(&q)), "head_dim");
     }
 
     #[test]
@@ -703,8 +797,18 @@ mod tests {
     #[test]
     fn the_backward_feature_and_shape_rules_apply_to_varlen() {
         let mut c = call();
-        c.params.softcap = 30.0;
+        c.params.softcap = -1.0;
         assert_eq!(arg_of(validate_varlen_backward(&c)), "softcap");
+        // Sinks come with their gradient, both 4-byte aligned.
+        let mut c = call();
+        c.sinks = 0xc0000;
+        assert_eq!(arg_of(validate_varlen_backward(&c)), "dsink");
+        c.dsink = 0xc1000;
+        validate_varlen_backward(&c).unwrap();
+        c.sinks = 0;
+        assert_eq!(arg_of(validate_varlen_backward(&c)), "sinks");
+        c.sinks = 0xc0002;
+        assert_eq!(arg_of(validate_varlen_backward(&c)), "sinks");
         let mut c = call();
         c.params.heads_kv = 3;
         assert_eq!(arg_of(validate_varlen_backward(&c)), "heads_kv");
