@@ -299,11 +299,11 @@ impl BwdVariant {
             + 1024
     }
 
-    /// Dynamic shared memory of the one-pass kernel: two dSᵀ tiles (16-bit, KV_BN × KV_BM) in
-    /// front of the dK/dV kernel's layout.
+    /// Dynamic shared memory of the one-pass kernel: two dSᵀ tiles (16-bit, KV_BN × KV_BM) and
+    /// one fp32 dQ partial (KV_BM × D) in front of the dK/dV kernel's layout, two mbarriers after.
     pub fn onepass_smem_bytes(&self) -> usize {
         let t = self.tiles();
-        2 * t.kv_block_n * t.kv_block_m * 2 + self.dkdv_smem_bytes()
+        2 * t.kv_block_n * t.kv_block_m * 2 + t.kv_block_m * self.head_dim * 4 + self.dkdv_smem_bytes() + 2 * 8
     }
 
     /// Dynamic shared memory of the dQ kernel: Q and dO tiles, the (K, V) ring, mbarriers, slack.
