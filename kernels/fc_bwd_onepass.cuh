@@ -16,12 +16,17 @@
 // Measurement only, never shipped (BwdVariant::diag): 1 = no turn wait (reductions in arrival
 // order: nondeterministic), 2 = no wait and no reductions (dQ wrong), 3 = also no dQ GEMM, 4 =
 // also no dSᵀ exchange between the warpgroups (the dK/dV kernel's work alone): what the order,
-// the reductions, the fifth GEMM and the per-tile lockstep cost.
+// the reductions, the fifth GEMM and the per-tile lockstep cost; 5 = the writer releases a turn
+// without the explicit fence.acq_rel.gpu before its red.release (what that fence costs the chain).
 #ifndef FC_OP_DIAG
 #define FC_OP_DIAG 0
 #endif
 // The turn protocol runs (waits, fences, releases) unless a diagnostic build drops it.
-#define OP_ORDERED (FC_OP_DIAG == 0)
+#define OP_ORDERED (FC_OP_DIAG == 0 || FC_OP_DIAG == 5)
+// Which pieces a build keeps: the reductions, the dQ GEMM, the dSᵀ exchange.
+#define OP_REDUCES (FC_OP_DIAG < 2 || FC_OP_DIAG == 5)
+#define OP_DQ_GEMM (FC_OP_DIAG < 3 || FC_OP_DIAG == 5)
+#define OP_EXCHANGE (FC_OP_DIAG < 4 || FC_OP_DIAG == 5)
 
 #if FC_ONEPASS
 static_assert(FC_HEAD_DIM == 64 || FC_HEAD_DIM == 128, "the one-pass kernels serve head dims 64 and 128");
@@ -165,7 +170,7 @@ FC_DEVICE void onepass_dq_writer(const BwdParams& p, const float* buf, uint64_t*
                 }
                 fence_proxy_async_global();  // the predecessor's bulk writes before ours
             }
-            if (FC_OP_DIAG < 2) {
+            if (OP_REDUCES) {
                 if (rank == 0) {
                     bulk_store_f32(dst, smem_u32(buf), DQ_TILE * 4);
                 } else {
@@ -178,13 +183,13 @@ FC_DEVICE void onepass_dq_writer(const BwdParams& p, const float* buf, uint64_t*
             if (OP_ORDERED) {
                 bulk_wait_all();
                 fence_proxy_async_global();
-                fence_acq_rel_gpu();
+                if (FC_OP_DIAG != 5) fence_acq_rel_gpu();
                 red_release_gpu_inc(flag);
             }
         }
         __syncwarp();
     }
-    if (FC_OP_DIAG < 2 && lane_id() == 0) bulk_wait_all();  // no bulk operation outlives the CTA
+    if (OP_REDUCES && lane_id() == 0) bulk_wait_all();  // no bulk operation outlives the CTA
 }
 
 // This thread's 16-bit dSᵀ fragments (the A operand of dK += dSᵀ Q: rows = its two keys, k-slice
@@ -219,11 +224,11 @@ FC_DEVICE void onepass_issue_dq(uint16_t (*ds)[bw::KV_BN][64], const uint16_t (*
                                 const uint32_t (&sf)[bw::KV_BM / 16][4], uint32_t (&pf)[bw::KV_BM / 16][4],
                                 float (&dq)[32], int wg, int key, int col0) {
     using namespace bw;
-#if FC_OP_DIAG >= 3
+#if !OP_DQ_GEMM
 #pragma unroll
     for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
 #endif
-#if FC_OP_DIAG < 4
+#if OP_EXCHANGE
     onepass_store_ds(ds, sf, wg * 64 + key, col0);
     fence_proxy_async_smem();
     named_bar_sync(CONSUMER_BAR, 2 * 128);
@@ -236,7 +241,7 @@ FC_DEVICE void onepass_issue_dq(uint16_t (*ds)[bw::KV_BN][64], const uint16_t (*
     const uint32_t a_base = onepass_opaque(smem_u32(&ds[QCH == 1 ? 0 : wg][0][0]));
     const uint32_t b_base = onepass_opaque(smem_u32(&k[QCH == 1 ? wg : 0][0][0]));
     wgmma_fence();
-#if FC_OP_DIAG < 3
+#if OP_DQ_GEMM
 #pragma unroll
     for (int kk = 0; kk < KV_BN / 16; ++kk) {
         wgmma_ss_tt_m64n64k16(dq, wgmma_desc_sw128(a_base + kk * 16 * ROW_BYTES, KV_BN * ROW_BYTES, 1024),

@@ -85,7 +85,8 @@ pub struct BwdVariant {
     /// Measurement only, never shipped or audited (`FC_OP_DIAG`, `FLASHCORE_BWD_OP_DIAG`): 1 =
     /// the one-pass kernel adds without waiting for its turn (nondeterministic), 2 = it neither
     /// waits nor adds (dQ wrong), 3 = nor runs the dQ GEMM, 4 = nor exchanges dSᵀ between its
-    /// warpgroups. What the ordering, the reductions, the fifth GEMM and the lockstep cost.
+    /// warpgroups. What the ordering, the reductions, the fifth GEMM and the lockstep cost. 5 =
+    /// the full kernel without the explicit GPU fence before each turn's release.
     pub diag: u8,
     /// Issue 24: a sliding window (`FC_WINDOW`: skips query tiles / key blocks outside it and
     /// masks by select; kernels/fc_bwd_mask.cuh). Two-pass only.
@@ -114,7 +115,8 @@ impl BwdVariant {
                     "_onepass_diag2",
                     "_onepass_diag3",
                     "_onepass_diag4",
-                ][self.diag.min(4) as usize]
+                    "_onepass_diag5",
+                ][self.diag.min(5) as usize]
             } else if self.pingpong {
                 ""
             } else {
@@ -179,7 +181,7 @@ impl BwdVariant {
         };
         let pingpong = !onepass && std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0");
         let diag = match std::env::var("FLASHCORE_BWD_OP_DIAG").map(|s| s.parse::<u8>()) {
-            Ok(Ok(d @ 1..=4)) if onepass => d,
+            Ok(Ok(d @ 1..=5)) if onepass => d,
             _ => 0,
         };
         BwdVariant {
@@ -303,7 +305,10 @@ impl BwdVariant {
     /// one fp32 dQ partial (KV_BM × D) in front of the dK/dV kernel's layout, two mbarriers after.
     pub fn onepass_smem_bytes(&self) -> usize {
         let t = self.tiles();
-        2 * t.kv_block_n * t.kv_block_m * 2 + t.kv_block_m * self.head_dim * 4 + self.dkdv_smem_bytes() + 2 * 8
+        2 * t.kv_block_n * t.kv_block_m * 2
+            + t.kv_block_m * self.head_dim * 4
+            + self.dkdv_smem_bytes()
+            + 2 * 8
     }
 
     /// Dynamic shared memory of the dQ kernel: Q and dO tiles, the (K, V) ring, mbarriers, slack.
