@@ -16,17 +16,16 @@
 // Measurement only, never shipped (BwdVariant::diag): 1 = no turn wait (reductions in arrival
 // order: nondeterministic), 2 = no wait and no reductions (dQ wrong), 3 = also no dQ GEMM, 4 =
 // also no dSᵀ exchange between the warpgroups (the dK/dV kernel's work alone): what the order,
-// the reductions, the fifth GEMM and the per-tile lockstep cost; 5 = the writer releases a turn
-// without the explicit fence.acq_rel.gpu before its red.release (what that fence costs the chain).
+// the reductions, the fifth GEMM and the per-tile lockstep cost.
 #ifndef FC_OP_DIAG
 #define FC_OP_DIAG 0
 #endif
 // The turn protocol runs (waits, fences, releases) unless a diagnostic build drops it.
-#define OP_ORDERED (FC_OP_DIAG == 0 || FC_OP_DIAG == 5)
+#define OP_ORDERED (FC_OP_DIAG == 0)
 // Which pieces a build keeps: the reductions, the dQ GEMM, the dSᵀ exchange.
-#define OP_REDUCES (FC_OP_DIAG < 2 || FC_OP_DIAG == 5)
-#define OP_DQ_GEMM (FC_OP_DIAG < 3 || FC_OP_DIAG == 5)
-#define OP_EXCHANGE (FC_OP_DIAG < 4 || FC_OP_DIAG == 5)
+#define OP_REDUCES (FC_OP_DIAG < 2)
+#define OP_DQ_GEMM (FC_OP_DIAG < 3)
+#define OP_EXCHANGE (FC_OP_DIAG < 4)
 
 #if FC_ONEPASS
 static_assert(FC_HEAD_DIM == 64 || FC_HEAD_DIM == 128, "the one-pass kernels serve head dims 64 and 128");
@@ -182,8 +181,10 @@ FC_DEVICE void onepass_dq_writer(const BwdParams& p, const float* buf, uint64_t*
             mbar_arrive(empty);
             if (OP_ORDERED) {
                 bulk_wait_all();
+                // The bulk writes are complete; the proxy fence orders them before the release
+                // (red.release is itself the GPU-scope fence: a fence.acq_rel.gpu before it
+                // measured +9% at 2,16,8192,128 — PERF_NOTES, bwd1v3).
                 fence_proxy_async_global();
-                if (FC_OP_DIAG != 5) fence_acq_rel_gpu();
                 red_release_gpu_inc(flag);
             }
         }
