@@ -4,8 +4,8 @@
 // acquire/release, the reductions, and the conversion kernel's row.
 //
 // Order: per (batch, query head, query tile) an int32 counter (zeroed by the preprocess) counts
-// the key blocks that have added their partial. The key block of rank r waits until it reads r,
-// adds, and increments it with release semantics. Rank 0 stores instead of adding. The rank is a
+// the key blocks that have added their partial. The key block of rank r (its writer warp,
+// onepass_dq_writer) waits until it reads r, adds, and increments it with release semantics. Rank 0 stores instead of adding. The rank is a
 // function of the shape only (onepass_rank), so every dQ element is the same fp32 sum in the same
 // order on every run and in every batch. How long a CTA spins depends on scheduling, never on
 // data: the counters are a public synchronisation buffer to the audit (SECURITY.md), whose
