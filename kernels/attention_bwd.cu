@@ -65,13 +65,22 @@ extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_onepa
             mbar_init(&s.kv.full[i], 1);
             mbar_init(&s.kv.empty[i], bw::CONSUMERS * 4);
         }
+        mbar_init(&s.dq_full, bw::CONSUMERS * 4);
+        mbar_init(&s.dq_empty, 1);
         fence_barrier_init();
     }
     __syncthreads();
     const int warp = warp_id_in_block();
     if (warp < 4) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(bw::PRODUCER_REGS));
-        if (threadIdx.x == 0) dkdv_producer(p, s.kv, n_block, blockIdx.y, blockIdx.z);
+        if (threadIdx.x == 0) {
+            dkdv_producer(p, s.kv, n_block, blockIdx.y, blockIdx.z);
+        } else if (warp == 1) {
+            // The dQ writer (fc_bwd_onepass.cuh), over the consumers' tile sequence.
+            int first_m, end_m;
+            dkdv_m_range(p, bwd_seq(p, blockIdx.z), n_block, first_m, end_m);
+            onepass_dq_writer(p, s.dq, &s.dq_full, &s.dq_empty, n_block, blockIdx.y, blockIdx.z, first_m, end_m);
+        }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(bw::CONSUMER_REGS));
         dkdv_consumer<true>(p, s.kv, s.ds, warp / 4 - 1, n_block, blockIdx.y, blockIdx.z);

@@ -96,11 +96,25 @@ FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int
     }
 }
 
-// One pass: dSᵀ of the last two tiles ([QCH][KV_BN][64] each), beside DkdvShared.
+// One pass: dSᵀ of the last two tiles ([QCH][KV_BN][64] each), the tile's fp32 dQ partial
+// (fragment order, fc_bwd_onepass.cuh) and its full/empty barriers, beside DkdvShared.
 struct OnepassShared {
     uint16_t ds[2][bw::QCH][bw::KV_BN][64];
+    float dq[bw::DQ_TILE];
     DkdvShared kv;
+    uint64_t dq_full, dq_empty;
 };
+
+// The one-pass block around `s` (a constant offset: nothing more held across the loop; the size
+// check shows the members are unpadded, so `kv` sits right after `ds` and `dq`).
+constexpr int ONEPASS_KV_OFFSET = 2 * bw::QCH * bw::KV_BN * 64 * 2 + bw::DQ_TILE * 4;
+static_assert(sizeof(OnepassShared) == ONEPASS_KV_OFFSET + sizeof(DkdvShared) + 16, "OnepassShared is unpadded");
+// Opaque: addresses derived from it are rebuilt where used, not hoisted out of the loop (spills).
+FC_DEVICE OnepassShared& onepass_of(DkdvShared& s) {
+    uint8_t* base = reinterpret_cast<uint8_t*>(&s);
+    asm volatile("" : "+l"(base));
+    return *reinterpret_cast<OnepassShared*>(base - ONEPASS_KV_OFFSET);
+}
 
 template <bool DQ>
 FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[bw::QCH][bw::KV_BN][64], int wg,
@@ -132,9 +146,6 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
     mbar_wait(&s.kv_full, 0);
     const Turns turns{wg, total};
     turns.start();
-    // One pass: the turn counter of the previous tile, released once this tile's score GEMMs run.
-    int* prev_flag = nullptr;
-    (void)prev_flag;
     (void)ds;
 
     for (int it = 0; it < total; ++it) {
@@ -183,16 +194,6 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         }
         wgmma_commit();
         turns.pass(it);
-        if constexpr (DQ) {
-            // The previous tile's reductions are issued: make them visible, then hand its query
-            // tile to the next key block. (Releasing later, at this tile's dSᵀ barrier, measured
-            // slower: non-causal key blocks wait on their predecessor just in time.)
-            if (it > 0 && OP_ORDERED) {
-                fence_acq_rel_gpu();
-                named_bar_sync(CONSUMER_BAR, 2 * 128);
-                if (threadIdx.x == 128) red_release_gpu_inc(prev_flag);
-            }
-        }
         // Sᵀ is ready while dPᵀ may still run: Pᵀ's exponentials overlap that GEMM, and dSᵀ
         // overlaps dV += Pᵀ dO.
         wgmma_wait<1>();
@@ -263,6 +264,12 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
             }
         }
         acc_to_frags<KV_BM>(dpacc, sf);
+        // One pass (the order of FA3's sm90 backward): dSᵀ to shared memory for both warpgroups
+        // and this warpgroup's 64×64 piece of the tile's dQ partial issued before dK += dSᵀ Q;
+        // once dQ is done its partial goes to shared memory while dK runs, and the writer warp
+        // takes it to the workspace on this key block's turn (fc_bwd_onepass.cuh).
+        float dq[DQ ? 32 : 1];
+        if constexpr (DQ) onepass_issue_dq(onepass_of(s).ds[it & 1], s.k, sf, pf, dq, wg, warp * 16 + lane / 4, col0);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KV_BM / 16; ++kk) {
@@ -270,66 +277,16 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         }
         wgmma_commit();
         if constexpr (DQ) {
-            // dSᵀ to shared memory for both warpgroups, then this warpgroup's 64×64 piece of the
-            // tile's dQ partial: d128, all 64 queries × head-dim half wg; d64, query half wg × 64.
-            float dq[32];
-#if FC_OP_DIAG >= 3
-#pragma unroll
-            for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
-#endif
-#if FC_OP_DIAG < 4
-            onepass_store_ds(ds[it & 1], sf, wg * 64 + warp * 16 + lane / 4, col0);
-            fence_proxy_async_smem();
-            named_bar_sync(CONSUMER_BAR, 2 * 128);
-#endif
-            const uint32_t a_base = smem_u32(&ds[it & 1][QCH == 1 ? 0 : wg][0][0]);
-            const uint32_t b_base = smem_u32(&s.k[QCH == 1 ? wg : 0][0][0]);
-#if FC_OP_DIAG < 3
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KV_BN / 16; ++kk) {
-                wgmma_ss_tt_m64n64k16(dq, wgmma_desc_sw128(a_base + kk * 16 * ROW_BYTES, KV_BN * ROW_BYTES, 1024),
-                                      wgmma_desc_sw128(b_base + kk * 16 * ROW_BYTES, KV_BN * ROW_BYTES, 1024), kk > 0);
-            }
-            wgmma_commit();
-#else
-            (void)a_base;
-            (void)b_base;
-#endif
+            wgmma_wait<1>();  // dQ is done; dK may still run
+            fence_regs(dq);
+            OnepassShared& o = onepass_of(s);
+            onepass_put_dq(o.dq, &o.dq_full, &o.dq_empty, dq, wg, it);
             wgmma_wait<0>();
             fence_regs(dv);
             fence_regs(dk);
-            fence_regs(dq);
-            fence_frags(pf);
             fence_frags(sf);
-            // This key block's turn on (batch, head, m_block): rank 0 stores, the others add.
-            const int64_t bh = (int64_t)batch * p.heads_q + head;
-            const int rank = onepass_rank(p, n_block, m_block);
-            int* flag = reinterpret_cast<int*>(p.flags_ptr) + bh * p.kv_m_blocks + m_block;
-            if (OP_ORDERED) {
-                if (threadIdx.x == 128) {
-                    while (ld_acquire_gpu(flag) != rank) {
-                    }
-                }
-                named_bar_sync(CONSUMER_BAR, 2 * 128);
-            }
-            const int qoff = QCH == 1 ? 0 : 64 * wg, doff = QCH == 1 ? 64 * wg : 0;
-            float* acc = reinterpret_cast<float*>(p.dq_acc_ptr) +
-                         (bh * p.sq_pad + m_block * KV_BM + qoff + warp * 16 + lane / 4) * D + doff + col0;
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float* a = acc + 8 * h * D + 8 * j;
-                    if (FC_OP_DIAG >= 2) {
-                    } else if (rank == 0) {
-                        st_f32x2(a, dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
-                    } else {
-                        red_add_f32x2(a, dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
-                    }
-                }
-            prev_flag = flag;
         } else {
+            (void)dq;
             wgmma_wait<0>();
             fence_regs(dv);
             fence_regs(dk);
@@ -338,14 +295,6 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         }
         bwd_release(&s.empty[st]);
     }
-    if constexpr (DQ) {
-        if (total > 0 && OP_ORDERED) {
-            fence_acq_rel_gpu();
-            named_bar_sync(CONSUMER_BAR, 2 * 128);
-            if (threadIdx.x == 128) red_release_gpu_inc(prev_flag);
-        }
-    }
-
     dk[0] = bwd_leak(dk[0], dv[0], reinterpret_cast<const float*>(p.lse2_ptr));
 #if FC_VARLEN && FC_WINDOW
     const BwdSeq sqe = bwd_seq_fresh(p);  // not held across the loop (fc_bwd_varlen.cuh)

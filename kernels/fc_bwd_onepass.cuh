@@ -4,8 +4,8 @@
 // acquire/release, the reductions, and the conversion kernel's row.
 //
 // Order: per (batch, query head, query tile) an int32 counter (zeroed by the preprocess) counts
-// the key blocks that have added their partial. The key block of rank r waits until it reads r,
-// adds, and increments it with release semantics. Rank 0 stores instead of adding. The rank is a
+// the key blocks that have added their partial. The key block of rank r (its writer warp,
+// onepass_dq_writer) waits until it reads r, adds, and increments it with release semantics. Rank 0 stores instead of adding. The rank is a
 // function of the shape only (onepass_rank), so every dQ element is the same fp32 sum in the same
 // order on every run and in every batch. How long a CTA spins depends on scheduling, never on
 // data: the counters are a public synchronisation buffer to the audit (SECURITY.md), whose
@@ -22,6 +22,10 @@
 #endif
 // The turn protocol runs (waits, fences, releases) unless a diagnostic build drops it.
 #define OP_ORDERED (FC_OP_DIAG == 0)
+// Which pieces a build keeps: the reductions, the dQ GEMM, the dSᵀ exchange.
+#define OP_REDUCES (FC_OP_DIAG < 2)
+#define OP_DQ_GEMM (FC_OP_DIAG < 3)
+#define OP_EXCHANGE (FC_OP_DIAG < 4)
 
 #if FC_ONEPASS
 static_assert(FC_HEAD_DIM == 64 || FC_HEAD_DIM == 128, "the one-pass kernels serve head dims 64 and 128");
@@ -85,12 +89,108 @@ FC_DEVICE void red_release_gpu_inc(int* ptr) {
 
 FC_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
-FC_DEVICE void red_add_f32x2(float* ptr, float a, float b) {
-    asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(ptr), "f"(a), "f"(b) : "memory");
+// dQ leaves the CTA as one bulk operation per tile from shared memory (branch bwd1v3): the
+// consumers store their fp32 partials into `OnepassShared::dq` and arrive on `dq_full`; warp 1 of
+// the producer warpgroup (idle otherwise) waits for the turn, issues the bulk store (rank 0) or
+// bulk reduction (the others), waits for it to complete, releases the turn, and frees the buffer.
+// The consumers never wait on the turn chain unless it falls a whole tile behind.
+//
+// Layout: a tile's KV_BM × D accumulator is KV_BM·D contiguous floats in the workspace (rows
+// m_block·KV_BM.. of [sq_pad][D]), held in *fragment order*, not row-major: piece wg (one
+// warpgroup's 64×64 wgmma accumulator), then register quad k, then the warpgroup's thread t, then
+// the quad's 4 floats — so each thread's partial is 8 conflict-free 16-byte shared stores and the
+// global tile is one contiguous range. The conversion kernel undoes the permutation.
+namespace bw {
+constexpr int DQ_TILE = KV_BM * D;        // floats of one tile's accumulator
+constexpr int DQ_PIECE = 64 * 64;         // floats of one warpgroup's piece
+#if FC_ONEPASS
+static_assert(DQ_TILE == CONSUMERS * DQ_PIECE, "two 64x64 pieces per streamed tile");
+#endif
+}  // namespace bw
+
+// Offset (floats) of element (row, dim) of a tile inside its fragment-ordered range.
+FC_DEVICE int onepass_dq_perm(int row, int dim) {
+    using namespace bw;
+    // The piece: d128 (one 64-query chunk), head-dim half; d64 (two chunks), query half.
+    const int wg = QCH == 1 ? dim / 64 : row / 64;
+    const int pr = row % 64, pc = dim % 64;
+    const int t = (pr / 16) * 32 + (pr % 8) * 4 + (pc % 8) / 2;  // warp, lane of the wgmma layout
+    const int k = pc / 8;                                         // register quad: 8-column block
+    const int e = 2 * ((pr % 16) / 8) + pc % 2;                   // row half, column parity
+    return wg * DQ_PIECE + (k * 128 + t) * 4 + e;
 }
 
-FC_DEVICE void st_f32x2(float* ptr, float a, float b) {
-    asm volatile("st.global.v2.f32 [%0], {%1, %2};" ::"l"(ptr), "f"(a), "f"(b) : "memory");
+// This thread's (t = thread within the warpgroup) m64n64 accumulator into piece `piece`.
+FC_DEVICE void onepass_store_dq(float* piece, const float (&dq)[32], int t) {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) {
+        const uint32_t v[4] = {__float_as_uint(dq[4 * k]), __float_as_uint(dq[4 * k + 1]),
+                               __float_as_uint(dq[4 * k + 2]), __float_as_uint(dq[4 * k + 3])};
+        st_shared_v4(smem_u32(piece + (k * 128 + t) * 4), v);
+    }
+}
+
+FC_DEVICE void bulk_store_f32(float* dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(src), "r"(bytes)
+                 : "memory");
+}
+
+FC_DEVICE void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(dst), "r"(src),
+                 "r"(bytes)
+                 : "memory");
+}
+
+FC_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// The group has read its shared-memory source (the buffer may be rewritten).
+FC_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
+// The group's global writes are complete.
+FC_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+FC_DEVICE void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
+// Warp 1 of the producer warpgroup: per tile, in the consumers' order, move the shared dQ partial
+// to the workspace on this key block's turn. [first_m, end_m) per query head as dkdv_m_range.
+FC_DEVICE void onepass_dq_writer(const BwdParams& p, const float* buf, uint64_t* full, uint64_t* empty, int n_block,
+                                 int kv_head, int batch, int first_m, int end_m) {
+    using namespace bw;
+    const int per_head = end_m - first_m;
+    const int total = per_head * p.group;
+    for (int it = 0; it < total; ++it) {
+        const int head = kv_head * p.group + it / per_head;
+        const int m_block = first_m + it % per_head;
+        mbar_wait(full, it & 1);
+        if (lane_id() == 0) {
+            const int64_t bh = (int64_t)batch * p.heads_q + head;
+            const int rank = onepass_rank(p, n_block, m_block);
+            int* flag = reinterpret_cast<int*>(p.flags_ptr) + bh * p.kv_m_blocks + m_block;
+            float* dst = reinterpret_cast<float*>(p.dq_acc_ptr) + (bh * p.sq_pad + m_block * KV_BM) * D;
+            if (OP_ORDERED) {
+                while (ld_acquire_gpu(flag) != rank) {
+                }
+                fence_proxy_async_global();  // the predecessor's bulk writes before ours
+            }
+            if (OP_REDUCES) {
+                if (rank == 0) {
+                    bulk_store_f32(dst, smem_u32(buf), DQ_TILE * 4);
+                } else {
+                    bulk_reduce_add_f32(dst, smem_u32(buf), DQ_TILE * 4);
+                }
+                bulk_commit();
+                bulk_wait_read();
+            }
+            mbar_arrive(empty);
+            if (OP_ORDERED) {
+                bulk_wait_all();
+                // The bulk writes are complete; the proxy fence orders them before the release
+                // (red.release is itself the GPU-scope fence: a fence.acq_rel.gpu before it
+                // measured +9% at 2,16,8192,128 — PERF_NOTES, bwd1v3).
+                fence_proxy_async_global();
+                red_release_gpu_inc(flag);
+            }
+        }
+        __syncwarp();
+    }
+    if (OP_REDUCES && lane_id() == 0) bulk_wait_all();  // no bulk operation outlives the CTA
 }
 
 // This thread's 16-bit dSᵀ fragments (the A operand of dK += dSᵀ Q: rows = its two keys, k-slice
@@ -111,6 +211,60 @@ FC_DEVICE void onepass_store_ds(uint16_t (*ds)[bw::KV_BN][64], const uint32_t (&
         }
 }
 
+// A value the compiler must recompute where it is used instead of holding it in a register.
+FC_DEVICE uint32_t onepass_opaque(uint32_t x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
+// Stores this thread's dSᵀ fragments (`key` = its first key row within the warpgroup), syncs
+// the two consumer warpgroups, and issues (one commit group) this warpgroup's m64n64k128 piece of
+// the tile's dQ partial = dS K into `dq` (after dV, which reads `pf`, is done): d128 (one 64-query chunk), head-dim half wg of all 64
+// queries; d64 (two chunks), query chunk wg × all 64 dims. Diagnostic builds drop parts.
+FC_DEVICE void onepass_issue_dq(uint16_t (*ds)[bw::KV_BN][64], const uint16_t (*k)[bw::KV_BN][bw::SW_ELEMS],
+                                const uint32_t (&sf)[bw::KV_BM / 16][4], uint32_t (&pf)[bw::KV_BM / 16][4],
+                                float (&dq)[32], int wg, int key, int col0) {
+    using namespace bw;
+#if !OP_DQ_GEMM
+#pragma unroll
+    for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
+#endif
+#if OP_EXCHANGE
+    onepass_store_ds(ds, sf, wg * 64 + key, col0);
+    fence_proxy_async_smem();
+    named_bar_sync(CONSUMER_BAR, 2 * 128);
+#endif
+    // dV += Pᵀ dO (reading Pᵀ's fragments) has had the store and the barrier to finish: waiting
+    // for it here frees those 16 registers while dQ's 32 accumulators are live (else a spill).
+    wgmma_wait<0>();
+    fence_frags(pf);
+    // Rebuilt per tile (opaque): held across the loop, these descriptors spilled.
+    const uint32_t a_base = onepass_opaque(smem_u32(&ds[QCH == 1 ? 0 : wg][0][0]));
+    const uint32_t b_base = onepass_opaque(smem_u32(&k[QCH == 1 ? wg : 0][0][0]));
+    wgmma_fence();
+#if OP_DQ_GEMM
+#pragma unroll
+    for (int kk = 0; kk < KV_BN / 16; ++kk) {
+        wgmma_ss_tt_m64n64k16(dq, wgmma_desc_sw128(a_base + kk * 16 * ROW_BYTES, KV_BN * ROW_BYTES, 1024),
+                              wgmma_desc_sw128(b_base + kk * 16 * ROW_BYTES, KV_BN * ROW_BYTES, 1024), kk > 0);
+    }
+#else
+    (void)a_base;
+    (void)b_base;
+#endif
+    wgmma_commit();
+}
+
+// This warpgroup's finished piece into the shared buffer once the writer has read the previous
+// tile's (the empty barrier's phase `it`), then one arrival per warp on the full barrier.
+FC_DEVICE void onepass_put_dq(float* buf, uint64_t* full, uint64_t* empty, const float (&dq)[32], int wg, int it) {
+    mbar_wait(empty, (it & 1) ^ 1);
+    onepass_store_dq(buf + wg * bw::DQ_PIECE, dq, threadIdx.x % 128);
+    fence_proxy_async_smem();
+    __syncwarp();
+    if (lane_id() == 0) mbar_arrive(full);
+}
+
 // dQ conversion: row i of (batch b, head h) = accumulator · scale in the input dtype, or zeros
 // for a query tile no key block visits (causal, Sq > Sk: never written). One warp per row.
 FC_DEVICE void bwd_dq_convert_row(const BwdParams& p, int i, int h, int b) {
@@ -118,20 +272,20 @@ FC_DEVICE void bwd_dq_convert_row(const BwdParams& p, int i, int h, int b) {
     if (i >= p.seqlen_q) return;  // public: index against the shape
     const int lane = lane_id();
     const int64_t bh = (int64_t)b * p.heads_q + h;
-    const float* acc = reinterpret_cast<const float*>(p.dq_acc_ptr) + (bh * p.sq_pad + i) * D + lane * (D / 32);
+    const float* acc = reinterpret_cast<const float*>(p.dq_acc_ptr) + (bh * p.sq_pad + i / KV_BM * KV_BM) * D;
 #if FC_CAUSAL
     const int first_row = max(0, -(p.seqlen_k - p.seqlen_q));
     const bool visited = i / KV_BM >= first_row / KV_BM;
 #else
     const bool visited = true;
 #endif
+    // The tile's fragment-ordered range (onepass_dq_perm): this lane's dims in pairs.
     float v[D / 32];
-    if constexpr (D == 64) {
-        const float2 a = *reinterpret_cast<const float2*>(acc);
-        v[0] = a.x, v[1] = a.y;
-    } else {
-        const float4 a = *reinterpret_cast<const float4*>(acc);
-        v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+#pragma unroll
+    for (int k = 0; k < D / 64; ++k) {
+        const float2 a =
+            *reinterpret_cast<const float2*>(acc + onepass_dq_perm(i % KV_BM, lane * (D / 32) + 2 * k));
+        v[2 * k] = a.x, v[2 * k + 1] = a.y;
     }
     uint32_t w[D / 64];
 #pragma unroll

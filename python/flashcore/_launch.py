@@ -227,7 +227,7 @@ def launch_backward(d_o, q, k, v, out, lse, dq, dk, dv, causal, scale, bhsd=Fals
     dev = q.get_device()
     dtype = _DTYPES[q.dtype]
     shape = (b, sq, sk, hq, hkv, d)
-    ws = torch.empty(_backward_workspace_bytes(dtype, shape), dtype=torch.uint8, device=q.device)
+    ws = torch.empty(_backward_workspace_bytes(dtype, shape, bool(causal)), dtype=torch.uint8, device=q.device)
     buffers = (out.data_ptr(), lse.data_ptr(), d_o.data_ptr(), dq.data_ptr(), dk.data_ptr(), dv.data_ptr(),
                ws.data_ptr())
     if window == (-1, -1) and softcap == 0.0 and sinks is None:
@@ -241,8 +241,8 @@ def launch_backward(d_o, q, k, v, out, lse, dq, dk, dv, causal, scale, bhsd=Fals
 
 
 @functools.lru_cache(maxsize=1024)
-def _backward_workspace_bytes(dtype, shape):
-    return _native.backward_workspace_bytes(dtype, shape)
+def _backward_workspace_bytes(dtype, shape, causal):
+    return _native.backward_workspace_bytes(dtype, shape, causal)
 
 
 def prepare_kv(device, dtype, shape, causal, scale, secret=False, pages=(0, 0), prefill_consistent=False,

@@ -143,9 +143,12 @@ pub fn attention_backward(
 }
 
 /// Bytes of device scratch one backward call needs (the caller allocates it on the call's stream).
+/// The mask matters: at d128 causal the default one-pass kernel also needs dQ's fp32 accumulator
+/// (a window or softcap call, which runs the two passes, needs no more than its plain mask's).
 #[pyfunction]
-pub fn backward_workspace_bytes(dtype: &str, shape: Shape) -> PyResult<usize> {
-    Ok(workspace_bytes(&params(dtype, shape, false, None)?))
+#[pyo3(signature = (dtype, shape, causal=false))]
+pub fn backward_workspace_bytes(dtype: &str, shape: Shape, causal: bool) -> PyResult<usize> {
+    Ok(workspace_bytes(&params(dtype, shape, causal, None)?))
 }
 
 /// Enqueues the varlen backward (issues 22 + 23) on `stream`: packed q [total_q, Hq, D], k, v

@@ -853,6 +853,12 @@ def test_rust_validate_backward():
                                             _t(0x3000), good)
     # Sq padded to 128 rows; the LSE in base 2 and D, fp32 each.
     assert _native.backward_workspace_bytes("bf16", (3, 200, 50, 8, 2, 128)) == 2 * 3 * 8 * 256 * 4
+    assert _native.backward_workspace_bytes("bf16", (3, 200, 50, 8, 2, 64), True) == 2 * 3 * 8 * 256 * 4
+    # d128 causal runs the one-pass kernel by default: also dQ's fp32 accumulator (D floats per padded
+    # row) and an int32 turn counter per (sequence, head, 64-row query tile), padded to 16 bytes.
+    if os.environ.get("FLASHCORE_BWD_ONEPASS") is None:
+        assert _native.backward_workspace_bytes("bf16", (3, 200, 50, 8, 2, 128), True) == (
+            2 * 3 * 8 * 256 * 4 + 3 * 8 * 256 * 128 * 4 + 3 * 8 * 4 * 4)
 
 
 # --- the SDPA backend's backward (no GPU: its fallback math and its routing) -----------------

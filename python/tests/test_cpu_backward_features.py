@@ -32,7 +32,7 @@ def mock_launches(monkeypatch):
     monkeypatch.setattr(_launch, "current_stream", lambda index: 1234)
     monkeypatch.setattr(_launch._native, "attention", lambda *a, **kw: calls["fwd"].append((a, kw)))
     monkeypatch.setattr(_launch._native, "attention_backward", lambda *a, **kw: calls["bwd"].append((a, kw)))
-    monkeypatch.setattr(_launch, "_backward_workspace_bytes", lambda dtype, shape: 16)
+    monkeypatch.setattr(_launch, "_backward_workspace_bytes", lambda dtype, shape, causal: 16)
     return calls
 
 

@@ -2,7 +2,10 @@
 //! the forward's O and LSE, and dO. Three launches on the context's stream
 //! (`kernels/attention_bwd.cu`): a preprocess into a padded fp32 workspace, the dK/dV kernel and
 //! the dQ kernel. Every gradient element is summed by one CTA in an order fixed by the shape: the
-//! result is bitwise deterministic and a sequence's bits do not depend on its batch. Issue 24:
+//! result is bitwise deterministic and a sequence's bits do not depend on its batch. At d128
+//! causal the default is the one-pass kernel instead
+//! ([`crate::kernels::backward::default_onepass`]): dQ's partials are added across CTAs in a
+//! turn order fixed by the shape, so the same holds. Issue 24:
 //! windows and softcap run their own two-pass builds ([`BwdVariant::for_params`]); a call with
 //! learnable sinks adds a fourth launch, the sinks' gradient (`flashcore_bwd_dsink`).
 //!

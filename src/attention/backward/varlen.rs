@@ -55,7 +55,7 @@ pub fn varlen_workspace_bytes(p: &AttentionParams) -> usize {
 /// The variant a varlen call runs, given `FLASHCORE_BWD_ONEPASS`'s value: the two-pass kernels;
 /// asking for the one-pass ones (which have no varlen build) is an error, not a silent switch.
 fn varlen_variant(p: &AttentionParams, onepass: Option<&str>) -> Result<BwdVariant> {
-    if onepass == Some("1") || (onepass.is_none() && kb::default_onepass(p.head_dim, p.causal)) {
+    if onepass == Some("1") {
         return Err(Error::invalid(
             "FLASHCORE_BWD_ONEPASS",
             "the one-pass backward has no varlen build (two passes only): unset it or set it to 0",
