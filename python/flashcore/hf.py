@@ -31,9 +31,8 @@ is served by varlen (``padded_prefill_of``: one host read per mask tensor, to ch
 form, a causal sliding window on top included; the starts and counts are computed on the
 device): the padded batch runs as a pack with ``seqused_q``/``seqused_k``, rows of padding come
 out zero — under grad too (varlen's backward, python/flashcore/varlen_autograd.py; every head
-dim), unless the call has a window, softcap or sinks (varlen's backward takes them, but this
-backend does not route a padded batch with them through it yet: SDPA). Sinks and a softcap are served on both mask paths (issue 24: gpt-oss and Gemma 2
-batches, prefill and generate). Every other call goes to a path that
+dim, with a window, softcap and sinks and the sinks' gradient). Sinks and a softcap are served on
+both mask paths (issue 24: gpt-oss and Gemma 2 batches, prefill, generate and training). Every other call goes to a path that
 computes it:
 
 - transformers' SDPA function where SDPA expresses the call: a mask (padding, or a window mask
@@ -324,7 +323,7 @@ def _padded_prefill(query, key, value, padded, scaling, features):
     base = torch.arange(b + 1, dtype=torch.int32, device=query.device) * s
     cu = torch.cat([base[:b] + start, base[b:]])
     # Under grad the forward keeps its LSE for the backward (python/flashcore/varlen_autograd.py).
-    grad = _checks.needs_grad(query, key, value)
+    grad = _checks.needs_grad(query, key, value, sinks)
     out, _ = attention_varlen_op(q, k, v, cu, cu, used, s, s, causal, scaling, grad, used, wl, wr, softcap, sinks)
     return out.view(b, s, query.shape[1], query.shape[3])
 
@@ -432,14 +431,13 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     if reason == "attention_mask" or featured:
         # A decode step of a padded batch: served over the keys from each sequence's first.
         leftpad = leftpad_of(attention_mask, query, key)
-        grad = _checks.needs_grad(query, key, value)
-        if leftpad is None and (not grad or (not featured and _served_features(kwargs, key, False) is None
-                                             and query.shape[-1] in _checks.VARLEN_BACKWARD_HEAD_DIMS)):
+        grad = _checks.needs_grad(query, key, value, kwargs.get("s_aux"))
+        if leftpad is None and (not grad or query.shape[-1] in _checks.VARLEN_BACKWARD_HEAD_DIMS):
             # A forward pass or prefill of a padded batch (left or right), its sliding window too:
-            # served through varlen. Training too (issue 23: varlen's backward, every head dim),
-            # without a window, softcap or sinks (not routed here yet: SDPA).
+            # served through varlen. Training too (issue 23: varlen's backward, every head dim,
+            # with the window, softcap and sinks — the sinks' gradient included).
             w = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
-            padded = padded_prefill_of(attention_mask, query, key, None if grad else w)
+            padded = padded_prefill_of(attention_mask, query, key, w)
         if leftpad is not None or padded is not None:
             reason = fallback_reason(query, key, value, attention_mask, dropout, scaling, kwargs, mask_served=True)
     if reason is None and leftpad is None and not windowed and causal and query.shape[2] != key.shape[2]:
@@ -475,7 +473,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         return out, None
     if padded is not None:
         window_size = (window - 1, 0) if padded[3] else (-1, -1)
-        feats = _mask_features(kwargs, q, window_size)
+        feats = _mask_features(kwargs, q, window_size, grad=_checks.needs_grad(query, key, value, kwargs.get("s_aux")))
         return _padded_prefill(query, key, value, padded, _checks.check_scale(scaling), feats), None
     features = _served_features(kwargs, key, windowed)
     if features is not None:
@@ -489,11 +487,14 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
     return top_left(q, k, v, causal, _checks.check_scale(scaling), bhsd=False), None
 
 
-def _mask_features(kwargs, q, window_size):
+def _mask_features(kwargs, q, window_size, grad=False):
     """(window_size, softcap, fp32 sinks or None) of a call served over its mask (a padded
-    prefill or decode step), checked as the KV-cache and varlen ops take them."""
+    prefill or decode step), checked as the KV-cache and varlen ops take them. `grad`: autograd
+    records the call, so the sinks' fp32 copy keeps its link to the model's parameter."""
     softcap = kwargs.get("softcap")
     softcap = float(softcap) if _nonzero(softcap) else 0.0
+    if grad:
+        return _checks.check_features(window_size, softcap, _checks.sinks_f32_grad(kwargs.get("s_aux")), q, q.shape[-2])
     return _checks.features(window_size, softcap, kwargs.get("s_aux"), q, q.shape[-2])
 
 

@@ -150,7 +150,13 @@ def compare(family, device, dtype, seq):
 
 def _loss_and_grads(model, ids, mask=None):
     model.zero_grad(set_to_none=True)
-    labels = ids if mask is None else ids.masked_fill(mask == 0, -100)  # no loss on padding
+    labels = ids
+    if mask is not None:
+        # No loss on padding, nor on a token predicted from a padding position (the first real
+        # token after left padding: labels shift by one inside the model). A padding row's output
+        # is each backend's own convention (eager: a uniform average; flashcore: zeros).
+        after_pad = torch.nn.functional.pad(mask[:, :-1], (1, 0), value=1) == 0
+        labels = ids.masked_fill((mask == 0) | after_pad, -100)
     loss = model(ids, attention_mask=mask, labels=labels).loss
     loss.backward()
     grads = torch.cat([p.grad.double().flatten() for p in model.parameters() if p.grad is not None])

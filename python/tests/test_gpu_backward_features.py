@@ -178,3 +178,26 @@ def test_hf_training_step_with_features(family, dtype):
     assert fcore[0] <= max(hf_models.BOUND * worst_loss, 1e-3), (fcore, errors)
     # The other backends never go through flashcore.hf: every fallback would be fcore's.
     assert flashcore.hf.stats["fallback"] == fallback_before
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("family", ["mistral", "gemma2_d128", "gpt_oss"])
+def test_hf_padded_training_step_with_features(family, dtype):
+    """The same models on a padded batch (one row right-padded, one left-padded): each layer's
+    mask is padding with its causal window on top, served by varlen's backward with the window,
+    softcap and sinks (no fallback to SDPA); loss and every parameter gradient (the sinks' too)
+    against the fp32 eager model within hf_models.BOUND of transformers' best backend."""
+    pytest.importorskip("transformers")
+    import flashcore.hf
+    import hf_models
+
+    fallback_before = flashcore.hf.stats["fallback"]
+    errors, served = hf_models.compare_training(family, "cuda", dtype, seq=256, padded=True,
+                                                cfg=_training_configs()[family])
+    fcore = errors.pop("fcore")
+    print(f"hf padded training {family} {dtype}: fcore loss {fcore[0]:.2e} grads {fcore[1]:.2e}; others {errors}")
+    assert served == 2 and flashcore.hf.stats["fallback"] == fallback_before  # no call fell back
+    best_grad = min(e[1] for e in errors.values())
+    assert fcore[1] <= hf_models.BOUND * best_grad, (fcore, errors)
+    worst_loss = max(e[0] for e in errors.values())
+    assert fcore[0] <= max(hf_models.BOUND * worst_loss, 1e-3), (fcore, errors)

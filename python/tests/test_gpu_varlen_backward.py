@@ -4,7 +4,7 @@ head dims 64, 96, 128 and 256; windows, softcap and learnable sinks) against flo
 sequence; bitwise run to run and independent of the neighbours;
 torch.compile(fullgraph=True) as an opaque op; no host synchronisation; refusals; and an HF
 Llama training step on a padded batch through "fcore" (served by varlen, no fallback) against
-"sdpa". Skips visibly without a usable GPU; FLASHCORE_REQUIRE_GPU=1 turns the skips into failures."""
+transformers' own backends. Skips visibly without a usable GPU; FLASHCORE_REQUIRE_GPU=1 turns the skips into failures."""
 
 import math
 
@@ -286,11 +286,45 @@ def test_varlen_feature_bits_are_deterministic_and_opcheck():
                           test_utils=("test_schema", "test_faketensor"))
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", [(64, (15, 0), 10.0, True), (128, (15, 0), 0.0, False), (64, (127, 0), 0.0, True)])
+def test_padded_pack_feature_gradients_match_float64(case, dtype):
+    """A padded batch with issue 24's features as the HF backend packs it: slot b of S rows, its
+    sequence from row b·S + start[b] (left padding), used[b] tokens (seqused_q = seqused_k), a
+    causal window, softcap and sinks; every used row's gradients against float64, all other rows 0."""
+    d, window, softcap, with_sinks = case
+    s, start, used = 100, [0, 20, 0, 37], [100, 80, 63, 1]
+    b = len(start)
+    q, k, v, d_o = leaves([b * s], [b * s], 4, 2, d, dtype, seed=11 + d)
+    with torch.no_grad():
+        q.mul_(2.0)
+        k.mul_(2.0)
+    sinks = (torch.randn(4, device="cuda") * 1.5).to(torch.bfloat16).requires_grad_() if with_sinks else None
+    offsets = [i * s + start[i] for i in range(b)]
+    c = torch.tensor(offsets + [b * s], dtype=torch.int32, device="cuda")
+    u = torch.tensor(used, dtype=torch.int32, device="cuda")
+    out = flash_attn_varlen_func(q, k, v, c, c, s, s, causal=True, window_size=window, softcap=softcap,
+                                 learnable_sink=sinks, seqused_q=u, seqused_k=u)
+    out.backward(d_o)
+    rows = torch.cat([torch.arange(o, o + n, device="cuda") for o, n in zip(offsets, used)])
+    want = feature_reference(q[rows], k[rows], v[rows], d_o[rows], used, used, True, window, softcap, sinks)
+    got = [q.grad, k.grad, v.grad]
+    for name, g, w in zip(("dq", "dk", "dv"), got, want):
+        assert torch.isfinite(g).all(), name
+        assert rel(g[rows], w) <= TOL[dtype], (name, rel(g[rows], w))
+        rest = torch.ones(b * s, dtype=torch.bool, device="cuda")
+        rest[rows] = False
+        assert (g[rest] == 0).all(), name
+    if with_sinks:
+        assert rel(sinks.grad, want[3]) <= TOL[torch.bfloat16], rel(sinks.grad, want[3])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_hf_padded_training_step_matches_sdpa(dtype):
     """A Llama (GQA 4/2, sharpened q/k) training step on a padded batch (one row right-padded, one
     left-padded) through "fcore": every attention call served by varlen (no fallback), loss and
-    parameter gradients against an fp32 eager model within hf_models.BOUND of "sdpa"'s error."""
+    parameter gradients against an fp32 eager model within hf_models.BOUND of the best backend's error."""
     pytest.importorskip("transformers")
     import flashcore.hf
     import hf_models
@@ -300,7 +334,8 @@ def test_hf_padded_training_step_matches_sdpa(dtype):
     fcore = errors.pop("fcore")
     print(f"hf padded training llama {dtype}: fcore loss {fcore[0]:.2e} grads {fcore[1]:.2e}; others {errors}")
     assert served == 2 and flashcore.hf.stats["fallback"] == fallback  # no call fell back
-    # Against "sdpa" (the backend a padded batch trained through before): within BOUND of its error.
-    assert fcore[1] <= hf_models.BOUND * errors["sdpa"][1], (fcore, errors)
+    # Within BOUND of transformers' best backend (the loss leaves out predictions made at padding
+    # positions, whose outputs are each backend's own convention: hf_models._loss_and_grads).
+    assert fcore[1] <= hf_models.BOUND * min(e[1] for e in errors.values()), (fcore, errors)
     worst_loss = max(e[0] for e in errors.values())
     assert fcore[0] <= max(hf_models.BOUND * worst_loss, 1e-3), (fcore, errors)
