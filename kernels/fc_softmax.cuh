@@ -3,7 +3,6 @@
 // Always rescales; masking and the fully-masked-row guard are selects, never branches.
 #pragma once
 #include "fc_common.cuh"
-#include "fc_exp2_fma.cuh"
 
 // Accumulator element i of an m64nN tile: column 8*(i/4) + 2*(lane%4) + (i%2), row half (i/2)%2.
 template <int N>
@@ -41,9 +40,7 @@ struct OnlineSoftmax {
             for (int j = 0; j < N / 8; ++j) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    // 1/FC_EXP2_FMA of the scores, chosen by position: 2^x on the FMA pipe.
-                    const float x = (s[4 * j + 2 * h + e] - m_use) * scale_log2;
-                    const float p = exp2_on_fma(2 * j + e) ? exp2_fma(x) : fast_exp2(x);
+                    const float p = fast_exp2((s[4 * j + 2 * h + e] - m_use) * scale_log2);
                     s[4 * j + 2 * h + e] = p;
                     sum += p;
                 }

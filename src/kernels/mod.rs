@@ -50,7 +50,6 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_wgmma_ops.cuh",
     "fc_wgmma_n176.cuh",
     "fc_softmax.cuh",
-    "fc_exp2_fma.cuh",
     "fc_cluster.cuh",
     "fc_instrument.cuh",
     "fc_decode.cuh",
@@ -463,12 +462,6 @@ impl Variant {
         if self.cycle_timer {
             o.push("-DFC_CYCLE_TIMER=1".into());
         }
-        // Exponentials on the FMA pipe (kernels/fc_exp2_fma.cuh): passed only when on, so the
-        // other builds keep their options and cache keys.
-        let every = exp2_fma_every(self.head_dim, std::env::var("FLASHCORE_EXP2_FMA").ok().as_deref());
-        if every != 0 {
-            o.push(format!("-DFC_EXP2_FMA={every}"));
-        }
         o
     }
 
@@ -520,19 +513,6 @@ impl Variant {
 /// hold a 128-register O accumulator — with 128-key scores (64 registers) and their fragments
 /// (32) beside it they would spill at 232 registers (PERF_NOTES, issue 24) — and whose
 /// 128-row Q tile (64 KiB) leaves room for two 64-key stages of 64 KiB.
-/// 1/K of each row's exponentials on the FMA pipe (`FC_EXP2_FMA = K`, fixed positions in the
-/// fragment; 0 = all on MUFU), for every forward build of a head dim alike, so a row's bits do
-/// not depend on which build (tile height, decode or prefill) computes it. Shipped: 0 everywhere
-/// (PERF_NOTES, branch exp2fma). `FLASHCORE_EXP2_FMA=0|2|4|8|16` overrides it for measurements
-/// (a knob of the compile options, read when a variant is built; other values are ignored).
-pub fn exp2_fma_every(_head_dim: usize, knob: Option<&str>) -> usize {
-    let shipped = 0;
-    match knob.and_then(|v| v.parse::<usize>().ok()) {
-        Some(k @ (0 | 2 | 4 | 8 | 16)) => k,
-        _ => shipped,
-    }
-}
-
 pub fn block_n_for(head_dim: usize) -> usize {
     if head_dim > 128 {
         64
