@@ -256,6 +256,26 @@ fn with_knobs(
     }
 }
 
+/// Whether the forward kernel of `variant` is launched as a programmatic dependent of the
+/// previous kernel in its stream ([`Plan::launch_on`]): shipped prefill builds (dense and
+/// secret-length; varlen launches from its own module), unless `FLASHCORE_PDL=0` (read once per
+/// process: the A/B knob of PERF_NOTES, branch `pdl`). Not decode and KV-cache builds (their
+/// main kernel signals its combine at the very top; not measured with the attribute yet), nor
+/// the leakage test's builds, whose timings assume a plain launch.
+fn programmatic_launch(variant: Variant) -> bool {
+    static KNOB: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *KNOB.get_or_init(|| std::env::var("FLASHCORE_PDL").map_or(true, |v| v.trim() != "0"));
+    on && pdl_eligible(variant)
+}
+
+/// The builds [`programmatic_launch`] may apply to (see there).
+fn pdl_eligible(variant: Variant) -> bool {
+    !variant.decode
+        && variant.leaky_control.is_none()
+        && !variant.floor_control
+        && !variant.cycle_timer
+}
+
 /// What the per-sequence lengths buffer of a plan means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Lengths {
@@ -791,14 +811,33 @@ impl Plan {
         let block = cached.as_mut().map(|(_, b)| b).expect("filled above");
         let mut args: [*mut std::ffi::c_void; 1] =
             [(&mut **block) as *mut KernelParams as *mut std::ffi::c_void];
-        cudarc::driver::result::launch_kernel(
+        // Programmatic dependent launch (issue 25, lead (e)): the grid may be scheduled while the
+        // previous kernel in the stream drains; the kernel waits (`griddepcontrol.wait`) before
+        // its first global access, so any predecessor's writes are complete and visible. A
+        // non-kernel predecessor (copy, event) orders as usual; in a graph capture the edge
+        // becomes a programmatic one.
+        let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: self.grid.0,
+            gridDimY: self.grid.1,
+            gridDimZ: self.grid.2,
+            blockDimX: self.tile.threads() as u32,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: self.kernel.smem_bytes as u32,
+            hStream: stream,
+            attrs: &mut attr,
+            numAttrs: programmatic_launch(self.kernel.variant) as u32,
+        };
+        sys::cuLaunchKernelEx(
+            &config,
             self.kernel.function.cu_function(),
-            self.grid,
-            (self.tile.threads() as u32, 1, 1),
-            self.kernel.smem_bytes as u32,
-            stream,
-            &mut args,
-        )?;
+            args.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+        .result()?;
         if let (Some(d), Some(combine)) = (self.decode, self.kernel.combine.as_ref()) {
             if d.num_splits > 1 {
                 self.launch_combine(block, d, combine, stream)?;
@@ -888,6 +927,27 @@ impl Plan {
 mod tests {
     use super::*;
     use crate::attention::DType;
+
+    #[test]
+    fn programmatic_launch_only_for_shipped_prefill_builds() {
+        let prefill = Variant::basic(DType::Bf16, 64, true, 64);
+        assert!(pdl_eligible(prefill));
+        let timer = TestBuild {
+            cycle_timer: true,
+            ..TestBuild::default()
+        };
+        assert!(!pdl_eligible(timer.apply(prefill)));
+        let floor = TestBuild {
+            floor_control: true,
+            ..TestBuild::default()
+        };
+        assert!(!pdl_eligible(floor.apply(prefill)));
+        let decode = Variant {
+            decode: true,
+            ..prefill
+        };
+        assert!(!pdl_eligible(decode));
+    }
 
     #[test]
     fn knobs_pick_only_shipped_variants() {
