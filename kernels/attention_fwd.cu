@@ -122,6 +122,7 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
 #if FC_LEAKY_CONTROL == 1
     {  // LEAK (control only): read Q[batch, m_block·BM, head, 0] of this CTA's first tile and
        // leave early if it is +0.0.
+        asm volatile("griddepcontrol.wait;" ::: "memory");  // as below, before this read
         const Tile t = Scheduler{p}.tile(Scheduler{p}.first_unit(), 0);
         const uint16_t* q = reinterpret_cast<const uint16_t*>(p.o_ptr_q_for_control);
         if (q[t.batch * p.o_stride_b + (int64_t)min(t.m_block * cfg::BM, p.seqlen_q - 1) * p.o_stride_s +
@@ -135,6 +136,11 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
 #endif
     const int warp = warp_id_in_block();
     if (threadIdx.x == 0) {
+        // The tensor maps live in the launch's parameter block, not in memory earlier work
+        // writes: their fetch may start before the grid-dependency wait below.
+        tma_prefetch_desc(&p.q_map);
+        tma_prefetch_desc(&p.k_map);
+        tma_prefetch_desc(&p.v_map);
 #pragma unroll
         for (int i = 0; i < cfg::QBUF; ++i) {
             mbar_init(&s.q_full[i], 1);
@@ -151,6 +157,23 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
     }
     __syncthreads();
     FC_PHASE_MARK(FC_PHASE_INIT, 0);
+    // Programmatic dependent launch (src/attention/launch.rs): this grid may start while the
+    // previous kernel in the stream still runs. Everything above touches only shared memory and
+    // the parameter block; every thread waits here before its first global access (TMA loads
+    // of Q/K/V, lengths, sinks, stores of O/LSE). PTX ISA, griddepcontrol: `.wait` blocks
+    // "until all prerequisite grids in flight have completed and all the memory operations from
+    // the prerequisite grids are performed and made visible to the current grid" — so a
+    // predecessor's writes of our inputs are visible and its reads of our outputs are over. A
+    // no-op without the launch attribute. Executed unconditionally by every thread, so this
+    // grid never completes before its predecessor: a chain of dependents stays ordered.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#if !FC_DECODE
+    // The next programmatic launch (the next flashcore call) may now be scheduled: its CTAs
+    // take only SMs this grid leaves free (every CTA of ours is resident before the trigger
+    // counts), and its own wait above holds it until this grid has completed and flushed O.
+    // Decode builds signal at the very top for their combine kernel.
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
 
     // Each role stays inside its own branch to the end: code after a join would be compiled for
     // the producer's reduced register budget.
