@@ -105,8 +105,10 @@ FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const O
     const int row_base = 0;
 #endif
     // 16-byte stores need 16-byte aligned rows: a public property of the output's address and
-    // strides (the API allows 4-byte aligned outputs, which keep the 4-byte stores).
-    const bool vec = ((p.o_ptr | (uint64_t)(p.o_stride_b | p.o_stride_s | p.o_stride_h) << 1) & 15) == 0;
+    // strides (the API allows 4-byte aligned outputs, which keep the 4-byte stores). Not in
+    // 176-key builds: at 240 registers the transpose spills there (long sequences only, where the
+    // epilogue is a small share of a tile).
+    const bool vec = !LONG_KEYS && ((p.o_ptr | (uint64_t)(p.o_stride_b | p.o_stride_s | p.o_stride_h) << 1) & 15) == 0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = c.row0 + 8 * h;
