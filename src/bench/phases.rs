@@ -227,10 +227,7 @@ pub fn render(r: &PhaseReport) -> String {
     let tiles = r.tiles.median.max(1.0);
     s += &format!(
         "{:44} {:>9} {:>9} {:>12}\n",
-        "phase (summed over the CTA's tiles)",
-        "cycles",
-        "ns",
-        "cycles/tile"
+        "phase (summed over the CTA's tiles)", "cycles", "ns", "cycles/tile"
     );
     for (name, p) in PHASES.iter().zip(&r.phases) {
         s += &format!(
