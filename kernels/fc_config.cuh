@@ -61,8 +61,15 @@ constexpr int SW_ELEMS = D % 64 == 0 ? 64 : 32;
 constexpr int CHUNKS = D / SW_ELEMS;        // swizzle atoms across the head dim
 constexpr int CONSUMERS = FC_CONSUMERS;     // consumer warpgroups, 64 query rows each
 // Q buffers: decode mode double-buffers Q, so the producer loads the next work unit's Q (and
-// then its K/V) while this unit's last Q Kᵀ is still to come — its units are short.
-constexpr int QBUF = FC_DECODE ? 2 : 1;
+// then its K/V) while this unit's last Q Kᵀ is still to come — its units are short. Prefill
+// tiles double-buffer it where shared memory allows (FC_QBUF=2, the host's rule: Tile in
+// src/kernels/mod.rs): with one buffer the producer stops at the next tile's Q until this
+// tile's last Q Kᵀ, so neither that Q nor the next tile's first K/V stages can load ahead.
+#ifndef FC_QBUF
+#define FC_QBUF (FC_DECODE ? 2 : 1)
+#endif
+constexpr int QBUF = FC_QBUF;
+static_assert(QBUF == 1 || QBUF == 2, "one or two Q buffers");
 static_assert(BM == 64 * CONSUMERS, "each consumer warpgroup owns 64 query rows");
 // 176 keys: FA3's d128 non-causal tile (fewer, longer key blocks per row; PERF_NOTES, fwdperf).
 static_assert(BN == 64 || BN == 128 || (BN == 176 && D == 128 && CONSUMERS <= 2 && !FC_CAUSAL && !FC_DECODE),

@@ -261,6 +261,7 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     const int wg = c.wg;
     Shared& s = c.s;
     const Params& p = c.p;
+    FC_PHASE_MARK(FC_PHASE_BEGIN, 128);
     mbar_wait(&s.q_full[q_load % QBUF], (q_load / QBUF) & 1);
     FC_PHASE_MARK(FC_PHASE_Q, 128);
 

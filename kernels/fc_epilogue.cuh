@@ -51,6 +51,46 @@ FC_DEVICE void store_row(uint16_t* out, const float (&o)[cfg::D / 2], int h, flo
     }
 }
 
+// The four lanes of a quad hold one row's columns in pairs (lane c: columns 8j + 2c, +1 of each
+// 8-column chunk j). A 4×4 transpose of the packed words of chunks 4g .. 4g+3 gives lane c the
+// whole 16-byte chunk 4g + c: two butterfly exchanges (xor 1, then xor 2), selects on the lane.
+FC_DEVICE void quad_transpose(uint32_t (&a)[4], int c) {
+    const bool odd = (c & 1) != 0;
+#pragma unroll
+    for (int k = 0; k < 4; k += 2) {
+        const uint32_t r = __shfl_xor_sync(0xffffffffu, odd ? a[k] : a[k + 1], 1);
+        a[k] = odd ? r : a[k];
+        a[k + 1] = odd ? a[k + 1] : r;
+    }
+    const bool hi = (c & 2) != 0;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const uint32_t r = __shfl_xor_sync(0xffffffffu, hi ? a[k] : a[k + 2], 2);
+        a[k] = hi ? r : a[k];
+        a[k + 2] = hi ? a[k + 2] : r;
+    }
+}
+
+// store_row with 16-byte stores: a quarter of the store instructions and whole 32-byte sectors
+// per lane pair, where the 4-byte stores wrote half-sectors of eight rows each (PERF_NOTES,
+// branch `epi`: the epilogue was a fifth to a third of a short tile). `row_out` is the row's
+// first element, 16-byte aligned; every lane of the warp calls it (the shuffles), and `store`
+// (public: the row is inside Sq) decides the write.
+FC_DEVICE void store_row_vec(uint16_t* row_out, const float (&o)[cfg::D / 2], int h, float inv, int quad_lane,
+                             bool store) {
+#pragma unroll
+    for (int g = 0; g < cfg::D / 32; ++g) {
+        uint32_t a[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const int j = 4 * g + k;
+            a[k] = pack_elem2(o[4 * j + 2 * h] * inv, o[4 * j + 2 * h + 1] * inv);
+        }
+        quad_transpose(a, quad_lane);
+        if (store) *reinterpret_cast<uint4*>(row_out + 8 * (4 * g + quad_lane)) = make_uint4(a[0], a[1], a[2], a[3]);
+    }
+}
+
 FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const OnlineSoftmax<cfg::BN>& softmax) {
     using namespace cfg;
     const Params& p = c.p;
@@ -64,6 +104,11 @@ FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const O
     const int rows_q = p.seqlen_q;
     const int row_base = 0;
 #endif
+    // 16-byte stores need 16-byte aligned rows: a public property of the output's address and
+    // strides (the API allows 4-byte aligned outputs, which keep the 4-byte stores). Not in
+    // 176-key builds: at 240 registers the transpose spills there (long sequences only, where the
+    // epilogue is a small share of a tile).
+    const bool vec = !LONG_KEYS && ((p.o_ptr | (uint64_t)(p.o_stride_b | p.o_stride_s | p.o_stride_h) << 1) & 15) == 0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = c.row0 + 8 * h;
@@ -71,10 +116,11 @@ FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const O
         // the true length are zeroed too (a select on a secret, never a branch).
         const RowNorm n = row_norm(p.sinks_ptr, c.head, p.scale_log2, p.scale, softmax.row_max[h], total[h],
                                    !FC_SECRET_LEN || row < c.key_limit);
+        uint16_t* const row_out = reinterpret_cast<uint16_t*>(p.o_ptr) + c.batch * p.o_stride_b +
+                                  (int64_t)(row_base + row) * p.o_stride_s + c.head * p.o_stride_h;
+        if (vec) store_row_vec(row_out, o, h, n.inv, c.lane % 4, row < rows_q);
         if (row < rows_q) {
-            store_row(reinterpret_cast<uint16_t*>(p.o_ptr) + c.batch * p.o_stride_b +
-                          (int64_t)(row_base + row) * p.o_stride_s + c.head * p.o_stride_h + c.col0,
-                      o, h, n.inv);
+            if (!vec) store_row(row_out + c.col0, o, h, n.inv);
             if (p.lse_ptr != 0 && (c.lane % 4) == 0) {
                 // Varlen: [Hq, total tokens] (seqlen_q is the pack's total), flash-attn's layout.
                 float* lse_out = reinterpret_cast<float*>(p.lse_ptr) +

@@ -38,6 +38,9 @@
 
 __constant__ uint64_t fc_timer_buf;   // device address of the records (public)
 __constant__ uint32_t fc_timer_slot;  // this launch's index in the buffer (public)
+// The phase marks' running sums over a CTA's tiles (see fc_phase): [0] the last mark's clock,
+// [1] the first tile's start, [2..4] Σ Q wait, Σ first scores, Σ main loop, [5] tiles begun.
+__shared__ uint64_t fc_phase_state[6];
 
 FC_DEVICE uint64_t fc_clock64() {
     uint64_t t;
@@ -66,6 +69,7 @@ FC_DEVICE void fc_timer_start() {
         r[FC_TIMER_START_CLOCK] = clk;
         r[FC_TIMER_START_NS] = ns;
         r[FC_TIMER_SMID] = fc_smid();
+        fc_phase_state[5] = 0;  // before the block-wide barrier that precedes every phase mark
     }
 }
 // Called by every consumer thread after its last store; lane 0 of each warp writes.
@@ -80,14 +84,40 @@ FC_DEVICE void fc_timer_stop() {
     }
 }
 // Phase marks (issue 14's breakdown, read by `flashcore bench --phases`): the SM clock when the
-// block's barriers are initialised (thread 0), and when the first consumer thread has its Q tile,
-// its first scores, and its last P V of the tile (a CTA's last tile wins). Public values only.
+// block's barriers are initialised (thread 0); then, for the first consumer thread, each tile's
+// begin, its Q tile's arrival, its first scores and its last P V. A persistent CTA walks many
+// tiles, so the Q, S0 and LOOP words hold running sums laid end to end from the first tile's
+// begin: Q = begin₀ + Σ Q wait, S0 = Q + Σ first scores, LOOP = S0 + Σ main loop. The span from
+// LOOP to the CTA's stop is then Σ epilogue (each tile's last P V to the next tile's begin), and
+// the BEGIN word counts the tiles. With one tile these are the plain marks. Public values only.
 #define FC_PHASE_INIT 3
 #define FC_PHASE_Q 28
 #define FC_PHASE_S0 29
 #define FC_PHASE_LOOP 30
+#define FC_PHASE_BEGIN 31
 FC_DEVICE void fc_phase(int word, int thread) {
-    if ((int)threadIdx.x == thread) fc_timer_record()[word] = fc_clock64();
+    if ((int)threadIdx.x != thread) return;
+    const uint64_t now = fc_clock64();
+    uint64_t* r = fc_timer_record();
+    uint64_t* st = fc_phase_state;
+    if (word == FC_PHASE_INIT) {
+        r[word] = now;
+        return;
+    }
+    if (word == FC_PHASE_BEGIN) {
+        if (st[5] == 0) {
+            st[1] = now;
+            st[2] = st[3] = st[4] = 0;
+        }
+        st[5] += 1;
+        r[FC_PHASE_BEGIN] = st[5];
+    } else {
+        st[2 + (word - FC_PHASE_Q)] += now - st[0];
+        r[FC_PHASE_Q] = st[1] + st[2];
+        r[FC_PHASE_S0] = st[1] + st[2] + st[3];
+        r[FC_PHASE_LOOP] = st[1] + st[2] + st[3] + st[4];
+    }
+    st[0] = now;
 }
 #define FC_TIMER_START() fc_timer_start()
 #define FC_TIMER_STOP() fc_timer_stop()

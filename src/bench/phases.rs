@@ -2,9 +2,11 @@
 //! (kernels/fc_instrument.cuh) marks, per CTA, the SM clock at the start, once the barriers are
 //! initialised, when the first consumer thread has its Q tile, its first scores and its last
 //! P V, and when each consumer warp has stored its output; and the global timer at the start and
-//! the end. `flashcore bench --phases` launches it on rotating random inputs (cold L2, as the
-//! bench times) and reports the median of each phase over CTAs and launches, and the span from
-//! the first CTA's start to the last CTA's end.
+//! the end. A persistent CTA that walks several tiles sums each phase over its tiles (the marks
+//! are laid end to end: fc_instrument.cuh), and counts them; the report gives both the sums and
+//! the sums divided by the median tile count. `flashcore bench --phases` launches it on rotating
+//! random inputs (cold L2, as the bench times) and reports the median of each phase over CTAs and
+//! launches, and the span from the first CTA's start to the last CTA's end.
 //!
 //! The record layout is the cycle timer's (`src/leakage/cycles.rs`); the phase words are
 //! `FC_PHASE_*` in kernels/fc_instrument.cuh.
@@ -22,6 +24,7 @@ const PHASE_INIT: usize = 3;
 const PHASE_Q: usize = 28;
 const PHASE_S0: usize = 29;
 const PHASE_LOOP: usize = 30;
+const PHASE_TILES: usize = 31;
 
 /// The phases, in order, each from the previous mark to its own.
 pub const PHASES: [&str; 5] = [
@@ -32,11 +35,12 @@ pub const PHASES: [&str; 5] = [
     "→ output stored (epilogue)",
 ];
 
-/// One CTA's marks: the five phase lengths in SM cycles, and its start and end in global-timer
-/// nanoseconds.
+/// One CTA's marks: the five phase lengths in SM cycles (each summed over the CTA's tiles), its
+/// tile count, and its start and end in global-timer nanoseconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct CtaPhases {
     pub cycles: [u64; 5],
+    pub tiles: u64,
     pub start_ns: u64,
     pub end_ns: u64,
 }
@@ -63,6 +67,7 @@ pub fn cta_phases(r: &[u64], warps: usize) -> Option<CtaPhases> {
     }
     Some(CtaPhases {
         cycles,
+        tiles: r[PHASE_TILES].max(1),
         start_ns: r[START_NS],
         end_ns,
     })
@@ -76,6 +81,8 @@ pub struct PhaseReport {
     pub launches: usize,
     /// Per phase: the per-launch median over CTAs, summarised over launches.
     pub phases: Vec<Stats>,
+    /// Per launch: the median CTA's tile count.
+    pub tiles: Stats,
     /// Per launch: SM cycles from start to end, median CTA and slowest CTA.
     pub total_median_cta: Stats,
     pub total_max_cta: Stats,
@@ -105,6 +112,7 @@ pub fn reduce(
 ) -> Result<PhaseReport> {
     let mut per_phase: Vec<Vec<f64>> = vec![Vec::new(); PHASES.len()];
     let (mut tot_med, mut tot_max, mut span, mut skew) = (vec![], vec![], vec![], vec![]);
+    let mut tiles = vec![];
     let (mut sum_cycles, mut sum_ns) = (0u128, 0u128);
     for words in launches {
         let ctas_ok: Vec<CtaPhases> = words
@@ -121,6 +129,8 @@ pub fn reduce(
             let mut v: Vec<u64> = ctas_ok.iter().map(|c| c.cycles[i]).collect();
             list.push(median_u64(&mut v));
         }
+        let mut t: Vec<u64> = ctas_ok.iter().map(|c| c.tiles).collect();
+        tiles.push(median_u64(&mut t));
         let mut totals: Vec<u64> = ctas_ok.iter().map(|c| c.cycles.iter().sum()).collect();
         tot_max.push(*totals.iter().max().expect("non-empty") as f64);
         tot_med.push(median_u64(&mut totals));
@@ -144,6 +154,7 @@ pub fn reduce(
             .iter()
             .map(|v| summary(v))
             .collect::<Result<_>>()?,
+        tiles: summary(&tiles)?,
         total_median_cta: summary(&tot_med)?,
         total_max_cta: summary(&tot_max)?,
         span_ns: summary(&span)?,
@@ -213,10 +224,20 @@ pub fn render(r: &PhaseReport) -> String {
         "phases of {} ({} CTAs, {} launches, SM clock {:.0} MHz; median CTA per launch, median over launches)\n",
         r.variant, r.ctas, r.launches, r.mhz
     );
-    s += &format!("{:44} {:>9} {:>9}\n", "phase", "cycles", "ns");
+    let tiles = r.tiles.median.max(1.0);
+    s += &format!(
+        "{:44} {:>9} {:>9} {:>12}\n",
+        "phase (summed over the CTA's tiles)", "cycles", "ns", "cycles/tile"
+    );
     for (name, p) in PHASES.iter().zip(&r.phases) {
-        s += &format!("{name:44} {:>9.0} {:>9.0}\n", p.median, ns(p.median));
+        s += &format!(
+            "{name:44} {:>9.0} {:>9.0} {:>12.0}\n",
+            p.median,
+            ns(p.median),
+            p.median / tiles
+        );
     }
+    s += &format!("{:44} {:>9.1}\n", "tiles per CTA (median CTA)", tiles);
     s += &format!(
         "{:44} {:>9.0} {:>9.0}\n{:44} {:>9.0} {:>9.0}\n",
         "CTA total (median CTA)",
@@ -250,6 +271,7 @@ mod tests {
         r[PHASE_Q] = marks[2];
         r[PHASE_S0] = marks[3];
         r[PHASE_LOOP] = marks[4];
+        r[PHASE_TILES] = 2;
         for w in 0..warps {
             r[STOP_CLOCK + w] = marks[5] - w as u64;
             r[STOP_NS + w] = end_ns - w as u64;
@@ -262,6 +284,10 @@ mod tests {
         let r = record([100, 150, 1150, 1400, 3400, 3900], 10, 2000, 4);
         let p = cta_phases(&r, 4).unwrap();
         assert_eq!(p.cycles, [50, 1000, 250, 2000, 500]);
+        assert_eq!(p.tiles, 2);
+        let mut one = r.clone();
+        one[PHASE_TILES] = 0; // a build without the count reads as one tile
+        assert_eq!(cta_phases(&one, 4).unwrap().tiles, 1);
         assert_eq!((p.start_ns, p.end_ns), (10, 2000));
     }
 
@@ -284,6 +310,8 @@ mod tests {
         let r = reduce("v".into(), &[launch], 3, warps).unwrap();
         assert_eq!(r.phases[0].median, 20.0);
         assert_eq!(r.phases[3].median, 1000.0);
+        assert_eq!(r.tiles.median, 2.0);
+        assert!(render(&r).contains("tiles per CTA"));
         assert_eq!(r.total_median_cta.median, 2220.0);
         assert_eq!(r.total_max_cta.median, 2230.0);
         assert_eq!(r.span_ns.median, 1300.0);

@@ -79,7 +79,8 @@ pub struct Tile {
     pub stages: usize,
     /// Consumer warpgroups.
     pub consumers: usize,
-    /// Q tile buffers (2 in decode mode: the next unit's Q loads during this one).
+    /// Q tile buffers (2 in decode mode and wherever prefill fits two: the next tile's Q loads
+    /// during this one).
     pub q_buffers: usize,
     /// CTAs of a cluster sharing one query tile's keys (1: no split).
     pub split: usize,
@@ -410,13 +411,30 @@ impl Variant {
             (false, _) | (true, 256) => 2,
             (true, _) => 3,
         };
-        Tile {
+        let tile = Tile {
             block_m: self.block_m,
             block_n: self.block_n,
             stages,
             consumers: self.block_m / 64,
             q_buffers: if self.decode { 2 } else { 1 },
             split: self.split,
+        };
+        // Prefill tiles double-buffer Q where it fits (not d256 at 128 rows, nor 176-key
+        // blocks, nor 192-row tiles, whose 160-register consumers spill with it): the next
+        // tile's Q and first K/V stages then load under this tile's last blocks and epilogue
+        // (branch `epi`). A split's CTA has one tile: one buffer.
+        let two = Tile {
+            q_buffers: 2,
+            ..tile
+        };
+        if !self.decode
+            && self.split == 1
+            && tile.consumers <= 2
+            && two.smem_bytes(self.head_dim) <= MAX_SMEM_BYTES
+        {
+            two
+        } else {
+            tile
         }
     }
 
@@ -436,6 +454,10 @@ impl Variant {
             "-DFC_LEAKY_CONTROL={}",
             self.leaky_control.map_or(0, |c| c as u8)
         ));
+        // Prefill tiles with two Q buffers (decode builds default to two).
+        if !self.decode && t.q_buffers == 2 {
+            o.push("-DFC_QBUF=2".into());
+        }
         // Decode builds only: prefill variants keep their options (and cache keys) unchanged.
         if self.decode {
             o.push("-DFC_DECODE=1".into());
