@@ -176,12 +176,7 @@ fn sweep_test<T: Element>(name: &str, dtype: DType, head_dims: &[usize]) {
     };
     let s = seed();
     let failures = sweep::<T>(&ctx, dtype, s, head_dims);
-    assert!(
-        failures.is_empty(),
-        "seed {s}: {} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert_no_failures(s, &failures);
 }
 
 #[test]

@@ -224,12 +224,7 @@ fn producer_test<T: Element>(name: &str, dtype: DType, graph: bool) {
         .iter()
         .filter_map(|p| producer_case::<T>(&ctx, &f, p, &mut rng, graph).err())
         .collect();
-    assert!(
-        failures.is_empty(),
-        "seed {s}: {} failures:\n{}",
-        failures.len(),
-        failures.join("\n")
-    );
+    assert_no_failures(s, &failures);
 }
 
 #[test]

@@ -35,6 +35,16 @@ pub fn seed() -> u64 {
     rand::rng().random()
 }
 
+/// Fails with every case's message and the seed that replays them, unless `failures` is empty.
+pub fn assert_no_failures(seed: u64, failures: &[String]) {
+    assert!(
+        failures.is_empty(),
+        "seed {seed}: {} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
 /// Standard-normal values (Box–Muller), rounded to the element type.
 pub fn randn<T: Element>(rng: &mut impl Rng, n: usize) -> Vec<T> {
     (0..n)
