@@ -30,11 +30,50 @@ FC_DEVICE uint32_t dkdv_opaque(uint32_t x) {
 #endif
 }
 
+// LSE₂ and D staged in shared memory with each (Q, dO) stage (FC_STAGE_STATS=1, the host's rule:
+// BwdVariant::stage_stats) or read from the workspace where they are used (0: the one pass, which
+// has no shared memory left at d64 and whose producer spilled with the copies at d128).
+#ifndef FC_STAGE_STATS
+#define FC_STAGE_STATS 1
+#endif
+constexpr int STAT_STAGES = FC_STAGE_STATS ? bw::KV_STAGES : 1;
+
+// A tile's LSE₂ and D at one thread's query columns (+ j): the staged rows through 32-bit shared
+// addresses (generic pointers held beside dK, dV, Sᵀ and dPᵀ spilled the d128 one pass), or the
+// padded workspace.
+struct TileStats {
+#if FC_STAGE_STATS
+    uint32_t lse2, dvec;
+    FC_DEVICE float lse(int j) const {
+        float v;
+        asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(lse2 + 4 * j));
+        return v;
+    }
+    FC_DEVICE static float2 pair(uint32_t a) {
+        float2 v;
+        asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(a));
+        return v;
+    }
+    FC_DEVICE float2 lse_pair(int j) const { return pair(lse2 + 4 * j); }
+    FC_DEVICE float2 d_pair(int j) const { return pair(dvec + 4 * j); }
+#else
+    const float* lse2;
+    const float* dvec;
+    FC_DEVICE float lse(int j) const { return lse2[j]; }
+    FC_DEVICE float2 lse_pair(int j) const { return *reinterpret_cast<const float2*>(lse2 + j); }
+    FC_DEVICE float2 d_pair(int j) const { return *reinterpret_cast<const float2*>(dvec + j); }
+#endif
+};
+
 struct DkdvShared {
     uint16_t k[bw::CHUNKS][bw::KV_BN][bw::SW_ELEMS];
     uint16_t v[bw::CHUNKS][bw::KV_BN][bw::SW_ELEMS];
     uint16_t q[bw::KV_STAGES][bw::CHUNKS][bw::KV_BM][bw::SW_ELEMS];
     uint16_t d_o[bw::KV_STAGES][bw::CHUNKS][bw::KV_BM][bw::SW_ELEMS];
+    // Each ring stage's LSE₂ and D rows, loaded with its Q and dO: read from global memory where
+    // they are used, their latency stood between Sᵀ and Pᵀ every tile (PERF_NOTES, `bwdlse`).
+    float lse2[STAT_STAGES][bw::KV_BM];
+    float dvec[STAT_STAGES][bw::KV_BM];
     uint64_t kv_full;
     uint64_t full[bw::KV_STAGES], empty[bw::KV_STAGES];
 };
@@ -84,14 +123,21 @@ FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int
     const int total = per_head * p.group;
     for (int it = 0; it < total; ++it) {
         const int head = kv_head * p.group + it / per_head;
-        const int row = sq.q0 + (first_m + it % per_head) * KV_BM;
+        const int m_block = first_m + it % per_head;
+        const int row = sq.q0 + m_block * KV_BM;
         const int st = (int)bwd_opaque(bwd_stage<KV_STAGES>(it));  // d256: no per-stage addresses held
         mbar_wait(&s.empty[st], bwd_phase<KV_STAGES>(it) ^ 1);
-        mbar_arrive_expect_tx(&s.full[st], 2u * KV_BM * D * 2);
+        mbar_arrive_expect_tx(&s.full[st], 2u * KV_BM * D * 2 + (FC_STAGE_STATS ? 2u * KV_BM * 4 : 0u));
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
             tma_load_4d(&s.q[st][c][0][0], &p.q_map, &s.full[st], c * SW_ELEMS, row, head, sq.tb);
             tma_load_4d(&s.d_o[st][c][0][0], &p.do_map, &s.full[st], c * SW_ELEMS, row, head, sq.tb);
+        }
+        if constexpr (FC_STAGE_STATS) {
+            // The tile's padded workspace rows (sq_pad is a multiple of KV_BM: 16-byte aligned).
+            const int64_t ws_row = ((int64_t)batch * p.heads_q + head) * p.sq_pad + m_block * KV_BM;
+            bulk_load(&s.lse2[st][0], reinterpret_cast<const float*>(p.lse2_ptr) + ws_row, KV_BM * 4, &s.full[st]);
+            bulk_load(&s.dvec[st][0], reinterpret_cast<const float*>(p.dvec_ptr) + ws_row, KV_BM * 4, &s.full[st]);
         }
     }
 }
@@ -171,11 +217,17 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         const uint32_t q_base = smem_u32(&s.q[st][0][0][0]);
         const uint32_t do_base = smem_u32(&s.d_o[st][0][0][0]);
 
-        // This tile's LSE₂ and D for the thread's query columns (padded: no bounds check), read
-        // where they are used: holding all 32 beside dK, dV, Sᵀ and dPᵀ would spill at d128.
+        // This tile's LSE₂ and D for the thread's query columns, from the stage (the producer's
+        // bulk copies) or the padded workspace: read where they are used, as holding all 32
+        // beside dK, dV, Sᵀ and dPᵀ would spill at d128.
+#if FC_STAGE_STATS
+        const TileStats stats{smem_u32(&s.lse2[st][col0]), smem_u32(&s.dvec[st][col0])};
+        (void)head;
+#else
         const int64_t ws_row = ((int64_t)batch * p.heads_q + head) * p.sq_pad + m_block * KV_BM + col0;
-        const float* lse2_p = reinterpret_cast<const float*>(p.lse2_ptr) + ws_row;
-        const float* dvec_p = reinterpret_cast<const float*>(p.dvec_ptr) + ws_row;
+        const TileStats stats{reinterpret_cast<const float*>(p.lse2_ptr) + ws_row,
+                              reinterpret_cast<const float*>(p.dvec_ptr) + ws_row};
+#endif
 
         mbar_wait(&s.full[st], bwd_phase<KV_STAGES>(it));
         // Varlen: rows past the sequence's queries become zeros (fc_bwd_varlen.cuh).
@@ -224,7 +276,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
             (void)off;
             (void)rel;
 #endif
-            const float l2 = lse2_p[8 * (i / 4) + (i % 2)];
+            const float l2 = stats.lse(8 * (i / 4) + (i % 2));
 #if FC_SOFTCAP
             // Pᵀ from the capped logit (t = tanh(s·softcap_in); the exponent is t·cap_log2).
             sacc[i] = select_f(visible, fast_exp2(fmaf(bwd_softcap_t(p, sacc[i]), cap_log2, -l2)), 0.0f);
@@ -252,10 +304,10 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
                 float p0, p1;
                 unpack_elem2(pf[kk][r], p0, p1);
                 const int i = 8 * kk + 2 * r;
-                const float2 dd = *reinterpret_cast<const float2*>(dvec_p + 8 * (i / 4));
+                const float2 dd = stats.d_pair(8 * (i / 4));
 #if FC_SOFTCAP
                 // Softcap: Pᵀ·(1 − t²), t recovered from the 16-bit Pᵀ (fc_bwd_mask.cuh).
-                const float2 ll = *reinterpret_cast<const float2*>(lse2_p + 8 * (i / 4));
+                const float2 ll = stats.lse_pair(8 * (i / 4));
                 p0 = bwd_softcap_grad_from_p(p0, ll.x, cap_log2);
                 p1 = bwd_softcap_grad_from_p(p1, ll.y, cap_log2);
 #endif

@@ -15,3 +15,13 @@ FC_DEVICE void tma_load_4d(void* dst, const TensorMap* map, uint64_t* bar, int c
         "l"(map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
         : "memory");
 }
+
+// Plain bulk copy of `bytes` contiguous bytes (a multiple of 16; both addresses 16-byte aligned),
+// completing on an mbarrier like the tile loads.
+FC_DEVICE void bulk_load(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+            smem_u32(dst)),
+        "l"(src), "r"(bytes), "r"(smem_u32(bar))
+        : "memory");
+}

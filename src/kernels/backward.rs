@@ -266,6 +266,7 @@ impl BwdVariant {
         o.push(format!("-DFC_Q_STAGES={}", t.q_stages));
         o.push(format!("-DFC_PINGPONG={}", self.pingpong as u8));
         o.push(format!("-DFC_ONEPASS={}", self.onepass as u8));
+        o.push(format!("-DFC_STAGE_STATS={}", self.stage_stats() as u8));
         o.push(format!("-DFC_OP_DIAG={}", self.diag));
         o.push(format!("-DFC_VARLEN={}", self.varlen as u8));
         o.push(format!("-DFC_HEAD_DIM={}", self.head_dim));
@@ -304,12 +305,29 @@ impl BwdVariant {
         )
     }
 
-    /// Dynamic shared memory of the dK/dV kernel: K and V blocks, the (Q, dO) ring, mbarriers,
-    /// plus 1 KiB of alignment slack.
+    /// Whether the dK/dV kernel loads each tile's LSE₂ and D rows into shared memory with its
+    /// Q and dO (kernels/fc_bwd_dkdv.cuh, `FC_STAGE_STATS`): the two-pass builds. Not the one
+    /// pass: at d64 its shared memory has no room for them, and at d128 the two bulk copies
+    /// spilled its producer (40 registers, shared with the dQ writer's branch).
+    /// `FLASHCORE_BWD_STAGE_STATS=0` (read once per process) reads them from the workspace
+    /// everywhere, the A/B knob of PERF_NOTES `bwdlse`.
+    pub fn stage_stats(&self) -> bool {
+        static KNOB: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let on = *KNOB.get_or_init(|| {
+            std::env::var("FLASHCORE_BWD_STAGE_STATS").map_or(true, |v| v.trim() != "0")
+        });
+        on && !self.onepass
+    }
+
+    /// Dynamic shared memory of the dK/dV kernel: K and V blocks, the (Q, dO) ring, fp32 LSE₂
+    /// and D rows per stage (one row pair when not staged), mbarriers, plus 1 KiB of alignment
+    /// slack.
     pub fn dkdv_smem_bytes(&self) -> usize {
         let (d, t) = (self.head_dim, self.tiles());
+        let stat_stages = if self.stage_stats() { t.kv_stages } else { 1 };
         2 * t.kv_block_n * d * 2
             + 2 * t.kv_stages * t.kv_block_m * d * 2
+            + 2 * stat_stages * t.kv_block_m * 4
             + (1 + 2 * t.kv_stages) * 8
             + 1024
     }
