@@ -183,18 +183,19 @@ struct Consumer {
     FC_DEVICE void clear_dead_v(int, int) const {}
 #endif
 
-    // P (fp32 accumulators) → 16-bit A fragments: k-slice kk is accumulator columns 16kk..16kk+15.
 #if FC_P_SMEM
-    // This thread's first P element in its warpgroup's buffer: row warp*16 + lane/4 (+8 for the
-    // second half; both halves have row%8 = lane/4, which sits in address bits 4–6 — the buffer
-    // is 1024-byte aligned — so XOR-ing a unit index into those bits is the swizzle, with no
-    // register per unit), column pair 2·(lane%4).
+    // This lane's row address for stmatrix (to_fragments): lane l < 16 gives row l%8 of 8×8
+    // matrix l/8, the two matrices of one store being key octet j of the warp's rows 0–7 and
+    // 8–15 (lanes 16–31 repeat lanes 0–15; their addresses are not used). Row r's 16-byte unit u
+    // sits at unit u XOR r%8 (the 128-byte swizzle) and r%8 = l%8, so the lane's part of the XOR
+    // is in `base` (bits 4–6: the buffer is 1024-byte aligned) and j's part is XOR-ed in per store.
     FC_DEVICE uint32_t p_store_base() const {
-        const int r8 = lane / 4;
-        return smem_u32(&s.pbuf[wg][0][0][0]) + ((threadIdx.x / 32) % 4 * 16 + r8) * 128 + r8 * 16 + 4 * (lane % 4);
+        const int h = (lane / 8) % 2, i = lane % 8;
+        return smem_u32(&s.pbuf[wg][0][0][0]) + ((threadIdx.x / 32) % 4 * 16 + 8 * h + i) * 128 + (i << 4);
     }
 #endif
 
+    // P (fp32 accumulators) → 16-bit A fragments: k-slice kk is accumulator columns 16kk..16kk+15.
     // With FC_P_SMEM they go to this warpgroup's P buffer instead, in the swizzled layout the P V
     // descriptor reads: element (row, key) at chunk key/64, row, 16-byte unit (key%64)/8 XOR row%8.
     // The caller's P V of the previous block has completed (wgmma_wait<0>), so the buffer is free;
@@ -202,15 +203,16 @@ struct Consumer {
     // orders these stores before the wgmma that reads them.
     FC_DEVICE void to_fragments(const float (&sacc)[cfg::BN / 2], uint32_t (&pf)[cfg::PF_K][4]) const {
 #if FC_P_SMEM
+        // stmatrix: the fragment of an 8×8 matrix is the accumulator's own layout (row lane/4,
+        // column pair 2·(lane%4)), so one x2 store writes a key octet of both row halves. (x4
+        // needs four aligned consecutive registers: at 160 registers ptxas spilled with it.)
         const uint32_t base = p_store_base();
 #pragma unroll
         for (int j = 0; j < cfg::BN / 8; ++j) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const uint32_t addr = (base ^ ((j % 8) * 16)) + (j / 8) * (64 * 128) + h * (8 * 128);
-                asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(pack_elem2(sacc[4 * j + 2 * h], sacc[4 * j + 2 * h + 1]))
-                             : "memory");
-            }
+            const uint32_t addr = (base ^ ((j % 8) << 4)) + (j / 8) * (64 * 128);
+            asm volatile("stmatrix.sync.aligned.m8n8.x2.shared.b16 [%0], {%1, %2};" ::"r"(addr),
+                         "r"(pack_elem2(sacc[4 * j], sacc[4 * j + 1])), "r"(pack_elem2(sacc[4 * j + 2], sacc[4 * j + 3]))
+                         : "memory");
         }
         fence_proxy_async_smem();  // the generic stores, before the async proxy's reads
 #else
