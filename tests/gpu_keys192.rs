@@ -65,7 +65,8 @@ fn batch_invariance(ctx: &flashcore::attention::Context) {
 
 #[test]
 fn d64_non_causal_192_key_blocks_match_the_reference_and_are_batch_invariant() {
-    let Some(ctx) = gpu("d64_non_causal_192_key_blocks_match_the_reference_and_are_batch_invariant")
+    let Some(ctx) =
+        gpu("d64_non_causal_192_key_blocks_match_the_reference_and_are_batch_invariant")
     else {
         return;
     };
