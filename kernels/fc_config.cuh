@@ -72,16 +72,8 @@ constexpr int QBUF = FC_QBUF;
 static_assert(QBUF == 1 || QBUF == 2, "one or two Q buffers");
 static_assert(BM == 64 * CONSUMERS, "each consumer warpgroup owns 64 query rows");
 // 176 keys: FA3's d128 non-causal tile (fewer, longer key blocks per row; PERF_NOTES, fwdperf).
-// 192 keys: FA3's d64 non-causal key block (PERF_NOTES, branch d64t). With one or two consumers
-// P stays in registers (S 96 + P 48 + O 32 at 240); three consumers at 160 registers have no
-// room for P beside S and O, so P goes through shared memory and P V reads it there (FC_P_SMEM).
-static_assert(BN == 64 || BN == 128 || (BN == 176 && D == 128 && CONSUMERS <= 2 && !FC_CAUSAL && !FC_DECODE) ||
-                  (BN == 192 && D == 64 && CONSUMERS <= 3 && !FC_CAUSAL && !FC_DECODE && FC_SPLIT == 1 &&
-                   !FC_SOFTCAP && !FC_VARLEN),
+static_assert(BN == 64 || BN == 128 || (BN == 176 && D == 128 && CONSUMERS <= 2 && !FC_CAUSAL && !FC_DECODE),
               "wgmma N for S = Q K^T");
-#define FC_P_SMEM (FC_BLOCK_N == 192 && FC_CONSUMERS == 3)
-constexpr bool P_SMEM = FC_P_SMEM;
-constexpr int PF_K = P_SMEM ? 1 : BN / 16;  // k-slices of P held in registers (none used with P_SMEM)
 constexpr int SPLIT = FC_SPLIT;             // CTAs per cluster sharing one query tile's keys
 static_assert(SPLIT == 1 || (BM % SPLIT == 0 && (BM / SPLIT) * D % (4 * 128) == 0), "combine tiling");
 static_assert(!FC_DECODE || (BM == 64 && SPLIT == 1), "decode: one 64-row consumer, no cluster");
@@ -96,9 +88,8 @@ constexpr int GROUP_BYTES = 8 * ROW_BYTES;  // one 8-row swizzle atom (the descr
 // 24/240 too): at 232, ptxas parked an mbarrier address under a lane predicate it recomputed
 // in between, which the audit cannot prove public (issue 24).
 constexpr bool WIDE_CONSUMERS = D > 128 && CONSUMERS == 2 && FC_VARLEN && FC_SOFTCAP;
-// 176-key tiles hold an 88-register S and 44 of P beside the 64 of O: 240/24 as well; 192-key
-// tiles (d64) a 96-register S and 48 of P beside 32 of O.
-constexpr bool LONG_KEYS = BN >= 176 && CONSUMERS <= 2;
+// 176-key tiles hold an 88-register S and 44 of P beside the 64 of O: 240/24 as well.
+constexpr bool LONG_KEYS = BN == 176;
 constexpr int PRODUCER_REGS =
     LONG_KEYS ? 24 : CONSUMERS <= 2 ? (D > 128 && CONSUMERS == 2 ? (WIDE_CONSUMERS ? 24 : 40) : 56) : 32;
 constexpr int CONSUMER_REGS =
@@ -154,12 +145,6 @@ struct Shared {
     uint16_t q[cfg::QBUF][cfg::CHUNKS][cfg::BM][cfg::SW_ELEMS];
     uint16_t k[cfg::STAGES][cfg::CHUNKS][cfg::BN][cfg::SW_ELEMS];
     uint16_t v[cfg::STAGES][cfg::CHUNKS][cfg::BN][cfg::SW_ELEMS];
-#if FC_P_SMEM
-    // Each consumer warpgroup's P of one block: [key chunk of 64][64 rows][64], 128-byte swizzled
-    // like Q (1024-byte aligned: every array above is a multiple of 1 KiB). A fourth chunk per
-    // warpgroup holds its scheduling anchor (fc_consumer.cuh) at the P stores' addresses.
-    uint16_t pbuf[cfg::CONSUMERS][cfg::BN / 64 + 1][64][64];
-#endif
     uint64_t q_full[cfg::QBUF], q_empty[cfg::QBUF];
     uint64_t k_full[cfg::STAGES], v_full[cfg::STAGES];
     uint64_t k_empty[cfg::STAGES], v_empty[cfg::STAGES];

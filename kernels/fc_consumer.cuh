@@ -7,7 +7,6 @@
 #include "fc_mbarrier.cuh"
 #include "fc_wgmma.cuh"
 #include "fc_wgmma_n176.cuh"
-#include "fc_wgmma_n192.cuh"
 #include "fc_softmax.cuh"
 #include "fc_instrument.cuh"
 
@@ -46,25 +45,14 @@ struct Consumer {
     }
 
     // O += P V; V is [keys][dim] in shared memory, i.e. B with the N (dim) index contiguous.
-    FC_DEVICE void issue_pv(float (&o)[cfg::D / 2], const uint32_t (&pf)[cfg::PF_K][4], int stage) const {
+    FC_DEVICE void issue_pv(float (&o)[cfg::D / 2], const uint32_t (&pf)[cfg::BN / 16][4], int stage) const {
         using namespace cfg;
         const uint32_t v_base = smem_u32(&s.v[stage][0][0][0]);
-#if FC_P_SMEM
-        // P from this warpgroup's shared buffer, K-major like Q: 16 keys are 32 bytes of a
-        // swizzled row, four steps per 64-key chunk.
-        const uint32_t p_base = smem_u32(&s.pbuf[wg][0][0][0]);
-#endif
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
             // MN-major: LBO steps to the next swizzle atom along the head dim, SBO to the next 8 keys.
             const uint64_t db = wgmma_desc_rows<ROW_BYTES>(v_base + kk * 16 * ROW_BYTES, BN * ROW_BYTES, GROUP_BYTES);
-#if FC_P_SMEM
-            const uint64_t da = wgmma_desc_rows<ROW_BYTES>(p_base + (kk / 4) * (64 * ROW_BYTES) + (kk % 4) * 32, 16,
-                                                           GROUP_BYTES);
-            mma_pv_ss_d64(o, da, db, 1);
-#else
             Mma<D>::rs_tb(o, pf[kk], db, 1);
-#endif
         }
     }
 
@@ -183,45 +171,13 @@ struct Consumer {
     FC_DEVICE void clear_dead_v(int, int) const {}
 #endif
 
-#if FC_P_SMEM
-    // This lane's row address for stmatrix (to_fragments): lane l < 16 gives row l%8 of 8×8
-    // matrix l/8, the two matrices of one store being key octet j of the warp's rows 0–7 and
-    // 8–15 (lanes 16–31 repeat lanes 0–15; their addresses are not used). Row r's 16-byte unit u
-    // sits at unit u XOR r%8 (the 128-byte swizzle) and r%8 = l%8, so the lane's part of the XOR
-    // is in `base` (bits 4–6: the buffer is 1024-byte aligned) and j's part is XOR-ed in per store.
-    FC_DEVICE uint32_t p_store_base() const {
-        const int h = (lane / 8) % 2, i = lane % 8;
-        return smem_u32(&s.pbuf[wg][0][0][0]) + ((threadIdx.x / 32) % 4 * 16 + 8 * h + i) * 128 + (i << 4);
-    }
-#endif
-
     // P (fp32 accumulators) → 16-bit A fragments: k-slice kk is accumulator columns 16kk..16kk+15.
-    // With FC_P_SMEM they go to this warpgroup's P buffer instead, in the swizzled layout the P V
-    // descriptor reads: element (row, key) at chunk key/64, row, 16-byte unit (key%64)/8 XOR row%8.
-    // The caller's P V of the previous block has completed (wgmma_wait<0>), so the buffer is free;
-    // the next bar.sync of the whole warpgroup (its turn, or the sync before the tile's last P V)
-    // orders these stores before the wgmma that reads them.
-    FC_DEVICE void to_fragments(const float (&sacc)[cfg::BN / 2], uint32_t (&pf)[cfg::PF_K][4]) const {
-#if FC_P_SMEM
-        // stmatrix: the fragment of an 8×8 matrix is the accumulator's own layout (row lane/4,
-        // column pair 2·(lane%4)), so one x2 store writes a key octet of both row halves. (x4
-        // needs four aligned consecutive registers: at 160 registers ptxas spilled with it.)
-        const uint32_t base = p_store_base();
-#pragma unroll
-        for (int j = 0; j < cfg::BN / 8; ++j) {
-            const uint32_t addr = (base ^ ((j % 8) << 4)) + (j / 8) * (64 * 128);
-            asm volatile("stmatrix.sync.aligned.m8n8.x2.shared.b16 [%0], {%1, %2};" ::"r"(addr),
-                         "r"(pack_elem2(sacc[4 * j], sacc[4 * j + 1])), "r"(pack_elem2(sacc[4 * j + 2], sacc[4 * j + 3]))
-                         : "memory");
-        }
-        fence_proxy_async_smem();  // the generic stores, before the async proxy's reads
-#else
+    FC_DEVICE static void to_fragments(const float (&sacc)[cfg::BN / 2], uint32_t (&pf)[cfg::BN / 16][4]) {
 #pragma unroll
         for (int kk = 0; kk < cfg::BN / 16; ++kk) {
 #pragma unroll
             for (int r = 0; r < 4; ++r) pf[kk][r] = pack_elem2(sacc[8 * kk + 2 * r], sacc[8 * kk + 2 * r + 1]);
         }
-#endif
     }
 
     // Ping-pong between the consumer warpgroups: a warpgroup issues its GEMMs only on its turn and
@@ -247,7 +203,7 @@ struct Consumer {
     // One main-loop step for block `it`: issue S_it = Q K_itᵀ and O += P_{it-1} V_{it-1}; run the
     // softmax of S_it while the PV GEMM is still on the tensor cores; then rescale O.
     template <bool kMask, bool kCap>
-    FC_DEVICE void iteration(int it, int n_blocks, float (&sacc)[cfg::BN / 2], uint32_t (&pf)[cfg::PF_K][4],
+    FC_DEVICE void iteration(int it, int n_blocks, float (&sacc)[cfg::BN / 2], uint32_t (&pf)[cfg::BN / 16][4],
                              float (&o)[cfg::D / 2], OnlineSoftmax<cfg::BN>& softmax) const {
         using namespace cfg;
         const int stage = ring_stage(g0 + it);
@@ -278,14 +234,8 @@ struct Consumer {
         // Anchor: a shared-memory store of the softmax's last result. The wait below is ordered
         // after it, so ptxas cannot schedule the wait (and stall on the PV GEMM) before the
         // softmax — which is what lets the softmax overlap the PV GEMM.
-#if FC_P_SMEM
-        // At 160 registers the anchor's own address was one register too many (ptxas spilled a
-        // barrier id): store it into the P buffer's spare fourth chunk, at the P stores' base.
-        asm volatile("st.shared.f32 [%0], %1;" ::"r"(p_store_base() + 3 * 64 * 128), "f"(softmax.row_sum[1]) : "memory");
-#else
         asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_u32(&s.anchor[threadIdx.x - 128])), "f"(softmax.row_sum[1])
                      : "memory");
-#endif
 
         wgmma_wait<0>();
         fence_regs(o);
@@ -316,7 +266,7 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     FC_PHASE_MARK(FC_PHASE_Q, 128);
 
     float sacc[BN / 2];
-    uint32_t pf[PF_K][4];
+    uint32_t pf[BN / 16][4];
     float alpha[2];  // block 0: O is still zero, nothing to rescale
 
     // Block 0: S, softmax, fragments. The last warpgroup hands warpgroup 0 the first turn.
@@ -336,7 +286,7 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     if constexpr (kCap) c.softcap(sacc);
     if (kv.first_masked == 0) c.mask(sacc, c.block_of(0));
     softmax.step(sacc, p.scale_log2, alpha);
-    c.to_fragments(sacc, pf);
+    Consumer::to_fragments(sacc, pf);
 
     const int first_masked = kv.first_masked;
     int it = 1;
@@ -350,9 +300,6 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     const int last = ring_stage(c.g0 + n_blocks - 1);
     mbar_wait(&s.v_full[last], ring_phase(c.g0 + n_blocks - 1));
     c.clear_dead_v(last, c.block_of(n_blocks - 1));
-#if FC_P_SMEM
-    named_bar_sync(1 + CONSUMERS + wg, 128);  // every warp's P stores, before the wgmma reads them
-#endif
     wgmma_fence();
     c.issue_pv(o, pf, last);
     wgmma_commit();

@@ -205,7 +205,7 @@ impl Schedule {
 }
 
 /// Tuning knobs for measurements: `FLASHCORE_SPLIT=1|2|4` (d64), `FLASHCORE_BLOCK_M=64|128|192`
-/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|128|176|192` (176: d128 non-causal; 192: d64 non-causal) override the shape rule. Each is public and
+/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|128|176` (176: d128 non-causal) override the shape rule. Each is public and
 /// deterministic: it changes which kernel runs, never what it computes. Values outside these
 /// sets are ignored, and so is any combination that is not a shipped (audited) variant: the
 /// knobs never run a kernel `flashcore audit` has not checked.
@@ -246,7 +246,7 @@ fn with_knobs(
         Some(192) if d64 && variant.split == 1 && !variant.secret_len => variant.block_m = 192,
         _ => {}
     }
-    if let Some(n @ (64 | 128 | 176 | 192)) = block_n {
+    if let Some(n @ (64 | 128 | 176)) = block_n {
         variant.block_n = n;
     }
     if crate::kernels::shipped_variants().contains(&variant) {

@@ -49,7 +49,6 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_wgmma.cuh",
     "fc_wgmma_ops.cuh",
     "fc_wgmma_n176.cuh",
-    "fc_wgmma_n192.cuh",
     "fc_softmax.cuh",
     "fc_cluster.cuh",
     "fc_instrument.cuh",
@@ -97,26 +96,13 @@ impl Tile {
         let kv = 2 * self.stages * self.block_n * head_dim * 2;
         let barriers = (2 * self.q_buffers + 4 * self.stages) * 8;
         let anchor = 128 * self.consumers * 4;
-        // Three consumers on 192-key blocks park P in shared memory (FC_P_SMEM in
-        // kernels/fc_config.cuh): 64 rows × 192 keys of 16 bits per warpgroup, and one more
-        // 64-key chunk for its scheduling anchor.
-        let p_tiles = if self.p_in_smem() {
-            self.block_m * (self.block_n + 64) * 2
-        } else {
-            0
-        };
         // Split mode parks an fp32 partial (O, max, sum) per query row for the cluster combine.
         let partial = if self.split > 1 {
             self.block_m * (head_dim + 2) * 4 + 16 // + alignment of part_o
         } else {
             0
         };
-        q + kv + barriers + anchor + partial + p_tiles + 1024
-    }
-    /// P goes through shared memory (the kernel's FC_P_SMEM): 192-key blocks with three consumer
-    /// warpgroups, whose 160 registers hold S and O but not P beside them.
-    pub fn p_in_smem(&self) -> bool {
-        self.block_n == 192 && self.consumers == 3
+        q + kv + barriers + anchor + partial + 1024
     }
 }
 
@@ -421,8 +407,6 @@ impl Variant {
         // no better: PERF_NOTES step 16).
         // d256 decode: two Q buffers (64 KiB) leave room for two 64-key stages (64 KiB each).
         let stages = match (self.decode, self.head_dim) {
-            // 192 × 192 (P in shared memory, 72 KiB beside a 24 KiB Q): two 48 KiB stages fit.
-            (_, 64) if self.block_m == 192 && self.block_n == 192 => 2,
             (_, 64) => 4,
             (false, _) | (true, 256) => 2,
             (true, _) => 3,
@@ -659,16 +643,6 @@ pub fn shipped_variants() -> Vec<Variant> {
                     for block_m in [64, 128] {
                         v.push(Variant {
                             block_n: 176,
-                            ..Variant::basic(dtype, head_dim, causal, block_m)
-                        });
-                    }
-                }
-                // d64 non-causal on 192-key blocks (branch d64t, FA3's key block), in 128-row
-                // and light 64-row tiles.
-                if head_dim == 64 && !causal {
-                    for block_m in [64, 128, 192] {
-                        v.push(Variant {
-                            block_n: 192,
                             ..Variant::basic(dtype, head_dim, causal, block_m)
                         });
                     }
