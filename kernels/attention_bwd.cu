@@ -80,6 +80,8 @@ extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_onepa
             int first_m, end_m;
             dkdv_m_range(p, bwd_seq(p, blockIdx.z), n_block, first_m, end_m);
             onepass_dq_writer(p, s.dq, &s.dq_full, &s.dq_empty, n_block, blockIdx.y, blockIdx.z, first_m, end_m);
+        } else if (FC_STAGE_STATS && threadIdx.x == 64) {
+            dkdv_stats_loader(p, s.kv, n_block, blockIdx.y, blockIdx.z);
         }
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(bw::CONSUMER_REGS));

@@ -31,8 +31,8 @@ FC_DEVICE uint32_t dkdv_opaque(uint32_t x) {
 }
 
 // LSE₂ and D staged in shared memory with each (Q, dO) stage (FC_STAGE_STATS=1, the host's rule:
-// BwdVariant::stage_stats) or read from the workspace where they are used (0: the one pass, which
-// has no shared memory left at d64 and whose producer spilled with the copies at d128).
+// BwdVariant::stage_stats) or read from the workspace where they are used (0: the d64 one pass,
+// which has no shared memory left).
 #ifndef FC_STAGE_STATS
 #define FC_STAGE_STATS 1
 #endif
@@ -104,6 +104,15 @@ FC_DEVICE void dkdv_m_range(const BwdParams& p, const BwdSeq& sq, int n_block, i
 #endif
 }
 
+// A tile's LSE₂ and D rows into stage `st`, completing on its `full` barrier (sq_pad is a
+// multiple of KV_BM, so both sources are 16-byte aligned).
+FC_DEVICE void dkdv_stats_load(const BwdParams& p, DkdvShared& s, int st, int batch, int head, int m_block) {
+    using namespace bw;
+    const int64_t ws_row = ((int64_t)batch * p.heads_q + head) * p.sq_pad + m_block * KV_BM;
+    bulk_load(&s.lse2[st][0], reinterpret_cast<const float*>(p.lse2_ptr) + ws_row, KV_BM * 4, &s.full[st]);
+    bulk_load(&s.dvec[st][0], reinterpret_cast<const float*>(p.dvec_ptr) + ws_row, KV_BM * 4, &s.full[st]);
+}
+
 FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int kv_head, int batch) {
     using namespace bw;
     tma_prefetch_desc(&p.q_map);
@@ -133,12 +142,26 @@ FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int
             tma_load_4d(&s.q[st][c][0][0], &p.q_map, &s.full[st], c * SW_ELEMS, row, head, sq.tb);
             tma_load_4d(&s.d_o[st][c][0][0], &p.do_map, &s.full[st], c * SW_ELEMS, row, head, sq.tb);
         }
-        if constexpr (FC_STAGE_STATS) {
-            // The tile's padded workspace rows (sq_pad is a multiple of KV_BM: 16-byte aligned).
-            const int64_t ws_row = ((int64_t)batch * p.heads_q + head) * p.sq_pad + m_block * KV_BM;
-            bulk_load(&s.lse2[st][0], reinterpret_cast<const float*>(p.lse2_ptr) + ws_row, KV_BM * 4, &s.full[st]);
-            bulk_load(&s.dvec[st][0], reinterpret_cast<const float*>(p.dvec_ptr) + ws_row, KV_BM * 4, &s.full[st]);
-        }
+        if constexpr (FC_STAGE_STATS && !FC_ONEPASS) dkdv_stats_load(p, s, st, batch, head, m_block);
+    }
+}
+
+// The one pass's stats loader (an idle producer warp's lane 0): the same walk as the producer,
+// issuing only the LSE₂/D copies of each stage. Their bytes are in the producer's expect_tx, so
+// the stage's phase cannot complete without them; a copy that lands before the producer's
+// arrive leaves the transaction count below zero until then, as a peer's multicast load does.
+// (In the producer's own loop the two copies spilled the one pass's 40-register region.)
+FC_DEVICE void dkdv_stats_loader(const BwdParams& p, DkdvShared& s, int n_block, int kv_head, int batch) {
+    using namespace bw;
+    const BwdSeq sq = bwd_seq(p, batch);
+    int first_m, end_m;
+    dkdv_m_range(p, sq, n_block, first_m, end_m);
+    const int per_head = end_m - first_m;
+    const int total = per_head * p.group;
+    for (int it = 0; it < total; ++it) {
+        const int st = bwd_stage<KV_STAGES>(it);
+        mbar_wait(&s.empty[st], bwd_phase<KV_STAGES>(it) ^ 1);
+        dkdv_stats_load(p, s, st, batch, kv_head * p.group + it / per_head, first_m + it % per_head);
     }
 }
 

@@ -306,9 +306,9 @@ impl BwdVariant {
     }
 
     /// Whether the dK/dV kernel loads each tile's LSE₂ and D rows into shared memory with its
-    /// Q and dO (kernels/fc_bwd_dkdv.cuh, `FC_STAGE_STATS`): the two-pass builds. Not the one
-    /// pass: at d64 its shared memory has no room for them, and at d128 the two bulk copies
-    /// spilled its producer (40 registers, shared with the dQ writer's branch).
+    /// Q and dO (kernels/fc_bwd_dkdv.cuh, `FC_STAGE_STATS`): everywhere but the d64 one pass,
+    /// whose shared memory has no room for them (the d128 one pass issues them from an idle
+    /// producer warp: in the producer's loop they spilled).
     /// `FLASHCORE_BWD_STAGE_STATS=0` (read once per process) reads them from the workspace
     /// everywhere, the A/B knob of PERF_NOTES `bwdlse`.
     pub fn stage_stats(&self) -> bool {
@@ -316,7 +316,7 @@ impl BwdVariant {
         let on = *KNOB.get_or_init(|| {
             std::env::var("FLASHCORE_BWD_STAGE_STATS").map_or(true, |v| v.trim() != "0")
         });
-        on && !self.onepass
+        on && !(self.onepass && self.head_dim == 64)
     }
 
     /// Dynamic shared memory of the dK/dV kernel: K and V blocks, the (Q, dO) ring, fp32 LSE₂
