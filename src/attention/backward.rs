@@ -514,8 +514,9 @@ impl BackwardPlan {
     /// `workspace` ([`workspace_bytes`]) as scratch.
     ///
     /// # Safety
-    /// As [`BackwardPlan::launch_raw`], with `workspace` a live allocation of
-    /// [`workspace_bytes`] bytes used by no other launch in flight, `stream` a live stream of
+    /// As [`BackwardPlan::launch_raw`], with `workspace` a live, 16-byte aligned allocation of
+    /// [`workspace_bytes`] bytes (the dK/dV kernel bulk-copies LSE₂ and D rows out of it) used
+    /// by no other launch in flight, `stream` a live stream of
     /// this plan's (primary) context, and Q, K, V covering what their strides reach.
     pub(crate) unsafe fn launch_on(
         &self,
