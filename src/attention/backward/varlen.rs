@@ -202,8 +202,9 @@ impl BackwardPlan {
     /// # Safety
     /// Every pointer is a live device allocation of this plan's device holding what the packed
     /// shapes reach (Q, K, V as `input` strides say), the metadata `batch + 1` (`seqused_k`:
-    /// `batch`) i32s, the workspace [`varlen_workspace_bytes`] bytes (16-byte aligned) used by no other launch in
-    /// flight; all outlive the kernels; `stream` is a live stream of the primary context.
+    /// `batch`) i32s, the workspace [`varlen_workspace_bytes`] bytes (16-byte aligned) used by
+    /// no other launch in flight; all outlive the kernels; `stream` is a live stream of the
+    /// primary context.
     pub(crate) unsafe fn launch_varlen_on(
         &self,
         ptrs: &VarlenPtrs,
