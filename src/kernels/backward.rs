@@ -487,6 +487,36 @@ mod tests {
     }
 
     #[test]
+    fn stats_are_staged_everywhere_but_the_d64_one_pass() {
+        if std::env::var_os("FLASHCORE_BWD_STAGE_STATS").is_some() {
+            return; // a measurement run chose the path itself
+        }
+        let vs = shipped_bwd_variants();
+        for v in &vs {
+            assert_eq!(
+                v.stage_stats(),
+                !(v.onepass && v.head_dim == 64),
+                "{}",
+                v.name()
+            );
+            let flag = format!("-DFC_STAGE_STATS={}", v.stage_stats() as u8);
+            assert!(v.options().contains(&flag), "{}", v.name());
+        }
+        // The staged rows cost shared memory: 2 · stages · KV_BM fp32 more than one row pair.
+        let v = vs.iter().find(|v| !v.onepass && v.head_dim == 128).unwrap();
+        let t = v.tiles();
+        let unstaged = 2 * t.kv_block_n * 128 * 2
+            + 2 * t.kv_stages * t.kv_block_m * 128 * 2
+            + 2 * t.kv_block_m * 4
+            + (1 + 2 * t.kv_stages) * 8
+            + 1024;
+        assert_eq!(
+            v.dkdv_smem_bytes() - unstaged,
+            2 * (t.kv_stages - 1) * t.kv_block_m * 4
+        );
+    }
+
+    #[test]
     fn shared_memory_fits_and_names_are_distinct() {
         let vs = shipped_bwd_variants();
         // Per dtype and mask: four head dims × (ping-pong, lockstep, window, window+softcap,
