@@ -12,7 +12,9 @@
 # and cuda-pathfinder are already there). nvidia-cutlass-dsl-libs-cu13 alone is 92 MB, over the
 # 64 MiB a device call can carry; its files, xz-compressed, are ~61 MiB, so they travel as two
 # parts: part 1 in .fa4a (first call, unpacked to /tmp, which survives while the machine is warm,
-# i.e. if the next call comes within ~30 s), part 2 and the small wheels in .fa4b. The wheels are
+# i.e. if the next call comes within ~30 s), part 2 and the small wheels in .fa4b. Part 1 is 40 MiB
+# because the checkout itself travels with each call (~17 MB of tracked files in November 2026;
+# with a 48 MiB part the first call went over 64 MiB). The wheels are
 # unzipped straight into site-packages (python3 there is a venv; none of them has scripts or .data),
 # so the .pth file of nvidia-cutlass-dsl takes effect.
 set -euo pipefail
@@ -39,7 +41,7 @@ pack)
         && rm -rf nvidia_cutlass_dsl/cu13/lib/stubs)  # aarch64/QNX stubs: not needed on x86-64
     tar cf - -C .fa4-unpack . | xz -9 -T2 > .fa4-cu13.tar.xz
     rm -rf .fa4-unpack .fa4a/* .fa4b/*
-    split -b 48M .fa4-cu13.tar.xz .fa4a/cu13.part.
+    split -b 40M .fa4-cu13.tar.xz .fa4a/cu13.part.
     mv .fa4a/cu13.part.ab .fa4b/ 2>/dev/null || true
     find "$dl" -name '*.whl' ! -name 'nvidia_cutlass_dsl_libs_cu13-*' -exec cp {} .fa4b/ \;
     rm -f .fa4-cu13.tar.xz
