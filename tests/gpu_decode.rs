@@ -158,16 +158,7 @@ fn decode_is_batch_invariant_and_deterministic() {
         );
         // The same sequence at another position of batches of 7 and 64, among random neighbours.
         for (batch, at) in [(7, 3), (64, 63)] {
-            let p = AttentionParams {
-                batch,
-                ..one.clone()
-            };
-            let mut qb: Vec<half::bf16> = randn(&mut rng, p.q_len());
-            let mut kb: Vec<half::bf16> = randn(&mut rng, p.kv_len());
-            let mut vb: Vec<half::bf16> = randn(&mut rng, p.kv_len());
-            qb[at * q.len()..(at + 1) * q.len()].copy_from_slice(&q);
-            kb[at * k.len()..(at + 1) * k.len()].copy_from_slice(&k);
-            vb[at * v.len()..(at + 1) * v.len()].copy_from_slice(&v);
+            let (p, qb, kb, vb) = batch_around(&mut rng, &one, batch, at, &q, &k, &v);
             let (out, lse) = launch_unchecked(&ctx, &p, &qb, &kb, &vb);
             assert_eq!(
                 bits(&rows_of(&out, &p, at)),

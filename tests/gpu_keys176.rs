@@ -84,17 +84,8 @@ fn d128_non_causal_176_key_blocks_are_deterministic_and_batch_invariant() {
     }
     let batch = 40;
     let at = 23;
-    let p = AttentionParams {
-        batch,
-        ..one.clone()
-    };
-    let mut qs: Vec<half::bf16> = randn(&mut rng, p.q_len());
-    let mut ks: Vec<half::bf16> = randn(&mut rng, p.kv_len());
-    let mut vs: Vec<half::bf16> = randn(&mut rng, p.kv_len());
-    let (nq, nk) = (one.q_len(), one.kv_len());
-    qs[at * nq..(at + 1) * nq].copy_from_slice(&q);
-    ks[at * nk..(at + 1) * nk].copy_from_slice(&k);
-    vs[at * nk..(at + 1) * nk].copy_from_slice(&v);
+    let (p, qs, ks, vs) = batch_around(&mut rng, &one, batch, at, &q, &k, &v);
+    let nq = one.q_len();
     let (all, lse) = launch_unchecked(&ctx, &p, &qs, &ks, &vs);
     assert!(
         bits(&alone.out) == bits(&all[at * nq..(at + 1) * nq]),

@@ -206,17 +206,8 @@ fn a_sequence_has_the_same_bits_in_any_batch() {
         let v: Vec<half::bf16> = randn(&mut rng, one.kv_len());
         let alone = run_raw(&ctx, &one, &q, &k, &v);
         for (batch, at) in [(3usize, 1usize), (8, 5), (64, 63)] {
-            let p = AttentionParams {
-                batch,
-                ..one.clone()
-            };
-            let mut qs: Vec<half::bf16> = randn(&mut rng, p.q_len());
-            let mut ks: Vec<half::bf16> = randn(&mut rng, p.kv_len());
-            let mut vs: Vec<half::bf16> = randn(&mut rng, p.kv_len());
+            let (p, qs, ks, vs) = batch_around(&mut rng, &one, batch, at, &q, &k, &v);
             let n = one.q_len();
-            qs[at * n..(at + 1) * n].copy_from_slice(&q);
-            ks[at * n..(at + 1) * n].copy_from_slice(&k);
-            vs[at * n..(at + 1) * n].copy_from_slice(&v);
             let all = run_raw(&ctx, &p, &qs, &ks, &vs);
             assert!(
                 alone == all[at * n..(at + 1) * n],

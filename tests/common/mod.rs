@@ -45,6 +45,31 @@ pub fn assert_no_failures(seed: u64, failures: &[String]) {
     );
 }
 
+/// `one`'s shape with `batch` sequences: random inputs, except that sequence `at` holds `q`, `k`,
+/// `v` (a sequence's elements are contiguous in the batch-major layouts these tests use). For the
+/// batch-invariance checks: that sequence's output bits must match `one`'s.
+pub fn batch_around<T: Element>(
+    rng: &mut impl Rng,
+    one: &AttentionParams,
+    batch: usize,
+    at: usize,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+) -> (AttentionParams, Vec<T>, Vec<T>, Vec<T>) {
+    let p = AttentionParams {
+        batch,
+        ..one.clone()
+    };
+    let mut qs: Vec<T> = randn(rng, p.q_len());
+    let mut ks: Vec<T> = randn(rng, p.kv_len());
+    let mut vs: Vec<T> = randn(rng, p.kv_len());
+    qs[at * q.len()..(at + 1) * q.len()].copy_from_slice(q);
+    ks[at * k.len()..(at + 1) * k.len()].copy_from_slice(k);
+    vs[at * v.len()..(at + 1) * v.len()].copy_from_slice(v);
+    (p, qs, ks, vs)
+}
+
 /// Standard-normal values (Box–Muller), rounded to the element type.
 pub fn randn<T: Element>(rng: &mut impl Rng, n: usize) -> Vec<T> {
     (0..n)
