@@ -82,7 +82,7 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
             OnlineSoftmax<BN> softmax;
-            softmax.init();
+            softmax.init(p.scale_log2);
             // No visible key in this range (causal, Sq > Sk; or a split's empty share): O = 0,
             // LSE = −inf, and the producer loaded nothing for this tile.
             if (kv.count > 0) {
