@@ -32,14 +32,14 @@ struct Consumer {
     FC_DEVICE void issue_qk(float (&sacc)[cfg::BN / 2], int stage) const {
         using namespace cfg;
         constexpr int STEPS = SW_ELEMS / 16;
-        const uint32_t k_base = smem_u32(&s.k[stage][0][0][0]);
+        constexpr uint32_t HI = wgmma_desc_hi<ROW_BYTES>(GROUP_BYTES);
+        const uint32_t q_lo = wgmma_desc_lo(q_base, 16);
+        const uint32_t k_lo = wgmma_desc_lo(smem_u32(&s.k[stage][0][0][0]), 16);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const uint32_t kin = (kk % STEPS) * 32;
-            const uint64_t da =
-                wgmma_desc_rows<ROW_BYTES>(q_base + (kk / STEPS) * (BM * ROW_BYTES) + kin, 16, GROUP_BYTES);
-            const uint64_t db =
-                wgmma_desc_rows<ROW_BYTES>(k_base + (kk / STEPS) * (BN * ROW_BYTES) + kin, 16, GROUP_BYTES);
+            const uint64_t da = wgmma_desc_at(q_lo, (kk / STEPS) * (BM * ROW_BYTES) + kin, HI);
+            const uint64_t db = wgmma_desc_at(k_lo, (kk / STEPS) * (BN * ROW_BYTES) + kin, HI);
             Mma<BN>::ss(sacc, da, db, kk > 0);
         }
     }
@@ -47,11 +47,11 @@ struct Consumer {
     // O += P V; V is [keys][dim] in shared memory, i.e. B with the N (dim) index contiguous.
     FC_DEVICE void issue_pv(float (&o)[cfg::D / 2], const uint32_t (&pf)[cfg::BN / 16][4], int stage) const {
         using namespace cfg;
-        const uint32_t v_base = smem_u32(&s.v[stage][0][0][0]);
+        // MN-major: LBO steps to the next swizzle atom along the head dim, SBO to the next 8 keys.
+        const uint32_t v_lo = wgmma_desc_lo(smem_u32(&s.v[stage][0][0][0]), BN * ROW_BYTES);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            // MN-major: LBO steps to the next swizzle atom along the head dim, SBO to the next 8 keys.
-            const uint64_t db = wgmma_desc_rows<ROW_BYTES>(v_base + kk * 16 * ROW_BYTES, BN * ROW_BYTES, GROUP_BYTES);
+            const uint64_t db = wgmma_desc_at(v_lo, kk * 16 * ROW_BYTES, wgmma_desc_hi<ROW_BYTES>(GROUP_BYTES));
             Mma<D>::rs_tb(o, pf[kk], db, 1);
         }
     }
