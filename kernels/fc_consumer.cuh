@@ -187,17 +187,20 @@ struct Consumer {
 
     // Ping-pong between the consumer warpgroups: a warpgroup issues its GEMMs only on its turn and
     // then hands the turn over, so its softmax runs while the other's GEMMs occupy the tensor
-    // cores. The turn count depends on the block count only. Turns go round-robin 0, 1, …,
-    // CONSUMERS−1 within each tile; barrier 1+w is warpgroup w's turn.
+    // cores. Turns go round-robin 0, 1, …, CONSUMERS−1; barrier 1+w is warpgroup w's turn. The
+    // chain runs on across tiles (seeded once per CTA, seed_turns): every warpgroup takes one
+    // turn per K/V block of the tile, the same count for all of them, so the last warpgroup's
+    // final turn of a tile hands warpgroup 0 the first turn of the next. Warpgroup 0 then starts
+    // the next tile's Q Kᵀ while the others still finish this tile's softmax and epilogue,
+    // instead of waiting for the last one's epilogue. The turn count depends on block counts only.
     // A single consumer warpgroup (light short-sequence tiles) has no one to take turns with.
     FC_DEVICE void wait_turn() const {
         if constexpr (cfg::CONSUMERS > 1) named_bar_sync(1 + wg, 256);
     }
-    FC_DEVICE void pass_turn(bool last) const {
-        // The last warpgroup's final hand-over in a tile would have no taker.
-        if constexpr (cfg::CONSUMERS > 1) {
-            if (!(wg == cfg::CONSUMERS - 1 && last)) named_bar_arrive(1 + (wg + 1) % cfg::CONSUMERS, 256);
-        }
+    FC_DEVICE void pass_turn() const {
+        // After the CTA's last tile the final hand-over has no taker: a bar.arrive that nothing
+        // waits for, harmless at exit.
+        if constexpr (cfg::CONSUMERS > 1) named_bar_arrive(1 + (wg + 1) % cfg::CONSUMERS, 256);
     }
 
     FC_DEVICE void release(uint64_t* bar) const {
@@ -225,7 +228,7 @@ struct Consumer {
         wgmma_commit();
         issue_pv(o, pf, prev);
         wgmma_commit();
-        pass_turn(it == n_blocks - 1);
+        pass_turn();
 
         wgmma_wait<1>();  // S_it is ready; P_{it-1} V_{it-1} may still run
         fence_regs(sacc);
@@ -255,6 +258,11 @@ struct Consumer {
     }
 };
 
+// Gives warpgroup 0 the first turn of the CTA's first tile (Consumer::pass_turn): once per CTA.
+FC_DEVICE void seed_turns(int wg) {
+    if (cfg::CONSUMERS > 1 && wg == cfg::CONSUMERS - 1) named_bar_arrive(1, 256);
+}
+
 // The tile's main loop: block 0 (S, softmax), then unmasked and masked blocks, then the last
 // P V. `q_load` counts the Q tiles this CTA loaded before this one (the q_full parity). kCap:
 // softcap the scores (FC_SOFTCAP builds).
@@ -274,15 +282,14 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     uint32_t pf[BN / 16][4];
     float alpha[2];  // block 0: O is still zero, nothing to rescale
 
-    // Block 0: S, softmax, fragments. The last warpgroup hands warpgroup 0 the first turn.
-    if (CONSUMERS > 1 && wg == CONSUMERS - 1) named_bar_arrive(1, 256);
+    // Block 0: S, softmax, fragments.
     const int stage0 = ring_stage(c.g0);
     mbar_wait(&s.k_full[stage0], ring_phase(c.g0));
     c.wait_turn();
     wgmma_fence();
     c.issue_qk(sacc, stage0);
     wgmma_commit();
-    c.pass_turn(n_blocks == 1);
+    c.pass_turn();
     wgmma_wait<0>();
     fence_regs(sacc);
     FC_PHASE_MARK(FC_PHASE_S0, 128);
