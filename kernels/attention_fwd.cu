@@ -187,9 +187,7 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
 #endif
     } else {
         asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(cfg::CONSUMER_REGS));
-        // Broadcast from lane 0: ptxas then knows the warpgroup index is warp-uniform, and keeps
-        // what derives from it (the Q tile's address, its wgmma descriptors) in uniform registers.
-        consumer(p, s, __shfl_sync(0xffffffffu, warp / 4 - 1, 0));
+        consumer(p, s, warp / 4 - 1);
         FC_TIMER_STOP();
     }
 }
