@@ -58,6 +58,7 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
     int g = 0;       // K/V blocks consumed so far (ring position)
     int q_load = 0;  // Q tiles consumed so far
     const int end_unit = sched.end_unit();
+    seed_turns(wg);
     for (int unit = sched.first_unit(); unit < end_unit; unit += sched.unit_step()) {
         const int tiles = sched.tiles_in_unit(unit);
         for (int k = 0; k < tiles; ++k) {

@@ -77,8 +77,20 @@ struct Consumer {
         for (int i = 0; i < cfg::BN / 2; ++i) sacc[i] = p.softcap_out * fast_tanh(sacc[i] * p.softcap_in);
     }
 
+    // Whether any row's visible keys start after key 0 (a window's left edge, a KV cache's left
+    // padding): public. Without one, the mask needs only each row's upper bound.
+    FC_DEVICE bool has_lower_bound() const {
+        bool lower = p.window_left < p.seqlen_k;  // unbounded windows come as Sq + Sk
+#if FC_KV_CACHE
+        lower = lower || p.starts_ptr != 0;
+#endif
+        return lower;
+    }
+
     // Out-of-range keys and keys outside the window (causal: right of the diagonal) become −inf,
-    // by select.
+    // by select. kLower = false: the caller knows has_lower_bound() is false, so each score is
+    // one compare against its row's upper bound.
+    template <bool kLower = true>
     FC_DEVICE void mask(float (&sacc)[cfg::BN / 2], int n_block) const {
         using namespace cfg;
         // Relative to this thread's first key: keys [0, limit) are in range, and row half h sees
@@ -115,7 +127,7 @@ struct Consumer {
         for (int i = 0; i < BN / 2; ++i) {
             const int key = 8 * (i / 4) + (i % 2);
             const int h = (i / 2) % 2;
-            const bool visible = key >= lo_h[h] && key < hi_h[h];
+            const bool visible = (!kLower || key >= lo_h[h]) && key < hi_h[h];
             sacc[i] = select_f(visible, sacc[i], neg_inf());
         }
     }
@@ -187,17 +199,20 @@ struct Consumer {
 
     // Ping-pong between the consumer warpgroups: a warpgroup issues its GEMMs only on its turn and
     // then hands the turn over, so its softmax runs while the other's GEMMs occupy the tensor
-    // cores. The turn count depends on the block count only. Turns go round-robin 0, 1, …,
-    // CONSUMERS−1 within each tile; barrier 1+w is warpgroup w's turn.
+    // cores. Turns go round-robin 0, 1, …, CONSUMERS−1; barrier 1+w is warpgroup w's turn. The
+    // chain runs on across tiles (seeded once per CTA, seed_turns): every warpgroup takes one
+    // turn per K/V block of the tile, the same count for all of them, so the last warpgroup's
+    // final turn of a tile hands warpgroup 0 the first turn of the next. Warpgroup 0 then starts
+    // the next tile's Q Kᵀ while the others still finish this tile's softmax and epilogue,
+    // instead of waiting for the last one's epilogue. The turn count depends on block counts only.
     // A single consumer warpgroup (light short-sequence tiles) has no one to take turns with.
     FC_DEVICE void wait_turn() const {
         if constexpr (cfg::CONSUMERS > 1) named_bar_sync(1 + wg, 256);
     }
-    FC_DEVICE void pass_turn(bool last) const {
-        // The last warpgroup's final hand-over in a tile would have no taker.
-        if constexpr (cfg::CONSUMERS > 1) {
-            if (!(wg == cfg::CONSUMERS - 1 && last)) named_bar_arrive(1 + (wg + 1) % cfg::CONSUMERS, 256);
-        }
+    FC_DEVICE void pass_turn() const {
+        // After the CTA's last tile the final hand-over has no taker: a bar.arrive that nothing
+        // waits for, harmless at exit.
+        if constexpr (cfg::CONSUMERS > 1) named_bar_arrive(1 + (wg + 1) % cfg::CONSUMERS, 256);
     }
 
     FC_DEVICE void release(uint64_t* bar) const {
@@ -207,7 +222,9 @@ struct Consumer {
 
     // One main-loop step for block `it`: issue S_it = Q K_itᵀ and O += P_{it-1} V_{it-1}; run the
     // softmax of S_it while the PV GEMM is still on the tensor cores; then rescale O.
-    template <bool kMask, bool kCap>
+    // kMask: 0 no mask, 1 the row's upper bound only (no lower bound: has_lower_bound() is
+    // false), 2 both bounds.
+    template <int kMask, bool kCap>
     FC_DEVICE void iteration(int it, int n_blocks, float (&sacc)[cfg::BN / 2], uint32_t (&pf)[cfg::BN / 16][4],
                              float (&o)[cfg::D / 2], OnlineSoftmax<cfg::BN>& softmax) const {
         using namespace cfg;
@@ -225,14 +242,14 @@ struct Consumer {
         wgmma_commit();
         issue_pv(o, pf, prev);
         wgmma_commit();
-        pass_turn(it == n_blocks - 1);
+        pass_turn();
 
         wgmma_wait<1>();  // S_it is ready; P_{it-1} V_{it-1} may still run
         fence_regs(sacc);
         FC_FLOOR_SCORES(sacc, g0 + it);  // floor control only (fc_instrument.cuh)
         release(&s.k_empty[stage]);
         if constexpr (kCap) softcap(sacc);
-        if constexpr (kMask) mask(sacc, block_of(it));
+        if constexpr (kMask != 0) mask<kMask == 2>(sacc, block_of(it));
         float alpha[2];
         softmax.step(sacc, p.scale_log2, alpha);
         fence_regs(sacc);
@@ -255,6 +272,11 @@ struct Consumer {
     }
 };
 
+// Gives warpgroup 0 the first turn of the CTA's first tile (Consumer::pass_turn): once per CTA.
+FC_DEVICE void seed_turns(int wg) {
+    if (cfg::CONSUMERS > 1 && wg == cfg::CONSUMERS - 1) named_bar_arrive(1, 256);
+}
+
 // The tile's main loop: block 0 (S, softmax), then unmasked and masked blocks, then the last
 // P V. `q_load` counts the Q tiles this CTA loaded before this one (the q_full parity). kCap:
 // softcap the scores (FC_SOFTCAP builds).
@@ -274,15 +296,14 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     uint32_t pf[BN / 16][4];
     float alpha[2];  // block 0: O is still zero, nothing to rescale
 
-    // Block 0: S, softmax, fragments. The last warpgroup hands warpgroup 0 the first turn.
-    if (CONSUMERS > 1 && wg == CONSUMERS - 1) named_bar_arrive(1, 256);
+    // Block 0: S, softmax, fragments.
     const int stage0 = ring_stage(c.g0);
     mbar_wait(&s.k_full[stage0], ring_phase(c.g0));
     c.wait_turn();
     wgmma_fence();
     c.issue_qk(sacc, stage0);
     wgmma_commit();
-    c.pass_turn(n_blocks == 1);
+    c.pass_turn();
     wgmma_wait<0>();
     fence_regs(sacc);
     FC_PHASE_MARK(FC_PHASE_S0, 128);
@@ -295,8 +316,15 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
 
     const int first_masked = kv.first_masked;
     int it = 1;
-    for (; it < first_masked; ++it) c.iteration<false, kCap>(it, n_blocks, sacc, pf, o, softmax);
-    for (; it < n_blocks; ++it) c.iteration<true, kCap>(it, n_blocks, sacc, pf, o, softmax);
+    for (; it < first_masked; ++it) c.iteration<0, kCap>(it, n_blocks, sacc, pf, o, softmax);
+    // A public choice between two straight-line loops (no branch inside one: ptxas would wait for
+    // the in-flight wgmma at the join). Builds whose lower bound is secret or always present
+    // (secret lengths, decode's KV-cache builds) keep one loop.
+    if (!FC_SECRET_LEN && !FC_DECODE && !c.has_lower_bound()) {
+        for (; it < n_blocks; ++it) c.iteration<1, kCap>(it, n_blocks, sacc, pf, o, softmax);
+    } else {
+        for (; it < n_blocks; ++it) c.iteration<2, kCap>(it, n_blocks, sacc, pf, o, softmax);
+    }
 
     // Every Q Kᵀ of this tile is complete (the last iteration waited for all GEMMs): the producer
     // may load the next tile's Q while this warpgroup finishes the last P V and the epilogue.
