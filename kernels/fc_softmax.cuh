@@ -79,7 +79,7 @@ struct OnlineSoftmax {
 #if FC_EXP_FFMA
             const bool huge = fabsf(m_use * scale_log2) >= 1073741824.0f;  // 2^30
             // 2^(31 − e) for m's unbiased exponent e: the bits (158 − e_biased) << 23, clamped to
-            // 2^127 (reached only for scales above 2^96, which the host refuses).
+            // 2^127 (reached only for scales above 2^125, which the host refuses).
             const float c_huge =
                 __uint_as_float(min(0x8E800000u - (__float_as_uint(m_use) & 0x7F800000u), 0x7F000000u));
             const float t = select_f(huge, c_huge, scale_log2);

@@ -3,8 +3,8 @@
 use super::params::{AttentionParams, DType};
 use crate::error::{Error, Result};
 
-/// The largest softmax scale accepted (2^64: far past any real use; see [`check_params`]).
-pub const MAX_SCALE: f32 = 18446744073709551616.0;
+/// The largest softmax scale accepted (2^120: far past any real use; see [`check_params`]).
+pub const MAX_SCALE: f32 = (1u128 << 120) as f32;
 
 /// Head dimensions the shipped forward kernels are built for (96: Phi-3; 256: Gemma 2).
 pub const SUPPORTED_HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
@@ -75,12 +75,12 @@ pub fn check_params(p: &AttentionParams) -> Result<()> {
     if let Some(s) = p.scale {
         // The online softmax subtracts the running max of raw scores, which is the max of the
         // scaled scores only for a positive scale; its one-FFMA exponent picks a power-of-two
-        // temperature that stays a normal fp32 number only for scales up to 2^64
+        // temperature that stays a normal fp32 number only for scales up to about 2^125
         // (kernels/fc_softmax.cuh).
         if !s.is_finite() || s <= 0.0 || s > MAX_SCALE {
             return Err(Error::invalid(
                 "scale",
-                format!("must be positive, finite and at most 2^64, got {s}"),
+                format!("must be positive, finite and at most 2^120, got {s}"),
             ));
         }
     }

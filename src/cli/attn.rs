@@ -63,7 +63,7 @@ fn parse_scale(s: &str) -> std::result::Result<f32, String> {
     if x.is_finite() && x > 0.0 && x <= crate::attention::validate::MAX_SCALE {
         Ok(x)
     } else {
-        Err(format!("must be positive, finite and at most 2^64, got {s}"))
+        Err(format!("must be positive, finite and at most 2^120, got {s}"))
     }
 }
 
