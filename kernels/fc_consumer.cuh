@@ -256,10 +256,7 @@ struct Consumer {
         // Anchor: a shared-memory store of the softmax's last result. The wait below is ordered
         // after it, so ptxas cannot schedule the wait (and stall on the PV GEMM) before the
         // softmax — which is what lets the softmax overlap the PV GEMM.
-        // Both row halves' sums: anchoring one let ptxas leave half of the other's exponentials
-        // after the wait (PERF_NOTES, fwd39).
-        asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_u32(&s.anchor[threadIdx.x - 128])),
-                     "f"(softmax.row_sum[0] + softmax.row_sum[1])
+        asm volatile("st.shared.f32 [%0], %1;" ::"r"(smem_u32(&s.anchor[threadIdx.x - 128])), "f"(softmax.row_sum[1])
                      : "memory");
 
         wgmma_wait<0>();
