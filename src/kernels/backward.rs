@@ -87,6 +87,12 @@ pub struct BwdVariant {
     /// waits nor adds (dQ wrong), 3 = nor runs the dQ GEMM, 4 = nor exchanges dSᵀ between its
     /// warpgroups. What the ordering, the reductions, the fifth GEMM and the lockstep cost.
     pub diag: u8,
+    /// The one pass's tile schedule (`FC_BWD_CORE`, kernels/fc_bwd_config.cuh; issue 40): 0 =
+    /// bwd1v3's; 1 = dQ's GEMM issued without draining dV's first; 2 = 1
+    /// plus dSᵀ stored with `stmatrix`; 3 = 2 plus a 2-stage (Q, dO) ring and two dQ buffers.
+    /// Same arithmetic in the same order: the same bits. 0 on
+    /// two-pass variants. `FLASHCORE_BWD_CORE` picks it ([`default_core`] otherwise).
+    pub core: u8,
     /// Issue 24: a sliding window (`FC_WINDOW`: skips query tiles / key blocks outside it and
     /// masks by select; kernels/fc_bwd_mask.cuh). Two-pass only.
     pub window: bool,
@@ -103,7 +109,7 @@ impl BwdVariant {
     /// `bwd_f16_d64_full_window_softcap`, `bwd_f16_d64_causal_varlen`.
     pub fn name(&self) -> String {
         format!(
-            "bwd_{}_d{}_{}{}{}{}{}",
+            "bwd_{}_d{}_{}{}{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
@@ -120,6 +126,7 @@ impl BwdVariant {
             } else {
                 "_lockstep"
             },
+            ["", "_core1", "_core2", "_core3"][self.core.min(3) as usize],
             if self.window { "_window" } else { "" },
             if self.softcap { "_softcap" } else { "" },
             if self.varlen { "_varlen" } else { "" }
@@ -150,6 +157,7 @@ impl BwdVariant {
             onepass: false,
             pingpong: std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0"),
             diag: 0,
+            core: 0,
             ..base
         }
     }
@@ -164,6 +172,7 @@ impl BwdVariant {
             pingpong: std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0"),
             onepass: false,
             diag: 0,
+            core: 0,
             varlen: true,
             window: false,
             softcap: false,
@@ -197,6 +206,11 @@ impl BwdVariant {
             Ok(Ok(d @ 1..=4)) if onepass => d,
             _ => 0,
         };
+        let core = match std::env::var("FLASHCORE_BWD_CORE").map(|s| s.parse::<u8>()) {
+            Ok(Ok(c @ 0..=3)) if onepass => c,
+            _ if onepass => default_core(),
+            _ => 0,
+        };
         BwdVariant {
             dtype,
             head_dim,
@@ -204,6 +218,7 @@ impl BwdVariant {
             pingpong,
             onepass,
             diag,
+            core,
             window: false,
             softcap: false,
             varlen: false,
@@ -250,7 +265,8 @@ impl BwdVariant {
             kv_block_n: KV_BLOCK_N,
             // Softcap at d64 streams 64-row tiles too: at 128 its tanh temporaries spill.
             kv_block_m: if d64 && !self.softcap { 128 } else { 64 },
-            kv_stages: 3,
+            // Core 3 (issue 40): two stages, the freed 32 KiB holding a second dQ buffer.
+            kv_stages: if self.onepass && self.core >= 3 { 2 } else { 3 },
             q_block_m: Q_BLOCK_M,
             q_block_n: 128,
             q_stages: if d64 || self.head_dim == 96 { 3 } else { 2 },
@@ -268,6 +284,7 @@ impl BwdVariant {
         o.push(format!("-DFC_ONEPASS={}", self.onepass as u8));
         o.push(format!("-DFC_STAGE_STATS={}", self.stage_stats() as u8));
         o.push(format!("-DFC_OP_DIAG={}", self.diag));
+        o.push(format!("-DFC_BWD_CORE={}", self.core));
         o.push(format!("-DFC_VARLEN={}", self.varlen as u8));
         o.push(format!("-DFC_HEAD_DIM={}", self.head_dim));
         o.push(format!("-DFC_BF16={}", (self.dtype == DType::Bf16) as u8));
@@ -333,13 +350,23 @@ impl BwdVariant {
     }
 
     /// Dynamic shared memory of the one-pass kernel: two dSᵀ tiles (16-bit, KV_BN × KV_BM) and
-    /// one fp32 dQ partial (KV_BM × D) in front of the dK/dV kernel's layout, two mbarriers after.
+    /// [`BwdVariant::dq_bufs`] fp32 dQ partials (KV_BM × D) in front of the dK/dV kernel's
+    /// layout, two mbarriers per partial after.
     pub fn onepass_smem_bytes(&self) -> usize {
         let t = self.tiles();
         2 * t.kv_block_n * t.kv_block_m * 2
-            + t.kv_block_m * self.head_dim * 4
+            + self.dq_bufs() * t.kv_block_m * self.head_dim * 4
             + self.dkdv_smem_bytes()
-            + 2 * 8
+            + self.dq_bufs() * 2 * 8
+    }
+
+    /// fp32 dQ partials in flight in the one-pass kernel (`bw::DQ_BUFS`): two from core 3.
+    pub fn dq_bufs(&self) -> usize {
+        if self.onepass && self.core >= 3 {
+            2
+        } else {
+            1
+        }
     }
 
     /// Dynamic shared memory of the dQ kernel: Q and dO tiles, the (K, V) ring, mbarriers, slack.
@@ -386,6 +413,14 @@ pub fn default_onepass(head_dim: usize, causal: bool) -> bool {
     head_dim == 128 && causal
 }
 
+/// The one pass's default tile schedule ([`BwdVariant::core`]; PERF_NOTES, branch `bwd`).
+pub fn default_core() -> u8 {
+    0
+}
+
+/// Every one-pass schedule that is shipped (and so audited): bwd1v3's and issue 40's.
+pub const SHIPPED_CORES: [u8; 4] = [0, 1, 2, 3];
+
 /// Head dims the one-pass kernels serve (`FLASHCORE_BWD_ONEPASS=1`); the two-pass kernels serve
 /// every backward head dim (`validate::BACKWARD_HEAD_DIMS`).
 pub const ONEPASS_HEAD_DIMS: [usize; 2] = [64, 128];
@@ -404,23 +439,27 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                         pingpong,
                         onepass: false,
                         diag: 0,
+                        core: 0,
                         window: false,
                         softcap: false,
                         varlen: false,
                     });
                 }
                 if ONEPASS_HEAD_DIMS.contains(&head_dim) {
-                    v.push(BwdVariant {
-                        dtype,
-                        head_dim,
-                        causal,
-                        pingpong: false,
-                        onepass: true,
-                        diag: 0,
-                        window: false,
-                        softcap: false,
-                        varlen: false,
-                    });
+                    for core in SHIPPED_CORES {
+                        v.push(BwdVariant {
+                            dtype,
+                            head_dim,
+                            causal,
+                            pingpong: false,
+                            onepass: true,
+                            diag: 0,
+                            core,
+                            window: false,
+                            softcap: false,
+                            varlen: false,
+                        });
+                    }
                 }
                 // Varlen (issue 22): the default two-pass schedule only; issue 24: windows, and
                 // softcap with a window (two passes, ping-pong), dense and varlen.
@@ -436,6 +475,7 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                             pingpong: true,
                             onepass: false,
                             diag: 0,
+                            core: 0,
                             varlen,
                             window,
                             softcap,
@@ -520,8 +560,9 @@ mod tests {
     fn shared_memory_fits_and_names_are_distinct() {
         let vs = shipped_bwd_variants();
         // Per dtype and mask: four head dims × (ping-pong, lockstep, window, window+softcap,
-        // varlen, varlen+window, varlen+window+softcap), plus the one pass at d64 and d128.
-        assert_eq!(vs.len(), 2 * 2 * (4 * 7 + 2));
+        // varlen, varlen+window, varlen+window+softcap), plus the one pass at d64 and d128 in
+        // each shipped schedule.
+        assert_eq!(vs.len(), 2 * 2 * (4 * 7 + 2 * SHIPPED_CORES.len()));
         let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), vs.len());
         for v in &vs {
