@@ -38,6 +38,13 @@ FC_DEVICE uint32_t dkdv_opaque(uint32_t x) {
 #endif
 constexpr int STAT_STAGES = FC_STAGE_STATS ? bw::KV_STAGES : 1;
 
+// The producer warpgroup's tile loops: kept rolled in one-pass builds (see dkdv_producer).
+#if FC_ONEPASS
+#define BWD_PRODUCER_LOOP _Pragma("unroll 1")
+#else
+#define BWD_PRODUCER_LOOP
+#endif
+
 // A tile's LSE₂ and D at one thread's query columns (+ j): the staged rows through 32-bit shared
 // addresses (generic pointers held beside dK, dV, Sᵀ and dPᵀ spilled the d128 one pass), or the
 // padded workspace.
@@ -130,9 +137,9 @@ FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int
     dkdv_m_range(p, sq, n_block, first_m, end_m);
     const int per_head = end_m - first_m;
     const int total = per_head * p.group;
-    // Not unrolled: with a 2-stage ring (one-pass core 3) ptxas unrolled this loop by 4 and the
-    // per-copy addresses spilled the producer's 40 registers.
-#pragma unroll 1
+    // Not unrolled in one-pass builds: with a 2-stage ring (core 3) ptxas unrolled this loop by 4
+    // and the per-copy addresses spilled the producer's 40 registers (two-pass SASS unchanged).
+    BWD_PRODUCER_LOOP
     for (int it = 0; it < total; ++it) {
         const int head = kv_head * p.group + it / per_head;
         const int m_block = first_m + it % per_head;
@@ -161,7 +168,7 @@ FC_DEVICE void dkdv_stats_loader(const BwdParams& p, DkdvShared& s, int n_block,
     dkdv_m_range(p, sq, n_block, first_m, end_m);
     const int per_head = end_m - first_m;
     const int total = per_head * p.group;
-#pragma unroll 1  // as the producer's loop
+    BWD_PRODUCER_LOOP  // as the producer's loop
     for (int it = 0; it < total; ++it) {
         const int st = bwd_stage<KV_STAGES>(it);
         mbar_wait(&s.empty[st], bwd_phase<KV_STAGES>(it) ^ 1);

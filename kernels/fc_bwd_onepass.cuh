@@ -157,7 +157,7 @@ FC_DEVICE void onepass_dq_writer(const BwdParams& p, const float (*bufs)[bw::DQ_
     using namespace bw;
     const int per_head = end_m - first_m;
     const int total = per_head * p.group;
-#pragma unroll 1  // unrolled over two buffers, its addresses spilled the producer's registers
+#pragma unroll 1  // unrolled over two buffers (core 3), its addresses spilled the producer's registers
     for (int it = 0; it < total; ++it) {
         const int head = kv_head * p.group + it / per_head;
         const int m_block = first_m + it % per_head;
