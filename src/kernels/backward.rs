@@ -140,7 +140,12 @@ impl BwdVariant {
     /// asks for the one-pass kernel; where the one pass is the default ([`default_onepass`]),
     /// such a call runs the two passes.
     pub fn for_params(p: &crate::attention::AttentionParams) -> BwdVariant {
-        let base = BwdVariant::for_call(p.dtype, p.head_dim, p.causal);
+        let base = BwdVariant::for_call_len(
+            p.dtype,
+            p.head_dim,
+            p.causal,
+            p.seqlen_q.min(p.seqlen_k),
+        );
         let w = p.effective_window();
         let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
         let asked = std::env::var("FLASHCORE_BWD_ONEPASS").as_deref() == Ok("1");
@@ -192,14 +197,23 @@ impl BwdVariant {
         }
     }
 
-    /// The variant a call of this dtype, head dim and mask runs: [`default_onepass`] unless
-    /// `FLASHCORE_BWD_ONEPASS` is `0` or `1`; the two-pass kernels ping-pong unless
-    /// `FLASHCORE_BWD_PINGPONG=0` (measurement knobs; every variant is shipped and audited).
+    /// The variant a call of this dtype, head dim and mask runs at short sequences:
+    /// [`BwdVariant::for_call_len`] with length 0.
     pub fn for_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant {
+        BwdVariant::for_call_len(dtype, head_dim, causal, 0)
+    }
+
+    /// The variant a call of this dtype, head dim, mask and shorter sequence length (min(Sq, Sk),
+    /// public) runs: [`default_onepass`] unless `FLASHCORE_BWD_ONEPASS` is `0` or `1`; the
+    /// one pass in schedule [`default_core`] unless `FLASHCORE_BWD_CORE` names one; the
+    /// two-pass kernels ping-pong unless `FLASHCORE_BWD_PINGPONG=0` (measurement knobs; every
+    /// variant is shipped and audited). The batch size never enters, so a sequence runs the same
+    /// kernels alone and in a batch (batch invariance).
+    pub fn for_call_len(dtype: DType, head_dim: usize, causal: bool, min_len: usize) -> BwdVariant {
         let onepass = match std::env::var("FLASHCORE_BWD_ONEPASS").as_deref() {
             Ok("0") => false,
             Ok("1") => true,
-            _ => default_onepass(head_dim, causal),
+            _ => default_onepass(head_dim, causal, min_len),
         };
         let pingpong = !onepass && std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0");
         let diag = match std::env::var("FLASHCORE_BWD_OP_DIAG").map(|s| s.parse::<u8>()) {
@@ -404,18 +418,29 @@ impl BwdVariant {
     }
 }
 
-/// Whether a call runs the one-pass kernels by default (by measurement: PERF_NOTES.md, issue 23,
-/// branch bwd1v3): d128 causal, where the turn order matches the order in which key blocks reach
-/// a query tile (2.4–11% less time than the two passes at the backward suite's d128 causal
-/// shapes). Elsewhere the two passes measured faster or were not measured. Calls the one pass
-/// does not serve (windows, softcap, varlen) run the two passes whatever this says.
-pub fn default_onepass(head_dim: usize, causal: bool) -> bool {
-    head_dim == 128 && causal
+/// Whether a call runs the one-pass kernels by default, by measurement (PERF_NOTES.md: issue 23,
+/// branch bwd1v3; issue 40, branch `bwd`): d128 causal at every length, where the turn order
+/// matches the order in which key blocks reach a query tile; d128 non-causal and d64 causal once
+/// both sequences are at least [`ONEPASS_MIN_LEN`] long (core 3 took 6–9% less time than the two
+/// passes at 2,16,8192,128 and 2,32,8192,64 causal, and 4–18% more at S = 2048, d128 and d64
+/// non-causal). Elsewhere the two passes measured faster or were not measured. Calls the one
+/// pass does not serve (windows, softcap, varlen) run the two passes whatever this says.
+pub fn default_onepass(head_dim: usize, causal: bool, min_len: usize) -> bool {
+    match (head_dim, causal) {
+        (128, true) => true,
+        (128, false) | (64, true) => min_len >= ONEPASS_MIN_LEN,
+        _ => false,
+    }
 }
 
-/// The one pass's default tile schedule ([`BwdVariant::core`]; PERF_NOTES, branch `bwd`).
+/// The shortest min(Sq, Sk) at which d128 non-causal and d64 causal calls take the one pass
+/// ([`default_onepass`]): the length measured (2048 measured slower; nothing between).
+pub const ONEPASS_MIN_LEN: usize = 8192;
+
+/// The one pass's default tile schedule ([`BwdVariant::core`]; PERF_NOTES, branch `bwd`): core 3,
+/// the fastest or tied at each of the backward suite's shapes in one-pass mode.
 pub fn default_core() -> u8 {
-    0
+    3
 }
 
 /// Every one-pass schedule that is shipped (and so audited): bwd1v3's and issue 40's.
@@ -492,21 +517,21 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
 mod tests {
     use super::*;
 
-    /// The one pass is the default at d128 causal only (bwd1v3's measurements), and a call it
+    /// The one pass is the default at d128 causal (bwd1v3's measurements) and at long d128
+    /// non-causal and d64 causal calls (issue 40), and a call it
     /// does not serve — a window or softcap, at that shape class too — still gets the two passes
     /// by default instead of a refusal. (Reads `FLASHCORE_BWD_ONEPASS`: unset in the test suite.)
     #[test]
     fn one_pass_is_the_default_at_d128_causal_for_calls_it_serves() {
         use crate::attention::{AttentionParams, Window};
-        assert!(default_onepass(128, true));
-        for (d, causal) in [
-            (128, false),
-            (64, true),
-            (64, false),
-            (96, true),
-            (256, true),
-        ] {
-            assert!(!default_onepass(d, causal), "d{d} causal {causal}");
+        for len in [0, 512, ONEPASS_MIN_LEN] {
+            assert!(default_onepass(128, true, len));
+            assert!(!default_onepass(64, false, len));
+            assert!(!default_onepass(96, true, len) && !default_onepass(256, true, len));
+        }
+        for (d, causal) in [(128, false), (64, true)] {
+            assert!(!default_onepass(d, causal, ONEPASS_MIN_LEN - 1), "d{d} causal {causal}");
+            assert!(default_onepass(d, causal, ONEPASS_MIN_LEN), "d{d} causal {causal}");
         }
         if std::env::var_os("FLASHCORE_BWD_ONEPASS").is_some() {
             return; // a measurement run chose the kernels itself
@@ -516,6 +541,20 @@ mod tests {
         assert!(v.onepass && !v.window && v.diag == 0, "{v:?}");
         assert!(crate::attention::backward::check_backward_variant(v).is_ok());
         assert!(!BwdVariant::for_params(&p.clone().causal(false)).onepass);
+        if std::env::var_os("FLASHCORE_BWD_CORE").is_none() {
+            assert_eq!(v.core, default_core());
+        }
+        // Long d128 non-causal and d64 causal calls take the one pass; a short side keeps them
+        // on the two passes; the batch size never decides.
+        let long = AttentionParams::new(1, 4, ONEPASS_MIN_LEN, 128);
+        assert!(BwdVariant::for_params(&long).onepass);
+        assert!(!BwdVariant::for_params(&long.clone().seqlen_k(1024)).onepass);
+        let long64 = AttentionParams::new(3, 4, ONEPASS_MIN_LEN, 64).causal(true);
+        assert!(BwdVariant::for_params(&long64).onepass);
+        assert!(!BwdVariant::for_params(&long64.clone().causal(false)).onepass);
+        let mut b1 = long64.clone();
+        b1.batch = 1;
+        assert_eq!(BwdVariant::for_params(&b1), BwdVariant::for_params(&long64));
         for q in [
             p.clone().window(Window::from_flash_attn(64, 0)),
             p.clone().softcap(30.0),
