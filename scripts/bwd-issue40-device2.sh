@@ -7,7 +7,7 @@ out="${OUT:-device-out}"; mkdir -p "$out" /tmp/fcj
 export FLASHCORE_REQUIRE_GPU=1 FLASHCORE_CACHE_DIR=/tmp/fc-cache
 T0=$(date +%s); el() { echo "[t+$(( $(date +%s) - T0 ))s] $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit,temperature.gpu --format=csv | tee "$out/gpu.txt"
-nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 > /tmp/fcj/smi.csv 2>&1 &
+nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active --format=csv -lms 500 > "$out/smi.csv" 2>&1 &
 SMI=$!
 {
 for case in "d128 --causal:0 1 2 3" "d64:0 1 2 3" "d128:0 3" "d64 --causal:0 3"; do
@@ -32,8 +32,17 @@ run_test gpu_backward_hd gpu_backward_hd X=1
 run_test gpu_backward_onepass_core1 gpu_backward FLASHCORE_BWD_ONEPASS=1 FLASHCORE_BWD_CORE=1
 } 2>&1 | tee "$out/tests.txt"
 el tests done
+FLASHCORE_BWD_ONEPASS=1 FLASHCORE_BWD_CORE=3 timeout 45 ncu --clock-control none --kernel-name flashcore_bwd_onepass \
+  --launch-skip 1 --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SourceCounters \
+  -o /tmp/fcj/prof -f "$C/flashcore" bench --batch 2 --heads 16 --seqlen 8192 --headdim 128 --causal --dtype bf16 \
+  --backward --mode event --reps 1 --warmup 1 > /tmp/fcj/ncu.log 2>&1
+el ncu done
+timeout 12 ncu -i /tmp/fcj/prof.ncu-rep --page details > "$out/ncu-details.txt" 2>&1
+timeout 12 ncu -i /tmp/fcj/prof.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$out/ncu-source.csv.gz"
+tail -3 /tmp/fcj/ncu.log
 B="--suite backward --backward --mode graph --warmup 3 --graph-calls 4 --graph-reps 10"
 for round in 1 2; do
+  (( round == 2 && $(date +%s) - T0 > 105 )) && { el "round 2 skipped (time)"; break; }
   for cfg in two:0:0 one0:1:0 new:: ; do
     IFS=: read name one core <<< "$cfg"
     el "bench round $round $name"
@@ -42,14 +51,6 @@ for round in 1 2; do
   done
 done 2>&1 | tee "$out/bench.txt"
 el bench done
-kill $SMI; cp /tmp/fcj/smi.csv "$out/smi.csv"
-FLASHCORE_BWD_ONEPASS=1 FLASHCORE_BWD_CORE=3 timeout 60 ncu --clock-control none --kernel-name flashcore_bwd_onepass \
-  --launch-skip 1 --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SourceCounters \
-  -o /tmp/fcj/prof -f "$C/flashcore" bench --batch 2 --heads 16 --seqlen 8192 --headdim 128 --causal --dtype bf16 \
-  --backward --mode event --reps 1 --warmup 1 > /tmp/fcj/ncu.log 2>&1
-el ncu done
-timeout 20 ncu -i /tmp/fcj/prof.ncu-rep --page details > "$out/ncu-details.txt" 2>&1
-timeout 20 ncu -i /tmp/fcj/prof.ncu-rep --page source --csv --print-source sass 2>&1 | gzip > "$out/ncu-source.csv.gz"
-tail -3 /tmp/fcj/ncu.log
+kill $SMI
 el all done
 tar czf "$out/logs.tgz" -C /tmp/fcj $(cd /tmp/fcj && ls *.json *.txt *.log 2>/dev/null)
