@@ -19,10 +19,10 @@
 
 // FC_BWD_CORE (one pass only; issue 40, PERF_NOTES branch `bwd`): 0 = bwd1v3's tile schedule;
 // 1 = dQ's GEMM issued without first draining dV += Pᵀ dO (Pᵀ's fragments stay live until one
-// wait after dK's issue covers dV and dQ); 2 = 1 plus dSᵀ to shared
-// memory with stmatrix (four 8×8 tiles per instruction) instead of 32-bit scalar stores; 3 = 2
-// plus a 2-stage (Q, dO) ring whose freed 32 KiB hold a second fp32 dQ buffer, so the consumers
-// run up to two tiles ahead of the dQ writer's turn chain instead of one (bw::DQ_BUFS).
+// wait after dK's issue covers dV and dQ); 2 = 1 plus dSᵀ to shared memory with stmatrix (four
+// 8×8 tiles per instruction) instead of 32-bit scalar stores; 3 = 2 plus a 2-stage (Q, dO) ring
+// whose freed 32 KiB hold a second fp32 dQ buffer, so the consumers run up to two tiles ahead of
+// the dQ writer's turn chain instead of one (bw::DQ_BUFS). The host's default: 3.
 // Schedules only: every build computes the same values in the same order (the same bits).
 #ifndef FC_BWD_CORE
 #define FC_BWD_CORE 0
