@@ -140,12 +140,8 @@ impl BwdVariant {
     /// asks for the one-pass kernel; where the one pass is the default ([`default_onepass`]),
     /// such a call runs the two passes.
     pub fn for_params(p: &crate::attention::AttentionParams) -> BwdVariant {
-        let base = BwdVariant::for_call_len(
-            p.dtype,
-            p.head_dim,
-            p.causal,
-            p.seqlen_q.min(p.seqlen_k),
-        );
+        let base =
+            BwdVariant::for_call_len(p.dtype, p.head_dim, p.causal, p.seqlen_q.min(p.seqlen_k));
         let w = p.effective_window();
         let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
         let asked = std::env::var("FLASHCORE_BWD_ONEPASS").as_deref() == Ok("1");
@@ -530,8 +526,14 @@ mod tests {
             assert!(!default_onepass(96, true, len) && !default_onepass(256, true, len));
         }
         for (d, causal) in [(128, false), (64, true)] {
-            assert!(!default_onepass(d, causal, ONEPASS_MIN_LEN - 1), "d{d} causal {causal}");
-            assert!(default_onepass(d, causal, ONEPASS_MIN_LEN), "d{d} causal {causal}");
+            assert!(
+                !default_onepass(d, causal, ONEPASS_MIN_LEN - 1),
+                "d{d} causal {causal}"
+            );
+            assert!(
+                default_onepass(d, causal, ONEPASS_MIN_LEN),
+                "d{d} causal {causal}"
+            );
         }
         if std::env::var_os("FLASHCORE_BWD_ONEPASS").is_some() {
             return; // a measurement run chose the kernels itself
