@@ -65,8 +65,11 @@ extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_onepa
             mbar_init(&s.kv.full[i], 1);
             mbar_init(&s.kv.empty[i], bw::CONSUMERS * 4);
         }
-        mbar_init(&s.dq_full, bw::CONSUMERS * 4);
-        mbar_init(&s.dq_empty, 1);
+#pragma unroll
+        for (int b = 0; b < bw::DQ_BUFS; ++b) {
+            mbar_init(&s.dq_full[b], bw::CONSUMERS * 4);
+            mbar_init(&s.dq_empty[b], 1);
+        }
         fence_barrier_init();
     }
     __syncthreads();
@@ -79,7 +82,7 @@ extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_onepa
             // The dQ writer (fc_bwd_onepass.cuh), over the consumers' tile sequence.
             int first_m, end_m;
             dkdv_m_range(p, bwd_seq(p, blockIdx.z), n_block, first_m, end_m);
-            onepass_dq_writer(p, s.dq, &s.dq_full, &s.dq_empty, n_block, blockIdx.y, blockIdx.z, first_m, end_m);
+            onepass_dq_writer(p, s.dq, s.dq_full, s.dq_empty, n_block, blockIdx.y, blockIdx.z, first_m, end_m);
         } else if (FC_STAGE_STATS && threadIdx.x == 64) {
             dkdv_stats_loader(p, s.kv, n_block, blockIdx.y, blockIdx.z);
         }

@@ -17,6 +17,20 @@
 #define FC_ONEPASS 0
 #endif
 
+// FC_BWD_CORE (one pass only; issue 40, PERF_NOTES branch `bwd`): 0 = bwd1v3's tile schedule;
+// 1 = dQ's GEMM issued without first draining dV += Pᵀ dO (Pᵀ's fragments stay live until one
+// wait after dK's issue covers dV and dQ); 2 = 1 plus dSᵀ to shared memory with stmatrix (four
+// 8×8 tiles per instruction) instead of 32-bit scalar stores; 3 = 2 plus a 2-stage (Q, dO) ring
+// whose freed 32 KiB hold a second fp32 dQ buffer, so the consumers run up to two tiles ahead of
+// the dQ writer's turn chain instead of one (bw::DQ_BUFS). The host's default: 3.
+// Schedules only: every build computes the same values in the same order (the same bits).
+#ifndef FC_BWD_CORE
+#define FC_BWD_CORE 0
+#endif
+#if FC_BWD_CORE && !FC_ONEPASS
+#error "FC_BWD_CORE is a one-pass schedule"
+#endif
+
 // FC_BWD_LEAKY_CONTROL (never shipped; tests/audit_backward.rs builds it to show the audit of
 // these kernels is not vacuous): 1 = each kernel reads memory at an address taken from a secret
 // (the preprocess from its dot product, the GEMM kernels from a wgmma accumulator).
@@ -43,9 +57,12 @@ constexpr int DWG = D / HSPLIT;
 constexpr int CONSUMERS = 2;         // consumer warpgroups, 64 rows each
 constexpr int THREADS = 128 * (1 + CONSUMERS);
 // setmaxnreg split: 128·40 + 256·232 = 64512, what launch_bounds(384, 1) gives the block (at 24
-// the producer's address arithmetic spills).
+// the producer's address arithmetic spills: FA3/FA4's 24/240 left the one pass's producer
+// warpgroup with 37 LDL/STL, while its consumers fit core 1's schedule in 232 with none —
+// PERF_NOTES, branch `bwd`).
 constexpr int PRODUCER_REGS = 40;
 constexpr int CONSUMER_REGS = 232;
+static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168, "the block's registers");
 // dK/dV kernel: a CTA owns KV_BN keys (64 per consumer) and streams KV_BM-row Q/dO tiles.
 // dQ kernel: a CTA owns Q_BM query rows (64 per consumer) and streams Q_BN-key K/V tiles.
 // The streamed tile heights and ring depths come from the host (BwdVariant::tiles).

@@ -38,6 +38,13 @@ FC_DEVICE uint32_t dkdv_opaque(uint32_t x) {
 #endif
 constexpr int STAT_STAGES = FC_STAGE_STATS ? bw::KV_STAGES : 1;
 
+// The producer warpgroup's tile loops: kept rolled in one-pass builds (see dkdv_producer).
+#if FC_ONEPASS
+#define BWD_PRODUCER_LOOP _Pragma("unroll 1")
+#else
+#define BWD_PRODUCER_LOOP
+#endif
+
 // A tile's LSE₂ and D at one thread's query columns (+ j): the staged rows through 32-bit shared
 // addresses (generic pointers held beside dK, dV, Sᵀ and dPᵀ spilled the d128 one pass), or the
 // padded workspace.
@@ -130,6 +137,9 @@ FC_DEVICE void dkdv_producer(const BwdParams& p, DkdvShared& s, int n_block, int
     dkdv_m_range(p, sq, n_block, first_m, end_m);
     const int per_head = end_m - first_m;
     const int total = per_head * p.group;
+    // Not unrolled in one-pass builds: with a 2-stage ring (core 3) ptxas unrolled this loop by 4
+    // and the per-copy addresses spilled the producer's 40 registers (two-pass SASS unchanged).
+    BWD_PRODUCER_LOOP
     for (int it = 0; it < total; ++it) {
         const int head = kv_head * p.group + it / per_head;
         const int m_block = first_m + it % per_head;
@@ -158,6 +168,7 @@ FC_DEVICE void dkdv_stats_loader(const BwdParams& p, DkdvShared& s, int n_block,
     dkdv_m_range(p, sq, n_block, first_m, end_m);
     const int per_head = end_m - first_m;
     const int total = per_head * p.group;
+    BWD_PRODUCER_LOOP  // as the producer's loop
     for (int it = 0; it < total; ++it) {
         const int st = bwd_stage<KV_STAGES>(it);
         mbar_wait(&s.empty[st], bwd_phase<KV_STAGES>(it) ^ 1);
@@ -169,15 +180,16 @@ FC_DEVICE void dkdv_stats_loader(const BwdParams& p, DkdvShared& s, int n_block,
 // (fragment order, fc_bwd_onepass.cuh) and its full/empty barriers, beside DkdvShared.
 struct OnepassShared {
     uint16_t ds[2][bw::QCH][bw::KV_BN][64];
-    float dq[bw::DQ_TILE];
+    float dq[bw::DQ_BUFS][bw::DQ_TILE];
     DkdvShared kv;
-    uint64_t dq_full, dq_empty;
+    uint64_t dq_full[bw::DQ_BUFS], dq_empty[bw::DQ_BUFS];
 };
 
 // The one-pass block around `s` (a constant offset: nothing more held across the loop; the size
 // check shows the members are unpadded, so `kv` sits right after `ds` and `dq`).
-constexpr int ONEPASS_KV_OFFSET = 2 * bw::QCH * bw::KV_BN * 64 * 2 + bw::DQ_TILE * 4;
-static_assert(sizeof(OnepassShared) == ONEPASS_KV_OFFSET + sizeof(DkdvShared) + 16, "OnepassShared is unpadded");
+constexpr int ONEPASS_KV_OFFSET = 2 * bw::QCH * bw::KV_BN * 64 * 2 + bw::DQ_BUFS * bw::DQ_TILE * 4;
+static_assert(sizeof(OnepassShared) == ONEPASS_KV_OFFSET + sizeof(DkdvShared) + 16 * bw::DQ_BUFS,
+              "OnepassShared is unpadded");
 // Opaque: addresses derived from it are rebuilt where used, not hoisted out of the loop (spills).
 FC_DEVICE OnepassShared& onepass_of(DkdvShared& s) {
     uint8_t* base = reinterpret_cast<uint8_t*>(&s);
@@ -352,10 +364,14 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         }
         wgmma_commit();
         if constexpr (DQ) {
-            wgmma_wait<1>();  // dQ is done; dK may still run
+            wgmma_wait<1>();  // dQ is done (core 1+: and dV, issued before it); dK may still run
             fence_regs(dq);
+#if FC_BWD_CORE >= 1
+            fence_regs(dv);
+            fence_frags(pf);
+#endif
             OnepassShared& o = onepass_of(s);
-            onepass_put_dq(o.dq, &o.dq_full, &o.dq_empty, dq, wg, it);
+            onepass_put_dq(o.dq, o.dq_full, o.dq_empty, dq, wg, it);
             wgmma_wait<0>();
             fence_regs(dv);
             fence_regs(dk);

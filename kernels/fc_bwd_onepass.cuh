@@ -103,6 +103,8 @@ FC_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memo
 namespace bw {
 constexpr int DQ_TILE = KV_BM * D;        // floats of one tile's accumulator
 constexpr int DQ_PIECE = 64 * 64;         // floats of one warpgroup's piece
+// Tile partials in flight between the consumers and the writer (core 3: two).
+constexpr int DQ_BUFS = FC_BWD_CORE >= 3 ? 2 : 1;
 #if FC_ONEPASS
 static_assert(DQ_TILE == CONSUMERS * DQ_PIECE, "two 64x64 pieces per streamed tile");
 #endif
@@ -150,15 +152,19 @@ FC_DEVICE void fence_proxy_async_global() { asm volatile("fence.proxy.async.glob
 
 // Warp 1 of the producer warpgroup: per tile, in the consumers' order, move the shared dQ partial
 // to the workspace on this key block's turn. [first_m, end_m) per query head as dkdv_m_range.
-FC_DEVICE void onepass_dq_writer(const BwdParams& p, const float* buf, uint64_t* full, uint64_t* empty, int n_block,
-                                 int kv_head, int batch, int first_m, int end_m) {
+FC_DEVICE void onepass_dq_writer(const BwdParams& p, const float (*bufs)[bw::DQ_TILE], uint64_t* fulls,
+                                 uint64_t* empties, int n_block, int kv_head, int batch, int first_m, int end_m) {
     using namespace bw;
     const int per_head = end_m - first_m;
     const int total = per_head * p.group;
+#pragma unroll 1  // unrolled over two buffers (core 3), its addresses spilled the producer's registers
     for (int it = 0; it < total; ++it) {
         const int head = kv_head * p.group + it / per_head;
         const int m_block = first_m + it % per_head;
-        mbar_wait(full, it & 1);
+        // Buffer it % DQ_BUFS, its (it / DQ_BUFS)-th use.
+        const float* buf = bufs[it % DQ_BUFS];
+        uint64_t* empty = &empties[it % DQ_BUFS];
+        mbar_wait(&fulls[it % DQ_BUFS], (it / DQ_BUFS) & 1);
         if (lane_id() == 0) {
             const int64_t bh = (int64_t)batch * p.heads_q + head;
             const int rank = onepass_rank(p, n_block, m_block);
@@ -211,6 +217,25 @@ FC_DEVICE void onepass_store_ds(uint16_t (*ds)[bw::KV_BN][64], const uint32_t (&
         }
 }
 
+// Core 2 (FC_BWD_CORE): the same dSᵀ tile, same layout, with one `stmatrix .x4` per k-slice: the
+// slice's four 8×8 pieces (sf[kk][0..3]: keys +0/+8 × queries +0/+8) are exactly the thread
+// layout stmatrix takes, and lane l names the row of piece l / 8 (its 16 bytes, swizzled).
+FC_DEVICE void onepass_stmatrix_ds(uint16_t (*ds)[bw::KV_BN][64], const uint32_t (&sf)[bw::KV_BM / 16][4],
+                                   int key_base, int lane) {
+    using namespace bw;
+    const int piece = lane / 8, r = lane % 8;
+    const int row = key_base + r + 8 * (piece % 2);  // key_base is a multiple of 16
+    const uint32_t row_addr = smem_u32(&ds[0][0][0]) + row * ROW_BYTES;
+#pragma unroll
+    for (int kk = 0; kk < KV_BM / 16; ++kk) {
+        const int chunk = 2 * (kk % 4) + piece / 2;  // 16-byte chunk of the 64-query row
+        const uint32_t addr = row_addr + (kk / 4) * (KV_BN * ROW_BYTES) + ((chunk ^ r) << 4);
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+                     "r"(sf[kk][0]), "r"(sf[kk][1]), "r"(sf[kk][2]), "r"(sf[kk][3])
+                     : "memory");
+    }
+}
+
 // A value the compiler must recompute where it is used instead of holding it in a register.
 FC_DEVICE uint32_t onepass_opaque(uint32_t x) {
     asm volatile("" : "+r"(x));
@@ -230,14 +255,26 @@ FC_DEVICE void onepass_issue_dq(uint16_t (*ds)[bw::KV_BN][64], const uint16_t (*
     for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
 #endif
 #if OP_EXCHANGE
+#if FC_BWD_CORE >= 2
+    (void)key;
+    (void)col0;
+    onepass_stmatrix_ds(ds, sf, wg * 64 + (warp_id_in_block() % 4) * 16, lane_id());
+#else
     onepass_store_ds(ds, sf, wg * 64 + key, col0);
+#endif
     fence_proxy_async_smem();
     named_bar_sync(CONSUMER_BAR, 2 * 128);
 #endif
+#if FC_BWD_CORE == 0
     // dV += Pᵀ dO (reading Pᵀ's fragments) has had the store and the barrier to finish: waiting
     // for it here frees those 16 registers while dQ's 32 accumulators are live (else a spill).
     wgmma_wait<0>();
     fence_frags(pf);
+#else
+    // Core 1+: dQ queues behind dV on the tensor cores; Pᵀ's fragments stay live until the wait
+    // after dK's issue (dkdv_consumer) covers both.
+    (void)pf;
+#endif
     // Rebuilt per tile (opaque): held across the loop, these descriptors spilled.
     const uint32_t a_base = onepass_opaque(smem_u32(&ds[QCH == 1 ? 0 : wg][0][0]));
     const uint32_t b_base = onepass_opaque(smem_u32(&k[QCH == 1 ? wg : 0][0][0]));
@@ -255,10 +292,14 @@ FC_DEVICE void onepass_issue_dq(uint16_t (*ds)[bw::KV_BN][64], const uint16_t (*
     wgmma_commit();
 }
 
-// This warpgroup's finished piece into the shared buffer once the writer has read the previous
-// tile's (the empty barrier's phase `it`), then one arrival per warp on the full barrier.
-FC_DEVICE void onepass_put_dq(float* buf, uint64_t* full, uint64_t* empty, const float (&dq)[32], int wg, int it) {
-    mbar_wait(empty, (it & 1) ^ 1);
+// This warpgroup's finished piece of tile `it` into buffer it % DQ_BUFS once the writer has read
+// that buffer's previous tile, then one arrival per warp on the buffer's full barrier.
+FC_DEVICE void onepass_put_dq(float (*bufs)[bw::DQ_TILE], uint64_t* fulls, uint64_t* empties, const float (&dq)[32],
+                              int wg, int it) {
+    using namespace bw;
+    float* buf = bufs[it % DQ_BUFS];
+    uint64_t* full = &fulls[it % DQ_BUFS];
+    mbar_wait(&empties[it % DQ_BUFS], ((it / DQ_BUFS) & 1) ^ 1);
     onepass_store_dq(buf + wg * bw::DQ_PIECE, dq, threadIdx.x % 128);
     fence_proxy_async_smem();
     __syncwarp();

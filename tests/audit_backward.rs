@@ -67,3 +67,56 @@ fn leaky_control_build_is_flagged_in_every_backward_kernel() {
         }
     }
 }
+
+/// Measurement aid (issue 40), not a gate: the variants whose name contains each comma-separated
+/// `FLASHCORE_BWD_AUDIT_ONLY` pattern (default `onepass`), audited one by one with their resources
+/// printed (spills, HGMMA, instructions, findings), and their SASS written to
+/// `FLASHCORE_BWD_SASS_DIR` when set. Fails on what the gate above would fail on.
+/// `cargo test --release --test audit_backward -- --ignored --nocapture resources`
+#[test]
+#[ignore]
+fn resources_of_selected_backward_variants() {
+    let pats: Vec<String> = std::env::var("FLASHCORE_BWD_AUDIT_ONLY")
+        .unwrap_or_else(|_| "onepass".into())
+        .split(',')
+        .map(|s| s.trim().to_string())
+        .collect();
+    let sass_dir = std::env::var_os("FLASHCORE_BWD_SASS_DIR").map(std::path::PathBuf::from);
+    let mut failures = Vec::new();
+    let mut seen = 0;
+    for v in shipped_bwd_variants() {
+        let name = v.name();
+        if !pats.iter().any(|p| name.contains(p.as_str())) {
+            continue;
+        }
+        seen += 1;
+        let t = std::time::Instant::now();
+        let cubin = v.cubin().unwrap_or_else(|e| panic!("{name}: {e}"));
+        let audits = flashcore::audit::audit_variant(&cubin, &name, &v.declared())
+            .unwrap_or_else(|e| panic!("{name}: audit failed: {e}"));
+        for a in &audits {
+            let r = &a.resources;
+            println!(
+                "{name} {}: spills {} (LDL {} STL {}), HGMMA {}, instructions {}, findings {} ({:.1} s)",
+                a.name,
+                r.spills,
+                r.ldl,
+                r.stl,
+                r.hgmma,
+                r.instructions,
+                a.findings.len(),
+                t.elapsed().as_secs_f64()
+            );
+            for why in a.gate_failures() {
+                failures.push(format!("{name} {}: {why}", a.name));
+            }
+        }
+        if let Some(dir) = &sass_dir {
+            std::fs::create_dir_all(dir).unwrap();
+            let sass = flashcore::audit::disassemble(&cubin).unwrap();
+            std::fs::write(dir.join(format!("{name}.sass")), sass).unwrap();
+        }
+    }
+    assert!(seen > 0, "no shipped variant matches {pats:?}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -87,6 +87,12 @@ pub struct BwdVariant {
     /// waits nor adds (dQ wrong), 3 = nor runs the dQ GEMM, 4 = nor exchanges dSᵀ between its
     /// warpgroups. What the ordering, the reductions, the fifth GEMM and the lockstep cost.
     pub diag: u8,
+    /// The one pass's tile schedule (`FC_BWD_CORE`, kernels/fc_bwd_config.cuh; issue 40): 0 =
+    /// bwd1v3's; 1 = dQ's GEMM issued without draining dV's first; 2 = 1
+    /// plus dSᵀ stored with `stmatrix`; 3 = 2 plus a 2-stage (Q, dO) ring and two dQ buffers.
+    /// Same arithmetic in the same order: the same bits. 0 on
+    /// two-pass variants. `FLASHCORE_BWD_CORE` picks it ([`default_core`] otherwise).
+    pub core: u8,
     /// Issue 24: a sliding window (`FC_WINDOW`: skips query tiles / key blocks outside it and
     /// masks by select; kernels/fc_bwd_mask.cuh). Two-pass only.
     pub window: bool,
@@ -103,7 +109,7 @@ impl BwdVariant {
     /// `bwd_f16_d64_full_window_softcap`, `bwd_f16_d64_causal_varlen`.
     pub fn name(&self) -> String {
         format!(
-            "bwd_{}_d{}_{}{}{}{}{}",
+            "bwd_{}_d{}_{}{}{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
@@ -120,6 +126,7 @@ impl BwdVariant {
             } else {
                 "_lockstep"
             },
+            ["", "_core1", "_core2", "_core3"][self.core.min(3) as usize],
             if self.window { "_window" } else { "" },
             if self.softcap { "_softcap" } else { "" },
             if self.varlen { "_varlen" } else { "" }
@@ -133,7 +140,8 @@ impl BwdVariant {
     /// asks for the one-pass kernel; where the one pass is the default ([`default_onepass`]),
     /// such a call runs the two passes.
     pub fn for_params(p: &crate::attention::AttentionParams) -> BwdVariant {
-        let base = BwdVariant::for_call(p.dtype, p.head_dim, p.causal);
+        let base =
+            BwdVariant::for_call_len(p.dtype, p.head_dim, p.causal, p.seqlen_q.min(p.seqlen_k));
         let w = p.effective_window();
         let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
         let asked = std::env::var("FLASHCORE_BWD_ONEPASS").as_deref() == Ok("1");
@@ -150,6 +158,7 @@ impl BwdVariant {
             onepass: false,
             pingpong: std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0"),
             diag: 0,
+            core: 0,
             ..base
         }
     }
@@ -164,6 +173,7 @@ impl BwdVariant {
             pingpong: std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0"),
             onepass: false,
             diag: 0,
+            core: 0,
             varlen: true,
             window: false,
             softcap: false,
@@ -183,18 +193,32 @@ impl BwdVariant {
         }
     }
 
-    /// The variant a call of this dtype, head dim and mask runs: [`default_onepass`] unless
-    /// `FLASHCORE_BWD_ONEPASS` is `0` or `1`; the two-pass kernels ping-pong unless
-    /// `FLASHCORE_BWD_PINGPONG=0` (measurement knobs; every variant is shipped and audited).
+    /// The variant a call of this dtype, head dim and mask runs at short sequences:
+    /// [`BwdVariant::for_call_len`] with length 0.
     pub fn for_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant {
+        BwdVariant::for_call_len(dtype, head_dim, causal, 0)
+    }
+
+    /// The variant a call of this dtype, head dim, mask and shorter sequence length (min(Sq, Sk),
+    /// public) runs: [`default_onepass`] unless `FLASHCORE_BWD_ONEPASS` is `0` or `1`; the
+    /// one pass in schedule [`default_core`] unless `FLASHCORE_BWD_CORE` names one; the
+    /// two-pass kernels ping-pong unless `FLASHCORE_BWD_PINGPONG=0` (measurement knobs; every
+    /// variant is shipped and audited). The batch size never enters, so a sequence runs the same
+    /// kernels alone and in a batch (batch invariance).
+    pub fn for_call_len(dtype: DType, head_dim: usize, causal: bool, min_len: usize) -> BwdVariant {
         let onepass = match std::env::var("FLASHCORE_BWD_ONEPASS").as_deref() {
             Ok("0") => false,
             Ok("1") => true,
-            _ => default_onepass(head_dim, causal),
+            _ => default_onepass(head_dim, causal, min_len),
         };
         let pingpong = !onepass && std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0");
         let diag = match std::env::var("FLASHCORE_BWD_OP_DIAG").map(|s| s.parse::<u8>()) {
             Ok(Ok(d @ 1..=4)) if onepass => d,
+            _ => 0,
+        };
+        let core = match std::env::var("FLASHCORE_BWD_CORE").map(|s| s.parse::<u8>()) {
+            Ok(Ok(c @ 0..=3)) if onepass => c,
+            _ if onepass => default_core(),
             _ => 0,
         };
         BwdVariant {
@@ -204,6 +228,7 @@ impl BwdVariant {
             pingpong,
             onepass,
             diag,
+            core,
             window: false,
             softcap: false,
             varlen: false,
@@ -250,7 +275,8 @@ impl BwdVariant {
             kv_block_n: KV_BLOCK_N,
             // Softcap at d64 streams 64-row tiles too: at 128 its tanh temporaries spill.
             kv_block_m: if d64 && !self.softcap { 128 } else { 64 },
-            kv_stages: 3,
+            // Core 3 (issue 40): two stages, the freed 32 KiB holding a second dQ buffer.
+            kv_stages: if self.onepass && self.core >= 3 { 2 } else { 3 },
             q_block_m: Q_BLOCK_M,
             q_block_n: 128,
             q_stages: if d64 || self.head_dim == 96 { 3 } else { 2 },
@@ -268,6 +294,7 @@ impl BwdVariant {
         o.push(format!("-DFC_ONEPASS={}", self.onepass as u8));
         o.push(format!("-DFC_STAGE_STATS={}", self.stage_stats() as u8));
         o.push(format!("-DFC_OP_DIAG={}", self.diag));
+        o.push(format!("-DFC_BWD_CORE={}", self.core));
         o.push(format!("-DFC_VARLEN={}", self.varlen as u8));
         o.push(format!("-DFC_HEAD_DIM={}", self.head_dim));
         o.push(format!("-DFC_BF16={}", (self.dtype == DType::Bf16) as u8));
@@ -333,13 +360,23 @@ impl BwdVariant {
     }
 
     /// Dynamic shared memory of the one-pass kernel: two dSᵀ tiles (16-bit, KV_BN × KV_BM) and
-    /// one fp32 dQ partial (KV_BM × D) in front of the dK/dV kernel's layout, two mbarriers after.
+    /// [`BwdVariant::dq_bufs`] fp32 dQ partials (KV_BM × D) in front of the dK/dV kernel's
+    /// layout, two mbarriers per partial after.
     pub fn onepass_smem_bytes(&self) -> usize {
         let t = self.tiles();
         2 * t.kv_block_n * t.kv_block_m * 2
-            + t.kv_block_m * self.head_dim * 4
+            + self.dq_bufs() * t.kv_block_m * self.head_dim * 4
             + self.dkdv_smem_bytes()
-            + 2 * 8
+            + self.dq_bufs() * 2 * 8
+    }
+
+    /// fp32 dQ partials in flight in the one-pass kernel (`bw::DQ_BUFS`): two from core 3.
+    pub fn dq_bufs(&self) -> usize {
+        if self.onepass && self.core >= 3 {
+            2
+        } else {
+            1
+        }
     }
 
     /// Dynamic shared memory of the dQ kernel: Q and dO tiles, the (K, V) ring, mbarriers, slack.
@@ -377,14 +414,33 @@ impl BwdVariant {
     }
 }
 
-/// Whether a call runs the one-pass kernels by default (by measurement: PERF_NOTES.md, issue 23,
-/// branch bwd1v3): d128 causal, where the turn order matches the order in which key blocks reach
-/// a query tile (2.4–11% less time than the two passes at the backward suite's d128 causal
-/// shapes). Elsewhere the two passes measured faster or were not measured. Calls the one pass
-/// does not serve (windows, softcap, varlen) run the two passes whatever this says.
-pub fn default_onepass(head_dim: usize, causal: bool) -> bool {
-    head_dim == 128 && causal
+/// Whether a call runs the one-pass kernels by default, by measurement (PERF_NOTES.md: issue 23,
+/// branch bwd1v3; issue 40, branch `bwd`): d128 causal at every length, where the turn order
+/// matches the order in which key blocks reach a query tile; d128 non-causal and d64 causal once
+/// both sequences are at least [`ONEPASS_MIN_LEN`] long (core 3 took 6–9% less time than the two
+/// passes at 2,16,8192,128 and 2,32,8192,64 causal, and 4–18% more at S = 2048, d128 and d64
+/// non-causal). Elsewhere the two passes measured faster or were not measured. Calls the one
+/// pass does not serve (windows, softcap, varlen) run the two passes whatever this says.
+pub fn default_onepass(head_dim: usize, causal: bool, min_len: usize) -> bool {
+    match (head_dim, causal) {
+        (128, true) => true,
+        (128, false) | (64, true) => min_len >= ONEPASS_MIN_LEN,
+        _ => false,
+    }
 }
+
+/// The shortest min(Sq, Sk) at which d128 non-causal and d64 causal calls take the one pass
+/// ([`default_onepass`]): the length measured (2048 measured slower; nothing between).
+pub const ONEPASS_MIN_LEN: usize = 8192;
+
+/// The one pass's default tile schedule ([`BwdVariant::core`]; PERF_NOTES, branch `bwd`): core 3,
+/// the fastest or tied at each of the backward suite's shapes in one-pass mode.
+pub fn default_core() -> u8 {
+    3
+}
+
+/// Every one-pass schedule that is shipped (and so audited): bwd1v3's and issue 40's.
+pub const SHIPPED_CORES: [u8; 4] = [0, 1, 2, 3];
 
 /// Head dims the one-pass kernels serve (`FLASHCORE_BWD_ONEPASS=1`); the two-pass kernels serve
 /// every backward head dim (`validate::BACKWARD_HEAD_DIMS`).
@@ -404,23 +460,27 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                         pingpong,
                         onepass: false,
                         diag: 0,
+                        core: 0,
                         window: false,
                         softcap: false,
                         varlen: false,
                     });
                 }
                 if ONEPASS_HEAD_DIMS.contains(&head_dim) {
-                    v.push(BwdVariant {
-                        dtype,
-                        head_dim,
-                        causal,
-                        pingpong: false,
-                        onepass: true,
-                        diag: 0,
-                        window: false,
-                        softcap: false,
-                        varlen: false,
-                    });
+                    for core in SHIPPED_CORES {
+                        v.push(BwdVariant {
+                            dtype,
+                            head_dim,
+                            causal,
+                            pingpong: false,
+                            onepass: true,
+                            diag: 0,
+                            core,
+                            window: false,
+                            softcap: false,
+                            varlen: false,
+                        });
+                    }
                 }
                 // Varlen (issue 22): the default two-pass schedule only; issue 24: windows, and
                 // softcap with a window (two passes, ping-pong), dense and varlen.
@@ -436,6 +496,7 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
                             pingpong: true,
                             onepass: false,
                             diag: 0,
+                            core: 0,
                             varlen,
                             window,
                             softcap,
@@ -452,21 +513,27 @@ pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
 mod tests {
     use super::*;
 
-    /// The one pass is the default at d128 causal only (bwd1v3's measurements), and a call it
+    /// The one pass is the default at d128 causal (bwd1v3's measurements) and at long d128
+    /// non-causal and d64 causal calls (issue 40), and a call it
     /// does not serve — a window or softcap, at that shape class too — still gets the two passes
     /// by default instead of a refusal. (Reads `FLASHCORE_BWD_ONEPASS`: unset in the test suite.)
     #[test]
     fn one_pass_is_the_default_at_d128_causal_for_calls_it_serves() {
         use crate::attention::{AttentionParams, Window};
-        assert!(default_onepass(128, true));
-        for (d, causal) in [
-            (128, false),
-            (64, true),
-            (64, false),
-            (96, true),
-            (256, true),
-        ] {
-            assert!(!default_onepass(d, causal), "d{d} causal {causal}");
+        for len in [0, 512, ONEPASS_MIN_LEN] {
+            assert!(default_onepass(128, true, len));
+            assert!(!default_onepass(64, false, len));
+            assert!(!default_onepass(96, true, len) && !default_onepass(256, true, len));
+        }
+        for (d, causal) in [(128, false), (64, true)] {
+            assert!(
+                !default_onepass(d, causal, ONEPASS_MIN_LEN - 1),
+                "d{d} causal {causal}"
+            );
+            assert!(
+                default_onepass(d, causal, ONEPASS_MIN_LEN),
+                "d{d} causal {causal}"
+            );
         }
         if std::env::var_os("FLASHCORE_BWD_ONEPASS").is_some() {
             return; // a measurement run chose the kernels itself
@@ -476,6 +543,20 @@ mod tests {
         assert!(v.onepass && !v.window && v.diag == 0, "{v:?}");
         assert!(crate::attention::backward::check_backward_variant(v).is_ok());
         assert!(!BwdVariant::for_params(&p.clone().causal(false)).onepass);
+        if std::env::var_os("FLASHCORE_BWD_CORE").is_none() {
+            assert_eq!(v.core, default_core());
+        }
+        // Long d128 non-causal and d64 causal calls take the one pass; a short side keeps them
+        // on the two passes; the batch size never decides.
+        let long = AttentionParams::new(1, 4, ONEPASS_MIN_LEN, 128);
+        assert!(BwdVariant::for_params(&long).onepass);
+        assert!(!BwdVariant::for_params(&long.clone().seqlen_k(1024)).onepass);
+        let long64 = AttentionParams::new(3, 4, ONEPASS_MIN_LEN, 64).causal(true);
+        assert!(BwdVariant::for_params(&long64).onepass);
+        assert!(!BwdVariant::for_params(&long64.clone().causal(false)).onepass);
+        let mut b1 = long64.clone();
+        b1.batch = 1;
+        assert_eq!(BwdVariant::for_params(&b1), BwdVariant::for_params(&long64));
         for q in [
             p.clone().window(Window::from_flash_attn(64, 0)),
             p.clone().softcap(30.0),
@@ -520,8 +601,9 @@ mod tests {
     fn shared_memory_fits_and_names_are_distinct() {
         let vs = shipped_bwd_variants();
         // Per dtype and mask: four head dims × (ping-pong, lockstep, window, window+softcap,
-        // varlen, varlen+window, varlen+window+softcap), plus the one pass at d64 and d128.
-        assert_eq!(vs.len(), 2 * 2 * (4 * 7 + 2));
+        // varlen, varlen+window, varlen+window+softcap), plus the one pass at d64 and d128 in
+        // each shipped schedule.
+        assert_eq!(vs.len(), 2 * 2 * (4 * 7 + 2 * SHIPPED_CORES.len()));
         let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), vs.len());
         for v in &vs {
