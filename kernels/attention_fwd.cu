@@ -58,7 +58,7 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
     int g = 0;       // K/V blocks consumed so far (ring position)
     int q_load = 0;  // Q tiles consumed so far
     const int end_unit = sched.end_unit();
-    seed_turns(wg);
+    if constexpr (kTurnChain) seed_turns(wg);
     for (int unit = sched.first_unit(); unit < end_unit; unit += sched.unit_step()) {
         const int tiles = sched.tiles_in_unit(unit);
         for (int k = 0; k < tiles; ++k) {
@@ -83,7 +83,7 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
 #pragma unroll
             for (int i = 0; i < D / 2; ++i) o[i] = 0.0f;
             OnlineSoftmax<BN> softmax;
-            softmax.init(p.scale_log2);
+            softmax.init();
             // No visible key in this range (causal, Sq > Sk; or a split's empty share): O = 0,
             // LSE = −inf, and the producer loaded nothing for this tile.
             if (kv.count > 0) {

@@ -10,6 +10,14 @@
 #include "fc_softmax.cuh"
 #include "fc_instrument.cuh"
 
+// Two schedule choices that cost registers, per build. The turn chain across tiles
+// (Consumer::pass_turn): at d256 with varlen or softcap fields beside the 128-register O it
+// spilled (PERF_NOTES, fwd39), so those builds re-seed the chain at each tile. The second masked
+// loop for tiles without a lower bound (mainloop): not in secret-length or decode builds (their
+// lower bound is secret or always present), nor in softcap or d256 builds (it spilled there).
+constexpr bool kTurnChain = !(cfg::D > 128 && (FC_VARLEN || FC_SOFTCAP));
+constexpr bool kMaskSplit = !FC_SECRET_LEN && !FC_DECODE && !FC_SOFTCAP && cfg::D <= 128;
+
 // One consumer warpgroup's view of one tile.
 struct Consumer {
     const Params& p;
@@ -32,14 +40,14 @@ struct Consumer {
     FC_DEVICE void issue_qk(float (&sacc)[cfg::BN / 2], int stage) const {
         using namespace cfg;
         constexpr int STEPS = SW_ELEMS / 16;
-        constexpr uint32_t HI = wgmma_desc_hi<ROW_BYTES>(GROUP_BYTES);
-        const uint32_t q_lo = wgmma_desc_lo(q_base, 16);
-        const uint32_t k_lo = wgmma_desc_lo(smem_u32(&s.k[stage][0][0][0]), 16);
+        const uint32_t k_base = smem_u32(&s.k[stage][0][0][0]);
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             const uint32_t kin = (kk % STEPS) * 32;
-            const uint64_t da = wgmma_desc_at(q_lo, (kk / STEPS) * (BM * ROW_BYTES) + kin, HI);
-            const uint64_t db = wgmma_desc_at(k_lo, (kk / STEPS) * (BN * ROW_BYTES) + kin, HI);
+            const uint64_t da =
+                wgmma_desc_rows<ROW_BYTES>(q_base + (kk / STEPS) * (BM * ROW_BYTES) + kin, 16, GROUP_BYTES);
+            const uint64_t db =
+                wgmma_desc_rows<ROW_BYTES>(k_base + (kk / STEPS) * (BN * ROW_BYTES) + kin, 16, GROUP_BYTES);
             Mma<BN>::ss(sacc, da, db, kk > 0);
         }
     }
@@ -47,11 +55,11 @@ struct Consumer {
     // O += P V; V is [keys][dim] in shared memory, i.e. B with the N (dim) index contiguous.
     FC_DEVICE void issue_pv(float (&o)[cfg::D / 2], const uint32_t (&pf)[cfg::BN / 16][4], int stage) const {
         using namespace cfg;
-        // MN-major: LBO steps to the next swizzle atom along the head dim, SBO to the next 8 keys.
-        const uint32_t v_lo = wgmma_desc_lo(smem_u32(&s.v[stage][0][0][0]), BN * ROW_BYTES);
+        const uint32_t v_base = smem_u32(&s.v[stage][0][0][0]);
 #pragma unroll
         for (int kk = 0; kk < BN / 16; ++kk) {
-            const uint64_t db = wgmma_desc_at(v_lo, kk * 16 * ROW_BYTES, wgmma_desc_hi<ROW_BYTES>(GROUP_BYTES));
+            // MN-major: LBO steps to the next swizzle atom along the head dim, SBO to the next 8 keys.
+            const uint64_t db = wgmma_desc_rows<ROW_BYTES>(v_base + kk * 16 * ROW_BYTES, BN * ROW_BYTES, GROUP_BYTES);
             Mma<D>::rs_tb(o, pf[kk], db, 1);
         }
     }
@@ -205,14 +213,18 @@ struct Consumer {
     // final turn of a tile hands warpgroup 0 the first turn of the next. Warpgroup 0 then starts
     // the next tile's Q Kᵀ while the others still finish this tile's softmax and epilogue,
     // instead of waiting for the last one's epilogue. The turn count depends on block counts only.
+    // Builds with kTurnChain false re-seed the chain at each tile instead (the last warpgroup's
+    // final hand-over of a tile is dropped).
     // A single consumer warpgroup (light short-sequence tiles) has no one to take turns with.
     FC_DEVICE void wait_turn() const {
         if constexpr (cfg::CONSUMERS > 1) named_bar_sync(1 + wg, 256);
     }
-    FC_DEVICE void pass_turn() const {
-        // After the CTA's last tile the final hand-over has no taker: a bar.arrive that nothing
-        // waits for, harmless at exit.
-        if constexpr (cfg::CONSUMERS > 1) named_bar_arrive(1 + (wg + 1) % cfg::CONSUMERS, 256);
+    FC_DEVICE void pass_turn(bool last) const {
+        // With the chain, after the CTA's last tile the final hand-over has no taker: a bar.arrive
+        // that nothing waits for, harmless at exit.
+        if constexpr (cfg::CONSUMERS > 1) {
+            if (kTurnChain || !(wg == cfg::CONSUMERS - 1 && last)) named_bar_arrive(1 + (wg + 1) % cfg::CONSUMERS, 256);
+        }
     }
 
     FC_DEVICE void release(uint64_t* bar) const {
@@ -242,7 +254,7 @@ struct Consumer {
         wgmma_commit();
         issue_pv(o, pf, prev);
         wgmma_commit();
-        pass_turn();
+        pass_turn(it == n_blocks - 1);
 
         wgmma_wait<1>();  // S_it is ready; P_{it-1} V_{it-1} may still run
         fence_regs(sacc);
@@ -272,7 +284,8 @@ struct Consumer {
     }
 };
 
-// Gives warpgroup 0 the first turn of the CTA's first tile (Consumer::pass_turn): once per CTA.
+// Gives warpgroup 0 the first turn: once per CTA with the chain across tiles (before the first
+// tile), else at the start of every tile (mainloop).
 FC_DEVICE void seed_turns(int wg) {
     if (cfg::CONSUMERS > 1 && wg == cfg::CONSUMERS - 1) named_bar_arrive(1, 256);
 }
@@ -297,13 +310,14 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     float alpha[2];  // block 0: O is still zero, nothing to rescale
 
     // Block 0: S, softmax, fragments.
+    if constexpr (!kTurnChain) seed_turns(wg);
     const int stage0 = ring_stage(c.g0);
     mbar_wait(&s.k_full[stage0], ring_phase(c.g0));
     c.wait_turn();
     wgmma_fence();
     c.issue_qk(sacc, stage0);
     wgmma_commit();
-    c.pass_turn();
+    c.pass_turn(n_blocks == 1);
     wgmma_wait<0>();
     fence_regs(sacc);
     FC_PHASE_MARK(FC_PHASE_S0, 128);
@@ -320,7 +334,7 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     // A public choice between two straight-line loops (no branch inside one: ptxas would wait for
     // the in-flight wgmma at the join). Builds whose lower bound is secret or always present
     // (secret lengths, decode's KV-cache builds) keep one loop.
-    if (!FC_SECRET_LEN && !FC_DECODE && !c.has_lower_bound()) {
+    if (kMaskSplit && !c.has_lower_bound()) {
         for (; it < n_blocks; ++it) c.iteration<1, kCap>(it, n_blocks, sacc, pf, o, softmax);
     } else {
         for (; it < n_blocks; ++it) c.iteration<2, kCap>(it, n_blocks, sacc, pf, o, softmax);

@@ -47,7 +47,7 @@ FC_DEVICE void decode_epilogue(const Consumer& c, const float (&o)[cfg::D / 2], 
         if (!row.valid) continue;  // public: a padding row of the last tile
         const int64_t lrow = lse_row(p, c.batch, row.head, row.pos);
         if (p.num_splits == 1) {
-            const RowNorm n = softmax_row_norm(p, row.head, softmax, h, total[h], true);
+            const RowNorm n = row_norm(p.sinks_ptr, row.head, p.scale_log2, p.scale, softmax.row_max[h], total[h], true);
             store_row(reinterpret_cast<uint16_t*>(p.o_ptr) + c.batch * p.o_stride_b + (int64_t)row.pos * p.o_stride_s +
                           row.head * p.o_stride_h + c.col0,
                       o, h, n.inv);
@@ -55,15 +55,13 @@ FC_DEVICE void decode_epilogue(const Consumer& c, const float (&o)[cfg::D / 2], 
         } else {
             const int64_t entry = lrow * p.num_splits + split;
             float* part = reinterpret_cast<float*>(p.ws_o_ptr) + entry * D + c.col0;
-            // The combine takes (O, sum) relative to m·c.
-            const float f = softmax.to_max_factor(h, p.scale_log2);
 #pragma unroll
             for (int j = 0; j < D / 8; ++j) {
-                *reinterpret_cast<float2*>(part + 8 * j) = make_float2(o[4 * j + 2 * h] * f, o[4 * j + 2 * h + 1] * f);
+                *reinterpret_cast<float2*>(part + 8 * j) = make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]);
             }
             if ((c.lane % 4) == 0) {
                 *reinterpret_cast<float2*>(reinterpret_cast<float*>(p.ws_ml_ptr) + 2 * entry) =
-                    make_float2(softmax.row_max[h], total[h] * f);
+                    make_float2(softmax.row_max[h], total[h]);
             }
         }
     }

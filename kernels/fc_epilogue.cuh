@@ -41,38 +41,6 @@ FC_DEVICE RowNorm row_norm(uint64_t sinks, int head, float scale_log2, float sca
     return r;
 }
 
-// row_norm for a sum relative to `ref2` (log2 units at the true temperature; −inf for a row with
-// no visible key): the one-FFMA exponent's reference (fc_softmax.cuh). The same arithmetic with
-// m·c replaced by ref2, and the LSE as (ref2 + log2 l)·ln 2.
-FC_DEVICE RowNorm row_norm_at(uint64_t sinks, int head, float ref2, float total, bool ok) {
-    RowNorm r;
-    if (sinks == 0) {  // a public parameter
-        const bool any = total > 0.0f && ok;
-        r.inv = select_f(any, fast_rcp(total), 0.0f);
-        r.lse = select_f(any, (ref2 + fast_log2(total)) * 0.69314718055994530942f, neg_inf());
-    } else {
-        const float sink2 = reinterpret_cast<const float*>(sinks)[head] * 1.44269504088896341f;
-        const float big = fmaxf(ref2, sink2);
-        const float base = select_f(big == neg_inf(), 0.0f, big);
-        const float w = fast_exp2(ref2 - base);
-        const float den = total * w + fast_exp2(sink2 - base);
-        const bool any = den > 0.0f && ok;
-        r.inv = select_f(any, w * fast_rcp(den), 0.0f);
-        r.lse = select_f(any, (base + fast_log2(den)) * 0.69314718055994530942f, neg_inf());
-    }
-    return r;
-}
-
-// The normalisation of row half `h` of a tile's online softmax, in whichever exponent form it ran.
-FC_DEVICE RowNorm softmax_row_norm(const Params& p, int head, const OnlineSoftmax<cfg::BN>& softmax, int h,
-                                   float total, bool ok) {
-#if FC_EXP_FFMA
-    return row_norm_at(p.sinks_ptr, head, softmax.ref2(h, p.scale_log2), total, ok);
-#else
-    return row_norm(p.sinks_ptr, head, p.scale_log2, p.scale, softmax.row_max[h], total, ok);
-#endif
-}
-
 // Stores row half `h` of this thread's accumulator, scaled by `inv`, at `out` (the row's first
 // element plus this thread's column).
 FC_DEVICE void store_row(uint16_t* out, const float (&o)[cfg::D / 2], int h, float inv) {
@@ -146,7 +114,8 @@ FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const O
         const int row = c.row0 + 8 * h;
         // `any` is false only for a fully masked row; in secret-length mode rows at or past
         // the true length are zeroed too (a select on a secret, never a branch).
-        const RowNorm n = softmax_row_norm(p, c.head, softmax, h, total[h], !FC_SECRET_LEN || row < c.key_limit);
+        const RowNorm n = row_norm(p.sinks_ptr, c.head, p.scale_log2, p.scale, softmax.row_max[h], total[h],
+                                   !FC_SECRET_LEN || row < c.key_limit);
         uint16_t* const row_out = reinterpret_cast<uint16_t*>(p.o_ptr) + c.batch * p.o_stride_b +
                                   (int64_t)(row_base + row) * p.o_stride_s + c.head * p.o_stride_h;
         if (vec) store_row_vec(row_out, o, h, n.inv, c.lane % 4, row < rows_q);
@@ -173,16 +142,14 @@ FC_DEVICE void write_partial(const Consumer& c, const float (&o)[cfg::D / 2], co
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = local0 + 8 * h;
-        // The combine takes (O, sum) relative to m·c.
-        const float f = softmax.to_max_factor(h, c.p.scale_log2);
 #pragma unroll
         for (int j = 0; j < D / 8; ++j) {
-            s.part_o[r][8 * j + c.col0] = o[4 * j + 2 * h] * f;
-            s.part_o[r][8 * j + c.col0 + 1] = o[4 * j + 2 * h + 1] * f;
+            s.part_o[r][8 * j + c.col0] = o[4 * j + 2 * h];
+            s.part_o[r][8 * j + c.col0 + 1] = o[4 * j + 2 * h + 1];
         }
         if ((c.lane % 4) == 0) {
             s.part_m[r] = softmax.row_max[h];
-            s.part_l[r] = total[h] * f;
+            s.part_l[r] = total[h];
         }
     }
 #endif

@@ -27,24 +27,6 @@ FC_DEVICE uint64_t wgmma_desc_rows(uint32_t smem_addr, uint32_t lbo, uint32_t sb
     return ROW_BYTES == 128 ? wgmma_desc_sw128(smem_addr, lbo, sbo) : wgmma_desc_sw64(smem_addr, lbo, sbo);
 }
 
-// The same descriptors as two words, for operands whose k-steps are constant offsets from one
-// base: lo = start >> 4 | (lbo >> 4) << 16, hi = sbo >> 4 | swizzle << 30. Shared addresses are
-// below 256 KiB, so start >> 4 fits its 14 bits and an offset inside a tile never carries into
-// the LBO field: a k-step's descriptor is one add to the base's low word (what ptxas otherwise
-// rebuilds with a mask, a shift and an or before every HGMMA).
-FC_DEVICE uint32_t wgmma_desc_lo(uint32_t smem_addr, uint32_t lbo) {
-    return (smem_addr >> 4) | (((lbo >> 4) & 0x3FFF) << 16);
-}
-template <int ROW_BYTES>
-FC_DEVICE constexpr uint32_t wgmma_desc_hi(uint32_t sbo) {
-    static_assert(ROW_BYTES == 128 || ROW_BYTES == 64, "128- or 64-byte swizzle");
-    return ((sbo >> 4) & 0x3FFF) | ((ROW_BYTES == 128 ? 1u : 2u) << 30);
-}
-// The descriptor `offset` bytes past the base whose low word is `lo` (offset a multiple of 16).
-FC_DEVICE uint64_t wgmma_desc_at(uint32_t lo, uint32_t offset, uint32_t hi) {
-    return ((uint64_t)hi << 32) | (lo + (offset >> 4));
-}
-
 FC_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 FC_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>

@@ -192,8 +192,8 @@ def check_scale(scale):
     if scale is None:
         return None
     scale = float(scale)
-    if not math.isfinite(scale) or scale <= 0.0 or scale > 2.0**120:
-        raise ValueError(f"flashcore: scale must be positive, finite and at most 2^120, got {scale}")
+    if not math.isfinite(scale) or scale <= 0.0:
+        raise ValueError(f"flashcore: scale must be positive and finite, got {scale}")
     return scale
 
 

@@ -104,10 +104,10 @@ def test_mixed_devices(fake):
         flashcore.attention(q, k, k)
 
 
-@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf"), 2.0**121])
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
 def test_bad_scale(fake, scale):
     q = cuda(1, 8, 2, 64)
-    with pytest.raises(ValueError, match="scale must be positive, finite and at most 2\\^120"):
+    with pytest.raises(ValueError, match="scale must be positive and finite"):
         flashcore.attention(q, q, q, scale=scale)
 
 
