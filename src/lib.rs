@@ -10,6 +10,7 @@ pub mod kernels;
 pub mod leakage;
 pub mod output;
 pub mod reference;
+pub mod spec;
 pub mod tensor_io;
 pub mod tensor_io_kv;
 

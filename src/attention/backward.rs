@@ -12,8 +12,8 @@
 //! Every rule is checked on the host before anything is launched ([`check_backward`]).
 
 use super::context::{Context, Element};
-use super::external::Strides;
-use super::params::{AttentionParams, DType};
+use crate::spec::Strides;
+use crate::spec::{AttentionParams, DType};
 use super::{tensor_map, validate};
 use crate::error::{Error, Result};
 use crate::kernels::backward::{self as kb, BwdVariant};

@@ -11,8 +11,9 @@
 use super::backward::{
     check_backward_params, check_backward_sinks, workspace_bytes, BackwardPtrs, InputStrides,
 };
-use super::external::{self, DeviceTensor, ExternalCall, ExternalContext, Strides};
-use super::params::AttentionParams;
+use super::external::{self, DeviceTensor, ExternalCall, ExternalContext};
+use crate::spec::Strides;
+use crate::spec::AttentionParams;
 use super::validate::TENSOR_ALIGN;
 use crate::error::{Error, Result};
 use cudarc::driver::sys;

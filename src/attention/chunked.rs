@@ -9,7 +9,7 @@
 use cudarc::driver::CudaSlice;
 
 use super::context::{Context, Element, KvCache};
-use super::params::{AttentionParams, Layout};
+use crate::spec::{AttentionParams, Layout};
 use crate::error::{Error, Result};
 
 impl Context {

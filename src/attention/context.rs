@@ -1,9 +1,9 @@
 //! `Context`: one CUDA device, its stream, and the kernels loaded on it.
 
-use super::decode::Pages;
-use super::launch::Lengths;
+use crate::spec::Pages;
+use crate::spec::Lengths;
 use super::launch::{LoadedKernel, Plan};
-use super::params::{AttentionParams, DType};
+use crate::spec::{AttentionParams, DType};
 use super::validate;
 use crate::error::{Error, Result};
 use crate::kernels::{TestBuild, Variant};
@@ -147,7 +147,7 @@ impl Context {
     }
 
     /// A KV-cache plan ([`Lengths::KvCache`]): `params.seqlen_k` is the cache's capacity,
-    /// `params.seqlen_q` ≤ [`super::decode::MAX_SEQLEN_Q`] the new queries; each launch gives
+    /// `params.seqlen_q` ≤ [`crate::spec::MAX_SEQLEN_Q`] the new queries; each launch gives
     /// every sequence's key count in a device buffer — public metadata, or with `secret` kept
     /// secret (the kernel walks the capacity). `pages`: a paged cache.
     pub fn plan_kv_cache(
@@ -441,7 +441,7 @@ impl Context {
         cache_seqlens: &[usize],
         pages: Option<(&[i32], Pages)>,
     ) -> Result<()> {
-        if params.layout != super::params::Layout::Bshd {
+        if params.layout != crate::spec::Layout::Bshd {
             return Err(Error::invalid(
                 "layout",
                 "append_kv writes bshd caches only",

@@ -7,41 +7,11 @@
 //! the batch or the SM count. So a sequence's output bits do not depend on what else is in the
 //! batch (`tests/gpu_decode.rs` checks it bitwise).
 
-use super::launch::Lengths;
-use super::params::AttentionParams;
+pub use crate::spec::{Pages, MAX_SEQLEN_Q, MIN_PAGE_SIZE};
+use crate::spec::Lengths;
+use crate::spec::AttentionParams;
 use crate::error::{Error, Result};
 use crate::kernels::{Tile, Variant};
-
-/// Calls with at most this many query positions per sequence run in decode mode.
-pub const MAX_SEQLEN_Q: usize = 16;
-
-/// A paged KV cache's geometry: K and V are pools of `num_pages` pages of `page_size` rows
-/// (`[num_pages, page_size, heads_kv, head_dim]`); sequence b's row r lives in page
-/// `block_table[b][r / page_size]`, row `r % page_size`. The capacity `seqlen_k` is the table's
-/// row length times `page_size`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Pages {
-    /// Rows per page: a power of two, at least [`MIN_PAGE_SIZE`].
-    pub page_size: usize,
-    pub num_pages: usize,
-}
-
-impl Pages {
-    /// Elements of one pool (K or V) for `p`'s heads and head dim.
-    pub fn pool_len(&self, p: &AttentionParams) -> usize {
-        self.num_pages * self.page_size * p.heads_kv * p.head_dim
-    }
-
-    /// The pool row holding sequence `b`'s cache row `r`, through `table` (`[batch, seqlen_k /
-    /// page_size]`, entries already checked against the pool).
-    pub fn pool_row(&self, table: &[i32], seqlen_k: usize, b: usize, r: usize) -> usize {
-        let page = table[b * (seqlen_k / self.page_size) + r / self.page_size] as usize;
-        page * self.page_size + r % self.page_size
-    }
-}
-
-/// The smallest page: one TMA box of 16 rows keeps the 128-byte swizzle of a whole block.
-pub const MIN_PAGE_SIZE: usize = 16;
 
 /// The decode variant a call runs, or `None` for the prefill kernel: every KV-cache call
 /// (validated to Sq ≤ [`MAX_SEQLEN_Q`]; secret counts in the secret-length build), and calls

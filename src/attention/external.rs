@@ -25,9 +25,10 @@
 //! ```
 
 use super::context::Context;
-use super::launch::Lengths;
+pub use crate::spec::Strides;
+use crate::spec::Lengths;
 use super::launch::Plan;
-use super::params::{AttentionParams, Layout};
+use crate::spec::{AttentionParams, Layout};
 use super::validate::{self, TENSOR_ALIGN};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
@@ -37,47 +38,6 @@ use std::sync::{Arc, Mutex};
 /// Varlen prefill on caller-owned memory (issue 22).
 pub mod varlen;
 pub use varlen::{validate_varlen, VarlenCall};
-
-/// Element strides of a 4-D attention tensor's (batch, seq, head) dims; the head-dim stride is
-/// 1. A dim of extent 1 may carry any stride (it is never stepped over).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Strides {
-    pub batch: i64,
-    pub seq: i64,
-    pub head: i64,
-}
-
-impl Strides {
-    /// Strides of a contiguous tensor in `layout`.
-    pub fn contiguous(layout: Layout, seqlen: usize, heads: usize, head_dim: usize) -> Strides {
-        let [b, s, h] = layout.strides(seqlen, heads, head_dim);
-        Strides {
-            batch: b as i64,
-            seq: s as i64,
-            head: h as i64,
-        }
-    }
-
-    pub(crate) fn as_array(self) -> [i64; 3] {
-        [self.batch, self.seq, self.head]
-    }
-
-    /// Extent-1 dims get a stride TMA accepts (any value is right for them: only index 0 exists).
-    fn normalized(self, extents: [usize; 3], head_dim: usize) -> Strides {
-        let fix = |stride: i64, extent: usize| {
-            if extent == 1 {
-                head_dim as i64
-            } else {
-                stride
-            }
-        };
-        Strides {
-            batch: fix(self.batch, extents[0]),
-            seq: fix(self.seq, extents[1]),
-            head: fix(self.head, extents[2]),
-        }
-    }
-}
 
 /// A caller-owned device tensor: base address and element strides.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -101,7 +61,7 @@ pub struct ExternalCall {
     pub lse: u64,
     /// Secret-length mode: i32 `[batch]` true lengths (needs seqlen_q == seqlen_k); 0 for none.
     pub lengths: u64,
-    /// KV-cache mode ([`super::launch::Lengths::KvCache`]): i32 `[batch]` key counts in K/V
+    /// KV-cache mode ([`Lengths::KvCache`]): i32 `[batch]` key counts in K/V
     /// caches of capacity `seqlen_k`, with `seqlen_q` ≤ 16 new queries; 0 for none. Public
     /// metadata unless `kv_secret`.
     pub kv_lengths: u64,
@@ -118,7 +78,7 @@ pub struct ExternalCall {
     /// geometry in `pages`; K and V are then `[num_pages, page_size, heads_kv, head_dim]` pools
     /// (their strides: page, row, head). 0 for a contiguous cache.
     pub block_table: u64,
-    pub pages: Option<super::decode::Pages>,
+    pub pages: Option<crate::spec::Pages>,
     /// Decode mode's scratch: [`super::decode::workspace_bytes`] bytes, 16-byte aligned, used by
     /// no other launch that may run at the same time (a framework allocates it per call on the
     /// call's stream, or keeps one per stream: launches on one stream run in order); 0 when that
@@ -186,7 +146,7 @@ impl ExternalCall {
         self
     }
     /// A paged cache's block table and geometry.
-    pub fn paged(mut self, block_table: u64, pages: super::decode::Pages) -> Self {
+    pub fn paged(mut self, block_table: u64, pages: crate::spec::Pages) -> Self {
         self.block_table = block_table;
         self.pages = Some(pages);
         self
@@ -395,12 +355,12 @@ fn kv_extents(call: &ExternalCall) -> [usize; 3] {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct PlanKey {
     shape: [usize; 6],
-    dtype: super::params::DType,
+    dtype: crate::spec::DType,
     causal: bool,
     scale_bits: Option<u32>,
     lengths: Lengths,
     /// Issue 24: the window and the softcap shape the plan's parameter block (and the build).
-    window: super::params::Window,
+    window: crate::spec::Window,
     softcap_bits: u32,
 }
 
@@ -614,7 +574,7 @@ impl ExternalContext {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::params::DType;
+    use crate::spec::DType;
     use crate::attention::validate::rule_of;
 
     fn bhsd(p: &AttentionParams, seqlen: usize, heads: usize, ptr: u64) -> DeviceTensor {

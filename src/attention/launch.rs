@@ -1,9 +1,10 @@
 //! Loading a kernel variant and launching it: the parameter block, grid, shared memory.
 
 use super::context::Context;
-use super::decode::{self, CombineParams, DecodeSchedule, Pages, COMBINE_THREADS};
-use super::external::Strides;
-use super::params::AttentionParams;
+use super::decode::{self, CombineParams, DecodeSchedule, COMBINE_THREADS};
+pub use crate::spec::Lengths;
+use crate::spec::Strides;
+use crate::spec::AttentionParams;
 use super::tensor_map;
 use crate::error::{Error, Result};
 use crate::kernels::{TestBuild, Tile, Variant, APPEND_SYMBOL, COMBINE_SYMBOL, FORWARD_SYMBOL};
@@ -302,72 +303,6 @@ fn pdl_eligible(variant: Variant) -> bool {
         && variant.leaky_control.is_none()
         && !variant.floor_control
         && !variant.cycle_timer
-}
-
-/// What the per-sequence lengths buffer of a plan means.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Lengths {
-    /// No lengths: every sequence fills the shape.
-    None,
-    /// Secret-length prefill (Sq = Sk): each sequence's true length inside the padded one;
-    /// query rows and keys past it are masked.
-    SecretPadded,
-    /// KV cache (decode, Sq ≤ [`decode::MAX_SEQLEN_Q`]): each sequence's key count in a cache of
-    /// capacity Sk; the Sq queries are the last positions of those keys (a causal mask is
-    /// aligned to the count). The counts are public metadata (the walk ends at each count), or
-    /// with `secret` kept secret (the kernel walks the capacity and masks by select). `pages`:
-    /// a paged cache, K and V pools of `[num_pages, page_size, Hkv, D]` read through a block
-    /// table of `[batch, Sk / page_size]` page indices (public). `prefill_consistent`: one work
-    /// unit per tile over the whole key range instead of capacity-sized splits, so each query
-    /// row gets exactly the bits of the same row of a causal prefill over the same keys
-    /// ([`super::decode::DecodeSchedule::new`]).
-    KvCache {
-        secret: bool,
-        pages: Option<Pages>,
-        prefill_consistent: bool,
-    },
-}
-
-impl Lengths {
-    /// A KV-cache mode (split-KV, not prefill-consistent).
-    pub fn kv_cache(secret: bool, pages: Option<Pages>) -> Lengths {
-        Lengths::KvCache {
-            secret,
-            pages,
-            prefill_consistent: false,
-        }
-    }
-
-    /// The same KV-cache mode, prefill-consistent (no effect on other modes).
-    pub fn prefill_consistent(self) -> Lengths {
-        match self {
-            Lengths::KvCache { secret, pages, .. } => Lengths::KvCache {
-                secret,
-                pages,
-                prefill_consistent: true,
-            },
-            other => other,
-        }
-    }
-
-    /// Whether decode runs one unit per tile (bits of the causal prefill's rows).
-    pub fn is_prefill_consistent(self) -> bool {
-        matches!(
-            self,
-            Lengths::KvCache {
-                prefill_consistent: true,
-                ..
-            }
-        )
-    }
-
-    /// The paged cache's geometry, if any.
-    pub fn pages(self) -> Option<Pages> {
-        match self {
-            Lengths::KvCache { pages, .. } => pages,
-            _ => None,
-        }
-    }
 }
 
 /// Buffers and element strides (q, k, v, o) a parameter block was built for.

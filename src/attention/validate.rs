@@ -1,13 +1,8 @@
 //! Every rule a call must meet, checked on the host before anything is launched.
 
-use super::params::{AttentionParams, DType};
+pub use crate::spec::limits::{BACKWARD_HEAD_DIMS, SUPPORTED_HEAD_DIMS, TENSOR_ALIGN};
+use crate::spec::{AttentionParams, DType, Pages, MAX_SEQLEN_Q, MIN_PAGE_SIZE};
 use crate::error::{Error, Result};
-
-/// Head dimensions the shipped forward kernels are built for (96: Phi-3; 256: Gemma 2).
-pub const SUPPORTED_HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
-
-/// Head dimensions the backward kernels are built for (every forward head dim).
-pub const BACKWARD_HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
 
 /// The backward's head-dim rule (check_backward_params): a head dim without backward kernels.
 pub fn check_backward_head_dim(p: &AttentionParams) -> Result<()> {
@@ -23,9 +18,7 @@ pub fn check_backward_head_dim(p: &AttentionParams) -> Result<()> {
     Ok(())
 }
 
-/// TMA addresses rows in 16-byte units, and the tensor-map fields cap extents and strides.
-/// Base-address alignment TMA needs for Q, K and V.
-pub const TENSOR_ALIGN: usize = 16;
+/// The tensor-map fields cap extents and strides.
 const TMA_MAX_DIM: usize = 1 << 31;
 
 /// Checks the shape-level rules (no buffers involved).
@@ -117,7 +110,7 @@ pub fn check_secret_len(p: &AttentionParams) -> Result<()> {
 
 /// KV-cache mode: a few new queries (decode, speculative verification) over a cache.
 pub fn check_kv_cache(p: &AttentionParams) -> Result<()> {
-    let max = super::decode::MAX_SEQLEN_Q;
+    let max = MAX_SEQLEN_Q;
     if p.seqlen_q > max {
         return Err(Error::invalid(
             "seqlen_q",
@@ -133,8 +126,8 @@ pub fn check_kv_cache(p: &AttentionParams) -> Result<()> {
 /// A paged cache's geometry against the shape: pages of a power-of-two size of at least 16
 /// rows, a capacity (`seqlen_k`) that is a whole number of pages, a pool the kernel can index
 /// in i32, and the bshd layout (pools are `[num_pages, page_size, heads_kv, head_dim]`).
-pub fn check_pages(p: &AttentionParams, pages: &super::decode::Pages) -> Result<()> {
-    let min = super::decode::MIN_PAGE_SIZE;
+pub fn check_pages(p: &AttentionParams, pages: &Pages) -> Result<()> {
+    let min = MIN_PAGE_SIZE;
     if pages.page_size < min || !pages.page_size.is_power_of_two() {
         return Err(Error::invalid(
             "page_size",
@@ -162,7 +155,7 @@ pub fn check_pages(p: &AttentionParams, pages: &super::decode::Pages) -> Result<
             ),
         ));
     }
-    if p.layout != super::params::Layout::Bshd {
+    if p.layout != crate::spec::Layout::Bshd {
         return Err(Error::invalid(
             "layout",
             "paged caches are [num_pages, page_size, heads_kv, head_dim] (bshd)",
@@ -200,7 +193,7 @@ pub fn check_kv_starts(counts: &[i32], starts: &[i32], secret: bool) -> Result<(
 pub fn check_kv_metadata(
     p: &AttentionParams,
     counts: &[i32],
-    table: Option<(&[i32], &super::decode::Pages)>,
+    table: Option<(&[i32], &Pages)>,
     secret: bool,
 ) -> Result<()> {
     if counts.len() != p.batch {
@@ -363,7 +356,7 @@ mod tests {
             assert_eq!(arg_of(Err(e)), arg);
         }
     }
-    use crate::attention::params::AttentionParams;
+    use crate::spec::AttentionParams;
 
     #[test]
     fn accepts_supported_shapes() {

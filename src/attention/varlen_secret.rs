@@ -18,7 +18,7 @@
 
 use crate::attention::context::{Context, Element};
 use crate::attention::launch::varlen::{check_cu_seqlens, check_varlen_shapes};
-use crate::attention::params::AttentionParams;
+use crate::spec::AttentionParams;
 use crate::attention::validate;
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
@@ -259,7 +259,7 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::params::Layout;
+    use crate::spec::Layout;
     use crate::attention::validate::rule_of;
 
     fn p() -> AttentionParams {

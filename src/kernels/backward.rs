@@ -2,7 +2,7 @@
 //! into: a type of their own, beside the forward's [`super::Variant`], so the two evolve apart.
 //! One cubin per variant holds the three kernels of a backward pass (preprocess, dK/dV, dQ).
 
-use crate::attention::params::DType;
+use crate::spec::DType;
 use crate::error::Result;
 use crate::jit::{self, Header};
 
@@ -394,7 +394,7 @@ pub const ONEPASS_HEAD_DIMS: [usize; 2] = [64, 128];
 pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
     let mut v = Vec::new();
     for dtype in [DType::F16, DType::Bf16] {
-        for head_dim in crate::attention::validate::BACKWARD_HEAD_DIMS {
+        for head_dim in crate::spec::BACKWARD_HEAD_DIMS {
             for causal in [false, true] {
                 for pingpong in [true, false] {
                     v.push(BwdVariant {

@@ -2,7 +2,7 @@
 //! `kernels/` at the repository root and are embedded at build time; NVRTC gets the headers
 //! in memory, so no toolkit headers or files on disk are needed at run time.
 
-use crate::attention::params::DType;
+use crate::spec::DType;
 use crate::error::Result;
 use crate::jit::{self, Header};
 

@@ -20,9 +20,10 @@ use super::{
     BwdKernelParams, InputStrides,
 };
 use crate::attention::context::{Context, Element};
-use crate::attention::external::{self, DeviceTensor, ExternalContext, Strides};
+use crate::attention::external::{self, DeviceTensor, ExternalContext};
+use crate::spec::Strides;
 use crate::attention::launch::varlen::{check_cu_seqlens, check_meta_len, check_varlen_shapes};
-use crate::attention::params::{AttentionParams, Layout};
+use crate::spec::{AttentionParams, Layout};
 use crate::attention::{tensor_map, validate};
 use crate::error::{Error, Result};
 use crate::kernels::backward::{self as kb, BwdVariant};
@@ -731,7 +732,7 @@ mod tests {
     fn every_head_dim_and_feature_has_a_varlen_backward_build() {
         let p = call().params;
         check_varlen_backward_params(&p).unwrap();
-        let w = crate::attention::params::Window::from_flash_attn(16, 0);
+        let w = crate::spec::Window::from_flash_attn(16, 0);
         for q in [p.clone().window(w), p.clone().softcap(30.0)] {
             check_varlen_backward_params(&q).unwrap();
             let v = varlen_variant(&q, None).unwrap();

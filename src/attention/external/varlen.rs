@@ -17,7 +17,7 @@
 use super::{check_no_self_overlap, check_tensor, DeviceTensor, ExternalContext, RestoreCurrent};
 use crate::attention::launch::varlen::{self as lv, Buffers, Target};
 use crate::attention::launch::LoadedKernel;
-use crate::attention::params::{AttentionParams, Layout};
+use crate::spec::{AttentionParams, Layout};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;
 use std::sync::Arc;
@@ -237,7 +237,7 @@ impl ExternalContext {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::external::Strides;
+    use crate::spec::Strides;
     use crate::attention::validate::rule_of;
 
     fn call() -> VarlenCall {

@@ -33,8 +33,8 @@
 
 use super::{KernelParams, LoadedKernel};
 use crate::attention::context::{Context, Element};
-use crate::attention::external::Strides;
-use crate::attention::params::{AttentionParams, Layout};
+use crate::spec::Strides;
+use crate::spec::{AttentionParams, Layout};
 use crate::attention::{tensor_map, validate};
 use crate::error::{Error, Result};
 use crate::kernels::Variant;
