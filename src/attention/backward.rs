@@ -15,6 +15,8 @@ use super::context::{Context, Element};
 use crate::spec::Strides;
 use crate::spec::{AttentionParams, DType};
 use super::{tensor_map, validate};
+use crate::abi::BwdKernelParams;
+pub use crate::abi::{FLAGS_FIELD, VARLEN_FIELDS};
 use crate::error::{Error, Result};
 use crate::kernels::backward::{self as kb, BwdVariant};
 use cudarc::driver::{
@@ -22,74 +24,6 @@ use cudarc::driver::{
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
-
-/// The kernels' `BwdParams` (kernels/fc_bwd_config.cuh), byte for byte.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct BwdKernelParams {
-    q_map: sys::CUtensorMap,
-    k_map: sys::CUtensorMap,
-    v_map: sys::CUtensorMap,
-    do_map: sys::CUtensorMap,
-    o_ptr: u64,
-    do_ptr: u64,
-    lse_ptr: u64,
-    dq_ptr: u64,
-    dk_ptr: u64,
-    dv_ptr: u64,
-    lse2_ptr: u64,
-    dvec_ptr: u64,
-    q_stride_b: i64,
-    q_stride_s: i64,
-    q_stride_h: i64,
-    k_stride_b: i64,
-    k_stride_s: i64,
-    k_stride_h: i64,
-    batch: i32,
-    seqlen_q: i32,
-    seqlen_k: i32,
-    heads_q: i32,
-    group: i32,
-    sq_pad: i32,
-    scale_log2: f32,
-    scale: f32,
-    kv_m_blocks: i32,
-    q_n_blocks: i32,
-    dq_acc_ptr: u64,
-    flags_ptr: u64,
-    kv_n_blocks: i32,
-    // Issue 24 (kernels/fc_bwd_mask.cuh, fc_bwd_sink.cuh).
-    window_left: i32,
-    window_right: i32,
-    softcap_in: f32,
-    softcap_out: f32,
-    pad0: i32,
-    sinks_ptr: u64,
-    dsink_ptr: u64,
-    // Varlen (kernels/fc_bwd_varlen.cuh): the pack's totals and its public metadata.
-    vl_total_q: i32,
-    vl_total_k: i32,
-    cu_q_ptr: u64,
-    cu_k_ptr: u64,
-    used_k_ptr: u64,
-    used_q_ptr: u64,
-    reserved: [i32; 2],
-}
-
-const _: () = assert!(std::mem::size_of::<BwdKernelParams>() == 768);
-
-/// Byte offset of the turn counters' pointer in the parameter block (declared public to the
-/// audit for the one-pass variants: [`BwdVariant::declared`]).
-pub const FLAGS_FIELD: u32 = std::mem::offset_of!(BwdKernelParams, flags_ptr) as u32;
-
-/// Byte offsets of the varlen variants' metadata pointers (`cu_seqlens_q`, `cu_seqlens_k`,
-/// `seqused_k`, `seqused_q`), declared public to the audit ([`BwdVariant::declared`]).
-pub const VARLEN_FIELDS: [u32; 4] = [
-    std::mem::offset_of!(BwdKernelParams, cu_q_ptr) as u32,
-    std::mem::offset_of!(BwdKernelParams, cu_k_ptr) as u32,
-    std::mem::offset_of!(BwdKernelParams, used_k_ptr) as u32,
-    std::mem::offset_of!(BwdKernelParams, used_q_ptr) as u32,
-];
 
 pub mod varlen;
 

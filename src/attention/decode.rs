@@ -10,6 +10,7 @@
 pub use crate::spec::{Pages, MAX_SEQLEN_Q, MIN_PAGE_SIZE};
 use crate::spec::Lengths;
 use crate::spec::AttentionParams;
+pub(crate) use crate::abi::CombineParams;
 use crate::error::{Error, Result};
 use crate::kernels::{Tile, Variant};
 
@@ -167,28 +168,6 @@ pub fn workspace_bytes(p: &AttentionParams, lengths: Lengths) -> usize {
     variant_for(p, lengths)
         .and_then(|v| DecodeSchedule::new(p, &v.tile(), 1, lengths).ok())
         .map_or(0, |s| s.workspace_bytes(p))
-}
-
-/// The combine kernel's parameter block (`CombineParams` in kernels/fc_decode.cuh).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct CombineParams {
-    pub o_ptr: u64,
-    pub lse_ptr: u64,
-    pub ws_o_ptr: u64,
-    pub ws_ml_ptr: u64,
-    pub o_stride_b: i64,
-    pub o_stride_s: i64,
-    pub o_stride_h: i64,
-    pub batch: i32,
-    pub heads_q: i32,
-    pub seqlen_q: i32,
-    pub num_splits: i32,
-    pub scale_log2: f32,
-    pub scale: f32,
-    pub groups: i32,
-    /// fp32 `[heads_q]` learnable sinks (secret), or 0.
-    pub sinks_ptr: u64,
 }
 
 /// Threads per CTA of the combine kernel (`COMBINE_THREADS` in kernels/fc_decode.cuh).

@@ -11,6 +11,7 @@
 //! parameter block public and proves that the K/V values reach no address or branch.
 
 use super::external::{DeviceTensor, ExternalCall};
+use crate::abi::AppendParams;
 use crate::error::{Error, Result};
 use cudarc::driver::{sys, CudaFunction};
 
@@ -26,35 +27,6 @@ pub struct KvAppend {
     /// reads its key counts from there. 4-byte aligned, used by no other launch in flight.
     pub counts: u64,
 }
-
-/// The append kernel's parameter block (`AppendParams` in kernels/fc_kv_append.cuh).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct AppendParams {
-    pub k_new: u64,
-    pub v_new: u64,
-    pub k_cache: u64,
-    pub v_cache: u64,
-    pub seqlens_ptr: u64,
-    pub table_ptr: u64,
-    pub counts_ptr: u64,
-    pub k_new_stride: [i64; 3],
-    pub v_new_stride: [i64; 3],
-    pub k_cache_stride: [i64; 3],
-    pub v_cache_stride: [i64; 3],
-    pub batch: i32,
-    pub rows: i32,
-    pub heads_kv: i32,
-    pub head_dim: i32,
-    pub capacity: i32,
-    pub page_shift: i32,
-    pub table_stride: i32,
-    pub num_pages: i32,
-}
-
-/// Offsets of the two public metadata pointers in [`AppendParams`], for the audit.
-pub(crate) const SEQLENS_FIELD: u32 = std::mem::offset_of!(AppendParams, seqlens_ptr) as u32;
-pub(crate) const APPEND_TABLE_FIELD: u32 = std::mem::offset_of!(AppendParams, table_ptr) as u32;
 
 /// Threads per CTA of the append kernel (`APPEND_THREADS`).
 const APPEND_THREADS: u32 = 256;
@@ -177,6 +149,7 @@ pub(crate) unsafe fn launch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::abi::{APPEND_TABLE_FIELD, SEQLENS_FIELD};
 
     #[test]
     fn grid_covers_every_row_chunk_and_every_count() {

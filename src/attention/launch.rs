@@ -3,6 +3,7 @@
 use super::context::Context;
 use super::decode::{self, CombineParams, DecodeSchedule, COMBINE_THREADS};
 pub use crate::spec::Lengths;
+use crate::abi::KernelParams;
 use crate::spec::Strides;
 use crate::spec::AttentionParams;
 use super::tensor_map;
@@ -76,58 +77,6 @@ impl LoadedKernel {
     }
 }
 
-/// The kernel's `Params` (kernels/attention_fwd.cu), byte for byte.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct KernelParams {
-    q_map: sys::CUtensorMap,
-    k_map: sys::CUtensorMap,
-    v_map: sys::CUtensorMap,
-    o_ptr: u64,
-    lse_ptr: u64,
-    lens_ptr: u64,
-    q_ptr_for_control: u64,
-    o_stride_b: i64,
-    o_stride_s: i64,
-    o_stride_h: i64,
-    seqlen_q: i32,
-    seqlen_k: i32,
-    heads_q: i32,
-    group: i32,
-    scale_log2: f32,
-    scale: f32,
-    num_m_blocks: i32,
-    units_per_head: i32,
-    num_units: i32,
-    pair_tiles: i32,
-    ws_o_ptr: u64,
-    ws_ml_ptr: u64,
-    pack: i32,
-    pack_shift: i32,
-    split_blocks: i32,
-    num_splits: i32,
-    table_ptr: u64,
-    table_stride: i32,
-    num_pages: i32,
-    page_shift: i32,
-    box_rows: i32,
-    starts_ptr: u64,
-    sinks_ptr: u64,
-    window_left: i32,
-    window_right: i32,
-    softcap_in: f32,
-    softcap_out: f32,
-}
-
-// The device's `Params` ends at byte 568 (576 with its 64-byte alignment); cudarc's CUtensorMap is
-// 128-aligned, so this mirror pads to 640. The launch copies the kernel's declared size: the
-// offsets are what must agree.
-const _: () = assert!(std::mem::offset_of!(KernelParams, table_ptr) == 512);
-const _: () = assert!(std::mem::offset_of!(KernelParams, box_rows) == 532);
-const _: () = assert!(std::mem::offset_of!(KernelParams, starts_ptr) == 536);
-const _: () = assert!(std::mem::offset_of!(KernelParams, sinks_ptr) == 544);
-const _: () = assert!(std::mem::offset_of!(KernelParams, softcap_out) == 564);
-
 /// The kernel's window and softcap fields for `p` over `seqlen_q` query and `seqlen_k` key rows
 /// (a varlen pack's totals): (window_left, window_right, softcap_in, softcap_out). An unbounded
 /// side becomes Sq + Sk (no row's distance to a key reaches it), capped so the kernel's i32
@@ -148,12 +97,6 @@ pub(crate) fn feature_fields(
     };
     (side(w.left), side(w.right), cap_in, cap_out)
 }
-
-/// Byte offsets in the parameter block of the pointers to public metadata: the key counts of
-/// `FC_KV_PUBLIC` builds and the block table of `FC_PAGED` ones. The audit treats what is read
-/// through them as public (DESIGN.md §1, [`crate::kernels::Variant::declared`]).
-pub(crate) const LENS_FIELD: u32 = std::mem::offset_of!(KernelParams, lens_ptr) as u32;
-pub(crate) const TABLE_FIELD: u32 = std::mem::offset_of!(KernelParams, table_ptr) as u32;
 
 /// How the persistent grid walks the query tiles (kernels/fc_scheduler.cuh): the work units and
 /// the number of CTAs. A function of the shape and the device's SM count only; it decides which
@@ -823,7 +766,7 @@ impl Plan {
     /// As for [`super::kv_append::launch`].
     pub(crate) unsafe fn launch_append(
         &self,
-        ap: &mut super::kv_append::AppendParams,
+        ap: &mut crate::abi::AppendParams,
         stream: sys::CUstream,
     ) -> Result<()> {
         let f =

@@ -356,7 +356,7 @@ impl BwdVariant {
     /// that the one-pass kernel writes with public values only (SECURITY.md); the varlen
     /// variants' `cu_seqlens_q`, `cu_seqlens_k` and `seqused_k` are public metadata (DESIGN.md §1).
     pub fn declared(&self) -> crate::audit::Declared {
-        use crate::attention::backward as ab;
+        use crate::abi as ab;
         crate::audit::Declared {
             secret_params: self.secret_params(),
             public_fields: if self.onepass {

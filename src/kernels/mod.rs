@@ -503,11 +503,11 @@ impl Variant {
     /// pointers to public KV-cache metadata (`cache_seqlens`, the block table: DESIGN.md §1).
     /// Everything else read from device memory stays secret.
     pub fn declared(&self, kernel: &str) -> crate::audit::Declared {
-        use crate::attention::launch::{LENS_FIELD, TABLE_FIELD};
+        use crate::abi::{LENS_FIELD, TABLE_FIELD};
         let mut public_fields = Vec::new();
         if kernel == APPEND_SYMBOL {
             // The append is addressed by the counts and the table in every KV-cache kind.
-            use crate::attention::kv_append::{APPEND_TABLE_FIELD, SEQLENS_FIELD};
+            use crate::abi::{APPEND_TABLE_FIELD, SEQLENS_FIELD};
             public_fields.push((0, SEQLENS_FIELD));
             public_fields.push((0, APPEND_TABLE_FIELD));
         }
