@@ -25,7 +25,7 @@
 //! ```
 
 use super::context::Context;
-pub use crate::spec::Strides;
+pub use crate::spec::{DeviceTensor, Strides};
 use crate::spec::Lengths;
 use super::launch::Plan;
 use crate::spec::{AttentionParams, Layout};
@@ -37,14 +37,10 @@ use std::sync::{Arc, Mutex};
 
 /// Varlen prefill on caller-owned memory (issue 22).
 pub mod varlen;
-pub use varlen::{validate_varlen, VarlenCall};
 
-/// A caller-owned device tensor: base address and element strides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct DeviceTensor {
-    pub ptr: u64,
-    pub strides: Strides,
-}
+/// The KV append's rules and parameter block for a call.
+mod append;
+pub use varlen::{validate_varlen, VarlenCall};
 
 /// One attention call on caller-owned memory. `params` gives the shape (Q and O are
 /// `[batch, seqlen_q, heads_q, head_dim]`, K and V `[batch, seqlen_k, heads_kv, head_dim]` in
@@ -266,7 +262,7 @@ pub fn validate(call: &ExternalCall) -> Result<()> {
     let p = &call.params;
     validate::check_params(p)?;
     if let Some(a) = &call.append {
-        super::kv_append::validate(call, a)?;
+        append::validate(call, a)?;
     }
     if call.kv_lengths != 0 {
         if call.lengths != 0 {
@@ -399,7 +395,7 @@ pub struct ExternalContext {
     /// Varlen kernels per (variant, stream): one module instance, so one `__constant__` work
     /// list, per stream ([`varlen`]).
     varlen_kernels: Mutex<
-        HashMap<(crate::kernels::Variant, varlen::StreamKey), Arc<super::launch::LoadedKernel>>,
+        HashMap<(crate::kernels::Variant, varlen::StreamKey), Arc<super::device::LoadedKernel>>,
     >,
 }
 
@@ -561,7 +557,7 @@ impl ExternalContext {
         };
         if let Some(a) = &call.append {
             let mut ap =
-                super::kv_append::params(call, a, [strides[1].as_array(), strides[2].as_array()]);
+                append::params(call, a, [strides[1].as_array(), strides[2].as_array()]);
             // SAFETY: the caller's contract (the new rows, caches, counts and table are live
             // device memory covering their strides); validated above.
             unsafe { plan.launch_append(&mut ap, stream)? };

@@ -1,6 +1,7 @@
 //! Loading a kernel variant and launching it: the parameter block, grid, shared memory.
 
-use super::context::Context;
+use super::device::Context;
+pub use super::device::LoadedKernel;
 use super::decode::{self, CombineParams, DecodeSchedule, COMBINE_THREADS};
 pub use crate::spec::Lengths;
 use crate::abi::KernelParams;
@@ -8,74 +9,14 @@ use crate::spec::Strides;
 use crate::spec::AttentionParams;
 use super::tensor_map;
 use crate::error::{Error, Result};
-use crate::kernels::{TestBuild, Tile, Variant, APPEND_SYMBOL, COMBINE_SYMBOL, FORWARD_SYMBOL};
+use crate::kernels::{TestBuild, Tile, Variant};
 use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
+    sys, CudaFunction, CudaSlice, CudaStream, DevicePtr,
 };
 use std::sync::{Arc, Mutex};
 
 /// Variable-length prefill (issue 22): packed sequences, one launch.
 pub mod varlen;
-
-/// A variant's module and function on one context, with its shared-memory limit raised.
-pub struct LoadedKernel {
-    _module: Arc<CudaModule>,
-    function: CudaFunction,
-    /// Decode variants' second kernel, which merges the split partials.
-    combine: Option<CudaFunction>,
-    /// KV-cache variants' append kernel (`flashcore_kv_append`).
-    append: Option<CudaFunction>,
-    /// Varlen variants' work-list builder (kernels/fc_varlen_build.cuh) and the device address
-    /// of the module's `__constant__` work list.
-    build: Option<(CudaFunction, u64)>,
-    pub variant: Variant,
-    pub smem_bytes: usize,
-}
-
-impl LoadedKernel {
-    pub fn load(ctx: &Arc<CudaContext>, variant: Variant) -> Result<LoadedKernel> {
-        let cubin = variant.cubin()?;
-        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin))?;
-        let function = module.load_function(FORWARD_SYMBOL)?;
-        let combine = if variant.decode {
-            Some(module.load_function(COMBINE_SYMBOL)?)
-        } else {
-            None
-        };
-        let append = if variant.is_kv_cache() {
-            Some(module.load_function(APPEND_SYMBOL)?)
-        } else {
-            None
-        };
-        let build = if variant.varlen {
-            let stream = ctx.default_stream();
-            let work = module
-                .get_global(varlen::WORK_SYMBOL, &stream)?
-                .device_ptr(&stream)
-                .0;
-            Some((
-                module.load_function(crate::kernels::VARLEN_BUILD_SYMBOL)?,
-                work,
-            ))
-        } else {
-            None
-        };
-        let smem_bytes = variant.tile().smem_bytes(variant.head_dim);
-        function.set_attribute(
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem_bytes as i32,
-        )?;
-        Ok(LoadedKernel {
-            _module: module,
-            function,
-            combine,
-            append,
-            build,
-            variant,
-            smem_bytes,
-        })
-    }
-}
 
 /// The kernel's window and softcap fields for `p` over `seqlen_q` query and `seqlen_k` key rows
 /// (a varlen pack's totals): (window_left, window_right, softcap_in, softcap_out). An unbounded
@@ -387,7 +328,7 @@ impl Plan {
     /// plan's module: how the leakage test's cycle timer is told where to write.
     pub(crate) fn module_global(&self, name: &str) -> Result<(u64, usize)> {
         use cudarc::driver::DevicePtr;
-        let view = self.kernel._module.get_global(name, &self.stream)?;
+        let view = self.kernel.module.get_global(name, &self.stream)?;
         let len = view.len();
         let ptr = view.device_ptr(&self.stream).0;
         Ok((ptr, len))

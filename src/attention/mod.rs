@@ -5,6 +5,7 @@ pub mod backward_external;
 pub mod chunked;
 pub mod context;
 pub mod decode;
+pub mod device;
 pub mod external;
 pub mod kv_append;
 pub mod launch;

@@ -16,6 +16,8 @@ pub const COMBINE_SYMBOL: &str = "flashcore_decode_combine";
 pub const APPEND_SYMBOL: &str = "flashcore_kv_append";
 /// Symbol of the varlen variants' work-list builder (kernels/fc_varlen_build.cuh).
 pub const VARLEN_BUILD_SYMBOL: &str = "flashcore_varlen_build";
+/// The varlen variants' `__constant__` work list, which the builder writes and the forward reads.
+pub const VARLEN_WORK_SYMBOL: &str = "fc_varlen_work";
 
 const FORWARD_SOURCE: &str = include_str!("../../kernels/attention_fwd.cu");
 

@@ -45,6 +45,13 @@ impl Strides {
     }
 }
 
+/// A caller-owned device tensor: base address and element strides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeviceTensor {
+    pub ptr: u64,
+    pub strides: Strides,
+}
+
 /// A paged KV cache's geometry: K and V are pools of `num_pages` pages of `page_size` rows
 /// (`[num_pages, page_size, heads_kv, head_dim]`); sequence b's row r lives in page
 /// `block_table[b][r / page_size]`, row `r % page_size`. The capacity `seqlen_k` is the table's

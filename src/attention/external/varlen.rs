@@ -16,7 +16,7 @@
 
 use super::{check_no_self_overlap, check_tensor, DeviceTensor, ExternalContext, RestoreCurrent};
 use crate::attention::launch::varlen::{self as lv, Buffers, Target};
-use crate::attention::launch::LoadedKernel;
+use crate::attention::device::LoadedKernel;
 use crate::spec::{AttentionParams, Layout};
 use crate::error::{Error, Result};
 use cudarc::driver::sys;

@@ -32,7 +32,7 @@
 //! the pack (`tests/gpu_varlen.rs` checks the bits).
 
 use super::{KernelParams, LoadedKernel};
-use crate::attention::context::{Context, Element};
+use crate::attention::device::{Context, Element};
 use crate::spec::Strides;
 use crate::spec::{AttentionParams, Layout};
 use crate::attention::{tensor_map, validate};
@@ -45,9 +45,6 @@ use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
 pub const VARLEN_SLOTS: usize = 4096;
 /// Work items per launch.
 pub const VARLEN_CAPACITY: usize = VARLEN_SLOTS - 1;
-
-/// The kernel's work-list symbol.
-pub(crate) const WORK_SYMBOL: &str = "fc_varlen_work";
 
 /// One query tile of one sequence of the pack, as the kernel reads it (an `int4`). The tile is
 /// a sequence of its own: its rows are the last `rows` queries of the sequence, whose causal
