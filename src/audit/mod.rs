@@ -10,6 +10,7 @@ pub mod cfg;
 pub mod container;
 pub mod cubin;
 pub mod effects;
+pub mod loc;
 pub mod provenance;
 pub mod public;
 pub mod report;

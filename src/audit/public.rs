@@ -7,7 +7,7 @@
 use super::cubin::KernelInfo;
 use super::provenance::{Provenance, Slots, MAX_BUFFERS};
 use super::sass::Section;
-use super::select::ParamSpec;
+use super::signature::ParamSpec;
 use crate::error::{Error, Result};
 
 /// A `--public-param`: a pointer parameter (0-based ordinal or name), or with `:OFFSET` the
