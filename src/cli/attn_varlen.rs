@@ -6,7 +6,7 @@
 //! the output gradient `do` (q's shape and dtype), runs `Context::attention_varlen_backward` (or
 //! the float64 reference's gradients) and writes `dq` (q's shape), `dk`, `dv` (k's shape).
 
-use super::attn::AttnArgs;
+use super::attn_args::AttnArgs;
 use crate::attention::launch::varlen::check_varlen;
 use crate::attention::{validate, AttentionParams, Context, Element, Layout};
 use crate::error::{Error, Result};
@@ -146,7 +146,7 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
     if d_o.is_some() {
         crate::attention::backward::varlen::check_varlen_backward_params(&p)?;
     }
-    super::attn::check_sinks(sinks, &p, &args.input)?;
+    super::attn_args::check_sinks(sinks, &p, &args.input)?;
     let (total_q, _) = check_varlen(
         &p,
         &cu_q,
@@ -170,12 +170,12 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
                 &k.data.to_f64(),
                 &v.data.to_f64(),
                 &d.data.to_f64(),
-                super::attn::sinks_f64(sinks).as_deref(),
+                super::attn_args::sinks_f64(sinks).as_deref(),
             );
             let f = |x: Vec<f64>| TensorData::F32(x.into_iter().map(|v| v as f32).collect());
             grads = Some([f(g.dq), f(g.dk), f(g.dv)]);
         }
-        let s64 = super::attn::sinks_f64(sinks);
+        let s64 = super::attn_args::sinks_f64(sinks);
         let r = reference::varlen_sinks_f64(
             &p,
             &cu_q,
@@ -254,7 +254,7 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
         p.head_dim,
         p.dtype.name(),
         if p.causal { " causal" } else { "" },
-        super::attn::features_note(&p, sinks.is_some()),
+        super::attn_args::features_note(&p, sinks.is_some()),
         elapsed.as_secs_f64() * 1e3,
         if grad_tensors.is_some() {
             " and dq, dk, dv"

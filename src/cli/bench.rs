@@ -65,7 +65,7 @@ pub struct BenchArgs {
     pub causal: bool,
     /// Ad-hoc shape: sliding window `LEFT,RIGHT` (flash-attn's window_size, −1 unbounded).
     /// FLOPs and TFLOPS are still counted for the whole (or causal) score matrix: compare times.
-    #[arg(long, value_name = "LEFT,RIGHT", value_parser = super::attn::parse_window, allow_hyphen_values = true)]
+    #[arg(long, value_name = "LEFT,RIGHT", value_parser = super::attn_args::parse_window, allow_hyphen_values = true)]
     pub window: Option<crate::attention::Window>,
     /// Layout of q, k, v, o.
     #[arg(long, default_value = "bshd", value_name = "bshd|bhsd")]

@@ -132,7 +132,7 @@ impl BwdVariant {
     /// [`crate::attention::backward::check_backward_variant`]) unless `FLASHCORE_BWD_ONEPASS=1`
     /// asks for the one-pass kernel; where the one pass is the default ([`default_onepass`]),
     /// such a call runs the two passes.
-    pub fn for_params(p: &crate::attention::AttentionParams) -> BwdVariant {
+    pub fn for_params(p: &crate::spec::AttentionParams) -> BwdVariant {
         let base = BwdVariant::for_call(p.dtype, p.head_dim, p.causal);
         let w = p.effective_window();
         let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
@@ -173,7 +173,7 @@ impl BwdVariant {
     /// The variant a varlen call with these parameters runs: [`BwdVariant::for_varlen_call`]
     /// plus issue 24's window and softcap, as [`BwdVariant::for_params`] (softcap runs the window
     /// build).
-    pub fn for_varlen_params(p: &crate::attention::AttentionParams) -> BwdVariant {
+    pub fn for_varlen_params(p: &crate::spec::AttentionParams) -> BwdVariant {
         let w = p.effective_window();
         let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
         BwdVariant {

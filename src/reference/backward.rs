@@ -12,7 +12,7 @@
 //! join each row's denominator (P_sink = exp(sink − LSE)) with no value row, and their gradient
 //! is `dsink[h] = −Σ_{b,i} P_sink · Σ_j P_ij dP_ij` ([`attention_backward_f64_sinks`]).
 
-use crate::attention::AttentionParams;
+use crate::spec::AttentionParams;
 use rayon::prelude::*;
 
 /// Gradients of [`super::attention_f64`], each in the layout of the tensor it belongs to.

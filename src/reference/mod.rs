@@ -6,7 +6,7 @@
 //! giving `O = 0` and `LSE = −inf`. Everything is computed in f64 with the row maximum
 //! subtracted before exponentiating, so large scores neither overflow nor lose the small terms.
 
-use crate::attention::AttentionParams;
+use crate::spec::AttentionParams;
 use rayon::prelude::*;
 
 mod backward;

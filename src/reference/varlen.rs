@@ -2,7 +2,7 @@
 //! through [`attention_f64`] with batch 1.
 
 use super::{attention_f64_sinks, RefOutput};
-use crate::attention::{AttentionParams, Layout};
+use crate::spec::{AttentionParams, Layout};
 
 /// Varlen attention in f64: `q` is `[total_q, Hq, D]`, `k`, `v` `[total_k, Hkv, D]`, sequence `b`
 /// owning tokens `cu_q[b]..cu_q[b+1]` and `cu_k[b]..cu_k[b+1]`. Uses `p`'s heads, head dim, scale
