@@ -8,7 +8,10 @@
 use sha2::{Digest, Sha256};
 use std::sync::Mutex;
 
-type Job = (String, Box<dyn Fn() -> flashcore::Result<Vec<u8>> + Send + Sync>);
+type Job = (
+    String,
+    Box<dyn Fn() -> flashcore::Result<Vec<u8>> + Send + Sync>,
+);
 
 fn main() {
     let mut jobs: Vec<Job> = Vec::new();

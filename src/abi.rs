@@ -181,4 +181,3 @@ pub const VARLEN_FIELDS: [u32; 4] = [
     std::mem::offset_of!(BwdKernelParams, used_k_ptr) as u32,
     std::mem::offset_of!(BwdKernelParams, used_q_ptr) as u32,
 ];
-

@@ -8,6 +8,7 @@ pub mod cli;
 pub mod error;
 pub mod jit;
 pub mod kernels;
+pub mod knobs;
 pub mod leakage;
 pub mod output;
 pub mod reference;

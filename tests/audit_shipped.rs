@@ -4,7 +4,8 @@
 
 #[test]
 fn shipped_variants_are_data_oblivious_spill_free_and_use_wgmma() {
-    let audits = flashcore::shipped::audit_shipped().unwrap_or_else(|e| panic!("audit failed: {e}"));
+    let audits =
+        flashcore::shipped::audit_shipped().unwrap_or_else(|e| panic!("audit failed: {e}"));
     let variants = flashcore::kernels::shipped_variants();
     let decode = variants.iter().filter(|v| v.decode).count();
     assert!(decode > 0, "decode variants are shipped");

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 /// layer or one below it (within a layer, the cycle check still applies).
 const LAYERS: &[&[&str]] = &[
     // What a call is, and tools with no knowledge of attention.
-    &["error", "spec", "abi", "output"],
+    &["error", "spec", "abi", "knobs", "output"],
     &["jit", "reference", "tensor_io"],
     // The audit analyses any cubin; it knows no kernel of ours.
     &["audit"],
@@ -391,9 +391,18 @@ fn the_checker_sees_imports() {
         let t: Module = to.split("::").map(String::from).collect();
         g.get(&f).is_some_and(|d| d.contains(&t))
     };
-    assert!(has("attention::launch", "kernels"), "a `use crate::..` item");
-    assert!(has("attention::launch", "attention::decode"), "a `use super::{{..}}` tree");
-    assert!(has("attention::external", "attention::external::varlen"), "a child module path");
+    assert!(
+        has("attention::launch", "kernels"),
+        "a `use crate::..` item"
+    );
+    assert!(
+        has("attention::launch", "attention::decode"),
+        "a `use super::{{..}}` tree"
+    );
+    assert!(
+        has("attention::external", "attention::external::varlen"),
+        "a child module path"
+    );
     assert!(has("shipped", "audit"), "an imported function");
     assert!(g.len() > 80, "{} modules", g.len());
     // Comments and strings are no imports.
@@ -404,7 +413,10 @@ fn the_checker_sees_imports() {
 #[test]
 fn no_import_cycles() {
     let c = cycles(&graph());
-    assert!(c.is_empty(), "modules that import each other in a circle: {c:#?}");
+    assert!(
+        c.is_empty(),
+        "modules that import each other in a circle: {c:#?}"
+    );
 }
 
 #[test]
@@ -419,7 +431,11 @@ fn top_level_modules_import_only_their_layer_or_below() {
         for to in deps {
             let to_layer = layer_of(&to[0]).unwrap_or_else(|| panic!("`{}` has no layer", to[0]));
             if to_layer > from_layer {
-                wrong.push(format!("{} imports {} (a higher layer)", name(&from), name(&to)));
+                wrong.push(format!(
+                    "{} imports {} (a higher layer)",
+                    name(&from),
+                    name(&to)
+                ));
             }
         }
     }

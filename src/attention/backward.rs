@@ -12,13 +12,13 @@
 //! Every rule is checked on the host before anything is launched ([`check_backward`]).
 
 use super::context::{Context, Element};
-use crate::spec::Strides;
-use crate::spec::{AttentionParams, DType};
 use super::{tensor_map, validate};
 use crate::abi::BwdKernelParams;
 pub use crate::abi::{FLAGS_FIELD, VARLEN_FIELDS};
 use crate::error::{Error, Result};
 use crate::kernels::backward::{self as kb, BwdVariant};
+use crate::spec::Strides;
+use crate::spec::{AttentionParams, DType};
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
 };

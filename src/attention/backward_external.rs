@@ -12,10 +12,10 @@ use super::backward::{
     check_backward_params, check_backward_sinks, workspace_bytes, BackwardPtrs, InputStrides,
 };
 use super::external::{self, DeviceTensor, ExternalCall, ExternalContext};
-use crate::spec::Strides;
-use crate::spec::AttentionParams;
 use super::validate::TENSOR_ALIGN;
 use crate::error::{Error, Result};
+use crate::spec::AttentionParams;
+use crate::spec::Strides;
 use cudarc::driver::sys;
 
 /// One backward call on caller-owned memory. `params` gives the shape, dtype, mask and scale of

@@ -9,8 +9,8 @@
 use cudarc::driver::CudaSlice;
 
 use super::context::{Context, Element, KvCache};
-use crate::spec::{AttentionParams, Layout};
 use crate::error::{Error, Result};
+use crate::spec::{AttentionParams, Layout};
 
 impl Context {
     /// Chunked prefill: `q` is packed `[total_q, heads_q, head_dim]` by `cu_seqlens_q` (i32

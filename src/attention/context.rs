@@ -1,19 +1,17 @@
 //! The attention API of a [`Context`]: plans and launches of the dense, secret-length and
 //! KV-cache forward (the device itself: `device.rs`).
 
-use crate::spec::Pages;
-use crate::spec::Lengths;
 use super::launch::Plan;
-use crate::spec::AttentionParams;
 use super::validate;
 use crate::error::{Error, Result};
 use crate::kernels::TestBuild;
-use cudarc::driver::{
-    CudaSlice, DevicePtr, DevicePtrMut,
-};
+use crate::spec::AttentionParams;
+use crate::spec::Lengths;
+use crate::spec::Pages;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
-pub use super::device::{Context, Element};
 pub(crate) use super::device::probe_driver;
+pub use super::device::{Context, Element};
 
 impl Context {
     /// Validates `params` and prepares everything a launch needs except the buffers.
@@ -400,7 +398,6 @@ impl Context {
         }
         Ok(())
     }
-
 }
 
 /// A KV cache on the device, as [`Context::attention_kv_cache`] reads it.

@@ -7,31 +7,14 @@
 //! the batch or the SM count. So a sequence's output bits do not depend on what else is in the
 //! batch (`tests/gpu_decode.rs` checks it bitwise).
 
-pub use crate::spec::{Pages, MAX_SEQLEN_Q, MIN_PAGE_SIZE};
-use crate::spec::Lengths;
-use crate::spec::AttentionParams;
 pub(crate) use crate::abi::CombineParams;
 use crate::error::{Error, Result};
-use crate::kernels::{Tile, Variant};
+use crate::kernels::Tile;
+use crate::spec::AttentionParams;
+use crate::spec::Lengths;
+pub use crate::spec::{Pages, MAX_SEQLEN_Q, MIN_PAGE_SIZE};
 
-/// The decode variant a call runs, or `None` for the prefill kernel: every KV-cache call
-/// (validated to Sq ≤ [`MAX_SEQLEN_Q`]; secret counts in the secret-length build), and calls
-/// without lengths of at most that many query positions; secret-length prefill keeps the prefill
-/// kernel. The one place that decides.
-pub fn variant_for(p: &AttentionParams, lengths: Lengths) -> Option<Variant> {
-    let v = Variant::decode(p.dtype, p.head_dim, p.causal);
-    match lengths {
-        Lengths::KvCache { secret, pages, .. } => Some(Variant::kv_cache(
-            p.dtype,
-            p.head_dim,
-            p.causal,
-            secret,
-            pages.is_some(),
-        )),
-        Lengths::SecretPadded => None,
-        Lengths::None => (p.seqlen_q <= MAX_SEQLEN_Q).then_some(v),
-    }
-}
+pub use crate::kernels::select::decode as variant_for;
 
 /// Query heads packed into one tile's rows: the largest power of two that divides the group
 /// (Hq / Hkv) and fits 64 rows. Every head of a pack reads the same K/V head.
@@ -52,7 +35,7 @@ pub fn pack_for(group: usize) -> usize {
 /// long request, and a single K/V head (MQA) needs at least 64 units there: 16-block splits give
 /// that (30.1 µs against 40.5 with 32 blocks at B = 1 over 131k keys) for 1.4% at GQA.
 pub fn split_blocks_for(seqlen_k: usize, block_n: usize) -> usize {
-    if let Some(n) = fixed_split_blocks() {
+    if let Some(n) = crate::knobs::decode_split_blocks() {
         return n;
     }
     let key_blocks = seqlen_k.div_ceil(block_n);
@@ -61,20 +44,6 @@ pub fn split_blocks_for(seqlen_k: usize, block_n: usize) -> usize {
     } else {
         key_blocks.div_ceil(8).clamp(8, 32)
     }
-}
-
-/// For measurement only: `FLASHCORE_DECODE_SPLIT=N` (1–4096) fixes the split size at N blocks
-/// whatever Sk is. Like the prefill's tuning knobs it is public and a function of nothing but the
-/// environment, so bits stay batch-invariant under it; it changes the split size, and so the
-/// bits, against the default rule.
-fn fixed_split_blocks() -> Option<usize> {
-    static FIXED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *FIXED.get_or_init(|| {
-        std::env::var("FLASHCORE_DECODE_SPLIT")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|n| (1..=4096).contains(n))
-    })
 }
 
 /// The decode grid: which work units exist and how many CTAs walk them.

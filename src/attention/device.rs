@@ -3,7 +3,9 @@
 //! (`context.rs` and the other `impl Context` blocks) builds on it.
 
 use crate::error::{Error, Result};
-use crate::kernels::{Variant, APPEND_SYMBOL, COMBINE_SYMBOL, FORWARD_SYMBOL, VARLEN_BUILD_SYMBOL, VARLEN_WORK_SYMBOL};
+use crate::kernels::{
+    Variant, APPEND_SYMBOL, COMBINE_SYMBOL, FORWARD_SYMBOL, VARLEN_BUILD_SYMBOL, VARLEN_WORK_SYMBOL,
+};
 use crate::spec::DType;
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DeviceRepr,
@@ -236,10 +238,7 @@ impl LoadedKernel {
                 .get_global(VARLEN_WORK_SYMBOL, &stream)?
                 .device_ptr(&stream)
                 .0;
-            Some((
-                module.load_function(VARLEN_BUILD_SYMBOL)?,
-                work,
-            ))
+            Some((module.load_function(VARLEN_BUILD_SYMBOL)?, work))
         } else {
             None
         };
@@ -259,4 +258,3 @@ impl LoadedKernel {
         })
     }
 }
-

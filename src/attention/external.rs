@@ -25,12 +25,12 @@
 //! ```
 
 use super::context::Context;
-pub use crate::spec::{DeviceTensor, Strides};
-use crate::spec::Lengths;
 use super::launch::Plan;
-use crate::spec::{AttentionParams, Layout};
 use super::validate::{self, TENSOR_ALIGN};
 use crate::error::{Error, Result};
+use crate::spec::Lengths;
+use crate::spec::{AttentionParams, Layout};
+pub use crate::spec::{DeviceTensor, Strides};
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -556,8 +556,7 @@ impl ExternalContext {
             None
         };
         if let Some(a) = &call.append {
-            let mut ap =
-                append::params(call, a, [strides[1].as_array(), strides[2].as_array()]);
+            let mut ap = append::params(call, a, [strides[1].as_array(), strides[2].as_array()]);
             // SAFETY: the caller's contract (the new rows, caches, counts and table are live
             // device memory covering their strides); validated above.
             unsafe { plan.launch_append(&mut ap, stream)? };
@@ -570,8 +569,8 @@ impl ExternalContext {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::DType;
     use crate::attention::validate::rule_of;
+    use crate::spec::DType;
 
     fn bhsd(p: &AttentionParams, seqlen: usize, heads: usize, ptr: u64) -> DeviceTensor {
         DeviceTensor {

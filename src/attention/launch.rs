@@ -1,18 +1,17 @@
 //! Loading a kernel variant and launching it: the parameter block, grid, shared memory.
 
+use super::decode::{self, CombineParams, DecodeSchedule, COMBINE_THREADS};
 use super::device::Context;
 pub use super::device::LoadedKernel;
-use super::decode::{self, CombineParams, DecodeSchedule, COMBINE_THREADS};
-pub use crate::spec::Lengths;
-use crate::abi::KernelParams;
-use crate::spec::Strides;
-use crate::spec::AttentionParams;
 use super::tensor_map;
+use crate::abi::KernelParams;
 use crate::error::{Error, Result};
 use crate::kernels::{TestBuild, Tile, Variant};
-use cudarc::driver::{
-    sys, CudaFunction, CudaSlice, CudaStream, DevicePtr,
-};
+use crate::knobs::PdlMode;
+use crate::spec::AttentionParams;
+pub use crate::spec::Lengths;
+use crate::spec::Strides;
+use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use std::sync::{Arc, Mutex};
 
 /// Variable-length prefill (issue 22): packed sequences, one launch.
@@ -89,58 +88,6 @@ impl Schedule {
     }
 }
 
-/// Tuning knobs for measurements: `FLASHCORE_SPLIT=1|2|4` (d64), `FLASHCORE_BLOCK_M=64|128|192`
-/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|128|176` (176: d128 non-causal) override the shape rule. Each is public and
-/// deterministic: it changes which kernel runs, never what it computes. Values outside these
-/// sets are ignored, and so is any combination that is not a shipped (audited) variant: the
-/// knobs never run a kernel `flashcore audit` has not checked.
-fn tuning_overrides(shape_rule: Variant) -> Variant {
-    let knob = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-    };
-    with_knobs(
-        shape_rule,
-        knob("FLASHCORE_SPLIT"),
-        knob("FLASHCORE_BLOCK_M"),
-        knob("FLASHCORE_BLOCK_N"),
-    )
-}
-
-/// The variant the knobs ask for, or the shape rule's when they ask for none or for one that is
-/// not shipped.
-fn with_knobs(
-    shape_rule: Variant,
-    split: Option<usize>,
-    block_m: Option<usize>,
-    block_n: Option<usize>,
-) -> Variant {
-    let mut variant = shape_rule;
-    let d64 = variant.head_dim == 64;
-    if let Some(n @ (1 | 2 | 4)) = split {
-        if d64 {
-            variant.split = n;
-            if n > 1 && variant.block_m != 128 {
-                variant.block_m = 128;
-            }
-        }
-    }
-    match block_m {
-        Some(m @ (64 | 128)) => variant.block_m = m,
-        Some(192) if d64 && variant.split == 1 && !variant.secret_len => variant.block_m = 192,
-        _ => {}
-    }
-    if let Some(n @ (64 | 128 | 176)) = block_n {
-        variant.block_n = n;
-    }
-    if crate::kernels::shipped_variants().contains(&variant) {
-        variant
-    } else {
-        shape_rule
-    }
-}
-
 /// When the forward kernel is launched as a programmatic dependent of the previous kernel in its
 /// stream ([`Plan::launch_on`]; PERF_NOTES, branch `pdl`). `FLASHCORE_PDL` (read once per
 /// process): `0` never, `1` every eligible launch, unset (or anything else) the shipped rule —
@@ -149,24 +96,8 @@ fn with_knobs(
 /// fills every SM gains nothing measurable (its successor's CTAs can only take an SM ours leave)
 /// and its A/B was within the run-to-run noise of ±3%, so it keeps the plain launch.
 fn programmatic_launch(variant: Variant, ctas: u32, num_sms: usize) -> bool {
-    static MODE: std::sync::OnceLock<PdlMode> = std::sync::OnceLock::new();
-    let mode =
-        *MODE.get_or_init(
-            || match std::env::var("FLASHCORE_PDL").as_deref().map(str::trim) {
-                Ok("0") => PdlMode::Never,
-                Ok("1") => PdlMode::Always,
-                _ => PdlMode::SmallGrids,
-            },
-        );
+    let mode = crate::knobs::pdl();
     pdl_rule(mode, variant, ctas, num_sms)
-}
-
-/// The values of `FLASHCORE_PDL` (see [`programmatic_launch`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PdlMode {
-    Never,
-    Always,
-    SmallGrids,
 }
 
 fn pdl_rule(mode: PdlMode, variant: Variant, ctas: u32, num_sms: usize) -> bool {
@@ -223,58 +154,7 @@ impl Plan {
         build: TestBuild,
         own_workspace: bool,
     ) -> Result<Plan> {
-        let variant = match decode::variant_for(&params, lengths) {
-            // The leakage test's builds time the prefill kernel.
-            Some(v) if matches!(lengths, Lengths::KvCache { .. }) || build.is_shipped() => v,
-            _ => {
-                let v = Variant::for_shape(
-                    params.dtype,
-                    params.head_dim,
-                    params.causal,
-                    lengths != Lengths::None,
-                    params.seqlen_q,
-                    params.seqlen_k,
-                );
-                let v = v.with_light_tiles(
-                    params.batch,
-                    params.heads_q,
-                    params.seqlen_q,
-                    ctx.num_sms(),
-                );
-                tuning_overrides(v)
-            }
-        };
-        // Issue 24's features: dense calls and KV caches (windows masked by select there: the
-        // first block never moves by a count read from memory). Not yet with secret-length
-        // prefill, nor in the prefill-consistent mode (its bits would differ from the prefill's,
-        // which visits a window's left-edge blocks last).
-        if (lengths == Lengths::SecretPadded || lengths.is_prefill_consistent())
-            && !params.window.is_unbounded()
-        {
-            return Err(Error::invalid(
-                "window",
-                "is not supported with secret-length prefill or a prefill-consistent KV cache yet",
-            ));
-        }
-        // A softcap runs in its own builds (plain 128-row prefill tiles for dense calls of any
-        // Sq; the KV-cache builds' own softcap twins). Not with secret-length prefill, nor in
-        // the prefill-consistent mode (no test of its bits against the softcap prefill yet).
-        if params.softcap > 0.0 && lengths.is_prefill_consistent() {
-            return Err(Error::invalid(
-                "softcap",
-                "is not supported with a prefill-consistent KV cache yet",
-            ));
-        }
-        let variant = if params.softcap > 0.0 {
-            variant.with_softcap().ok_or_else(|| {
-                Error::invalid("softcap", "is not supported with secret-length prefill yet")
-            })?
-        } else {
-            variant
-        };
-        // The leakage test's builds (power controls, hardware floor, cycle timer): the same
-        // launch, a build that is never shipped.
-        let variant = build.apply(variant);
+        let variant = crate::kernels::select::forward(&params, lengths, build, ctx.num_sms())?;
         let kernel = ctx.kernel(variant)?;
         let tile = variant.tile();
         let schedule = Schedule::new(&params, &tile, ctx.num_sms())?;
@@ -808,23 +688,5 @@ mod tests {
         assert!(pdl_rule(PdlMode::Always, prefill, 132, 132));
         assert!(!pdl_rule(PdlMode::Never, prefill, 64, 132));
         assert!(!pdl_rule(PdlMode::Always, decode, 64, 132));
-    }
-
-    #[test]
-    fn knobs_pick_only_shipped_variants() {
-        let rule = Variant::basic(DType::F16, 64, false, 128);
-        let light = with_knobs(rule, None, Some(64), None);
-        assert_eq!(light.block_m, 64);
-        assert_eq!(with_knobs(rule, None, Some(192), None).block_m, 192);
-        assert_eq!(with_knobs(light, Some(2), None, None).split, 2);
-        assert_eq!(with_knobs(light, Some(2), None, None).block_m, 128);
-        // Not shipped: 64-key blocks, 64-row split tiles, 192 rows at d128.
-        assert_eq!(with_knobs(rule, None, None, Some(64)), rule);
-        assert_eq!(with_knobs(rule, Some(2), Some(64), None), rule);
-        let d128 = Variant::basic(DType::Bf16, 128, true, 128);
-        assert_eq!(with_knobs(d128, None, Some(192), None), d128);
-        assert_eq!(with_knobs(d128, Some(2), None, None), d128);
-        // Nothing asked: the rule.
-        assert_eq!(with_knobs(rule, None, None, None), rule);
     }
 }

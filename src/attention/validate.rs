@@ -1,8 +1,8 @@
 //! Every rule a call must meet, checked on the host before anything is launched.
 
+use crate::error::{Error, Result};
 pub use crate::spec::limits::{BACKWARD_HEAD_DIMS, SUPPORTED_HEAD_DIMS, TENSOR_ALIGN};
 use crate::spec::{AttentionParams, DType, Pages, MAX_SEQLEN_Q, MIN_PAGE_SIZE};
-use crate::error::{Error, Result};
 
 /// The backward's head-dim rule (check_backward_params): a head dim without backward kernels.
 pub fn check_backward_head_dim(p: &AttentionParams) -> Result<()> {

@@ -18,9 +18,9 @@
 
 use crate::attention::context::{Context, Element};
 use crate::attention::launch::varlen::{check_cu_seqlens, check_varlen_shapes};
-use crate::spec::AttentionParams;
 use crate::attention::validate;
 use crate::error::{Error, Result};
+use crate::spec::AttentionParams;
 use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
 
 /// The public checks of a secret-length varlen call (no length is read): shapes as for a varlen
@@ -259,8 +259,8 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::Layout;
     use crate::attention::validate::rule_of;
+    use crate::spec::Layout;
 
     fn p() -> AttentionParams {
         AttentionParams::new(3, 2, 8, 64)

@@ -2,10 +2,10 @@
 //! source locations (with register-pair/quad/accumulator widths), memory cells, guards.
 
 use super::bits::{bit_op, BitOp};
-use super::sass::{Insn, Operand, Reg, RegOp};
-use super::table::{self, Class, Role, Space};
 pub use super::loc::Secrets;
 use super::loc::{loc, locs};
+use super::sass::{Insn, Operand, Reg, RegOp};
+use super::table::{self, Class, Role, Space};
 
 /// Memory instructions (their address operands and guards are rule-2 sinks), by the rule
 /// table's class.

@@ -90,4 +90,3 @@ impl Secrets {
             .any(|&(a, b)| s < b as i128 && (a as i128) < e)
     }
 }
-

@@ -526,4 +526,3 @@ pub fn audit_listing_selected(listing: &str, sel: &Selection) -> Result<Vec<Kern
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)
 }
-

@@ -16,13 +16,13 @@
 //! the known operand bits (`OR imm`: the immediate's 1 bits; `AND imm`: its 0 bits); for `P2R
 //! Rd, PR, Rd, mask` the inserted bits; for anything else every bit.
 use super::bits::{bit_outputs, Out};
+use super::cfg::Cfg;
+pub use super::effects::{effects, is_memory, mem_operand_locs, Effects};
+pub use super::loc::Secrets;
 pub use super::loc::{
     loc, loc_name, locs, Cause, ALL, BARRES, LMEM, NLOC, NONE, P_BASE, R_BASE, SMEM, UP_BASE,
     UR_BASE,
 };
-use super::cfg::Cfg;
-pub use super::effects::{effects, is_memory, mem_operand_locs, Effects};
-pub use super::loc::Secrets;
 use super::sass::{RegOp, Section};
 use super::table::{self, Refusal};
 

@@ -138,4 +138,3 @@ fn launch<T: Element>(
     }
     Ok((ctx.download(&out)?, ctx.download(&lse)?))
 }
-

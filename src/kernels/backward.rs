@@ -2,9 +2,9 @@
 //! into: a type of their own, beside the forward's [`super::Variant`], so the two evolve apart.
 //! One cubin per variant holds the three kernels of a backward pass (preprocess, dK/dV, dQ).
 
-use crate::spec::DType;
 use crate::error::Result;
 use crate::jit::{self, Header};
+use crate::spec::DType;
 
 /// Symbols of the three backward kernels, in launch order.
 pub const PREPROCESS_SYMBOL: &str = "flashcore_bwd_preprocess";
@@ -136,7 +136,7 @@ impl BwdVariant {
         let base = BwdVariant::for_call(p.dtype, p.head_dim, p.causal);
         let w = p.effective_window();
         let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
-        let asked = std::env::var("FLASHCORE_BWD_ONEPASS").as_deref() == Ok("1");
+        let asked = crate::knobs::bwd_onepass() == Some(true);
         if !window || (base.onepass && asked) {
             return BwdVariant {
                 window,
@@ -148,7 +148,7 @@ impl BwdVariant {
             window,
             softcap: p.softcap != 0.0,
             onepass: false,
-            pingpong: std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0"),
+            pingpong: crate::knobs::bwd_pingpong(),
             diag: 0,
             ..base
         }
@@ -161,7 +161,7 @@ impl BwdVariant {
             dtype,
             head_dim,
             causal,
-            pingpong: std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0"),
+            pingpong: crate::knobs::bwd_pingpong(),
             onepass: false,
             diag: 0,
             varlen: true,
@@ -187,15 +187,12 @@ impl BwdVariant {
     /// `FLASHCORE_BWD_ONEPASS` is `0` or `1`; the two-pass kernels ping-pong unless
     /// `FLASHCORE_BWD_PINGPONG=0` (measurement knobs; every variant is shipped and audited).
     pub fn for_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant {
-        let onepass = match std::env::var("FLASHCORE_BWD_ONEPASS").as_deref() {
-            Ok("0") => false,
-            Ok("1") => true,
-            _ => default_onepass(head_dim, causal),
-        };
-        let pingpong = !onepass && std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0");
-        let diag = match std::env::var("FLASHCORE_BWD_OP_DIAG").map(|s| s.parse::<u8>()) {
-            Ok(Ok(d @ 1..=4)) if onepass => d,
-            _ => 0,
+        let onepass = crate::knobs::bwd_onepass().unwrap_or(default_onepass(head_dim, causal));
+        let pingpong = !onepass && crate::knobs::bwd_pingpong();
+        let diag = if onepass {
+            crate::knobs::bwd_op_diag()
+        } else {
+            0
         };
         BwdVariant {
             dtype,
@@ -312,11 +309,7 @@ impl BwdVariant {
     /// `FLASHCORE_BWD_STAGE_STATS=0` (read once per process) reads them from the workspace
     /// everywhere, the A/B knob of PERF_NOTES `bwdlse`.
     pub fn stage_stats(&self) -> bool {
-        static KNOB: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *KNOB.get_or_init(|| {
-            std::env::var("FLASHCORE_BWD_STAGE_STATS").map_or(true, |v| v.trim() != "0")
-        });
-        on && !(self.onepass && self.head_dim == 64)
+        crate::knobs::bwd_stage_stats() && !(self.onepass && self.head_dim == 64)
     }
 
     /// Dynamic shared memory of the dK/dV kernel: K and V blocks, the (Q, dO) ring, fp32 LSE₂

@@ -2,9 +2,9 @@
 //! `kernels/` at the repository root and are embedded at build time; NVRTC gets the headers
 //! in memory, so no toolkit headers or files on disk are needed at run time.
 
-use crate::spec::DType;
 use crate::error::Result;
 use crate::jit::{self, Header};
+use crate::spec::DType;
 
 /// Symbol of the forward kernel in every variant's cubin.
 pub const FORWARD_SYMBOL: &str = "flashcore_attention_fwd";
@@ -61,6 +61,8 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
 
 // The backward kernels (issue 23): their own variant type and cubins.
 pub mod backward;
+// Which variant a call runs.
+pub mod select;
 
 fn headers() -> Vec<Header<'static>> {
     HEADERS

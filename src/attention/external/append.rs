@@ -89,4 +89,3 @@ pub(crate) fn params(
         num_pages: pages.map_or(0, |pg| pg.num_pages as i32),
     }
 }
-

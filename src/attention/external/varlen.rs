@@ -15,10 +15,10 @@
 //! replay graphs on their capture stream or on streams ordered with it (as torch does).
 
 use super::{check_no_self_overlap, check_tensor, DeviceTensor, ExternalContext, RestoreCurrent};
-use crate::attention::launch::varlen::{self as lv, Buffers, Target};
 use crate::attention::device::LoadedKernel;
-use crate::spec::{AttentionParams, Layout};
+use crate::attention::launch::varlen::{self as lv, Buffers, Target};
 use crate::error::{Error, Result};
+use crate::spec::{AttentionParams, Layout};
 use cudarc::driver::sys;
 use std::sync::Arc;
 
@@ -237,8 +237,8 @@ impl ExternalContext {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::spec::Strides;
     use crate::attention::validate::rule_of;
+    use crate::spec::Strides;
 
     fn call() -> VarlenCall {
         let p = AttentionParams::new(3, 4, 200, 64).seqlen_k(300);

@@ -33,11 +33,10 @@
 
 use super::{KernelParams, LoadedKernel};
 use crate::attention::device::{Context, Element};
-use crate::spec::Strides;
-use crate::spec::{AttentionParams, Layout};
 use crate::attention::{tensor_map, validate};
 use crate::error::{Error, Result};
-use crate::kernels::Variant;
+use crate::spec::Strides;
+use crate::spec::{AttentionParams, Layout};
 use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
 
 /// Entries of the kernel's `__constant__` work list (kernels/fc_scheduler.cuh): a header (entry
@@ -182,13 +181,7 @@ pub fn work_list(
     seqs.concat()
 }
 
-/// The variant a varlen call runs (its softcap twin for a call with a softcap).
-pub fn variant_for(params: &AttentionParams) -> Variant {
-    Variant {
-        softcap: params.softcap > 0.0,
-        ..Variant::varlen(params.dtype, params.head_dim, params.causal)
-    }
-}
+pub use crate::kernels::select::varlen as variant_for;
 
 /// Checks the shape of a varlen call and returns the packed totals (queries, keys).
 /// `params.batch` is the number of sequences, `params.seqlen_q` / `seqlen_k` the

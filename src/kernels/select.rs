@@ -1,0 +1,181 @@
+//! Which kernel variant a call runs: the one home of the forward's and the backward's choice.
+//! Every rule is a function of public parameters (shapes, dtype, mask, lengths mode) and, for the
+//! light tiles, the SM count; the measurement knobs (`crate::knobs`) may pick another shipped
+//! variant, never an unaudited build. The variants that exist are [`super::shipped_variants`]
+//! and [`super::backward::shipped_bwd_variants`].
+
+use super::backward::BwdVariant;
+use super::{TestBuild, Variant};
+use crate::error::{Error, Result};
+use crate::knobs::ForwardTiles;
+use crate::spec::{AttentionParams, Lengths, MAX_SEQLEN_Q};
+
+/// The forward variant a call with `params` in `lengths` mode runs on a GPU of `num_sms` SMs, as
+/// `build` (the shipped build, or one of the leakage test's): the decode or KV-cache variant
+/// ([`decode`]) or the prefill shape rule ([`Variant::for_shape`]) with light tiles for small
+/// grids ([`Variant::with_light_tiles`]) and the measurement knobs, then its softcap twin
+/// ([`Variant::with_softcap`]). Combinations with no variant are typed errors.
+pub fn forward(
+    params: &AttentionParams,
+    lengths: Lengths,
+    build: TestBuild,
+    num_sms: usize,
+) -> Result<Variant> {
+    let variant = match decode(params, lengths) {
+        // The leakage test's builds time the prefill kernel.
+        Some(v) if matches!(lengths, Lengths::KvCache { .. }) || build.is_shipped() => v,
+        _ => {
+            let v = Variant::for_shape(
+                params.dtype,
+                params.head_dim,
+                params.causal,
+                lengths != Lengths::None,
+                params.seqlen_q,
+                params.seqlen_k,
+            );
+            let v = v.with_light_tiles(params.batch, params.heads_q, params.seqlen_q, num_sms);
+            with_knobs(v, crate::knobs::forward_tiles())
+        }
+    };
+    // Issue 24's features: dense calls and KV caches (windows masked by select there: the
+    // first block never moves by a count read from memory). Not yet with secret-length
+    // prefill, nor in the prefill-consistent mode (its bits would differ from the prefill's,
+    // which visits a window's left-edge blocks last).
+    if (lengths == Lengths::SecretPadded || lengths.is_prefill_consistent())
+        && !params.window.is_unbounded()
+    {
+        return Err(Error::invalid(
+            "window",
+            "is not supported with secret-length prefill or a prefill-consistent KV cache yet",
+        ));
+    }
+    // A softcap runs in its own builds (plain 128-row prefill tiles for dense calls of any
+    // Sq; the KV-cache builds' own softcap twins). Not with secret-length prefill, nor in
+    // the prefill-consistent mode (no test of its bits against the softcap prefill yet).
+    if params.softcap > 0.0 && lengths.is_prefill_consistent() {
+        return Err(Error::invalid(
+            "softcap",
+            "is not supported with a prefill-consistent KV cache yet",
+        ));
+    }
+    let variant = if params.softcap > 0.0 {
+        variant.with_softcap().ok_or_else(|| {
+            Error::invalid("softcap", "is not supported with secret-length prefill yet")
+        })?
+    } else {
+        variant
+    };
+    // The leakage test's builds (power controls, hardware floor, cycle timer): the same
+    // launch, a build that is never shipped.
+    let variant = build.apply(variant);
+    Ok(variant)
+}
+
+/// The decode variant a call runs, or `None` for the prefill kernel: every KV-cache call
+/// (validated to Sq ≤ [`MAX_SEQLEN_Q`]; secret counts in the secret-length build), and calls
+/// without lengths of at most that many query positions; secret-length prefill keeps the prefill
+/// kernel. The one place that decides.
+pub fn decode(p: &AttentionParams, lengths: Lengths) -> Option<Variant> {
+    let v = Variant::decode(p.dtype, p.head_dim, p.causal);
+    match lengths {
+        Lengths::KvCache { secret, pages, .. } => Some(Variant::kv_cache(
+            p.dtype,
+            p.head_dim,
+            p.causal,
+            secret,
+            pages.is_some(),
+        )),
+        Lengths::SecretPadded => None,
+        Lengths::None => (p.seqlen_q <= MAX_SEQLEN_Q).then_some(v),
+    }
+}
+
+/// The variant a varlen call runs (its softcap twin for a call with a softcap).
+pub fn varlen(params: &AttentionParams) -> Variant {
+    Variant {
+        softcap: params.softcap > 0.0,
+        ..Variant::varlen(params.dtype, params.head_dim, params.causal)
+    }
+}
+
+/// The backward variant a dense call runs ([`BwdVariant::for_params`]).
+pub fn backward(params: &AttentionParams) -> BwdVariant {
+    BwdVariant::for_params(params)
+}
+
+/// The backward variant a varlen call runs: the two passes (the one-pass kernels have no varlen
+/// build; asking for them with `FLASHCORE_BWD_ONEPASS=1` is an error).
+pub fn backward_varlen(params: &AttentionParams, onepass: Option<bool>) -> Result<BwdVariant> {
+    if onepass == Some(true) {
+        return Err(Error::invalid(
+            "FLASHCORE_BWD_ONEPASS",
+            "the one-pass backward has no varlen build (two passes only): unset it or set it to 0",
+        ));
+    }
+    Ok(BwdVariant::for_varlen_params(params))
+}
+
+/// Tuning knobs for measurements: `FLASHCORE_SPLIT=1|2|4` (d64), `FLASHCORE_BLOCK_M=64|128|192`
+/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|128|176` (176: d128 non-causal) override the shape rule. Each is public and
+/// deterministic: it changes which kernel runs, never what it computes. Values outside these
+/// sets are ignored, and so is any combination that is not a shipped (audited) variant: the
+/// knobs never run a kernel `flashcore audit` has not checked.
+fn with_knobs(shape_rule: Variant, knobs: ForwardTiles) -> Variant {
+    let ForwardTiles {
+        split,
+        block_m,
+        block_n,
+    } = knobs;
+    let mut variant = shape_rule;
+    let d64 = variant.head_dim == 64;
+    if let Some(n @ (1 | 2 | 4)) = split {
+        if d64 {
+            variant.split = n;
+            if n > 1 && variant.block_m != 128 {
+                variant.block_m = 128;
+            }
+        }
+    }
+    match block_m {
+        Some(m @ (64 | 128)) => variant.block_m = m,
+        Some(192) if d64 && variant.split == 1 && !variant.secret_len => variant.block_m = 192,
+        _ => {}
+    }
+    if let Some(n @ (64 | 128 | 176)) = block_n {
+        variant.block_n = n;
+    }
+    if super::shipped_variants().contains(&variant) {
+        variant
+    } else {
+        shape_rule
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::DType;
+
+    #[test]
+    fn knobs_pick_only_shipped_variants() {
+        let k = |split, block_m, block_n| ForwardTiles {
+            split,
+            block_m,
+            block_n,
+        };
+        let rule = Variant::basic(DType::F16, 64, false, 128);
+        let light = with_knobs(rule, k(None, Some(64), None));
+        assert_eq!(light.block_m, 64);
+        assert_eq!(with_knobs(rule, k(None, Some(192), None)).block_m, 192);
+        assert_eq!(with_knobs(light, k(Some(2), None, None)).split, 2);
+        assert_eq!(with_knobs(light, k(Some(2), None, None)).block_m, 128);
+        // Not shipped: 64-key blocks, 64-row split tiles, 192 rows at d128.
+        assert_eq!(with_knobs(rule, k(None, None, Some(64))), rule);
+        assert_eq!(with_knobs(rule, k(Some(2), Some(64), None)), rule);
+        let d128 = Variant::basic(DType::Bf16, 128, true, 128);
+        assert_eq!(with_knobs(d128, k(None, Some(192), None)), d128);
+        assert_eq!(with_knobs(d128, k(Some(2), None, None)), d128);
+        // Nothing asked: the rule.
+        assert_eq!(with_knobs(rule, k(None, None, None)), rule);
+    }
+}
