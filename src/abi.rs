@@ -59,7 +59,7 @@ const _: () = assert!(std::mem::offset_of!(KernelParams, softcap_out) == 564);
 
 /// Byte offsets in the parameter block of the pointers to public metadata: the key counts of
 /// `FC_KV_PUBLIC` builds and the block table of `FC_PAGED` ones. The audit treats what is read
-/// through them as public (DESIGN.md §1, `Variant::declared` in `kernels`).
+/// through them as public (docs/design.md §1, `Variant::declared` in `kernels`).
 pub const LENS_FIELD: u32 = std::mem::offset_of!(KernelParams, lens_ptr) as u32;
 pub const TABLE_FIELD: u32 = std::mem::offset_of!(KernelParams, table_ptr) as u32;
 

@@ -1,4 +1,4 @@
-//! CI gate for the backward kernels (issue 23; DESIGN.md §1, §5): every shipped backward variant's
+//! CI gate for the backward kernels (issue 23; docs/design.md §1, §5): every shipped backward variant's
 //! three kernels audit clean with dO, Q, K, V, O and the LSE secret (everything read from device
 //! memory is; the one-pass variants' turn counters are a declared public buffer), no spill
 //! (LDL/STL), and the GEMM kernels use wgmma (HGMMA). Needs NVRTC and

@@ -1,4 +1,4 @@
-//! CI gate (DESIGN.md §1, §5): every shipped kernel variant audits clean — no finding, no spill
+//! CI gate (docs/design.md §1, §5): every shipped kernel variant audits clean — no finding, no spill
 //! (LDL/STL), and the forward kernel uses wgmma (HGMMA). Needs NVRTC and nvdisasm
 //! (`bash scripts/install-cuda-tools.sh`); fails, never skips, without them.
 

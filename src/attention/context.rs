@@ -310,7 +310,7 @@ impl Context {
     /// (device copies on this context's stream). With `pages` (the host copy of the block table
     /// and the pool's geometry) `cache` is a page pool and row r of sequence b goes to page
     /// `table[b][r / page_size]`. The lengths and the table are host values: where a row goes is
-    /// public here (DESIGN.md §1: cache lengths are metadata); a row past the capacity or a page
+    /// public here (docs/design.md §1: cache lengths are metadata); a row past the capacity or a page
     /// outside the pool is an error before any copy.
     pub fn append_kv<T: Element>(
         &self,

@@ -1,4 +1,4 @@
-//! `flashcore audit`: static taint analysis over the SASS of every kernel (DESIGN.md §5).
+//! `flashcore audit`: static taint analysis over the SASS of every kernel (docs/design.md §5).
 //!
 //! Pipeline: cubin → `nvdisasm -c` → [`sass`] instructions → [`cfg`] basic blocks →
 //! ([`provenance`] of public-buffer pointers, where any are declared) → [`taint`] fixed point →
@@ -142,7 +142,7 @@ static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize:
 pub struct Declared {
     /// 0-based ordinals of the parameters whose values are secret.
     pub secret_params: Vec<usize>,
-    /// Pointers to public buffers (DESIGN.md §1, "Metadata": block tables, `cache_seqlens`,
+    /// Pointers to public buffers (docs/design.md §1, "Metadata": block tables, `cache_seqlens`,
     /// `cu_seqlens`): constant-bank-0 byte ranges `[start, end)`, 8 bytes each, a pointer
     /// parameter or a pointer field of a `__grid_constant__` struct. A global read proven to
     /// read one ([`provenance`]) is public instead of a taint source. Mind the parameter

@@ -1,4 +1,4 @@
-//! `flashcore audit`: static data-obliviousness audit of kernel SASS (DESIGN.md §5).
+//! `flashcore audit`: static data-obliviousness audit of kernel SASS (docs/design.md §5).
 //!
 //! Exit codes: 0 clean; 1 any finding (and, for the shipped variants, any spill or a forward
 //! kernel without HGMMA); 2 usage or tool errors.

@@ -1,4 +1,4 @@
-//! `flashcore leakage`: dudect-style fixed-vs-random timing test of a kernel (DESIGN.md §5).
+//! `flashcore leakage`: dudect-style fixed-vs-random timing test of a kernel (docs/design.md §5).
 //!
 //! Each class is measured four ways (issue 13): the kernel's time (queued behind a device-side
 //! wait), the SM cycles of its cycle-timer build, and the time and the SM cycles of the

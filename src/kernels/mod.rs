@@ -111,7 +111,7 @@ impl Tile {
 }
 
 /// One compiled specialisation of the forward kernel. Everything that distinguishes variants
-/// is public (DESIGN.md §1).
+/// is public (docs/design.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Variant {
     pub dtype: DType,
@@ -504,7 +504,7 @@ impl Variant {
 
     /// What the audit is told about kernel `kernel` of this variant's cubin: its secret
     /// parameters and, for the forward kernel of a decode variant without secret lengths, the
-    /// pointers to public KV-cache metadata (`cache_seqlens`, the block table: DESIGN.md §1).
+    /// pointers to public KV-cache metadata (`cache_seqlens`, the block table: docs/design.md §1).
     /// Everything else read from device memory stays secret.
     pub fn declared(&self, kernel: &str) -> crate::audit::Declared {
         use crate::abi::{LENS_FIELD, TABLE_FIELD};

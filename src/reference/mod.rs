@@ -1,4 +1,4 @@
-//! CPU float64 attention: the oracle every correctness test compares against (DESIGN.md §1).
+//! CPU float64 attention: the oracle every correctness test compares against (docs/design.md §1).
 //!
 //! `O = softmax(scale · Q Kᵀ + mask) V` per (batch, query head), with the contract's semantics:
 //! grouped-query attention (query head `h` reads kv head `h / (Hq / Hkv)`), causal masking

@@ -2,7 +2,7 @@
 //! `cu_seqlens_q` / `cu_seqlens_k` (i32, `batch + 1` prefix sums), one launch over every
 //! sequence of the pack (per `VARLEN_CAPACITY` query tiles).
 //!
-//! The (public, DESIGN.md §1) `cu_seqlens` become a **work list**: one item per query tile of
+//! The (public, docs/design.md §1) `cu_seqlens` become a **work list**: one item per query tile of
 //! each non-empty sequence — the tile's first query token, the sequence's query rows from there
 //! on, its first key token and its key count — sequence by sequence, the sequence with the
 //! heaviest tile (most key blocks) first and each sequence's tiles together (their K/V shared in
