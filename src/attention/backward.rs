@@ -820,7 +820,7 @@ mod tests {
 
     #[test]
     fn the_one_pass_kernels_refuse_head_dims_96_and_256_and_features() {
-        for d in [64, 96, 128, 256] {
+        for d in crate::spec::SUPPORTED_HEAD_DIMS {
             let two = BwdVariant {
                 onepass: false,
                 pingpong: true,

@@ -221,7 +221,7 @@ mod tests {
         assert_eq!(combine_groups(200, 96), 8);
         assert_eq!(combine_ctas(5, 96, 8), 5);
         assert_eq!(combine_ctas(5, 256, 4), 5);
-        for d in [64, 96, 128, 256] {
+        for d in crate::spec::SUPPORTED_HEAD_DIMS {
             for n in [1, 2, 3, 8, 200] {
                 assert!(d / 4 * combine_groups(n, d) <= COMBINE_THREADS as usize);
             }

@@ -1,6 +1,7 @@
 //! Every rule a call must meet, checked on the host before anything is launched.
 
 use crate::error::{Error, Result};
+use crate::spec::limits::head_dim_list;
 pub use crate::spec::limits::{BACKWARD_HEAD_DIMS, SUPPORTED_HEAD_DIMS, TENSOR_ALIGN};
 use crate::spec::{AttentionParams, DType, Pages, MAX_SEQLEN_Q, MIN_PAGE_SIZE};
 
@@ -10,8 +11,9 @@ pub fn check_backward_head_dim(p: &AttentionParams) -> Result<()> {
         return Err(Error::invalid(
             "head_dim",
             format!(
-                "{} has no backward (gradients: head dims 64, 96, 128, 256)",
-                p.head_dim
+                "{} has no backward (gradients: head dims {})",
+                p.head_dim,
+                head_dim_list(&BACKWARD_HEAD_DIMS)
             ),
         ));
     }
@@ -48,8 +50,9 @@ pub fn check_params(p: &AttentionParams) -> Result<()> {
         return Err(Error::invalid(
             "head_dim",
             format!(
-                "{} is not supported (supported: 64, 96, 128, 256)",
-                p.head_dim
+                "{} is not supported (supported: {})",
+                p.head_dim,
+                head_dim_list(&SUPPORTED_HEAD_DIMS)
             ),
         ));
     }
@@ -430,7 +433,7 @@ mod tests {
             assert_eq!(arg, "head_dim");
             assert!(rule.contains(&d.to_string()), "{rule}");
         }
-        for d in [64, 96, 128, 256] {
+        for d in crate::spec::SUPPORTED_HEAD_DIMS {
             check_params(&AttentionParams::new(1, 1, 8, d)).unwrap();
         }
     }
@@ -450,7 +453,7 @@ mod tests {
                 "{rule}"
             );
         }
-        for d in [64, 96, 128, 256] {
+        for d in crate::spec::SUPPORTED_HEAD_DIMS {
             check_backward_params(&AttentionParams::new(1, 2, 8, d)).unwrap();
         }
     }

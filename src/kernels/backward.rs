@@ -383,63 +383,7 @@ pub fn default_onepass(head_dim: usize, causal: bool) -> bool {
 /// every backward head dim (`validate::BACKWARD_HEAD_DIMS`).
 pub const ONEPASS_HEAD_DIMS: [usize; 2] = [64, 128];
 
-/// Every backward variant the library can launch.
-pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
-    let mut v = Vec::new();
-    for dtype in [DType::F16, DType::Bf16] {
-        for head_dim in crate::spec::BACKWARD_HEAD_DIMS {
-            for causal in [false, true] {
-                for pingpong in [true, false] {
-                    v.push(BwdVariant {
-                        dtype,
-                        head_dim,
-                        causal,
-                        pingpong,
-                        onepass: false,
-                        diag: 0,
-                        window: false,
-                        softcap: false,
-                        varlen: false,
-                    });
-                }
-                if ONEPASS_HEAD_DIMS.contains(&head_dim) {
-                    v.push(BwdVariant {
-                        dtype,
-                        head_dim,
-                        causal,
-                        pingpong: false,
-                        onepass: true,
-                        diag: 0,
-                        window: false,
-                        softcap: false,
-                        varlen: false,
-                    });
-                }
-                // Varlen (issue 22): the default two-pass schedule only; issue 24: windows, and
-                // softcap with a window (two passes, ping-pong), dense and varlen.
-                for varlen in [false, true] {
-                    for (window, softcap) in [(false, false), (true, false), (true, true)] {
-                        if !varlen && !window {
-                            continue; // the plain dense builds above
-                        }
-                        v.push(BwdVariant {
-                            dtype,
-                            head_dim,
-                            causal,
-                            pingpong: true,
-                            onepass: false,
-                            diag: 0,
-                            varlen,
-                            window,
-                            softcap,
-                        });
-                    }
-                }
-            }
-        }
-    }
-    v
-}
+pub use super::shipped_bwd_variants;
 
 #[cfg(test)]
 mod tests {

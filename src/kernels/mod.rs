@@ -63,6 +63,8 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
 pub mod backward;
 // Which variant a call runs.
 pub mod select;
+// The shipped variants, as data.
+pub mod table;
 
 fn headers() -> Vec<Header<'static>> {
     HEADERS
@@ -560,99 +562,12 @@ pub fn split_for(_seqlen_k: usize) -> usize {
 /// The most dynamic shared memory a CTA may use on sm_90 (227 KiB).
 pub const MAX_SMEM_BYTES: usize = 232_448;
 
-/// Every variant the library can launch.
+/// Every variant the library can launch: the rows of [`table::FORWARD`].
 pub fn shipped_variants() -> Vec<Variant> {
-    let mut v = Vec::new();
-    for dtype in [DType::F16, DType::Bf16] {
-        // Issue 24: head dims 96 (Phi-3) and 256 (Gemma 2) in every mode but the cluster split.
-        for head_dim in [64, 96, 128, 256] {
-            for causal in [false, true] {
-                for secret_len in [false, true] {
-                    // Split variants (off by default; `FLASHCORE_SPLIT`) only at d64: at d128 the
-                    // fp32 partials would not fit beside a two-stage K/V ring.
-                    let splits: &[usize] = if head_dim == 64 { &[1, 2, 4] } else { &[1] };
-                    for &split in splits {
-                        v.push(Variant {
-                            dtype,
-                            head_dim,
-                            causal,
-                            block_m: 128,
-                            block_n: block_n_for(head_dim),
-                            secret_len,
-                            split,
-                            decode: false,
-                            leaky_control: None,
-                            floor_control: false,
-                            cycle_timer: false,
-                            kv_public: false,
-                            paged: false,
-                            varlen: false,
-                            softcap: false,
-                        });
-                    }
-                }
-                // Light tiles for launches that cannot fill the GPU (Variant::with_light_tiles).
-                v.push(Variant::basic(dtype, head_dim, causal, 64));
-                // Decode: few query positions over long key ranges (Variant::decode), and over a
-                // KV cache, contiguous or paged, whose per-sequence key counts are public
-                // metadata or secret (the capacity is walked).
-                v.push(Variant::decode(dtype, head_dim, causal));
-                // Varlen prefill over packed sequences (issue 22).
-                v.push(Variant::varlen(dtype, head_dim, causal));
-                for secret in [false, true] {
-                    for paged in [false, true] {
-                        v.push(Variant::kv_cache(dtype, head_dim, causal, secret, paged));
-                    }
-                }
-                // Softcap (issue 24; Variant::with_softcap): plain 128-row prefill tiles, varlen,
-                // and the four KV-cache kinds — only the tiles a softcap call can select.
-                v.push(Variant {
-                    softcap: true,
-                    ..Variant::basic(dtype, head_dim, causal, 128)
-                });
-                v.push(Variant {
-                    softcap: true,
-                    ..Variant::varlen(dtype, head_dim, causal)
-                });
-                for secret in [false, true] {
-                    for paged in [false, true] {
-                        v.push(Variant {
-                            softcap: true,
-                            ..Variant::kv_cache(dtype, head_dim, causal, secret, paged)
-                        });
-                    }
-                }
-                if head_dim == 64 {
-                    v.push(Variant {
-                        dtype,
-                        head_dim,
-                        causal,
-                        block_m: 192,
-                        block_n: 128,
-                        secret_len: false,
-                        split: 1,
-                        decode: false,
-                        leaky_control: None,
-                        floor_control: false,
-                        cycle_timer: false,
-                        kv_public: false,
-                        paged: false,
-                        varlen: false,
-                        softcap: false,
-                    });
-                }
-                // d128 non-causal on 176-key blocks from Sk = 4096 (Variant::for_shape), in
-                // 128-row and light 64-row tiles.
-                if head_dim == 128 && !causal {
-                    for block_m in [64, 128] {
-                        v.push(Variant {
-                            block_n: 176,
-                            ..Variant::basic(dtype, head_dim, causal, block_m)
-                        });
-                    }
-                }
-            }
-        }
-    }
-    v
+    table::forward_variants()
+}
+
+/// Every backward variant the library can launch: the rows of [`table::BACKWARD`].
+pub fn shipped_bwd_variants() -> Vec<backward::BwdVariant> {
+    table::backward_variants()
 }

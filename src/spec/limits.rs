@@ -6,6 +6,14 @@ pub const SUPPORTED_HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
 /// Head dimensions the backward kernels are built for (every forward head dim).
 pub const BACKWARD_HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
 
+/// `64, 96, 128, 256`: a list of head dims as messages and docs write it.
+pub fn head_dim_list(dims: &[usize]) -> String {
+    dims.iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Calls with at most this many query positions per sequence run in decode mode.
 pub const MAX_SEQLEN_Q: usize = 16;
 

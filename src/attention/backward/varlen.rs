@@ -727,7 +727,7 @@ mod tests {
             assert!(v.varlen && v.window && !v.onepass, "{v:?}");
             assert_eq!(v.softcap, q.softcap != 0.0);
         }
-        for d in [64, 96, 128, 256] {
+        for d in crate::spec::SUPPORTED_HEAD_DIMS {
             let q = AttentionParams {
                 head_dim: d,
                 ..p.clone()
