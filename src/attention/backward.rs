@@ -251,7 +251,7 @@ fn loaded(cuda: &Arc<CudaContext>, variant: BwdVariant) -> Result<Arc<LoadedBack
 /// variant the call runs ([`BwdVariant::for_call`]), also dQ's fp32 accumulator (`head_dim`
 /// floats per padded row) and an int32 turn counter per (sequence, head, query tile).
 pub fn workspace_bytes(p: &AttentionParams) -> usize {
-    workspace_layout(p, BwdVariant::for_params(p)).3
+    workspace_layout(p, crate::kernels::select::backward(p)).3
 }
 
 /// Byte offsets of the workspace's parts (D, dQ accumulator, counters) and its size.
@@ -548,7 +548,7 @@ impl Context {
     /// ([`BackwardPlan::launch_on`]).
     pub(crate) fn plan_backward_external(&self, params: &AttentionParams) -> Result<BackwardPlan> {
         check_backward_params(params)?;
-        let variant = BwdVariant::for_params(params);
+        let variant = crate::kernels::select::backward(params);
         check_backward_variant(variant)?;
         Ok(BackwardPlan {
             params: params.clone(),
@@ -825,7 +825,7 @@ mod tests {
                 onepass: false,
                 pingpong: true,
                 diag: 0,
-                ..BwdVariant::for_call(DType::F16, d, false)
+                ..crate::kernels::select::backward_call(DType::F16, d, false)
             };
             check_backward_variant(two).unwrap();
             let one = BwdVariant {
@@ -874,7 +874,7 @@ mod tests {
     #[test]
     fn one_pass_workspace_holds_the_accumulator_and_counters() {
         let p = params(); // B 2, Hq 4, Sq 100 (padded 128), D 64
-        let two = BwdVariant::for_call(p.dtype, p.head_dim, p.causal);
+        let two = crate::kernels::select::backward_call(p.dtype, p.head_dim, p.causal);
         let one = BwdVariant {
             onepass: true,
             pingpong: false,

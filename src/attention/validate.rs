@@ -337,22 +337,22 @@ mod tests {
             .causal(true)
             .window(Window::from_flash_attn(-1, 0));
         assert!(check_backward_params(&causal).is_ok());
-        assert!(!BwdVariant::for_params(&causal).window);
+        assert!(!crate::kernels::select::backward(&causal).window);
         let win = p.clone().window(Window::from_flash_attn(4, 0));
         let cap = p.clone().softcap(5.0);
         for q in [&win, &cap] {
             assert!(check_backward_params(q).is_ok());
-            let v = BwdVariant::for_params(q);
+            let v = crate::kernels::select::backward(q);
             assert!(v.window && !v.onepass, "{v:?}");
             assert!(check_backward_variant(v).is_ok());
         }
-        assert!(BwdVariant::for_params(&cap).softcap);
+        assert!(crate::kernels::select::backward(&cap).softcap);
         // FLASHCORE_BWD_ONEPASS=1 would pick the one-pass kernel: it has neither feature.
         for (q, arg) in [(&win, "window"), (&cap, "softcap")] {
             let one = BwdVariant {
                 onepass: true,
                 pingpong: false,
-                ..BwdVariant::for_params(q)
+                ..crate::kernels::select::backward(q)
             };
             let e = check_backward_variant(one).unwrap_err();
             assert!(e.to_string().contains("one-pass"), "{e}");

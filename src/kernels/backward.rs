@@ -126,87 +126,6 @@ impl BwdVariant {
         )
     }
 
-    /// The variant a call with these parameters runs: [`BwdVariant::for_call`], plus issue 24's
-    /// window and softcap (softcap runs the window build: an unbounded window masks nothing). A
-    /// call with either runs the two-pass kernels (the one-pass kernel refuses them:
-    /// [`crate::attention::backward::check_backward_variant`]) unless `FLASHCORE_BWD_ONEPASS=1`
-    /// asks for the one-pass kernel; where the one pass is the default ([`default_onepass`]),
-    /// such a call runs the two passes.
-    pub fn for_params(p: &crate::spec::AttentionParams) -> BwdVariant {
-        let base = BwdVariant::for_call(p.dtype, p.head_dim, p.causal);
-        let w = p.effective_window();
-        let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
-        let asked = crate::knobs::bwd_onepass() == Some(true);
-        if !window || (base.onepass && asked) {
-            return BwdVariant {
-                window,
-                softcap: p.softcap != 0.0,
-                ..base
-            };
-        }
-        BwdVariant {
-            window,
-            softcap: p.softcap != 0.0,
-            onepass: false,
-            pingpong: crate::knobs::bwd_pingpong(),
-            diag: 0,
-            ..base
-        }
-    }
-
-    /// The variant a varlen call runs ([`BwdVariant::for_call`]'s two-pass kernels with
-    /// `FC_VARLEN`; the one-pass kernels have no varlen build).
-    pub fn for_varlen_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant {
-        BwdVariant {
-            dtype,
-            head_dim,
-            causal,
-            pingpong: crate::knobs::bwd_pingpong(),
-            onepass: false,
-            diag: 0,
-            varlen: true,
-            window: false,
-            softcap: false,
-        }
-    }
-
-    /// The variant a varlen call with these parameters runs: [`BwdVariant::for_varlen_call`]
-    /// plus issue 24's window and softcap, as [`BwdVariant::for_params`] (softcap runs the window
-    /// build).
-    pub fn for_varlen_params(p: &crate::spec::AttentionParams) -> BwdVariant {
-        let w = p.effective_window();
-        let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
-        BwdVariant {
-            window,
-            softcap: p.softcap != 0.0,
-            ..BwdVariant::for_varlen_call(p.dtype, p.head_dim, p.causal)
-        }
-    }
-
-    /// The variant a call of this dtype, head dim and mask runs: [`default_onepass`] unless
-    /// `FLASHCORE_BWD_ONEPASS` is `0` or `1`; the two-pass kernels ping-pong unless
-    /// `FLASHCORE_BWD_PINGPONG=0` (measurement knobs; every variant is shipped and audited).
-    pub fn for_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant {
-        let onepass = crate::knobs::bwd_onepass().unwrap_or(default_onepass(head_dim, causal));
-        let pingpong = !onepass && crate::knobs::bwd_pingpong();
-        let diag = if onepass {
-            crate::knobs::bwd_op_diag()
-        } else {
-            0
-        };
-        BwdVariant {
-            dtype,
-            head_dim,
-            causal,
-            pingpong,
-            onepass,
-            diag,
-            window: false,
-            softcap: false,
-            varlen: false,
-        }
-    }
-
     /// Every kernel of this variant's cubin (the audit's list): [`BwdVariant::symbols`] and the
     /// dsink kernel.
     pub fn audited_symbols(&self) -> Vec<&'static str> {
@@ -370,15 +289,6 @@ impl BwdVariant {
     }
 }
 
-/// Whether a call runs the one-pass kernels by default (by measurement: PERF_NOTES.md, issue 23,
-/// branch bwd1v3): d128 causal, where the turn order matches the order in which key blocks reach
-/// a query tile (2.4–11% less time than the two passes at the backward suite's d128 causal
-/// shapes). Elsewhere the two passes measured faster or were not measured. Calls the one pass
-/// does not serve (windows, softcap, varlen) run the two passes whatever this says.
-pub fn default_onepass(head_dim: usize, causal: bool) -> bool {
-    head_dim == 128 && causal
-}
-
 /// Head dims the one-pass kernels serve (`FLASHCORE_BWD_ONEPASS=1`); the two-pass kernels serve
 /// every backward head dim (`validate::BACKWARD_HEAD_DIMS`).
 pub const ONEPASS_HEAD_DIMS: [usize; 2] = [64, 128];
@@ -395,7 +305,7 @@ mod tests {
     #[test]
     fn one_pass_is_the_default_at_d128_causal_for_calls_it_serves() {
         use crate::attention::{AttentionParams, Window};
-        assert!(default_onepass(128, true));
+        assert!(crate::kernels::select::default_onepass(128, true));
         for (d, causal) in [
             (128, false),
             (64, true),
@@ -403,21 +313,24 @@ mod tests {
             (96, true),
             (256, true),
         ] {
-            assert!(!default_onepass(d, causal), "d{d} causal {causal}");
+            assert!(
+                !crate::kernels::select::default_onepass(d, causal),
+                "d{d} causal {causal}"
+            );
         }
         if std::env::var_os("FLASHCORE_BWD_ONEPASS").is_some() {
             return; // a measurement run chose the kernels itself
         }
         let p = AttentionParams::new(2, 4, 1000, 128).causal(true);
-        let v = BwdVariant::for_params(&p);
+        let v = crate::kernels::select::backward(&p);
         assert!(v.onepass && !v.window && v.diag == 0, "{v:?}");
         assert!(crate::attention::backward::check_backward_variant(v).is_ok());
-        assert!(!BwdVariant::for_params(&p.clone().causal(false)).onepass);
+        assert!(!crate::kernels::select::backward(&p.clone().causal(false)).onepass);
         for q in [
             p.clone().window(Window::from_flash_attn(64, 0)),
             p.clone().softcap(30.0),
         ] {
-            let v = BwdVariant::for_params(&q);
+            let v = crate::kernels::select::backward(&q);
             assert!(!v.onepass && v.window && v.pingpong, "{v:?}");
             assert!(crate::attention::backward::check_backward_variant(v).is_ok());
         }

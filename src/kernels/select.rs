@@ -8,7 +8,7 @@ use super::backward::BwdVariant;
 use super::{TestBuild, Variant};
 use crate::error::{Error, Result};
 use crate::knobs::ForwardTiles;
-use crate::spec::{AttentionParams, Lengths, MAX_SEQLEN_Q};
+use crate::spec::{AttentionParams, DType, Lengths, MAX_SEQLEN_Q};
 
 /// The forward variant a call with `params` in `lengths` mode runs on a GPU of `num_sms` SMs, as
 /// `build` (the shipped build, or one of the leakage test's): the decode or KV-cache variant
@@ -98,9 +98,93 @@ pub fn varlen(params: &AttentionParams) -> Variant {
     }
 }
 
-/// The backward variant a dense call runs ([`BwdVariant::for_params`]).
-pub fn backward(params: &AttentionParams) -> BwdVariant {
-    BwdVariant::for_params(params)
+/// The variant a call with these parameters runs: [`backward_call`], plus the
+/// window and softcap (softcap runs the window build: an unbounded window masks nothing). A
+/// call with either runs the two-pass kernels (the one-pass kernel refuses them:
+/// `check_backward_variant` in `attention::backward`) unless `FLASHCORE_BWD_ONEPASS=1`
+/// asks for the one-pass kernel; where the one pass is the default ([`default_onepass`]),
+/// such a call runs the two passes.
+pub fn backward(p: &AttentionParams) -> BwdVariant {
+    let base = backward_call(p.dtype, p.head_dim, p.causal);
+    let w = p.effective_window();
+    let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
+    let asked = crate::knobs::bwd_onepass() == Some(true);
+    if !window || (base.onepass && asked) {
+        return BwdVariant {
+            window,
+            softcap: p.softcap != 0.0,
+            ..base
+        };
+    }
+    BwdVariant {
+        window,
+        softcap: p.softcap != 0.0,
+        onepass: false,
+        pingpong: crate::knobs::bwd_pingpong(),
+        diag: 0,
+        ..base
+    }
+}
+
+/// The variant a varlen call runs ([`backward_call`]'s two-pass kernels with
+/// `FC_VARLEN`; the one-pass kernels have no varlen build).
+pub fn backward_varlen_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant {
+    BwdVariant {
+        dtype,
+        head_dim,
+        causal,
+        pingpong: crate::knobs::bwd_pingpong(),
+        onepass: false,
+        diag: 0,
+        varlen: true,
+        window: false,
+        softcap: false,
+    }
+}
+
+/// The variant a varlen call with these parameters runs: [`backward_varlen_call`]
+/// plus the window and softcap, as [`backward`] (softcap runs the window
+/// build).
+pub fn backward_varlen_params(p: &AttentionParams) -> BwdVariant {
+    let w = p.effective_window();
+    let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
+    BwdVariant {
+        window,
+        softcap: p.softcap != 0.0,
+        ..backward_varlen_call(p.dtype, p.head_dim, p.causal)
+    }
+}
+
+/// The variant a call of this dtype, head dim and mask runs: [`default_onepass`] unless
+/// `FLASHCORE_BWD_ONEPASS` is `0` or `1`; the two-pass kernels ping-pong unless
+/// `FLASHCORE_BWD_PINGPONG=0` (measurement knobs; every variant is shipped and audited).
+pub fn backward_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant {
+    let onepass = crate::knobs::bwd_onepass().unwrap_or(default_onepass(head_dim, causal));
+    let pingpong = !onepass && crate::knobs::bwd_pingpong();
+    let diag = if onepass {
+        crate::knobs::bwd_op_diag()
+    } else {
+        0
+    };
+    BwdVariant {
+        dtype,
+        head_dim,
+        causal,
+        pingpong,
+        onepass,
+        diag,
+        window: false,
+        softcap: false,
+        varlen: false,
+    }
+}
+
+/// Whether a call runs the one-pass kernels by default (by measurement: PERF_NOTES.md): d128 causal, where the turn order matches the order in which key blocks reach
+/// a query tile (2.4–11% less time than the two passes at the backward suite's d128 causal
+/// shapes). Elsewhere the two passes measured faster or were not measured. Calls the one pass
+/// does not serve (windows, softcap, varlen) run the two passes whatever this says.
+pub fn default_onepass(head_dim: usize, causal: bool) -> bool {
+    head_dim == 128 && causal
 }
 
 /// The backward variant a varlen call runs: the two passes (the one-pass kernels have no varlen
@@ -112,7 +196,7 @@ pub fn backward_varlen(params: &AttentionParams, onepass: Option<bool>) -> Resul
             "the one-pass backward has no varlen build (two passes only): unset it or set it to 0",
         ));
     }
-    Ok(BwdVariant::for_varlen_params(params))
+    Ok(backward_varlen_params(params))
 }
 
 /// Tuning knobs for measurements: `FLASHCORE_SPLIT=1|2|4` (d64), `FLASHCORE_BLOCK_M=64|128|192`

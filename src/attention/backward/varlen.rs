@@ -24,7 +24,7 @@ use crate::attention::external::{self, DeviceTensor, ExternalContext};
 use crate::attention::launch::varlen::{check_cu_seqlens, check_meta_len, check_varlen_shapes};
 use crate::attention::{tensor_map, validate};
 use crate::error::{Error, Result};
-use crate::kernels::backward::{self as kb, BwdVariant};
+use crate::kernels::backward as kb;
 use crate::kernels::select;
 use crate::spec::Strides;
 use crate::spec::{AttentionParams, Layout};
@@ -49,7 +49,7 @@ pub fn check_varlen_backward_params(p: &AttentionParams) -> Result<()> {
 pub fn varlen_workspace_bytes(p: &AttentionParams) -> usize {
     workspace_layout(
         p,
-        BwdVariant::for_varlen_call(p.dtype, p.head_dim, p.causal),
+        crate::kernels::select::backward_varlen_call(p.dtype, p.head_dim, p.causal),
     )
     .3
 }
