@@ -215,7 +215,7 @@ def check_lengths(lengths, q, batch, sq, sk):
 
 
 def check_features(window, softcap, sinks, q, hq, lengths=None):
-    """Issue 24's arguments: `window` flash-attn's (left, right) window_size, each −1 (unbounded)
+    """The window, softcap and sinks arguments: `window` flash-attn's (left, right) window_size, each −1 (unbounded)
     or ≥ 0; `softcap` 0 (off) or positive and finite; `sinks` None or fp32 contiguous [Hq] on q's
     device (learnable attention sinks, gpt-oss). Not with secret-length prefill (`lengths`).
     Returns (window as a tuple of ints, softcap as a float, sinks)."""
