@@ -88,7 +88,7 @@ pub(crate) struct AppendParams {
     pub num_pages: i32,
 }
 
-/// Offsets of the two public metadata pointers in [`AppendParams`], for the audit.
+/// Offsets of the two public metadata pointers in `AppendParams`, for the audit.
 pub const SEQLENS_FIELD: u32 = std::mem::offset_of!(AppendParams, seqlens_ptr) as u32;
 pub const APPEND_TABLE_FIELD: u32 = std::mem::offset_of!(AppendParams, table_ptr) as u32;
 
@@ -149,7 +149,7 @@ pub(crate) struct BwdKernelParams {
     pub(crate) dq_acc_ptr: u64,
     pub(crate) flags_ptr: u64,
     pub(crate) kv_n_blocks: i32,
-    // Issue 24 (kernels/fc_bwd_mask.cuh, fc_bwd_sink.cuh).
+    // Window, softcap and sinks (kernels/fc_bwd_mask.cuh, fc_bwd_sink.cuh).
     pub(crate) window_left: i32,
     pub(crate) window_right: i32,
     pub(crate) softcap_in: f32,

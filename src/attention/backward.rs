@@ -1,12 +1,12 @@
-//! The backward pass (issue 23): dQ, dK, dV of `O = softmax(scale · Q Kᵀ + mask) V` from Q, K, V,
+//! The backward pass: dQ, dK, dV of `O = softmax(scale · Q Kᵀ + mask) V` from Q, K, V,
 //! the forward's O and LSE, and dO. Three launches on the context's stream
 //! (`kernels/attention_bwd.cu`): a preprocess into a padded fp32 workspace, the dK/dV kernel and
 //! the dQ kernel. Every gradient element is summed by one CTA in an order fixed by the shape: the
 //! result is bitwise deterministic and a sequence's bits do not depend on its batch. At d128
 //! causal the default is the one-pass kernel instead
-//! ([`crate::kernels::backward::default_onepass`]): dQ's partials are added across CTAs in a
-//! turn order fixed by the shape, so the same holds. Issue 24:
-//! windows and softcap run their own two-pass builds ([`BwdVariant::for_params`]); a call with
+//! ([`crate::kernels::select::default_onepass`]): dQ's partials are added across CTAs in a
+//! turn order fixed by the shape, so the same holds. Windows and softcap run their own two-pass
+//! builds ([`crate::kernels::select::backward`]); a call with
 //! learnable sinks adds a fourth launch, the sinks' gradient (`flashcore_bwd_dsink`).
 //!
 //! Every rule is checked on the host before anything is launched ([`check_backward`]).
@@ -87,7 +87,7 @@ pub fn check_backward_variant(v: BwdVariant) -> Result<()> {
     Ok(())
 }
 
-/// Learnable sinks of a backward call (issue 24): `sinks` fp32 `[heads_q]` (the forward's) and
+/// Learnable sinks of a backward call: `sinks` fp32 `[heads_q]` (the forward's) and
 /// `dsink` fp32 `[heads_q]` (their gradient, written), each as (length, address), both given or
 /// neither.
 pub fn check_backward_sinks(
@@ -248,7 +248,7 @@ fn loaded(cuda: &Arc<CudaContext>, variant: BwdVariant) -> Result<Arc<LoadedBack
 
 /// Bytes of scratch one backward call needs: the LSE in base 2 and D = rowsum(dO ∘ O), fp32,
 /// `batch · heads_q · padded Sq` each (Sq padded to a multiple of 128); for the one-pass
-/// variant the call runs ([`BwdVariant::for_call`]), also dQ's fp32 accumulator (`head_dim`
+/// variant the call runs ([`crate::kernels::select::backward`]), also dQ's fp32 accumulator (`head_dim`
 /// floats per padded row) and an int32 turn counter per (sequence, head, query tile).
 pub fn workspace_bytes(p: &AttentionParams) -> usize {
     workspace_layout(p, crate::kernels::select::backward(p)).3
@@ -300,7 +300,7 @@ pub struct BackwardPtrs {
     pub dq: u64,
     pub dk: u64,
     pub dv: u64,
-    /// Learnable sinks (issue 24): fp32 `[heads_q]` logits the forward used, and their gradient
+    /// Learnable sinks: fp32 `[heads_q]` logits the forward used, and their gradient
     /// fp32 `[heads_q]` (written); both 0 for a call without sinks.
     pub sinks: u64,
     pub dsink: u64,
@@ -914,7 +914,7 @@ mod tests {
             assert_eq!(off(std::ptr::addr_of!((*p).dq_acc_ptr) as *const u8), 664);
             assert_eq!(FLAGS_FIELD, 672);
             assert_eq!(off(std::ptr::addr_of!((*p).kv_n_blocks) as *const u8), 680);
-            // Issue 24's fields (kernels/fc_bwd_config.cuh).
+            // The window and softcap fields (kernels/fc_bwd_config.cuh).
             assert_eq!(off(std::ptr::addr_of!((*p).window_left) as *const u8), 684);
             assert_eq!(off(std::ptr::addr_of!((*p).window_right) as *const u8), 688);
             assert_eq!(off(std::ptr::addr_of!((*p).softcap_in) as *const u8), 692);

@@ -35,7 +35,7 @@ use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Varlen prefill on caller-owned memory (issue 22).
+/// Varlen prefill on caller-owned memory.
 pub mod varlen;
 
 /// The KV append's rules and parameter block for a call.
@@ -355,7 +355,7 @@ struct PlanKey {
     causal: bool,
     scale_bits: Option<u32>,
     lengths: Lengths,
-    /// Issue 24: the window and the softcap shape the plan's parameter block (and the build).
+    /// The window and the softcap shape the plan's parameter block (and the build).
     window: crate::spec::Window,
     softcap_bits: u32,
 }

@@ -14,7 +14,7 @@ use crate::spec::Strides;
 use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use std::sync::{Arc, Mutex};
 
-/// Variable-length prefill (issue 22): packed sequences, one launch.
+/// Variable-length prefill: packed sequences, one launch.
 pub mod varlen;
 
 /// The kernel's window and softcap fields for `p` over `seqlen_q` query and `seqlen_k` key rows
@@ -546,7 +546,7 @@ impl Plan {
         let block = cached.as_mut().map(|(_, b)| b).expect("filled above");
         let mut args: [*mut std::ffi::c_void; 1] =
             [(&mut **block) as *mut KernelParams as *mut std::ffi::c_void];
-        // Programmatic dependent launch (issue 25, lead (e)): the grid may be scheduled while the
+        // Programmatic dependent launch: the grid may be scheduled while the
         // previous kernel in the stream drains; the kernel waits (`griddepcontrol.wait`) before
         // its first global access, so any predecessor's writes are complete and visible. A
         // non-kernel predecessor (copy, event) orders as usual; in a graph capture the edge

@@ -1,4 +1,4 @@
-//! Secret lengths with varlen (issue 22): a pack of self-attention sequences whose **slots** are
+//! Secret lengths with varlen: a pack of self-attention sequences whose **slots** are
 //! public (`cu_seqlens`: sequence b owns packed rows `cu[b] .. cu[b + 1]`, docs/design.md §1
 //! metadata) and whose **true lengths** are secret (`lengths[b]`, i32 on the device, the first
 //! `lengths[b]` rows of the slot are the sequence, the rest of the slot is padding).

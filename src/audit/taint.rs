@@ -905,7 +905,7 @@ mod tests {
 
     #[test]
     fn issue_12_vote_result_is_secret() {
-        // FSETP on a secret → VOTE.ANY → ISETP folding the vote → branch (the SASS of issue 12).
+        // FSETP on a secret → VOTE.ANY → ISETP folding the vote → branch (a pattern compilers emit).
         let f = findings(
             "/*0000*/ LDG.E R2, desc[UR4][R2.64] ;\n\
              /*0010*/ FSETP.GT.AND P0, PT, R2, 100, PT ;\n\

@@ -25,7 +25,7 @@ fn attn(args: &AttnArgs) -> Result<()> {
     if args.grad {
         return super::attn_grad::attn_grad(args, sinks.as_deref());
     }
-    // Issue 24's features apply on every path: dense, KV cache, varlen.
+    // The window, softcap and sinks apply on every path: dense, KV cache, varlen.
     if crate::tensor_io_kv::has_kv_cache(&args.input)? {
         return super::attn_kv::attn_kv(args, sinks.as_deref());
     }

@@ -142,7 +142,7 @@ fn dims(p: &AttentionParams) -> String {
     )
 }
 
-/// Issue 24's features of a call for a success line: " window=L,R", " softcap=X", " sinks"
+/// The window, softcap and sinks of a call for a success line: " window=L,R", " softcap=X", " sinks"
 /// where present.
 pub(super) fn features_note(p: &AttentionParams, sinks: bool) -> String {
     let mut s = String::new();

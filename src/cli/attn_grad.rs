@@ -1,7 +1,7 @@
 //! `flashcore attn --grad`: the forward and the backward pass on `q`, `k`, `v` and the output
 //! gradient `do` read from one safetensors file; writes `out`, `dq`, `dk`, `dv` (and `lse` with
 //! `--lse`). On the GPU the gradients are the input dtype; with `--cpu` the float64 reference's,
-//! as F32. Issue 24's `--window`, `--softcap` and learnable `sinks` (F32 [Hq] in the file) apply
+//! as F32. The `--window`, `--softcap` and learnable `sinks` (F32 [Hq] in the file) apply
 //! as in the forward; with sinks their gradient `dsink` (F32 [Hq]) is written too. Exit codes as
 //! `flashcore attn`'s.
 

@@ -1,8 +1,8 @@
-//! `flashcore attn` on a packed variable-length input (issue 22): `q` `[total_q, Hq, D]`, `k`,
+//! `flashcore attn` on a packed variable-length input: `q` `[total_q, Hq, D]`, `k`,
 //! `v` `[total_k, Hkv, D]` (F16 or BF16) and `cu_seqlens_q`, `cu_seqlens_k` (I32 `[B + 1]`, flash-
 //! attn's prefix sums). Checks the metadata on the host (a clear error before any launch), runs
 //! `Context::attention_varlen_host` (or the float64 reference with --cpu) and writes `out`
-//! (q's shape) and, with --lse, `lse` F32 `[Hq, total_q]`. With --grad (issue 23) it also reads
+//! (q's shape) and, with --lse, `lse` F32 `[Hq, total_q]`. With --grad it also reads
 //! the output gradient `do` (q's shape and dtype), runs `Context::attention_varlen_backward` (or
 //! the float64 reference's gradients) and writes `dq` (q's shape), `dk`, `dv` (k's shape).
 
@@ -132,7 +132,7 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
         layout: Layout::Bshd,
         causal: args.causal,
         scale: args.scale,
-        // Issue 24: per sequence, bottom-right aligned to its own counts.
+        // Per sequence, bottom-right aligned to its own counts.
         window: args.window.unwrap_or_default(),
         softcap: args.softcap.unwrap_or(0.0),
     };

@@ -35,7 +35,7 @@ impl ModeArg {
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// A named suite: seed (16 shapes), fa3 (FlashAttention-3 paper sweep, 72 shapes), decode,
-    /// backward (issue 23's training shapes, bf16), or varlen (packed batches of mixed lengths
+    /// backward (the training shapes, bf16), or varlen (packed batches of mixed lengths
     /// beside the dense call at the same tokens; bench/varlen.py's cases).
     #[arg(long, value_enum)]
     pub suite: Option<Suite>,

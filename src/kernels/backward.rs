@@ -1,4 +1,4 @@
-//! The backward kernels (`kernels/attention_bwd.cu`, issue 23) and the variants they are compiled
+//! The backward kernels (`kernels/attention_bwd.cu`) and the variants they are compiled
 //! into: a type of their own, beside the forward's [`super::Variant`], so the two evolve apart.
 //! One cubin per variant holds the three kernels of a backward pass (preprocess, dK/dV, dQ).
 
@@ -14,7 +14,7 @@ pub const DQ_SYMBOL: &str = "flashcore_bwd_dq";
 /// conversion from the fp32 accumulator.
 pub const ONEPASS_SYMBOL: &str = "flashcore_bwd_onepass";
 pub const CONVERT_SYMBOL: &str = "flashcore_bwd_dq_convert";
-/// Learnable sinks' gradient (issue 24), in every variant's cubin, launched only for calls with
+/// Learnable sinks' gradient, in every variant's cubin, launched only for calls with
 /// sinks (kernels/fc_bwd_sink.cuh).
 pub const DSINK_SYMBOL: &str = "flashcore_bwd_dsink";
 /// Threads of the dsink kernel (one CTA per query head).
@@ -87,10 +87,10 @@ pub struct BwdVariant {
     /// waits nor adds (dQ wrong), 3 = nor runs the dQ GEMM, 4 = nor exchanges dSᵀ between its
     /// warpgroups. What the ordering, the reductions, the fifth GEMM and the lockstep cost.
     pub diag: u8,
-    /// Issue 24: a sliding window (`FC_WINDOW`: skips query tiles / key blocks outside it and
+    /// A sliding window (`FC_WINDOW`: skips query tiles / key blocks outside it and
     /// masks by select; kernels/fc_bwd_mask.cuh). Two-pass only.
     pub window: bool,
-    /// Issue 24: logit softcap (`FC_SOFTCAP`: dS carries the tanh's derivative). Two-pass only;
+    /// Logit softcap (`FC_SOFTCAP`: dS carries the tanh's derivative). Two-pass only;
     /// shipped with `window` (an unbounded window costs a compare, not a variant).
     pub softcap: bool,
     /// Packed variable-length sequences with `cu_seqlens` (`FC_VARLEN`, kernels/fc_bwd_varlen.cuh;

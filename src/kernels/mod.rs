@@ -59,7 +59,7 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_varlen_build.cuh",
 );
 
-// The backward kernels (issue 23): their own variant type and cubins.
+// The backward kernels: their own variant type and cubins.
 pub mod backward;
 // Which variant a call runs.
 pub mod select;
@@ -145,10 +145,10 @@ pub struct Variant {
     pub kv_public: bool,
     /// A paged KV cache (`FC_PAGED`): K/V pages read through a block table.
     pub paged: bool,
-    /// Variable-length prefill (`FC_VARLEN`, issue 22): packed `[total, heads, dim]` sequences
+    /// Variable-length prefill (`FC_VARLEN`): packed `[total, heads, dim]` sequences
     /// walked through a public work list ([`Variant::varlen`]).
     pub varlen: bool,
-    /// Softcap builds (`FC_SOFTCAP`, issue 24): scores go through `cap · tanh(s / cap)` before
+    /// Softcap builds (`FC_SOFTCAP`): scores go through `cap · tanh(s / cap)` before
     /// the softmax. Plain prefill tiles of 128 rows, varlen and KV-cache decode builds
     /// ([`Variant::with_softcap`]).
     pub softcap: bool,
@@ -370,7 +370,7 @@ impl Variant {
         })
     }
 
-    /// Light tiles for launches that cannot fill the GPU (issue 14): when the 64-row tiles'
+    /// Light tiles for launches that cannot fill the GPU: when the 64-row tiles'
     /// work units fit in one wave (`units ≤ num_sms`; causal units pair two tiles), the kernel
     /// runs 64-row tiles with a single consumer warpgroup — twice the CTAs of 128-row tiles, each
     /// with half the rows, so each SM's chain of key blocks is half as long (PERF_NOTES step 13:
@@ -539,7 +539,7 @@ impl Variant {
 
 /// Keys per K/V stage for a head dim: 128, or 64 at d256, whose two consumer warpgroups each
 /// hold a 128-register O accumulator — with 128-key scores (64 registers) and their fragments
-/// (32) beside it they would spill at 232 registers (PERF_NOTES, issue 24) — and whose
+/// (32) beside it they would spill at 232 registers (PERF_NOTES) — and whose
 /// 128-row Q tile (64 KiB) leaves room for two 64-key stages of 64 KiB.
 pub fn block_n_for(head_dim: usize) -> usize {
     if head_dim > 128 {

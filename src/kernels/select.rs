@@ -37,7 +37,7 @@ pub fn forward(
             with_knobs(v, crate::knobs::forward_tiles())
         }
     };
-    // Issue 24's features: dense calls and KV caches (windows masked by select there: the
+    // The window, softcap and sinks: dense calls and KV caches (windows masked by select there: the
     // first block never moves by a count read from memory). Not yet with secret-length
     // prefill, nor in the prefill-consistent mode (its bits would differ from the prefill's,
     // which visits a window's left-edge blocks last).

@@ -57,7 +57,7 @@ pub fn attention_f64(p: &AttentionParams, q: &[f64], k: &[f64], v: &[f64]) -> Re
     attention_f64_sinks(p, q, k, v, None)
 }
 
-/// [`attention_f64`] with issue 24's features: `p.window` (query `i` sees key `j` iff
+/// [`attention_f64`] with the window, softcap and sinks: `p.window` (query `i` sees key `j` iff
 /// [`AttentionParams::sees`]), `p.softcap` (scores `cap · tanh(scale · q·k / cap)`), and
 /// learnable `sinks` (one logit per query head: `exp(sink)` joins each row's denominator with no
 /// value row, so a row that sees no key gets O = 0 and LSE = sink).

@@ -529,7 +529,7 @@ pub struct ExternalVarlenBackwardCall {
     pub seqused_q: u64,
     /// [`varlen_workspace_bytes`] bytes, 16-byte aligned, used by no other launch in flight.
     pub workspace: u64,
-    /// Learnable sinks (issue 24): the forward's fp32 `[heads_q]` logits and their gradient fp32
+    /// Learnable sinks: the forward's fp32 `[heads_q]` logits and their gradient fp32
     /// `[heads_q]` (written); both 0 for a call without sinks.
     pub sinks: u64,
     pub dsink: u64,

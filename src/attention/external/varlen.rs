@@ -1,4 +1,4 @@
-//! Varlen prefill (issue 22) on caller-owned memory and streams: packed `[total, heads, dim]`
+//! Varlen prefill on caller-owned memory and streams: packed `[total, heads, dim]`
 //! tensors, `cu_seqlens` (and `seqused_k`) as device arrays, the work list built on the device
 //! ([`crate::attention::launch::varlen::launch_device_list`]): no host synchronisation, so the
 //! call runs inside CUDA graphs and `torch.compile(fullgraph=True)`.

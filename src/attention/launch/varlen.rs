@@ -1,4 +1,4 @@
-//! Variable-length prefill (issue 22): Q, K, V packed as `[total tokens, heads, dim]` with
+//! Variable-length prefill: Q, K, V packed as `[total tokens, heads, dim]` with
 //! `cu_seqlens_q` / `cu_seqlens_k` (i32, `batch + 1` prefix sums), one launch over every
 //! sequence of the pack (per `VARLEN_CAPACITY` query tiles).
 //!
@@ -660,7 +660,7 @@ impl Context {
         )
     }
 
-    /// [`Context::attention_varlen_device`] with issue 24's features: `params.window` and
+    /// [`Context::attention_varlen_device`] with the window, softcap and sinks: `params.window` and
     /// `params.softcap` (each sequence's window bottom-right aligned to its own counts), and
     /// `sinks`, learnable attention sinks (fp32 `[heads_q]`, gpt-oss; secret: arithmetic only).
     /// `cu_seqlens` = (q, k), `seqused` = (k, q) as there.
@@ -759,7 +759,7 @@ impl Context {
         )
     }
 
-    /// [`Context::attention_varlen_host`] with issue 24's features, as
+    /// [`Context::attention_varlen_host`] with the window, softcap and sinks, as
     /// [`Context::attention_varlen_device_with_sinks`].
     #[allow(clippy::too_many_arguments)]
     pub fn attention_varlen_host_with_sinks<T: Element>(
