@@ -67,7 +67,10 @@ def _check(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, seqused_q=None):
     if dk != d:
         raise ValueError(f"flashcore: q has head dim {d} but k has {dk}")
     if d not in _native.SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"flashcore: head dim {d} is not supported (supported: 64, 96, 128, 256)")
+        raise ValueError(
+            f"flashcore: head dim {d} is not supported "
+            f"(supported: {', '.join(map(str, _native.SUPPORTED_HEAD_DIMS))})"
+        )
     if hq == 0 or hkv == 0 or hq % hkv:
         raise ValueError(f"flashcore: heads_q ({hq}) must be a positive multiple of heads_kv ({hkv})")
     _check_meta("cu_seqlens_q", cu_q, None, q.device)
