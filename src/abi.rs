@@ -181,3 +181,119 @@ pub const VARLEN_FIELDS: [u32; 4] = [
     std::mem::offset_of!(BwdKernelParams, used_k_ptr) as u32,
     std::mem::offset_of!(BwdKernelParams, used_q_ptr) as u32,
 ];
+
+/// Every field of each mirror against the CUDA struct it copies: the structs are parsed from the
+/// kernel headers, laid out by C's rules, and compared field by field (in declaration order) with
+/// `offset_of!` on the mirror. A field added on one side only, or moved, fails here.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::offset_of;
+
+    /// (offset, size) of each field of `struct NAME { ... };` in `source`, in C layout.
+    fn c_layout(source: &str, name: &str) -> Vec<(usize, usize)> {
+        let start = source
+            .find(&format!("struct {name} {{"))
+            .unwrap_or_else(|| panic!("no struct {name}"));
+        let body = &source[start..];
+        let body = &body[body.find('{').unwrap() + 1..body.find("};").unwrap()];
+        let mut fields = Vec::new();
+        let mut offset = 0usize;
+        for line in body.lines() {
+            let code = line.split("//").next().unwrap().trim();
+            let Some(decl) = code.strip_suffix(';') else {
+                assert!(code.is_empty(), "{name}: cannot read `{code}`");
+                continue;
+            };
+            let (ty, names) = decl.split_once(' ').unwrap();
+            let (size, align) = match ty {
+                "TensorMap" => (128, 64),
+                "uint64_t" | "int64_t" => (8, 8),
+                "int32_t" | "float" => (4, 4),
+                other => panic!("{name}: type `{other}` not known to this test"),
+            };
+            for n in names.split(',') {
+                let n = n.trim();
+                let count = match n.split_once('[') {
+                    Some((_, len)) => len.trim_end_matches(']').parse::<usize>().unwrap(),
+                    None => 1,
+                };
+                offset = offset.next_multiple_of(align);
+                fields.push((offset, size * count));
+                offset += size * count;
+            }
+        }
+        fields
+    }
+
+    /// Offsets of a mirror's fields, in declaration order.
+    macro_rules! offsets {
+        ($t:ty: $($f:ident),* $(,)?) => {
+            vec![$(offset_of!($t, $f)),*]
+        };
+    }
+
+    fn check(name: &str, source: &str, rust: Vec<usize>) {
+        let c: Vec<usize> = c_layout(source, name).iter().map(|f| f.0).collect();
+        assert_eq!(c, rust, "{name}: field offsets, CUDA vs Rust mirror");
+    }
+
+    #[test]
+    fn forward_params_match_the_kernel_field_by_field() {
+        let rust = offsets!(KernelParams: q_map, k_map, v_map, o_ptr, lse_ptr, lens_ptr,
+            q_ptr_for_control, o_stride_b, o_stride_s, o_stride_h, seqlen_q, seqlen_k, heads_q,
+            group, scale_log2, scale, num_m_blocks, units_per_head, num_units, pair_tiles,
+            ws_o_ptr, ws_ml_ptr, pack, pack_shift, split_blocks, num_splits, table_ptr,
+            table_stride, num_pages, page_shift, box_rows, starts_ptr, sinks_ptr, window_left,
+            window_right, softcap_in, softcap_out);
+        check("Params", include_str!("../kernels/fc_config.cuh"), rust);
+    }
+
+    #[test]
+    fn backward_params_match_the_kernel_field_by_field() {
+        let rust = offsets!(BwdKernelParams: q_map, k_map, v_map, do_map, o_ptr, do_ptr, lse_ptr,
+            dq_ptr, dk_ptr, dv_ptr, lse2_ptr, dvec_ptr, q_stride_b, q_stride_s, q_stride_h,
+            k_stride_b, k_stride_s, k_stride_h, batch, seqlen_q, seqlen_k, heads_q, group, sq_pad,
+            scale_log2, scale, kv_m_blocks, q_n_blocks, dq_acc_ptr, flags_ptr, kv_n_blocks,
+            window_left, window_right, softcap_in, softcap_out, pad0, sinks_ptr, dsink_ptr,
+            vl_total_q, vl_total_k, cu_q_ptr, cu_k_ptr, used_k_ptr, used_q_ptr, reserved);
+        check(
+            "BwdParams",
+            include_str!("../kernels/fc_bwd_config.cuh"),
+            rust,
+        );
+    }
+
+    #[test]
+    fn append_params_match_the_kernel_field_by_field() {
+        let rust = offsets!(AppendParams: k_new, v_new, k_cache, v_cache, seqlens_ptr, table_ptr,
+            counts_ptr, k_new_stride, v_new_stride, k_cache_stride, v_cache_stride, batch, rows,
+            heads_kv, head_dim, capacity, page_shift, table_stride, num_pages);
+        check(
+            "AppendParams",
+            include_str!("../kernels/fc_kv_append.cuh"),
+            rust,
+        );
+    }
+
+    #[test]
+    fn combine_params_match_the_kernel_field_by_field() {
+        let rust = offsets!(CombineParams: o_ptr, lse_ptr, ws_o_ptr, ws_ml_ptr, o_stride_b,
+            o_stride_s, o_stride_h, batch, heads_q, seqlen_q, num_splits, scale_log2, scale,
+            groups, sinks_ptr);
+        check(
+            "CombineParams",
+            include_str!("../kernels/fc_decode.cuh"),
+            rust,
+        );
+    }
+
+    #[test]
+    fn the_layout_reader_sees_every_field() {
+        let src = "struct S {\n    TensorMap a, b; // x\n    int32_t c;\n    uint64_t d;\n    int32_t e[3];\n};";
+        assert_eq!(
+            c_layout(src, "S"),
+            [(0, 128), (128, 128), (256, 4), (264, 8), (272, 12)]
+        );
+    }
+}
