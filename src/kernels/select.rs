@@ -5,10 +5,132 @@
 //! and [`super::backward::shipped_bwd_variants`].
 
 use super::backward::BwdVariant;
-use super::{TestBuild, Variant};
+use super::{block_n_for, TestBuild, Variant};
 use crate::error::{Error, Result};
 use crate::knobs::ForwardTiles;
 use crate::spec::{AttentionParams, DType, Lengths, MAX_SEQLEN_Q};
+
+// The prefill's rules, as methods of the variant they pick.
+impl Variant {
+    /// The variant for a call's shape. Every choice depends on the shape of one sequence only —
+    /// never on the batch size — so a sequence's output bits are the same in any batch.
+    /// - Short key sequences (Sk ≤ 1024) split their keys across a cluster ([`split_for`]).
+    /// - At d64 without split, long queries (Sq ≥ 1024; causal: Sq ≥ 4096) use 192-row tiles with
+    ///   three consumer warpgroups: fewer K/V bytes from L2 per FLOP, more softmax work in flight
+    ///   (measured +13% non-causal; causal −9% at 8k–16k but slower at 1k–2k, PERF_NOTES step 12).
+    pub fn for_shape(
+        dtype: DType,
+        head_dim: usize,
+        causal: bool,
+        secret_len: bool,
+        seqlen_q: usize,
+        seqlen_k: usize,
+    ) -> Variant {
+        let split = split_for(seqlen_k);
+        // Causal gains from 192 rows only at long queries (PERF_NOTES step 12: −9% at 8k and 16k,
+        // +3% at 2k, +10% at 1k).
+        let long = if causal { 4096 } else { 1024 };
+        let block_m = if head_dim == 64 && !secret_len && split == 1 && seqlen_q >= long {
+            192
+        } else {
+            128
+        };
+        // d128 non-causal with at least 4096 keys: 176-key blocks, as FA3 (PERF_NOTES, branch
+        // fwdperf: −2 to −4% at 4k–16k, flat below). A rule of Sk alone, never of the batch, so
+        // the light-tile rule keeps it (64-row tiles on 176 keys) and bits stay batch-invariant.
+        let block_n = if head_dim == 128 && !causal && !secret_len && split == 1 && seqlen_k >= 4096
+        {
+            176
+        } else {
+            block_n_for(head_dim)
+        };
+        Variant {
+            dtype,
+            head_dim,
+            causal,
+            block_m,
+            block_n,
+            secret_len,
+            split,
+            decode: false,
+            leaky_control: None,
+            floor_control: false,
+            cycle_timer: false,
+            kv_public: false,
+            paged: false,
+            varlen: false,
+            softcap: false,
+        }
+    }
+
+    /// The softcap build for a call with a softcap: over a KV cache (decode, any count mode or
+    /// layout) and in varlen, the same build with softcap; otherwise the plain 128-row tile of
+    /// this dtype, head dim and mask (light, 192-row and plain-decode tiles have no softcap
+    /// build: a softcap in every build would need a second main loop in each, and the 192-row
+    /// tiles spill with it). `None` for secret-length prefill, which has none.
+    pub fn with_softcap(self) -> Option<Variant> {
+        if self.is_kv_cache() || self.varlen {
+            return Some(Variant {
+                softcap: true,
+                ..self
+            });
+        }
+        if self.secret_len {
+            return None;
+        }
+        Some(Variant {
+            softcap: true,
+            ..Variant::basic(self.dtype, self.head_dim, self.causal, 128)
+        })
+    }
+
+    /// Light tiles for launches that cannot fill the GPU: when the 64-row tiles'
+    /// work units fit in one wave (`units ≤ num_sms`; causal units pair two tiles), the kernel
+    /// runs 64-row tiles with a single consumer warpgroup — twice the CTAs of 128-row tiles, each
+    /// with half the rows, so each SM's chain of key blocks is half as long (PERF_NOTES step 13:
+    /// 1,8,512,64 9.6 → 7.2 µs). Secret-length and split builds keep their tiles.
+    ///
+    /// Unlike [`Variant::for_shape`] this looks at the batch: a row's output bits do not depend on
+    /// the tile height (each consumer warpgroup computes its 64 rows with the same instructions
+    /// whatever the tile; `tests/gpu_tile_invariance.rs` checks the bits), so batch invariance
+    /// holds across the rule's boundary.
+    pub fn with_light_tiles(
+        self,
+        batch: usize,
+        heads_q: usize,
+        seqlen_q: usize,
+        num_sms: usize,
+    ) -> Variant {
+        if self.split != 1 || self.secret_len {
+            return self;
+        }
+        let tiles_per_head = seqlen_q.div_ceil(64) as u128;
+        let units_per_head = if self.causal {
+            tiles_per_head.div_ceil(2)
+        } else {
+            tiles_per_head
+        };
+        let units = units_per_head * heads_q as u128 * batch as u128;
+        if units <= num_sms as u128 {
+            Variant {
+                block_m: 64,
+                ..self
+            }
+        } else {
+            self
+        }
+    }
+}
+
+/// Key-range split across a cluster: measured on the H100 (PERF_NOTES.md, step 4) to be no
+/// faster than one CTA per query tile at any shape tried (1,8,512,64: 8.9 µs unsplit vs 9.0 / 14.0
+/// µs split 2 / 4, graph replay), because each CTA's fixed latency dominates and clusters of 4
+/// cannot all be resident at one CTA per SM. So no shape splits by default; `FLASHCORE_SPLIT=2|4`
+/// forces it for measurement. Whatever the rule, it may depend on the key length only — never on
+/// the batch — so a sequence's output bits do not depend on the batch it is launched in.
+pub fn split_for(_seqlen_k: usize) -> usize {
+    1
+}
 
 /// The forward variant a call with `params` in `lengths` mode runs on a GPU of `num_sms` SMs, as
 /// `build` (the shipped build, or one of the leakage test's): the decode or KV-cache variant
