@@ -5,7 +5,8 @@
 # change left every kernel byte-identical.
 #   bash scripts/cubin-hashes.sh before.txt; ...; bash scripts/cubin-hashes.sh after.txt
 #   diff before.txt after.txt
-# CUBIN_HASH_THREADS=N compiles N variants at a time (default 1). CUBIN_HASH_CACHE=DIR keeps the
+# CUBIN_HASH_THREADS=N compiles N variants at a time (default 1). CUBIN_HASH_OPTIONS=1 lists each
+# variant's NVRTC options hash instead, without compiling (seconds, not the ~1 h of 384 compiles). CUBIN_HASH_CACHE=DIR keeps the
 # compiled cubins in DIR (a kernel cache keyed by a hash of source, headers and options): a later
 # run with the same DIR compiles only the variants whose inputs changed.
 set -euo pipefail
