@@ -1,5 +1,6 @@
 //! flashcore: data-oblivious fused attention for NVIDIA Hopper.
 
+pub mod abi;
 pub mod attention;
 pub mod audit;
 pub mod bench;
@@ -7,9 +8,12 @@ pub mod cli;
 pub mod error;
 pub mod jit;
 pub mod kernels;
+pub mod knobs;
 pub mod leakage;
 pub mod output;
 pub mod reference;
+pub mod shipped;
+pub mod spec;
 pub mod tensor_io;
 pub mod tensor_io_kv;
 

@@ -2,8 +2,8 @@
 //! them; writes `out` (and `lse`). Every problem with a file is an [`Error::TensorFile`] naming
 //! the file, the tensor and what is wrong with it; nothing here panics on a bad file.
 
-use crate::attention::{AttentionParams, DType, Layout};
 use crate::error::{Error, Result};
+use crate::spec::{AttentionParams, DType, Layout};
 use half::{bf16, f16};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::{BTreeMap, HashMap};

@@ -1,4 +1,4 @@
-//! CI gate for the backward kernels (issue 23; DESIGN.md §1, §5): every shipped backward variant's
+//! CI gate for the backward kernels (issue 23; docs/design.md §1, §5): every shipped backward variant's
 //! three kernels audit clean with dO, Q, K, V, O and the LSE secret (everything read from device
 //! memory is; the one-pass variants' turn counters are a declared public buffer), no spill
 //! (LDL/STL), and the GEMM kernels use wgmma (HGMMA). Needs NVRTC and
@@ -20,7 +20,7 @@ fn backward_variants_are_data_oblivious_spill_free_and_use_wgmma() {
         want.sort();
         assert_eq!(names, want, "{}: one audit per backward kernel", v.name());
         for a in &audits {
-            for why in a.gate_failures() {
+            for why in flashcore::shipped::gate_failures(a) {
                 failures.push(format!("{} {}: {why}", v.name(), a.name));
             }
             let gemm = [DKDV_SYMBOL, DQ_SYMBOL, ONEPASS_SYMBOL].contains(&a.name.as_str());

@@ -1,4 +1,4 @@
-//! The auditor is trusted only as far as its planted-leak corpus shows (DESIGN.md §5): every
+//! The auditor is trusted only as far as its planted-leak corpus shows (docs/design.md §5): every
 //! planted leak in tests/audit_corpus/ must be flagged with the right rule at the right kind of
 //! instruction, and every clean pattern must pass with zero findings. The SASS of each corpus
 //! kernel is checked to contain the pattern it is meant to exercise, so a compiler change that

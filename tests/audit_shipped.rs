@@ -1,10 +1,11 @@
-//! CI gate (DESIGN.md §1, §5): every shipped kernel variant audits clean — no finding, no spill
+//! CI gate (docs/design.md §1, §5): every shipped kernel variant audits clean — no finding, no spill
 //! (LDL/STL), and the forward kernel uses wgmma (HGMMA). Needs NVRTC and nvdisasm
 //! (`bash scripts/install-cuda-tools.sh`); fails, never skips, without them.
 
 #[test]
 fn shipped_variants_are_data_oblivious_spill_free_and_use_wgmma() {
-    let audits = flashcore::audit::audit_shipped().unwrap_or_else(|e| panic!("audit failed: {e}"));
+    let audits =
+        flashcore::shipped::audit_shipped().unwrap_or_else(|e| panic!("audit failed: {e}"));
     let variants = flashcore::kernels::shipped_variants();
     let decode = variants.iter().filter(|v| v.decode).count();
     assert!(decode > 0, "decode variants are shipped");
@@ -47,7 +48,7 @@ fn shipped_variants_are_data_oblivious_spill_free_and_use_wgmma() {
     );
     let mut failures = Vec::new();
     for a in &audits {
-        for why in a.gate_failures() {
+        for why in flashcore::shipped::gate_failures(a) {
             failures.push(format!(
                 "{}: {why}",
                 a.variant.as_deref().unwrap_or(&a.name)

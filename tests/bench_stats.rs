@@ -81,7 +81,7 @@ fn flop_counts_halve_for_causal_only_when_square() {
     let mut gqa = AttentionParams::new(1, 32, 1024, 128);
     gqa.heads_kv = 8;
     assert_eq!(gqa.flops(), 4.0 * 32.0 * 1024.0 * 1024.0 * 128.0);
-    // The anchors of DESIGN.md §4: (16,16,2048,64) cuDNN non-causal 424 TFLOPS ⇔ ~324 µs.
+    // The anchors of docs/design.md §4: (16,16,2048,64) cuDNN non-causal 424 TFLOPS ⇔ ~324 µs.
     let us = full / 424e12 * 1e6;
     assert!(close(tflops(full, us), 424.0));
 }

@@ -20,7 +20,7 @@ fn dim() -> impl Strategy<Value = usize> {
     ]
 }
 
-/// The rules of DESIGN.md §1, written out independently of src/attention/validate.rs.
+/// The rules of docs/design.md §1, written out independently of src/attention/validate.rs.
 fn valid(p: &AttentionParams) -> bool {
     let dims = [
         p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim,

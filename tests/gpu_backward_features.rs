@@ -249,7 +249,7 @@ fn sweep<T: Element>(name: &str, dtype: DType) {
     let mut failures = Vec::new();
     let mut worst = [0.0f64; 4];
     let mut n = 0;
-    for d in [64, 96, 128, 256] {
+    for d in flashcore::spec::SUPPORTED_HEAD_DIMS {
         for &(b, hq, hkv, sq, sk, causal, (wl, wr), cap, sinks, layout) in &cases() {
             let mut p = AttentionParams::new(b, hq, sq, d)
                 .seqlen_k(sk)
@@ -307,7 +307,7 @@ fn feature_gradient_bits_are_identical_run_to_run() {
         return;
     };
     let mut rng = rng_from(seed());
-    for d in [64, 96, 128, 256] {
+    for d in flashcore::spec::SUPPORTED_HEAD_DIMS {
         let mut p = AttentionParams::new(2, 8, 1500, d)
             .causal(true)
             .window(Window::from_flash_attn(300, -1))

@@ -28,7 +28,7 @@ fn build(v: Variant) -> (Vec<u8>, String, KernelAudit) {
 }
 
 fn assert_gate(v: &Variant, a: &KernelAudit) {
-    let fails = a.gate_failures();
+    let fails = flashcore::shipped::gate_failures(a);
     assert!(
         fails.is_empty(),
         "{}: {fails:?}\n{}",

@@ -8,12 +8,14 @@ import math
 
 import torch
 
+from . import _native
+
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
-SUPPORTED_HEAD_DIMS = (64, 96, 128, 256)
-# Head dims with a backward: every forward head dim (96: Phi-3, 256: Gemma 2/3; branch bwdhd).
-BACKWARD_HEAD_DIMS = (64, 96, 128, 256)
-# Head dims with a varlen backward (the bwd_*_varlen builds).
-VARLEN_BACKWARD_HEAD_DIMS = (64, 96, 128, 256)
+# Head dims, from the library's variant table (docs/support.md): the forward's, the backward's,
+# the varlen backward's (the bwd_*_varlen builds).
+SUPPORTED_HEAD_DIMS = tuple(_native.SUPPORTED_HEAD_DIMS)
+BACKWARD_HEAD_DIMS = tuple(_native.BACKWARD_HEAD_DIMS)
+VARLEN_BACKWARD_HEAD_DIMS = tuple(_native.VARLEN_BACKWARD_HEAD_DIMS)
 
 
 def check_varlen_backward_head_dim(d):
@@ -26,7 +28,7 @@ def check_varlen_backward_head_dim(d):
 
 
 # Head dims whose backward takes a sliding window or a softcap (the bwd_*_window[_softcap] builds).
-FEATURE_BACKWARD_HEAD_DIMS = (64, 96, 128, 256)
+FEATURE_BACKWARD_HEAD_DIMS = tuple(_native.FEATURE_BACKWARD_HEAD_DIMS)
 
 
 def check_feature_backward_head_dim(d, window, softcap):
@@ -177,7 +179,9 @@ def _split_shape_checked(q, k, v, layout):
     if dk != d:
         raise ValueError(f"flashcore: q has head dim {d} but k has {dk}")
     if d not in SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"flashcore: head dim {d} is not supported (supported: 64, 96, 128, 256)")
+        raise ValueError(
+            f"flashcore: head dim {d} is not supported (supported: {', '.join(map(str, SUPPORTED_HEAD_DIMS))})"
+        )
     for name, n in (("batch", b), ("seqlen_q", sq), ("seqlen_k", sk), ("heads_q", hq), ("heads_kv", hkv)):
         if n == 0:
             raise ValueError(f"flashcore: {name} is 0; zero-sized dimensions are not supported")
@@ -215,7 +219,7 @@ def check_lengths(lengths, q, batch, sq, sk):
 
 
 def check_features(window, softcap, sinks, q, hq, lengths=None):
-    """Issue 24's arguments: `window` flash-attn's (left, right) window_size, each −1 (unbounded)
+    """The window, softcap and sinks arguments: `window` flash-attn's (left, right) window_size, each −1 (unbounded)
     or ≥ 0; `softcap` 0 (off) or positive and finite; `sinks` None or fp32 contiguous [Hq] on q's
     device (learnable attention sinks, gpt-oss). Not with secret-length prefill (`lengths`).
     Returns (window as a tuple of ints, softcap as a float, sinks)."""

@@ -123,7 +123,7 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=Fals
     key count in k, v; public metadata unless `kv_secret`). `block_table` int32 [B, max_pages]
     (contiguous) or None: k, v are then page pools [num_pages, page_size, Hkv, D] and the
     capacity is max_pages · page_size. `prefill_consistent` (KV-cache mode): no key splits, each
-    row the bits of the causal prefill's. Issue 24: `window` flash-attn's (left, right) (−1
+    row the bits of the causal prefill's. `window` flash-attn's (left, right) (−1
     unbounded), `softcap` (0 off), `sinks` an fp32 contiguous [Hq] tensor or None. `append`
     (KV-cache mode): new (k, v) rows [B, n, Hkv, D] that one launch writes into the caches at
     each count before the attention reads count + n keys; the caches must then be readable in
@@ -170,7 +170,7 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=Fals
 
 
 def _features(window, softcap, sinks):
-    """Issue 24's keywords of a launch, only where they differ from the defaults."""
+    """The window, softcap and sinks keywords of a launch, only where they differ from the defaults."""
     extra = {}
     if window != (-1, -1):
         extra["window"] = window
@@ -217,7 +217,7 @@ def launch_backward(d_o, q, k, v, out, lse, dq, dk, dv, causal, scale, bhsd=Fals
     have any strides (copied where TMA cannot read them); `d_o` and `out` are dense (`dense`), in
     q's layout (`bhsd`: [B, H, S, D], else [B, S, H, D]); `lse` fp32 contiguous [B, Hq, Sq]. GQA:
     dk, dv are summed over the query heads of each K/V head. The scratch comes from torch's
-    allocator on the same stream. Issue 24: the forward's `window` (flash-attn's (left, right)),
+    allocator on the same stream. The forward's `window` (flash-attn's (left, right)),
     `softcap` and `sinks` (fp32 contiguous [Hq] or None); with sinks, their gradient goes to
     `dsink` (fp32 contiguous [Hq])."""
     b, sq, sk, hq, hkv, d = _dims(q, k, bhsd)

@@ -44,7 +44,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=Fa
     backward (flashcore.autograd: dq, dk, dv, GQA sums, bitwise deterministic); lse is not
     differentiable. `secret_lengths` has no backward (RuntimeError).
 
-    Issue 24 (dense calls): `window_size` (left, right) sliding window (−1 unbounded; causal
+    Dense calls: `window_size` (left, right) sliding window (−1 unbounded; causal
     means right = 0), `softcap` (0 off), `learnable_sink` [Hq] sinks — see `flash_attn_func`.
     Differentiable at head dims 64, 96, 128 and 256 (the sink too, when it requires grad).
     """

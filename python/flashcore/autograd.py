@@ -9,7 +9,7 @@ on torch's current stream. dK and dV of grouped-query attention are summed over 
 The log-sum-exp output is not differentiable (it comes back with ``requires_grad=False``): a loss
 that uses it gets no gradient through it. Secret lengths have no backward (a clear error).
 
-Issue 24: a call with a sliding window, a softcap or learnable sinks runs
+A call with a sliding window, a softcap or learnable sinks runs
 ``torch.ops.flashcore.attention_backward_features`` instead (the same kernels' window and softcap
 builds), which also returns the sinks' gradient (fp32 [Hq]; empty without sinks): the sinks
 tensor may require grad.
@@ -106,7 +106,7 @@ def _attention_backward_features_fake(grad_out, q, k, v, out, lse, causal, scale
 
 def _setup_context(ctx, inputs, output):
     q, k, v, causal, scale, bhsd, return_lse, lengths = inputs[:8]
-    extra = inputs[8:]  # window_left, window_right, softcap, sinks (issue 24), when given
+    extra = inputs[8:]  # window_left, window_right, softcap, sinks, when given
     extra = tuple(extra) + (-1, -1, 0.0, None)[len(extra):]
     ctx.window, ctx.softcap = (extra[0], extra[1]), extra[2]
     sinks = extra[3]

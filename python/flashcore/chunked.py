@@ -127,7 +127,7 @@ def _check_packed_new(name, t, cache, cu_new):
 def attention(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, cu_seqlens_q, max_seqlen_q,
               cu_seqlens_k_new, causal, softmax_scale, return_lse, feats=((-1, -1), 0.0, None)):
     """The chunked-prefill call of ``flash_attn_with_kvcache`` (the counts' type, dense new rows
-    and issue 24's `feats` = (window, softcap, fp32 sinks or None) checked there): returns (out,
+    and the `feats` = (window, softcap, fp32 sinks or None) checked there): returns (out,
     lse) in its layouts — q ``[B, Sq, Hq, D]`` → out of that shape and lse fp32 ``[B, Hq, Sq]``;
     packed q ``[total_q, Hq, D]`` → out ``[total_q, Hq, D]`` and lse ``[Hq, total_q]``
     (flash-attn's varlen layout); lse None unless asked. A window is aligned to each sequence's

@@ -16,7 +16,7 @@ when it understands every argument the model passed: no mask, no dropout, fp16/b
 values that change nothing flashcore computes — ``position_ids``, ``use_cache``,
 ``output_hidden_states``, ``output_router_logits``, ``num_items_in_batch``,
 ``encoder_hidden_states`` (any value), ``position_bias`` (None), ``output_attentions`` (false);
-and, computed by flashcore itself (issue 24), ``sliding_window`` (a window of W keys is flash-attn's
+and, computed by flashcore itself, ``sliding_window`` (a window of W keys is flash-attn's
 window_size (W − 1, 0); its mask, when it is exactly the window — ``window_of`` — is computed from
 the window), ``softcap`` (Gemma 2) and ``s_aux`` (gpt-oss's learnable sinks, one logit per query
 head). Served calls run with SDPA's semantics (causal top-left aligned when Sq ≠ Sk; a window's
@@ -32,7 +32,7 @@ form, a causal sliding window on top included; the starts and counts are compute
 device): the padded batch runs as a pack with ``seqused_q``/``seqused_k``, rows of padding come
 out zero — under grad too (varlen's backward, python/flashcore/varlen_autograd.py; every head
 dim, with a window, softcap and sinks and the sinks' gradient). Sinks and a softcap are served on
-both mask paths (issue 24: gpt-oss and Gemma 2 batches, prefill, generate and training). Every other call goes to a path that
+both mask paths (gpt-oss and Gemma 2 batches, prefill, generate and training). Every other call goes to a path that
 computes it:
 
 - transformers' SDPA function where SDPA expresses the call: a mask (padding, or a window mask
@@ -110,7 +110,7 @@ def fallback_reason(query, key, value, attention_mask, dropout=0.0, scaling=None
     for name in kwargs:
         if name not in _ALLOWED:
             return f"unknown argument {name!r}"
-    # Issue 24: flashcore computes attention sinks (s_aux, gpt-oss: one logit per query head),
+    # flashcore computes attention sinks (s_aux, gpt-oss: one logit per query head),
     # a softcap (Gemma 2) and sliding windows itself (dense calls, padded prefills, decode steps).
     # A call with one of them that flashcore does not serve for another reason goes to the
     # model's eager attention (SDPA computes none of them), so their reasons come first then.
@@ -425,7 +425,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         if fallback_reason(query, key, value, None, dropout, scaling, kwargs) is None:
             windowed, reason = True, None
     # A mask with sinks, a softcap or a window beside it (their reason comes first): analysed as
-    # a plain mask when the call is served once the mask is (issue 24: gpt-oss, Gemma 2 batches).
+    # a plain mask when the call is served once the mask is (gpt-oss, Gemma 2 batches).
     featured = (attention_mask is not None and reason in ("s_aux", "softcap", "sliding_window")
                 and fallback_reason(query, key, value, attention_mask, dropout, scaling, kwargs, mask_served=True) is None)
     if reason == "attention_mask" or featured:
@@ -434,7 +434,7 @@ def attention_forward(module, query, key, value, attention_mask, dropout=0.0, sc
         grad = _checks.needs_grad(query, key, value, kwargs.get("s_aux"))
         if leftpad is None and (not grad or query.shape[-1] in _checks.VARLEN_BACKWARD_HEAD_DIMS):
             # A forward pass or prefill of a padded batch (left or right), its sliding window too:
-            # served through varlen. Training too (issue 23: varlen's backward, every head dim,
+            # served through varlen. Training too (varlen's backward, every head dim,
             # with the window, softcap and sinks — the sinks' gradient included).
             w = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else None
             padded = padded_prefill_of(attention_mask, query, key, w)

@@ -7,7 +7,7 @@ sequence's ``cache_seqlens`` by a small kernel launched in the same native call 
 (``torch.ops.flashcore.attention_kvcache_append``, which declares the caches mutated; torch
 indexing where a cache cannot be read in place), then the attention
 (``torch.ops.flashcore.attention_kvcache`` without new rows) runs over each sequence's keys. The
-counts and the block table are public metadata (DESIGN.md §1): the walk ends at each count.
+counts and the block table are public metadata (docs/design.md §1): the walk ends at each count.
 With ``secret_lengths=True`` the counts stay secret from timing instead — the kernel walks the
 whole capacity and masks by select, at the cost of reading it all.
 """
@@ -20,7 +20,7 @@ from . import _checks, _native, chunked, ops
 from ._launch import _append_ready, fast, launch, prepare_kv
 
 MAX_SEQLEN_Q = _native.DECODE_MAX_SEQLEN_Q  # query positions per sequence (16)
-NO_FEATURES = ((-1, -1), 0.0, None)  # issue 24's (window_size, softcap, sinks) when none is asked
+NO_FEATURES = ((-1, -1), 0.0, None)  # (window_size, softcap, sinks) when none is asked
 
 
 def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None):
@@ -100,7 +100,7 @@ def _check(q, k_cache, v_cache, seqlens_k, block_table):
 
 def _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, leftpad, return_lse, feats=NO_FEATURES,
                      prefill_consistent=False):
-    """The ops' checks (shapes, counts, table, left padding, issue 24's features), then their
+    """The ops' checks (shapes, counts, table, left padding, window, softcap and sinks), then their
     (out, lse) tensors."""
     _check(q, k_cache, v_cache, seqlens_k, block_table)
     _check_leftpad(q, leftpad)
@@ -109,7 +109,7 @@ def _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, leftpad, retur
 
 
 def _check_feats(q, feats, prefill_consistent):
-    """Issue 24's features of a decode call (`_checks.check_features`); the prefill-consistent
+    """The window, softcap and sinks of a decode call (`_checks.check_features`); the prefill-consistent
     mode takes none of windows and softcap yet (its bits would no longer be the prefill's)."""
     window, softcap, sinks = _checks.check_features(feats[0], feats[1], feats[2], q, q.shape[-2])
     if prefill_consistent and (window != (-1, -1) or softcap):
@@ -150,7 +150,7 @@ def attention_kvcache_op(
     ([B, S_cache, Hkv, D], or pages through `block_table`); q's positions are the last Sq of
     those keys (causal: bottom-right aligned to each count). Returns (out, lse); lse fp32
     [B, Hq, Sq], empty unless asked. `cache_leftpad`: each sequence's first key (keys before it
-    are masked). Issue 24: a sliding window (flash-attn's window_size, −1 unbounded; aligned to
+    are masked). A sliding window (flash-attn's window_size, −1 unbounded; aligned to
     each count), a softcap (0 off), learnable sinks (fp32 [Hq], or None)."""
     feats = (window_left, window_right), softcap, sinks
     out, lse = _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse, feats,
@@ -268,7 +268,7 @@ def flash_attn_with_kvcache(
     keeps n within the capacity). `cache_seqlens`: int or int32 [B] (None: the caches are full).
     Attention then runs over the first ``cache_seqlens[b] + n`` rows; with `causal`, q's Sq
     positions are the last ones of those keys.
-    Issue 24: `window_size=(left, right)` (−1 unbounded; `causal` sets right = 0): query i of
+    `window_size=(left, right)` (−1 unbounded; `causal` sets right = 0): query i of
     Sq, aligned bottom-right to each sequence's key count, sees the keys within `left` before and
     `right` after its position; `softcap` (scores softcap · tanh(scale · q·k / softcap), Gemma 2);
     `learnable_sink` (FA4's name; ``[Hq]``, any float dtype, taken as fp32: one logit per query

@@ -41,7 +41,7 @@ def attention_op(
     sinks: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Returns (out, lse): out contiguous in the input layout, lse fp32 [B, Hq, Sq] (empty
-    unless `return_lse`). Issue 24: a sliding window (flash-attn's window_size, −1 unbounded),
+    unless `return_lse`). A sliding window (flash-attn's window_size, −1 unbounded),
     a softcap (0 off) and learnable sinks (fp32 [Hq], or None)."""
     b, sq, sk, hq, hkv, d = _checks.split_shape(q, k, v, _layout(bhsd))
     scale = _checks.check_scale(scale)

@@ -2,7 +2,7 @@
 
 Q is ``[total_q, Hq, D]``, K and V ``[total_k, Hkv, D]``: the sequences of a batch laid end to
 end, sequence b owning tokens ``cu_seqlens[b] .. cu_seqlens[b + 1]`` (int32 ``[B + 1]`` prefix
-sums on the device; public metadata, DESIGN.md §1). The kernel's work list — one item per
+sums on the device; public metadata, docs/design.md §1). The kernel's work list — one item per
 128-row query tile, sequence by sequence, heaviest sequence first — is built on the device from ``cu_seqlens`` (and
 ``seqused_k``) on the caller's stream: no host synchronisation, so the call runs inside CUDA
 graphs and ``torch.compile(fullgraph=True)``. The custom op is ``torch.ops.flashcore.attention_varlen``.
@@ -67,7 +67,10 @@ def _check(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, seqused_q=None):
     if dk != d:
         raise ValueError(f"flashcore: q has head dim {d} but k has {dk}")
     if d not in _native.SUPPORTED_HEAD_DIMS:
-        raise ValueError(f"flashcore: head dim {d} is not supported (supported: 64, 96, 128, 256)")
+        raise ValueError(
+            f"flashcore: head dim {d} is not supported "
+            f"(supported: {', '.join(map(str, _native.SUPPORTED_HEAD_DIMS))})"
+        )
     if hq == 0 or hkv == 0 or hq % hkv:
         raise ValueError(f"flashcore: heads_q ({hq}) must be a positive multiple of heads_kv ({hkv})")
     _check_meta("cu_seqlens_q", cu_q, None, q.device)
@@ -174,7 +177,7 @@ def attention_varlen_op(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Varlen attention of packed q [total_q, Hq, D] over k, v [total_k, Hkv, D]. Returns
     (out [total_q, Hq, D], lse fp32 [Hq, total_q], empty unless `return_lse`). With `seqused_q`,
-    rows that belong to no sequence's used queries read 0 (lse −inf). Issue 24: a sliding window
+    rows that belong to no sequence's used queries read 0 (lse −inf). A sliding window
     (flash-attn's window_size, −1 unbounded; per sequence, bottom-right aligned to its counts), a
     softcap (0 off) and learnable sinks (fp32 [Hq], or None)."""
     return _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal,
@@ -227,13 +230,13 @@ def flash_attn_varlen_func(
     real token`` and ``seqused = real tokens``, with no unpadding copy.
     Empty sequences are fine (no keys: O = 0, LSE = −inf). Returns `out`; with
     `return_attn_probs` ``(out, softmax_lse, None)``, with `return_lse` ``(out, softmax_lse)``;
-    ``softmax_lse`` is fp32 ``[Hq, total_q]``. Issue 24, per sequence: `window_size=(left,
+    ``softmax_lse`` is fp32 ``[Hq, total_q]``. Per sequence: `window_size=(left,
     right)` (−1 unbounded; `causal` sets right = 0): query i of a sequence of Sq queries over Sk
     keys sees key j iff i + Sk − Sq − left ≤ j ≤ i + Sk − Sq + right, whole key blocks outside
     skipped; `softcap` (scores softcap · tanh(scale · q·k / softcap)); `learnable_sink` (FA4's
     name; ``[Hq]``, any float dtype, taken as fp32: one logit per query head joins each row's
     softmax denominator, gpt-oss). Not supported (ValueError): dropout, ALiBi, a block table;
-    Training (issue 23, ``varlen_autograd``): gradients flow to q, k, v (head dims 64, 96, 128
+    Training (``varlen_autograd``): gradients flow to q, k, v (head dims 64, 96, 128
     and 256; with ``seqused_k`` / ``seqused_q``, a window, softcap and sinks too — the sink's
     gradient summed over the pack), with no host synchronisation; ``secret_lengths`` under grad
     raises RuntimeError (no backward for it yet). `deterministic` is

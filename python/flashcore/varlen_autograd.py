@@ -121,7 +121,7 @@ def attention_varlen_backward_features_op(
     softcap: float,
     sinks: Optional[torch.Tensor],
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dsink) of ``torch.ops.flashcore.attention_varlen`` with issue 24's window,
+    """(dq, dk, dv, dsink) of ``torch.ops.flashcore.attention_varlen`` with its window,
     softcap and sinks: as ``attention_varlen_backward``, plus the sinks' gradient (fp32 [Hq], summed
     over every sequence's rows; empty when `sinks` is None)."""
     b, hq, _, d = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, seqused_q)
@@ -172,7 +172,7 @@ def _attention_varlen_backward_features_fake(grad_out, q, k, v, out, lse, cu_seq
 
 def _setup_context(ctx, inputs, output):
     q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, return_lse, seqused_q = inputs[:12]
-    extra = tuple(inputs[12:]) + (-1, -1, 0.0, None)[len(inputs[12:]):]  # window, softcap, sinks (issue 24)
+    extra = tuple(inputs[12:]) + (-1, -1, 0.0, None)[len(inputs[12:]):]  # window, softcap, sinks
     ctx.window, ctx.softcap = (extra[0], extra[1]), extra[2]
     sinks = extra[3]
     ctx.features = ctx.window != (-1, -1) or ctx.softcap != 0.0 or sinks is not None

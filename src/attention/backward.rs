@@ -1,95 +1,29 @@
-//! The backward pass (issue 23): dQ, dK, dV of `O = softmax(scale · Q Kᵀ + mask) V` from Q, K, V,
+//! The backward pass: dQ, dK, dV of `O = softmax(scale · Q Kᵀ + mask) V` from Q, K, V,
 //! the forward's O and LSE, and dO. Three launches on the context's stream
 //! (`kernels/attention_bwd.cu`): a preprocess into a padded fp32 workspace, the dK/dV kernel and
 //! the dQ kernel. Every gradient element is summed by one CTA in an order fixed by the shape: the
 //! result is bitwise deterministic and a sequence's bits do not depend on its batch. At d128
 //! causal the default is the one-pass kernel instead
-//! ([`crate::kernels::backward::default_onepass`]): dQ's partials are added across CTAs in a
-//! turn order fixed by the shape, so the same holds. Issue 24:
-//! windows and softcap run their own two-pass builds ([`BwdVariant::for_params`]); a call with
+//! ([`crate::kernels::select::default_onepass`]): dQ's partials are added across CTAs in a
+//! turn order fixed by the shape, so the same holds. Windows and softcap run their own two-pass
+//! builds ([`crate::kernels::select::backward`]); a call with
 //! learnable sinks adds a fourth launch, the sinks' gradient (`flashcore_bwd_dsink`).
 //!
 //! Every rule is checked on the host before anything is launched ([`check_backward`]).
 
 use super::context::{Context, Element};
-use super::external::Strides;
-use super::params::{AttentionParams, DType};
 use super::{tensor_map, validate};
+use crate::abi::BwdKernelParams;
+pub use crate::abi::{FLAGS_FIELD, VARLEN_FIELDS};
 use crate::error::{Error, Result};
 use crate::kernels::backward::{self as kb, BwdVariant};
+use crate::spec::Strides;
+use crate::spec::{AttentionParams, DType};
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr, DevicePtrMut,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
-
-/// The kernels' `BwdParams` (kernels/fc_bwd_config.cuh), byte for byte.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct BwdKernelParams {
-    q_map: sys::CUtensorMap,
-    k_map: sys::CUtensorMap,
-    v_map: sys::CUtensorMap,
-    do_map: sys::CUtensorMap,
-    o_ptr: u64,
-    do_ptr: u64,
-    lse_ptr: u64,
-    dq_ptr: u64,
-    dk_ptr: u64,
-    dv_ptr: u64,
-    lse2_ptr: u64,
-    dvec_ptr: u64,
-    q_stride_b: i64,
-    q_stride_s: i64,
-    q_stride_h: i64,
-    k_stride_b: i64,
-    k_stride_s: i64,
-    k_stride_h: i64,
-    batch: i32,
-    seqlen_q: i32,
-    seqlen_k: i32,
-    heads_q: i32,
-    group: i32,
-    sq_pad: i32,
-    scale_log2: f32,
-    scale: f32,
-    kv_m_blocks: i32,
-    q_n_blocks: i32,
-    dq_acc_ptr: u64,
-    flags_ptr: u64,
-    kv_n_blocks: i32,
-    // Issue 24 (kernels/fc_bwd_mask.cuh, fc_bwd_sink.cuh).
-    window_left: i32,
-    window_right: i32,
-    softcap_in: f32,
-    softcap_out: f32,
-    pad0: i32,
-    sinks_ptr: u64,
-    dsink_ptr: u64,
-    // Varlen (kernels/fc_bwd_varlen.cuh): the pack's totals and its public metadata.
-    vl_total_q: i32,
-    vl_total_k: i32,
-    cu_q_ptr: u64,
-    cu_k_ptr: u64,
-    used_k_ptr: u64,
-    used_q_ptr: u64,
-    reserved: [i32; 2],
-}
-
-const _: () = assert!(std::mem::size_of::<BwdKernelParams>() == 768);
-
-/// Byte offset of the turn counters' pointer in the parameter block (declared public to the
-/// audit for the one-pass variants: [`BwdVariant::declared`]).
-pub const FLAGS_FIELD: u32 = std::mem::offset_of!(BwdKernelParams, flags_ptr) as u32;
-
-/// Byte offsets of the varlen variants' metadata pointers (`cu_seqlens_q`, `cu_seqlens_k`,
-/// `seqused_k`, `seqused_q`), declared public to the audit ([`BwdVariant::declared`]).
-pub const VARLEN_FIELDS: [u32; 4] = [
-    std::mem::offset_of!(BwdKernelParams, cu_q_ptr) as u32,
-    std::mem::offset_of!(BwdKernelParams, cu_k_ptr) as u32,
-    std::mem::offset_of!(BwdKernelParams, used_k_ptr) as u32,
-    std::mem::offset_of!(BwdKernelParams, used_q_ptr) as u32,
-];
 
 pub mod varlen;
 
@@ -153,7 +87,7 @@ pub fn check_backward_variant(v: BwdVariant) -> Result<()> {
     Ok(())
 }
 
-/// Learnable sinks of a backward call (issue 24): `sinks` fp32 `[heads_q]` (the forward's) and
+/// Learnable sinks of a backward call: `sinks` fp32 `[heads_q]` (the forward's) and
 /// `dsink` fp32 `[heads_q]` (their gradient, written), each as (length, address), both given or
 /// neither.
 pub fn check_backward_sinks(
@@ -314,10 +248,10 @@ fn loaded(cuda: &Arc<CudaContext>, variant: BwdVariant) -> Result<Arc<LoadedBack
 
 /// Bytes of scratch one backward call needs: the LSE in base 2 and D = rowsum(dO ∘ O), fp32,
 /// `batch · heads_q · padded Sq` each (Sq padded to a multiple of 128); for the one-pass
-/// variant the call runs ([`BwdVariant::for_call`]), also dQ's fp32 accumulator (`head_dim`
+/// variant the call runs ([`crate::kernels::select::backward`]), also dQ's fp32 accumulator (`head_dim`
 /// floats per padded row) and an int32 turn counter per (sequence, head, query tile).
 pub fn workspace_bytes(p: &AttentionParams) -> usize {
-    workspace_layout(p, BwdVariant::for_params(p)).3
+    workspace_layout(p, crate::kernels::select::backward(p)).3
 }
 
 /// Byte offsets of the workspace's parts (D, dQ accumulator, counters) and its size.
@@ -366,7 +300,7 @@ pub struct BackwardPtrs {
     pub dq: u64,
     pub dk: u64,
     pub dv: u64,
-    /// Learnable sinks (issue 24): fp32 `[heads_q]` logits the forward used, and their gradient
+    /// Learnable sinks: fp32 `[heads_q]` logits the forward used, and their gradient
     /// fp32 `[heads_q]` (written); both 0 for a call without sinks.
     pub sinks: u64,
     pub dsink: u64,
@@ -614,7 +548,7 @@ impl Context {
     /// ([`BackwardPlan::launch_on`]).
     pub(crate) fn plan_backward_external(&self, params: &AttentionParams) -> Result<BackwardPlan> {
         check_backward_params(params)?;
-        let variant = BwdVariant::for_params(params);
+        let variant = crate::kernels::select::backward(params);
         check_backward_variant(variant)?;
         Ok(BackwardPlan {
             params: params.clone(),
@@ -886,12 +820,12 @@ mod tests {
 
     #[test]
     fn the_one_pass_kernels_refuse_head_dims_96_and_256_and_features() {
-        for d in [64, 96, 128, 256] {
+        for d in crate::spec::SUPPORTED_HEAD_DIMS {
             let two = BwdVariant {
                 onepass: false,
                 pingpong: true,
                 diag: 0,
-                ..BwdVariant::for_call(DType::F16, d, false)
+                ..crate::kernels::select::backward_call(DType::F16, d, false)
             };
             check_backward_variant(two).unwrap();
             let one = BwdVariant {
@@ -940,7 +874,7 @@ mod tests {
     #[test]
     fn one_pass_workspace_holds_the_accumulator_and_counters() {
         let p = params(); // B 2, Hq 4, Sq 100 (padded 128), D 64
-        let two = BwdVariant::for_call(p.dtype, p.head_dim, p.causal);
+        let two = crate::kernels::select::backward_call(p.dtype, p.head_dim, p.causal);
         let one = BwdVariant {
             onepass: true,
             pingpong: false,
@@ -980,7 +914,7 @@ mod tests {
             assert_eq!(off(std::ptr::addr_of!((*p).dq_acc_ptr) as *const u8), 664);
             assert_eq!(FLAGS_FIELD, 672);
             assert_eq!(off(std::ptr::addr_of!((*p).kv_n_blocks) as *const u8), 680);
-            // Issue 24's fields (kernels/fc_bwd_config.cuh).
+            // The window and softcap fields (kernels/fc_bwd_config.cuh).
             assert_eq!(off(std::ptr::addr_of!((*p).window_left) as *const u8), 684);
             assert_eq!(off(std::ptr::addr_of!((*p).window_right) as *const u8), 688);
             assert_eq!(off(std::ptr::addr_of!((*p).softcap_in) as *const u8), 692);

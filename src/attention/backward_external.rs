@@ -11,10 +11,11 @@
 use super::backward::{
     check_backward_params, check_backward_sinks, workspace_bytes, BackwardPtrs, InputStrides,
 };
-use super::external::{self, DeviceTensor, ExternalCall, ExternalContext, Strides};
-use super::params::AttentionParams;
+use super::external::{self, DeviceTensor, ExternalCall, ExternalContext};
 use super::validate::TENSOR_ALIGN;
 use crate::error::{Error, Result};
+use crate::spec::AttentionParams;
+use crate::spec::Strides;
 use cudarc::driver::sys;
 
 /// One backward call on caller-owned memory. `params` gives the shape, dtype, mask and scale of
@@ -37,7 +38,7 @@ pub struct ExternalBackwardCall {
     pub dv: u64,
     /// [`workspace_bytes`] bytes of scratch, 16-byte aligned, used by no other launch in flight.
     pub workspace: u64,
-    /// Learnable sinks (issue 24): the forward's fp32 `[heads_q]` logits and their gradient
+    /// Learnable sinks: the forward's fp32 `[heads_q]` logits and their gradient
     /// fp32 `[heads_q]` (written); both 0 for a call without sinks.
     pub sinks: u64,
     pub dsink: u64,

@@ -1,4 +1,4 @@
-//! Chunked prefill over a KV cache (issue 22): many new queries per sequence — a long prompt
+//! Chunked prefill over a KV cache: many new queries per sequence — a long prompt
 //! split into chunks, or new tokens after a reused prefix — attending to a cache plus
 //! themselves. The varlen kernel reads a contiguous cache in place: sequence `b` is the slice
 //! of one pack that starts at row `b · capacity`, and its key count is the varlen `seqused_k`,
@@ -9,8 +9,8 @@
 use cudarc::driver::CudaSlice;
 
 use super::context::{Context, Element, KvCache};
-use super::params::{AttentionParams, Layout};
 use crate::error::{Error, Result};
+use crate::spec::{AttentionParams, Layout};
 
 impl Context {
     /// Chunked prefill: `q` is packed `[total_q, heads_q, head_dim]` by `cu_seqlens_q` (i32
@@ -19,7 +19,7 @@ impl Context {
     /// [`Context::append_kv`]), causal bottom-right aligned to that count. `params.seqlen_q` is
     /// the longest chunk (max_seqlen_q), `params.seqlen_k` the cache's capacity; heads, head dim,
     /// dtype and scale as for [`Context::attention`]; `params.window`, `params.softcap` and
-    /// `cache.sinks` (issue 24) apply, the window aligned to each sequence's count. `out` is packed like `q`; `lse`, when
+    /// `cache.sinks` apply, the window aligned to each sequence's count. `out` is packed like `q`; `lse`, when
     /// given, fp32 `[heads_q, total_q]`. Takes contiguous bshd caches `[batch, capacity,
     /// heads_kv, head_dim]` with public counts: a paged cache, secret counts, left padding and the
     /// prefill-consistent mode (chunks already get the prefill's bits) are refused — not built

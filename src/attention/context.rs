@@ -1,140 +1,19 @@
-//! `Context`: one CUDA device, its stream, and the kernels loaded on it.
+//! The attention API of a [`Context`]: plans and launches of the dense, secret-length and
+//! KV-cache forward (the device itself: `device.rs`).
 
-use super::decode::Pages;
-use super::launch::Lengths;
-use super::launch::{LoadedKernel, Plan};
-use super::params::{AttentionParams, DType};
+use super::launch::Plan;
 use super::validate;
 use crate::error::{Error, Result};
-use crate::kernels::{TestBuild, Variant};
-use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, ValidAsZeroBits,
-};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use crate::kernels::TestBuild;
+use crate::spec::AttentionParams;
+use crate::spec::Lengths;
+use crate::spec::Pages;
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 
-/// Element types the kernels take: 16-bit floats.
-pub trait Element: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static {
-    const DTYPE: DType;
-    fn to_f64(self) -> f64;
-    fn from_f64(x: f64) -> Self;
-}
-impl Element for half::f16 {
-    const DTYPE: DType = DType::F16;
-    fn to_f64(self) -> f64 {
-        self.to_f64()
-    }
-    fn from_f64(x: f64) -> Self {
-        half::f16::from_f64(x)
-    }
-}
-impl Element for half::bf16 {
-    const DTYPE: DType = DType::Bf16;
-    fn to_f64(self) -> f64 {
-        self.to_f64()
-    }
-    fn from_f64(x: f64) -> Self {
-        half::bf16::from_f64(x)
-    }
-}
-
-/// Opens the driver library ourselves first: cudarc panics when it is missing, we return
-/// `Error::NoDriver` instead.
-pub(crate) fn probe_driver() -> Result<()> {
-    static PROBE: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
-    PROBE
-        .get_or_init(|| {
-            // SAFETY: loading the driver library runs its initialisers, as cudarc would.
-            match unsafe { libloading::Library::new("libcuda.so.1") } {
-                Ok(lib) => {
-                    std::mem::forget(lib);
-                    Ok(())
-                }
-                Err(e) => Err(format!("cannot load libcuda.so.1 ({e})")),
-            }
-        })
-        .clone()
-        .map_err(Error::NoDriver)
-}
-
-/// A CUDA device with its stream and the flashcore kernels loaded on it.
-pub struct Context {
-    cuda: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
-    kernels: Mutex<HashMap<Variant, Arc<LoadedKernel>>>,
-    num_sms: usize,
-}
+pub(crate) use super::device::probe_driver;
+pub use super::device::{Context, Element};
 
 impl Context {
-    /// Opens device `ordinal`. Errors (never panics) when there is no driver, no device, or the
-    /// device is not an sm_90 Hopper GPU.
-    pub fn new(ordinal: usize) -> Result<Context> {
-        probe_driver()?;
-        let count = CudaContext::device_count().map_err(|e| match e.0 {
-            cudarc::driver::sys::CUresult::CUDA_ERROR_NO_DEVICE => Error::NoDevice,
-            _ => Error::Driver(e),
-        })?;
-        if count <= 0 {
-            return Err(Error::NoDevice);
-        }
-        if ordinal >= count as usize {
-            return Err(Error::invalid(
-                "device",
-                format!("ordinal {ordinal} but only {count} CUDA device(s) present"),
-            ));
-        }
-        let cuda = CudaContext::new(ordinal)?;
-        let (major, minor) = cuda.compute_capability()?;
-        if (major, minor) != (9, 0) {
-            return Err(Error::UnsupportedDevice {
-                name: cuda.name().unwrap_or_default(),
-                major,
-                minor,
-            });
-        }
-        // One stream, ordered by construction: cudarc's per-buffer event tracking is not needed.
-        // SAFETY: flashcore uses buffers from one stream only.
-        unsafe { cuda.disable_event_tracking() };
-        let num_sms = cuda.attribute(
-            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        )? as usize;
-        // A stream of our own (not the legacy default stream): CUDA graphs can capture it.
-        let stream = cuda.new_stream()?;
-        Ok(Context {
-            cuda,
-            stream,
-            kernels: Mutex::new(HashMap::new()),
-            num_sms,
-        })
-    }
-
-    pub fn cuda(&self) -> &Arc<CudaContext> {
-        &self.cuda
-    }
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
-    }
-    pub fn device_name(&self) -> String {
-        self.cuda.name().unwrap_or_else(|_| "unknown".into())
-    }
-    pub fn num_sms(&self) -> usize {
-        self.num_sms
-    }
-
-    /// The loaded kernel for `variant`, compiling (through the disk cache) on first use.
-    pub(crate) fn kernel(&self, variant: Variant) -> Result<Arc<LoadedKernel>> {
-        let mut map = self
-            .kernels
-            .lock()
-            .map_err(|_| Error::Other("kernel cache lock poisoned".into()))?;
-        if let Some(k) = map.get(&variant) {
-            return Ok(k.clone());
-        }
-        let k = Arc::new(LoadedKernel::load(&self.cuda, variant)?);
-        map.insert(variant, k.clone());
-        Ok(k)
-    }
-
     /// Validates `params` and prepares everything a launch needs except the buffers.
     pub fn plan(&self, params: &AttentionParams) -> Result<Plan> {
         self.plan_lengths(params, Lengths::None, true)
@@ -147,7 +26,7 @@ impl Context {
     }
 
     /// A KV-cache plan ([`Lengths::KvCache`]): `params.seqlen_k` is the cache's capacity,
-    /// `params.seqlen_q` ≤ [`super::decode::MAX_SEQLEN_Q`] the new queries; each launch gives
+    /// `params.seqlen_q` ≤ [`crate::spec::MAX_SEQLEN_Q`] the new queries; each launch gives
     /// every sequence's key count in a device buffer — public metadata, or with `secret` kept
     /// secret (the kernel walks the capacity). `pages`: a paged cache.
     pub fn plan_kv_cache(
@@ -293,9 +172,9 @@ impl Context {
     ) -> Result<()> {
         validate::check_buffers_dtype(params, T::DTYPE)?;
         let align = validate::TENSOR_ALIGN;
-        let (q_ptr, _g1) = q.device_ptr(&self.stream);
-        let (k_ptr, _g2) = k.device_ptr(&self.stream);
-        let (v_ptr, _g3) = v.device_ptr(&self.stream);
+        let (q_ptr, _g1) = q.device_ptr(self.stream());
+        let (k_ptr, _g2) = k.device_ptr(self.stream());
+        let (v_ptr, _g3) = v.device_ptr(self.stream());
         validate::check_buffer("q", q.len(), params.q_len(), q_ptr, align)?;
         // A paged plan's K and V are the page pools.
         let kv_len = match plan.lengths().pages() {
@@ -305,12 +184,12 @@ impl Context {
         validate::check_buffer("k", k.len(), kv_len, k_ptr, align)?;
         validate::check_buffer("v", v.len(), kv_len, v_ptr, align)?;
         let out_len = out.len();
-        let (o_ptr, _g4) = out.device_ptr_mut(&self.stream);
+        let (o_ptr, _g4) = out.device_ptr_mut(self.stream());
         validate::check_buffer("out", out_len, params.q_len(), o_ptr, 4)?;
         let lse_ptr = match lse {
             Some(l) => {
                 let len = l.len();
-                let (p, _g) = l.device_ptr_mut(&self.stream);
+                let (p, _g) = l.device_ptr_mut(self.stream());
                 validate::check_buffer("lse", len, params.lse_len(), p, 4)?;
                 p
             }
@@ -318,7 +197,7 @@ impl Context {
         };
         let (sinks_ptr, _g5) = match sinks {
             Some(s) => {
-                let (p, g) = s.device_ptr(&self.stream);
+                let (p, g) = s.device_ptr(self.stream());
                 validate::check_buffer("sinks", s.len(), params.heads_q, p, 4)?;
                 (p, Some(g))
             }
@@ -368,7 +247,7 @@ impl Context {
             ));
         }
         let plan = self.plan_secret_len(params)?;
-        let (lens_ptr, _g) = lengths.device_ptr(&self.stream);
+        let (lens_ptr, _g) = lengths.device_ptr(self.stream());
         self.launch_checked(&plan, params, q, k, v, out, lse, [lens_ptr, 0, 0], None)
     }
 
@@ -407,10 +286,10 @@ impl Context {
         if let Some(starts) = cache.leftpad {
             validate::check_kv_starts(&counts, &self.download(starts)?, cache.secret_lengths)?;
         }
-        let (lens_ptr, _g) = cache.seqlens_k.device_ptr(&self.stream);
-        let table = cache.block_table.map(|(t, _)| t.device_ptr(&self.stream));
+        let (lens_ptr, _g) = cache.seqlens_k.device_ptr(self.stream());
+        let table = cache.block_table.map(|(t, _)| t.device_ptr(self.stream()));
         let t_ptr = table.as_ref().map_or(0, |(p, _)| *p);
-        let starts = cache.leftpad.map(|s| s.device_ptr(&self.stream));
+        let starts = cache.leftpad.map(|s| s.device_ptr(self.stream()));
         let s_ptr = starts.as_ref().map_or(0, |(p, _)| *p);
         // The table's entries were checked against the pool above (and are clamped on the device).
         self.launch_checked(
@@ -431,7 +310,7 @@ impl Context {
     /// (device copies on this context's stream). With `pages` (the host copy of the block table
     /// and the pool's geometry) `cache` is a page pool and row r of sequence b goes to page
     /// `table[b][r / page_size]`. The lengths and the table are host values: where a row goes is
-    /// public here (DESIGN.md §1: cache lengths are metadata); a row past the capacity or a page
+    /// public here (docs/design.md §1: cache lengths are metadata); a row past the capacity or a page
     /// outside the pool is an error before any copy.
     pub fn append_kv<T: Element>(
         &self,
@@ -441,7 +320,7 @@ impl Context {
         cache_seqlens: &[usize],
         pages: Option<(&[i32], Pages)>,
     ) -> Result<()> {
-        if params.layout != super::params::Layout::Bshd {
+        if params.layout != crate::spec::Layout::Bshd {
             return Err(Error::invalid(
                 "layout",
                 "append_kv writes bshd caches only",
@@ -513,76 +392,11 @@ impl Context {
                 let src = new.slice((b * n + i) * row..(b * n + i + count) * row);
                 let start = dest(b, r);
                 let mut dst = cache.slice_mut(start..start + count * row);
-                self.stream.memcpy_dtod(&src, &mut dst)?;
+                self.stream().memcpy_dtod(&src, &mut dst)?;
                 i += count;
             }
         }
         Ok(())
-    }
-
-    /// Free and total device memory, in bytes.
-    pub fn memory_info(&self) -> Result<(u128, u128)> {
-        self.cuda.bind_to_thread()?;
-        let (free, total) = cudarc::driver::result::mem_get_info()?;
-        Ok((free as u128, total as u128))
-    }
-
-    /// A typed error, before trying, for an allocation larger than the free device memory.
-    fn check_fits(&self, bytes: u128) -> Result<()> {
-        let (free, total) = self.memory_info()?;
-        if bytes > free {
-            return Err(Error::DeviceMemory { bytes, free, total });
-        }
-        Ok(())
-    }
-
-    /// An out-of-memory driver error as [`Error::DeviceMemory`]; other errors as they are.
-    fn memory_error(&self, e: cudarc::driver::DriverError, bytes: u128) -> Error {
-        if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
-            let (free, total) = self.memory_info().unwrap_or((0, 0));
-            Error::DeviceMemory { bytes, free, total }
-        } else {
-            Error::Driver(e)
-        }
-    }
-
-    /// Copies a host slice to a new device buffer.
-    pub fn upload<T: DeviceRepr>(&self, host: &[T]) -> Result<CudaSlice<T>> {
-        self.check_fits(std::mem::size_of_val(host) as u128)?;
-        self.stream
-            .clone_htod(host)
-            .map_err(|e| self.memory_error(e, std::mem::size_of_val(host) as u128))
-    }
-    pub fn upload_f16(&self, host: &[half::f16]) -> Result<CudaSlice<half::f16>> {
-        self.upload(host)
-    }
-    pub fn upload_bf16(&self, host: &[half::bf16]) -> Result<CudaSlice<half::bf16>> {
-        self.upload(host)
-    }
-    /// A zero-filled device buffer of `len` elements.
-    pub fn alloc<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<CudaSlice<T>> {
-        let bytes = len as u128 * std::mem::size_of::<T>() as u128;
-        self.check_fits(bytes)?;
-        self.stream
-            .alloc_zeros::<T>(len)
-            .map_err(|e| self.memory_error(e, bytes))
-    }
-    /// Copies a device buffer back (waits for the stream).
-    pub fn download<T: DeviceRepr + Default + Clone>(&self, dev: &CudaSlice<T>) -> Result<Vec<T>> {
-        Ok(self.stream.clone_dtoh(dev)?)
-    }
-    /// Fills a device buffer from a host slice of equal length.
-    pub fn copy_to_device<T: DeviceRepr>(&self, host: &[T], dev: &mut CudaSlice<T>) -> Result<()> {
-        if host.len() != dev.len() {
-            return Err(Error::invalid(
-                "host",
-                format!("{} elements for a buffer of {}", host.len(), dev.len()),
-            ));
-        }
-        Ok(self.stream.memcpy_htod(host, dev)?)
-    }
-    pub fn synchronize(&self) -> Result<()> {
-        Ok(self.stream.synchronize()?)
     }
 }
 

@@ -7,60 +7,14 @@
 //! the batch or the SM count. So a sequence's output bits do not depend on what else is in the
 //! batch (`tests/gpu_decode.rs` checks it bitwise).
 
-use super::launch::Lengths;
-use super::params::AttentionParams;
+pub(crate) use crate::abi::CombineParams;
 use crate::error::{Error, Result};
-use crate::kernels::{Tile, Variant};
+use crate::kernels::Tile;
+use crate::spec::AttentionParams;
+use crate::spec::Lengths;
+pub use crate::spec::{Pages, MAX_SEQLEN_Q, MIN_PAGE_SIZE};
 
-/// Calls with at most this many query positions per sequence run in decode mode.
-pub const MAX_SEQLEN_Q: usize = 16;
-
-/// A paged KV cache's geometry: K and V are pools of `num_pages` pages of `page_size` rows
-/// (`[num_pages, page_size, heads_kv, head_dim]`); sequence b's row r lives in page
-/// `block_table[b][r / page_size]`, row `r % page_size`. The capacity `seqlen_k` is the table's
-/// row length times `page_size`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Pages {
-    /// Rows per page: a power of two, at least [`MIN_PAGE_SIZE`].
-    pub page_size: usize,
-    pub num_pages: usize,
-}
-
-impl Pages {
-    /// Elements of one pool (K or V) for `p`'s heads and head dim.
-    pub fn pool_len(&self, p: &AttentionParams) -> usize {
-        self.num_pages * self.page_size * p.heads_kv * p.head_dim
-    }
-
-    /// The pool row holding sequence `b`'s cache row `r`, through `table` (`[batch, seqlen_k /
-    /// page_size]`, entries already checked against the pool).
-    pub fn pool_row(&self, table: &[i32], seqlen_k: usize, b: usize, r: usize) -> usize {
-        let page = table[b * (seqlen_k / self.page_size) + r / self.page_size] as usize;
-        page * self.page_size + r % self.page_size
-    }
-}
-
-/// The smallest page: one TMA box of 16 rows keeps the 128-byte swizzle of a whole block.
-pub const MIN_PAGE_SIZE: usize = 16;
-
-/// The decode variant a call runs, or `None` for the prefill kernel: every KV-cache call
-/// (validated to Sq ≤ [`MAX_SEQLEN_Q`]; secret counts in the secret-length build), and calls
-/// without lengths of at most that many query positions; secret-length prefill keeps the prefill
-/// kernel. The one place that decides.
-pub fn variant_for(p: &AttentionParams, lengths: Lengths) -> Option<Variant> {
-    let v = Variant::decode(p.dtype, p.head_dim, p.causal);
-    match lengths {
-        Lengths::KvCache { secret, pages, .. } => Some(Variant::kv_cache(
-            p.dtype,
-            p.head_dim,
-            p.causal,
-            secret,
-            pages.is_some(),
-        )),
-        Lengths::SecretPadded => None,
-        Lengths::None => (p.seqlen_q <= MAX_SEQLEN_Q).then_some(v),
-    }
-}
+pub use crate::kernels::select::decode as variant_for;
 
 /// Query heads packed into one tile's rows: the largest power of two that divides the group
 /// (Hq / Hkv) and fits 64 rows. Every head of a pack reads the same K/V head.
@@ -81,7 +35,7 @@ pub fn pack_for(group: usize) -> usize {
 /// long request, and a single K/V head (MQA) needs at least 64 units there: 16-block splits give
 /// that (30.1 µs against 40.5 with 32 blocks at B = 1 over 131k keys) for 1.4% at GQA.
 pub fn split_blocks_for(seqlen_k: usize, block_n: usize) -> usize {
-    if let Some(n) = fixed_split_blocks() {
+    if let Some(n) = crate::knobs::decode_split_blocks() {
         return n;
     }
     let key_blocks = seqlen_k.div_ceil(block_n);
@@ -90,20 +44,6 @@ pub fn split_blocks_for(seqlen_k: usize, block_n: usize) -> usize {
     } else {
         key_blocks.div_ceil(8).clamp(8, 32)
     }
-}
-
-/// For measurement only: `FLASHCORE_DECODE_SPLIT=N` (1–4096) fixes the split size at N blocks
-/// whatever Sk is. Like the prefill's tuning knobs it is public and a function of nothing but the
-/// environment, so bits stay batch-invariant under it; it changes the split size, and so the
-/// bits, against the default rule.
-fn fixed_split_blocks() -> Option<usize> {
-    static FIXED: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    *FIXED.get_or_init(|| {
-        std::env::var("FLASHCORE_DECODE_SPLIT")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|n| (1..=4096).contains(n))
-    })
 }
 
 /// The decode grid: which work units exist and how many CTAs walk them.
@@ -199,28 +139,6 @@ pub fn workspace_bytes(p: &AttentionParams, lengths: Lengths) -> usize {
         .map_or(0, |s| s.workspace_bytes(p))
 }
 
-/// The combine kernel's parameter block (`CombineParams` in kernels/fc_decode.cuh).
-#[repr(C)]
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct CombineParams {
-    pub o_ptr: u64,
-    pub lse_ptr: u64,
-    pub ws_o_ptr: u64,
-    pub ws_ml_ptr: u64,
-    pub o_stride_b: i64,
-    pub o_stride_s: i64,
-    pub o_stride_h: i64,
-    pub batch: i32,
-    pub heads_q: i32,
-    pub seqlen_q: i32,
-    pub num_splits: i32,
-    pub scale_log2: f32,
-    pub scale: f32,
-    pub groups: i32,
-    /// fp32 `[heads_q]` learnable sinks (secret), or 0.
-    pub sinks_ptr: u64,
-}
-
 /// Threads per CTA of the combine kernel (`COMBINE_THREADS` in kernels/fc_decode.cuh).
 pub(crate) const COMBINE_THREADS: u32 = 256;
 
@@ -303,7 +221,7 @@ mod tests {
         assert_eq!(combine_groups(200, 96), 8);
         assert_eq!(combine_ctas(5, 96, 8), 5);
         assert_eq!(combine_ctas(5, 256, 4), 5);
-        for d in [64, 96, 128, 256] {
+        for d in crate::spec::SUPPORTED_HEAD_DIMS {
             for n in [1, 2, 3, 8, 200] {
                 assert!(d / 4 * combine_groups(n, d) <= COMBINE_THREADS as usize);
             }

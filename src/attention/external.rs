@@ -25,66 +25,22 @@
 //! ```
 
 use super::context::Context;
-use super::launch::Lengths;
 use super::launch::Plan;
-use super::params::{AttentionParams, Layout};
 use super::validate::{self, TENSOR_ALIGN};
 use crate::error::{Error, Result};
+use crate::spec::Lengths;
+use crate::spec::{AttentionParams, Layout};
+pub use crate::spec::{DeviceTensor, Strides};
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// Varlen prefill on caller-owned memory (issue 22).
+/// Varlen prefill on caller-owned memory.
 pub mod varlen;
+
+/// The KV append's rules and parameter block for a call.
+mod append;
 pub use varlen::{validate_varlen, VarlenCall};
-
-/// Element strides of a 4-D attention tensor's (batch, seq, head) dims; the head-dim stride is
-/// 1. A dim of extent 1 may carry any stride (it is never stepped over).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Strides {
-    pub batch: i64,
-    pub seq: i64,
-    pub head: i64,
-}
-
-impl Strides {
-    /// Strides of a contiguous tensor in `layout`.
-    pub fn contiguous(layout: Layout, seqlen: usize, heads: usize, head_dim: usize) -> Strides {
-        let [b, s, h] = layout.strides(seqlen, heads, head_dim);
-        Strides {
-            batch: b as i64,
-            seq: s as i64,
-            head: h as i64,
-        }
-    }
-
-    pub(crate) fn as_array(self) -> [i64; 3] {
-        [self.batch, self.seq, self.head]
-    }
-
-    /// Extent-1 dims get a stride TMA accepts (any value is right for them: only index 0 exists).
-    fn normalized(self, extents: [usize; 3], head_dim: usize) -> Strides {
-        let fix = |stride: i64, extent: usize| {
-            if extent == 1 {
-                head_dim as i64
-            } else {
-                stride
-            }
-        };
-        Strides {
-            batch: fix(self.batch, extents[0]),
-            seq: fix(self.seq, extents[1]),
-            head: fix(self.head, extents[2]),
-        }
-    }
-}
-
-/// A caller-owned device tensor: base address and element strides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct DeviceTensor {
-    pub ptr: u64,
-    pub strides: Strides,
-}
 
 /// One attention call on caller-owned memory. `params` gives the shape (Q and O are
 /// `[batch, seqlen_q, heads_q, head_dim]`, K and V `[batch, seqlen_k, heads_kv, head_dim]` in
@@ -101,7 +57,7 @@ pub struct ExternalCall {
     pub lse: u64,
     /// Secret-length mode: i32 `[batch]` true lengths (needs seqlen_q == seqlen_k); 0 for none.
     pub lengths: u64,
-    /// KV-cache mode ([`super::launch::Lengths::KvCache`]): i32 `[batch]` key counts in K/V
+    /// KV-cache mode ([`Lengths::KvCache`]): i32 `[batch]` key counts in K/V
     /// caches of capacity `seqlen_k`, with `seqlen_q` ≤ 16 new queries; 0 for none. Public
     /// metadata unless `kv_secret`.
     pub kv_lengths: u64,
@@ -118,7 +74,7 @@ pub struct ExternalCall {
     /// geometry in `pages`; K and V are then `[num_pages, page_size, heads_kv, head_dim]` pools
     /// (their strides: page, row, head). 0 for a contiguous cache.
     pub block_table: u64,
-    pub pages: Option<super::decode::Pages>,
+    pub pages: Option<crate::spec::Pages>,
     /// Decode mode's scratch: [`super::decode::workspace_bytes`] bytes, 16-byte aligned, used by
     /// no other launch that may run at the same time (a framework allocates it per call on the
     /// call's stream, or keeps one per stream: launches on one stream run in order); 0 when that
@@ -186,7 +142,7 @@ impl ExternalCall {
         self
     }
     /// A paged cache's block table and geometry.
-    pub fn paged(mut self, block_table: u64, pages: super::decode::Pages) -> Self {
+    pub fn paged(mut self, block_table: u64, pages: crate::spec::Pages) -> Self {
         self.block_table = block_table;
         self.pages = Some(pages);
         self
@@ -306,7 +262,7 @@ pub fn validate(call: &ExternalCall) -> Result<()> {
     let p = &call.params;
     validate::check_params(p)?;
     if let Some(a) = &call.append {
-        super::kv_append::validate(call, a)?;
+        append::validate(call, a)?;
     }
     if call.kv_lengths != 0 {
         if call.lengths != 0 {
@@ -395,12 +351,12 @@ fn kv_extents(call: &ExternalCall) -> [usize; 3] {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct PlanKey {
     shape: [usize; 6],
-    dtype: super::params::DType,
+    dtype: crate::spec::DType,
     causal: bool,
     scale_bits: Option<u32>,
     lengths: Lengths,
-    /// Issue 24: the window and the softcap shape the plan's parameter block (and the build).
-    window: super::params::Window,
+    /// The window and the softcap shape the plan's parameter block (and the build).
+    window: crate::spec::Window,
     softcap_bits: u32,
 }
 
@@ -439,7 +395,7 @@ pub struct ExternalContext {
     /// Varlen kernels per (variant, stream): one module instance, so one `__constant__` work
     /// list, per stream ([`varlen`]).
     varlen_kernels: Mutex<
-        HashMap<(crate::kernels::Variant, varlen::StreamKey), Arc<super::launch::LoadedKernel>>,
+        HashMap<(crate::kernels::Variant, varlen::StreamKey), Arc<super::device::LoadedKernel>>,
     >,
 }
 
@@ -600,8 +556,7 @@ impl ExternalContext {
             None
         };
         if let Some(a) = &call.append {
-            let mut ap =
-                super::kv_append::params(call, a, [strides[1].as_array(), strides[2].as_array()]);
+            let mut ap = append::params(call, a, [strides[1].as_array(), strides[2].as_array()]);
             // SAFETY: the caller's contract (the new rows, caches, counts and table are live
             // device memory covering their strides); validated above.
             unsafe { plan.launch_append(&mut ap, stream)? };
@@ -614,8 +569,8 @@ impl ExternalContext {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::params::DType;
     use crate::attention::validate::rule_of;
+    use crate::spec::DType;
 
     fn bhsd(p: &AttentionParams, seqlen: usize, heads: usize, ptr: u64) -> DeviceTensor {
         DeviceTensor {

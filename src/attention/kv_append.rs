@@ -10,11 +10,12 @@
 //! every KV-cache kind (SECURITY.md): the audit declares both pointers of the append kernel's
 //! parameter block public and proves that the K/V values reach no address or branch.
 
-use super::external::{DeviceTensor, ExternalCall};
-use crate::error::{Error, Result};
+use crate::abi::AppendParams;
+use crate::error::Result;
+use crate::spec::DeviceTensor;
 use cudarc::driver::{sys, CudaFunction};
 
-/// New K/V rows to append before a KV-cache call ([`ExternalCall::append`]).
+/// New K/V rows to append before a KV-cache call (`ExternalCall::append`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KvAppend {
     /// `[batch, rows, heads_kv, head_dim]` by their strides, the call's dtype.
@@ -27,121 +28,8 @@ pub struct KvAppend {
     pub counts: u64,
 }
 
-/// The append kernel's parameter block (`AppendParams` in kernels/fc_kv_append.cuh).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct AppendParams {
-    pub k_new: u64,
-    pub v_new: u64,
-    pub k_cache: u64,
-    pub v_cache: u64,
-    pub seqlens_ptr: u64,
-    pub table_ptr: u64,
-    pub counts_ptr: u64,
-    pub k_new_stride: [i64; 3],
-    pub v_new_stride: [i64; 3],
-    pub k_cache_stride: [i64; 3],
-    pub v_cache_stride: [i64; 3],
-    pub batch: i32,
-    pub rows: i32,
-    pub heads_kv: i32,
-    pub head_dim: i32,
-    pub capacity: i32,
-    pub page_shift: i32,
-    pub table_stride: i32,
-    pub num_pages: i32,
-}
-
-/// Offsets of the two public metadata pointers in [`AppendParams`], for the audit.
-pub(crate) const SEQLENS_FIELD: u32 = std::mem::offset_of!(AppendParams, seqlens_ptr) as u32;
-pub(crate) const APPEND_TABLE_FIELD: u32 = std::mem::offset_of!(AppendParams, table_ptr) as u32;
-
 /// Threads per CTA of the append kernel (`APPEND_THREADS`).
 const APPEND_THREADS: u32 = 256;
-
-/// Host-side rules of an append (no GPU): a KV-cache call, at least one row, the new tensors'
-/// alignment (16-byte copies) and positive strides, an aligned counts buffer distinct from the
-/// input counts.
-pub(crate) fn validate(call: &ExternalCall, a: &KvAppend) -> Result<()> {
-    if call.kv_lengths == 0 {
-        return Err(Error::invalid(
-            "append",
-            "appending new keys and values needs KV-cache key counts (cache_seqlens)",
-        ));
-    }
-    if a.rows == 0 || a.rows > call.params.seqlen_k {
-        return Err(Error::invalid(
-            "append",
-            format!(
-                "{} new rows per sequence: must be at least 1 and at most the cache capacity {}",
-                a.rows, call.params.seqlen_k
-            ),
-        ));
-    }
-    let p = &call.params;
-    let threads = p.batch as u128 * a.rows as u128 * p.heads_kv as u128 * (p.head_dim / 8) as u128;
-    if threads > i32::MAX as u128 {
-        return Err(Error::invalid(
-            "append",
-            "too many new rows for one append: batch · rows · heads_kv · head_dim / 8 must fit in an i32",
-        ));
-    }
-    let esize = call.params.dtype.size() as u64;
-    for (name, t) in [("k", &a.k), ("v", &a.v)] {
-        if t.ptr == 0 || t.ptr % 16 != 0 {
-            return Err(Error::invalid(
-                name,
-                "new rows need a non-null, 16-byte aligned device address",
-            ));
-        }
-        for s in t.strides.as_array() {
-            if s <= 0 || (s as u64 * esize) % 16 != 0 {
-                return Err(Error::invalid(
-                    name,
-                    format!("new rows' stride {s} elements is not a positive multiple of 16 bytes"),
-                ));
-            }
-        }
-    }
-    if a.counts == 0 || a.counts % 4 != 0 || a.counts == call.kv_lengths {
-        return Err(Error::invalid(
-            "append",
-            "the counts buffer must be a non-null, 4-byte aligned device address other than cache_seqlens",
-        ));
-    }
-    Ok(())
-}
-
-/// The parameter block for `call`'s append (validated), caches by `cache_strides` (K, V).
-pub(crate) fn params(
-    call: &ExternalCall,
-    a: &KvAppend,
-    cache_strides: [[i64; 3]; 2],
-) -> AppendParams {
-    let p = &call.params;
-    let pages = call.pages;
-    AppendParams {
-        k_new: a.k.ptr,
-        v_new: a.v.ptr,
-        k_cache: call.k.ptr,
-        v_cache: call.v.ptr,
-        seqlens_ptr: call.kv_lengths,
-        table_ptr: if pages.is_some() { call.block_table } else { 0 },
-        counts_ptr: a.counts,
-        k_new_stride: a.k.strides.as_array(),
-        v_new_stride: a.v.strides.as_array(),
-        k_cache_stride: cache_strides[0],
-        v_cache_stride: cache_strides[1],
-        batch: p.batch as i32,
-        rows: a.rows as i32,
-        heads_kv: p.heads_kv as i32,
-        head_dim: p.head_dim as i32,
-        capacity: p.seqlen_k as i32,
-        page_shift: pages.map_or(0, |pg| pg.page_size.trailing_zeros() as i32),
-        table_stride: pages.map_or(0, |pg| (p.seqlen_k / pg.page_size) as i32),
-        num_pages: pages.map_or(0, |pg| pg.num_pages as i32),
-    }
-}
 
 /// CTAs of the append kernel: one thread per 8 elements of every new K (and V) row, and at least
 /// one per sequence for the counts.
@@ -177,6 +65,7 @@ pub(crate) unsafe fn launch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::abi::{APPEND_TABLE_FIELD, SEQLENS_FIELD};
 
     #[test]
     fn grid_covers_every_row_chunk_and_every_count() {

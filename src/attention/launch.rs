@@ -1,131 +1,21 @@
 //! Loading a kernel variant and launching it: the parameter block, grid, shared memory.
 
-use super::context::Context;
-use super::decode::{self, CombineParams, DecodeSchedule, Pages, COMBINE_THREADS};
-use super::external::Strides;
-use super::params::AttentionParams;
+use super::decode::{self, CombineParams, DecodeSchedule, COMBINE_THREADS};
+use super::device::Context;
+pub use super::device::LoadedKernel;
 use super::tensor_map;
+use crate::abi::KernelParams;
 use crate::error::{Error, Result};
-use crate::kernels::{TestBuild, Tile, Variant, APPEND_SYMBOL, COMBINE_SYMBOL, FORWARD_SYMBOL};
-use cudarc::driver::{
-    sys, CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DevicePtr,
-};
+use crate::kernels::{TestBuild, Tile, Variant};
+use crate::knobs::PdlMode;
+use crate::spec::AttentionParams;
+pub use crate::spec::Lengths;
+use crate::spec::Strides;
+use cudarc::driver::{sys, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use std::sync::{Arc, Mutex};
 
-/// Variable-length prefill (issue 22): packed sequences, one launch.
+/// Variable-length prefill: packed sequences, one launch.
 pub mod varlen;
-
-/// A variant's module and function on one context, with its shared-memory limit raised.
-pub struct LoadedKernel {
-    _module: Arc<CudaModule>,
-    function: CudaFunction,
-    /// Decode variants' second kernel, which merges the split partials.
-    combine: Option<CudaFunction>,
-    /// KV-cache variants' append kernel (`flashcore_kv_append`).
-    append: Option<CudaFunction>,
-    /// Varlen variants' work-list builder (kernels/fc_varlen_build.cuh) and the device address
-    /// of the module's `__constant__` work list.
-    build: Option<(CudaFunction, u64)>,
-    pub variant: Variant,
-    pub smem_bytes: usize,
-}
-
-impl LoadedKernel {
-    pub fn load(ctx: &Arc<CudaContext>, variant: Variant) -> Result<LoadedKernel> {
-        let cubin = variant.cubin()?;
-        let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin))?;
-        let function = module.load_function(FORWARD_SYMBOL)?;
-        let combine = if variant.decode {
-            Some(module.load_function(COMBINE_SYMBOL)?)
-        } else {
-            None
-        };
-        let append = if variant.is_kv_cache() {
-            Some(module.load_function(APPEND_SYMBOL)?)
-        } else {
-            None
-        };
-        let build = if variant.varlen {
-            let stream = ctx.default_stream();
-            let work = module
-                .get_global(varlen::WORK_SYMBOL, &stream)?
-                .device_ptr(&stream)
-                .0;
-            Some((
-                module.load_function(crate::kernels::VARLEN_BUILD_SYMBOL)?,
-                work,
-            ))
-        } else {
-            None
-        };
-        let smem_bytes = variant.tile().smem_bytes(variant.head_dim);
-        function.set_attribute(
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem_bytes as i32,
-        )?;
-        Ok(LoadedKernel {
-            _module: module,
-            function,
-            combine,
-            append,
-            build,
-            variant,
-            smem_bytes,
-        })
-    }
-}
-
-/// The kernel's `Params` (kernels/attention_fwd.cu), byte for byte.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct KernelParams {
-    q_map: sys::CUtensorMap,
-    k_map: sys::CUtensorMap,
-    v_map: sys::CUtensorMap,
-    o_ptr: u64,
-    lse_ptr: u64,
-    lens_ptr: u64,
-    q_ptr_for_control: u64,
-    o_stride_b: i64,
-    o_stride_s: i64,
-    o_stride_h: i64,
-    seqlen_q: i32,
-    seqlen_k: i32,
-    heads_q: i32,
-    group: i32,
-    scale_log2: f32,
-    scale: f32,
-    num_m_blocks: i32,
-    units_per_head: i32,
-    num_units: i32,
-    pair_tiles: i32,
-    ws_o_ptr: u64,
-    ws_ml_ptr: u64,
-    pack: i32,
-    pack_shift: i32,
-    split_blocks: i32,
-    num_splits: i32,
-    table_ptr: u64,
-    table_stride: i32,
-    num_pages: i32,
-    page_shift: i32,
-    box_rows: i32,
-    starts_ptr: u64,
-    sinks_ptr: u64,
-    window_left: i32,
-    window_right: i32,
-    softcap_in: f32,
-    softcap_out: f32,
-}
-
-// The device's `Params` ends at byte 568 (576 with its 64-byte alignment); cudarc's CUtensorMap is
-// 128-aligned, so this mirror pads to 640. The launch copies the kernel's declared size: the
-// offsets are what must agree.
-const _: () = assert!(std::mem::offset_of!(KernelParams, table_ptr) == 512);
-const _: () = assert!(std::mem::offset_of!(KernelParams, box_rows) == 532);
-const _: () = assert!(std::mem::offset_of!(KernelParams, starts_ptr) == 536);
-const _: () = assert!(std::mem::offset_of!(KernelParams, sinks_ptr) == 544);
-const _: () = assert!(std::mem::offset_of!(KernelParams, softcap_out) == 564);
 
 /// The kernel's window and softcap fields for `p` over `seqlen_q` query and `seqlen_k` key rows
 /// (a varlen pack's totals): (window_left, window_right, softcap_in, softcap_out). An unbounded
@@ -147,12 +37,6 @@ pub(crate) fn feature_fields(
     };
     (side(w.left), side(w.right), cap_in, cap_out)
 }
-
-/// Byte offsets in the parameter block of the pointers to public metadata: the key counts of
-/// `FC_KV_PUBLIC` builds and the block table of `FC_PAGED` ones. The audit treats what is read
-/// through them as public (DESIGN.md §1, [`crate::kernels::Variant::declared`]).
-pub(crate) const LENS_FIELD: u32 = std::mem::offset_of!(KernelParams, lens_ptr) as u32;
-pub(crate) const TABLE_FIELD: u32 = std::mem::offset_of!(KernelParams, table_ptr) as u32;
 
 /// How the persistent grid walks the query tiles (kernels/fc_scheduler.cuh): the work units and
 /// the number of CTAs. A function of the shape and the device's SM count only; it decides which
@@ -204,58 +88,6 @@ impl Schedule {
     }
 }
 
-/// Tuning knobs for measurements: `FLASHCORE_SPLIT=1|2|4` (d64), `FLASHCORE_BLOCK_M=64|128|192`
-/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|128|176` (176: d128 non-causal) override the shape rule. Each is public and
-/// deterministic: it changes which kernel runs, never what it computes. Values outside these
-/// sets are ignored, and so is any combination that is not a shipped (audited) variant: the
-/// knobs never run a kernel `flashcore audit` has not checked.
-fn tuning_overrides(shape_rule: Variant) -> Variant {
-    let knob = |name: &str| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-    };
-    with_knobs(
-        shape_rule,
-        knob("FLASHCORE_SPLIT"),
-        knob("FLASHCORE_BLOCK_M"),
-        knob("FLASHCORE_BLOCK_N"),
-    )
-}
-
-/// The variant the knobs ask for, or the shape rule's when they ask for none or for one that is
-/// not shipped.
-fn with_knobs(
-    shape_rule: Variant,
-    split: Option<usize>,
-    block_m: Option<usize>,
-    block_n: Option<usize>,
-) -> Variant {
-    let mut variant = shape_rule;
-    let d64 = variant.head_dim == 64;
-    if let Some(n @ (1 | 2 | 4)) = split {
-        if d64 {
-            variant.split = n;
-            if n > 1 && variant.block_m != 128 {
-                variant.block_m = 128;
-            }
-        }
-    }
-    match block_m {
-        Some(m @ (64 | 128)) => variant.block_m = m,
-        Some(192) if d64 && variant.split == 1 && !variant.secret_len => variant.block_m = 192,
-        _ => {}
-    }
-    if let Some(n @ (64 | 128 | 176)) = block_n {
-        variant.block_n = n;
-    }
-    if crate::kernels::shipped_variants().contains(&variant) {
-        variant
-    } else {
-        shape_rule
-    }
-}
-
 /// When the forward kernel is launched as a programmatic dependent of the previous kernel in its
 /// stream ([`Plan::launch_on`]; PERF_NOTES, branch `pdl`). `FLASHCORE_PDL` (read once per
 /// process): `0` never, `1` every eligible launch, unset (or anything else) the shipped rule —
@@ -264,24 +96,8 @@ fn with_knobs(
 /// fills every SM gains nothing measurable (its successor's CTAs can only take an SM ours leave)
 /// and its A/B was within the run-to-run noise of ±3%, so it keeps the plain launch.
 fn programmatic_launch(variant: Variant, ctas: u32, num_sms: usize) -> bool {
-    static MODE: std::sync::OnceLock<PdlMode> = std::sync::OnceLock::new();
-    let mode =
-        *MODE.get_or_init(
-            || match std::env::var("FLASHCORE_PDL").as_deref().map(str::trim) {
-                Ok("0") => PdlMode::Never,
-                Ok("1") => PdlMode::Always,
-                _ => PdlMode::SmallGrids,
-            },
-        );
+    let mode = crate::knobs::pdl();
     pdl_rule(mode, variant, ctas, num_sms)
-}
-
-/// The values of `FLASHCORE_PDL` (see [`programmatic_launch`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum PdlMode {
-    Never,
-    Always,
-    SmallGrids,
 }
 
 fn pdl_rule(mode: PdlMode, variant: Variant, ctas: u32, num_sms: usize) -> bool {
@@ -302,72 +118,6 @@ fn pdl_eligible(variant: Variant) -> bool {
         && variant.leaky_control.is_none()
         && !variant.floor_control
         && !variant.cycle_timer
-}
-
-/// What the per-sequence lengths buffer of a plan means.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Lengths {
-    /// No lengths: every sequence fills the shape.
-    None,
-    /// Secret-length prefill (Sq = Sk): each sequence's true length inside the padded one;
-    /// query rows and keys past it are masked.
-    SecretPadded,
-    /// KV cache (decode, Sq ≤ [`decode::MAX_SEQLEN_Q`]): each sequence's key count in a cache of
-    /// capacity Sk; the Sq queries are the last positions of those keys (a causal mask is
-    /// aligned to the count). The counts are public metadata (the walk ends at each count), or
-    /// with `secret` kept secret (the kernel walks the capacity and masks by select). `pages`:
-    /// a paged cache, K and V pools of `[num_pages, page_size, Hkv, D]` read through a block
-    /// table of `[batch, Sk / page_size]` page indices (public). `prefill_consistent`: one work
-    /// unit per tile over the whole key range instead of capacity-sized splits, so each query
-    /// row gets exactly the bits of the same row of a causal prefill over the same keys
-    /// ([`super::decode::DecodeSchedule::new`]).
-    KvCache {
-        secret: bool,
-        pages: Option<Pages>,
-        prefill_consistent: bool,
-    },
-}
-
-impl Lengths {
-    /// A KV-cache mode (split-KV, not prefill-consistent).
-    pub fn kv_cache(secret: bool, pages: Option<Pages>) -> Lengths {
-        Lengths::KvCache {
-            secret,
-            pages,
-            prefill_consistent: false,
-        }
-    }
-
-    /// The same KV-cache mode, prefill-consistent (no effect on other modes).
-    pub fn prefill_consistent(self) -> Lengths {
-        match self {
-            Lengths::KvCache { secret, pages, .. } => Lengths::KvCache {
-                secret,
-                pages,
-                prefill_consistent: true,
-            },
-            other => other,
-        }
-    }
-
-    /// Whether decode runs one unit per tile (bits of the causal prefill's rows).
-    pub fn is_prefill_consistent(self) -> bool {
-        matches!(
-            self,
-            Lengths::KvCache {
-                prefill_consistent: true,
-                ..
-            }
-        )
-    }
-
-    /// The paged cache's geometry, if any.
-    pub fn pages(self) -> Option<Pages> {
-        match self {
-            Lengths::KvCache { pages, .. } => pages,
-            _ => None,
-        }
-    }
 }
 
 /// Buffers and element strides (q, k, v, o) a parameter block was built for.
@@ -404,58 +154,7 @@ impl Plan {
         build: TestBuild,
         own_workspace: bool,
     ) -> Result<Plan> {
-        let variant = match decode::variant_for(&params, lengths) {
-            // The leakage test's builds time the prefill kernel.
-            Some(v) if matches!(lengths, Lengths::KvCache { .. }) || build.is_shipped() => v,
-            _ => {
-                let v = Variant::for_shape(
-                    params.dtype,
-                    params.head_dim,
-                    params.causal,
-                    lengths != Lengths::None,
-                    params.seqlen_q,
-                    params.seqlen_k,
-                );
-                let v = v.with_light_tiles(
-                    params.batch,
-                    params.heads_q,
-                    params.seqlen_q,
-                    ctx.num_sms(),
-                );
-                tuning_overrides(v)
-            }
-        };
-        // Issue 24's features: dense calls and KV caches (windows masked by select there: the
-        // first block never moves by a count read from memory). Not yet with secret-length
-        // prefill, nor in the prefill-consistent mode (its bits would differ from the prefill's,
-        // which visits a window's left-edge blocks last).
-        if (lengths == Lengths::SecretPadded || lengths.is_prefill_consistent())
-            && !params.window.is_unbounded()
-        {
-            return Err(Error::invalid(
-                "window",
-                "is not supported with secret-length prefill or a prefill-consistent KV cache yet",
-            ));
-        }
-        // A softcap runs in its own builds (plain 128-row prefill tiles for dense calls of any
-        // Sq; the KV-cache builds' own softcap twins). Not with secret-length prefill, nor in
-        // the prefill-consistent mode (no test of its bits against the softcap prefill yet).
-        if params.softcap > 0.0 && lengths.is_prefill_consistent() {
-            return Err(Error::invalid(
-                "softcap",
-                "is not supported with a prefill-consistent KV cache yet",
-            ));
-        }
-        let variant = if params.softcap > 0.0 {
-            variant.with_softcap().ok_or_else(|| {
-                Error::invalid("softcap", "is not supported with secret-length prefill yet")
-            })?
-        } else {
-            variant
-        };
-        // The leakage test's builds (power controls, hardware floor, cycle timer): the same
-        // launch, a build that is never shipped.
-        let variant = build.apply(variant);
+        let variant = crate::kernels::select::forward(&params, lengths, build, ctx.num_sms())?;
         let kernel = ctx.kernel(variant)?;
         let tile = variant.tile();
         let schedule = Schedule::new(&params, &tile, ctx.num_sms())?;
@@ -509,7 +208,7 @@ impl Plan {
     /// plan's module: how the leakage test's cycle timer is told where to write.
     pub(crate) fn module_global(&self, name: &str) -> Result<(u64, usize)> {
         use cudarc::driver::DevicePtr;
-        let view = self.kernel._module.get_global(name, &self.stream)?;
+        let view = self.kernel.module.get_global(name, &self.stream)?;
         let len = view.len();
         let ptr = view.device_ptr(&self.stream).0;
         Ok((ptr, len))
@@ -847,7 +546,7 @@ impl Plan {
         let block = cached.as_mut().map(|(_, b)| b).expect("filled above");
         let mut args: [*mut std::ffi::c_void; 1] =
             [(&mut **block) as *mut KernelParams as *mut std::ffi::c_void];
-        // Programmatic dependent launch (issue 25, lead (e)): the grid may be scheduled while the
+        // Programmatic dependent launch: the grid may be scheduled while the
         // previous kernel in the stream drains; the kernel waits (`griddepcontrol.wait`) before
         // its first global access, so any predecessor's writes are complete and visible. A
         // non-kernel predecessor (copy, event) orders as usual; in a graph capture the edge
@@ -888,7 +587,7 @@ impl Plan {
     /// As for [`super::kv_append::launch`].
     pub(crate) unsafe fn launch_append(
         &self,
-        ap: &mut super::kv_append::AppendParams,
+        ap: &mut crate::abi::AppendParams,
         stream: sys::CUstream,
     ) -> Result<()> {
         let f =
@@ -989,23 +688,5 @@ mod tests {
         assert!(pdl_rule(PdlMode::Always, prefill, 132, 132));
         assert!(!pdl_rule(PdlMode::Never, prefill, 64, 132));
         assert!(!pdl_rule(PdlMode::Always, decode, 64, 132));
-    }
-
-    #[test]
-    fn knobs_pick_only_shipped_variants() {
-        let rule = Variant::basic(DType::F16, 64, false, 128);
-        let light = with_knobs(rule, None, Some(64), None);
-        assert_eq!(light.block_m, 64);
-        assert_eq!(with_knobs(rule, None, Some(192), None).block_m, 192);
-        assert_eq!(with_knobs(light, Some(2), None, None).split, 2);
-        assert_eq!(with_knobs(light, Some(2), None, None).block_m, 128);
-        // Not shipped: 64-key blocks, 64-row split tiles, 192 rows at d128.
-        assert_eq!(with_knobs(rule, None, None, Some(64)), rule);
-        assert_eq!(with_knobs(rule, Some(2), Some(64), None), rule);
-        let d128 = Variant::basic(DType::Bf16, 128, true, 128);
-        assert_eq!(with_knobs(d128, None, Some(192), None), d128);
-        assert_eq!(with_knobs(d128, Some(2), None, None), d128);
-        // Nothing asked: the rule.
-        assert_eq!(with_knobs(rule, None, None, None), rule);
     }
 }

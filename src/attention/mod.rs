@@ -5,15 +5,16 @@ pub mod backward_external;
 pub mod chunked;
 pub mod context;
 pub mod decode;
+pub mod device;
 pub mod external;
 pub mod kv_append;
 pub mod launch;
-pub mod params;
 pub mod tensor_map;
 pub mod validate;
 pub mod varlen_secret;
 
 pub use context::{Context, Element, KvCache};
-pub use decode::Pages;
 pub use launch::Plan;
-pub use params::{AttentionParams, DType, Layout, Window};
+// What a call is lives in `spec`; re-exported here, where callers have always found it.
+pub use crate::spec::params;
+pub use crate::spec::{AttentionParams, DType, Layout, Pages, Window};

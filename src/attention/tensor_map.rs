@@ -2,9 +2,9 @@
 //! with any 16-byte-aligned strides (contiguous `bshd`, `bhsd`, or a framework's strided view), tiled in 64-element (128-byte) rows with 128-byte swizzle (d96: 32-element rows, 64-byte swizzle) — the shared-memory
 //! layout the kernel's wgmma descriptors expect. Out-of-range rows read as zeros.
 
-use super::external::Strides;
-use super::params::DType;
 use crate::error::{Error, Result};
+use crate::spec::DType;
+use crate::spec::Strides;
 use cudarc::driver::sys;
 
 /// Elements per swizzled row: 128 bytes of 16-bit values.

@@ -1,13 +1,9 @@
 //! Every rule a call must meet, checked on the host before anything is launched.
 
-use super::params::{AttentionParams, DType};
 use crate::error::{Error, Result};
-
-/// Head dimensions the shipped forward kernels are built for (96: Phi-3; 256: Gemma 2).
-pub const SUPPORTED_HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
-
-/// Head dimensions the backward kernels are built for (every forward head dim).
-pub const BACKWARD_HEAD_DIMS: [usize; 4] = [64, 96, 128, 256];
+use crate::spec::limits::head_dim_list;
+pub use crate::spec::limits::{BACKWARD_HEAD_DIMS, SUPPORTED_HEAD_DIMS, TENSOR_ALIGN};
+use crate::spec::{AttentionParams, DType, Pages, MAX_SEQLEN_Q, MIN_PAGE_SIZE};
 
 /// The backward's head-dim rule (check_backward_params): a head dim without backward kernels.
 pub fn check_backward_head_dim(p: &AttentionParams) -> Result<()> {
@@ -15,17 +11,16 @@ pub fn check_backward_head_dim(p: &AttentionParams) -> Result<()> {
         return Err(Error::invalid(
             "head_dim",
             format!(
-                "{} has no backward (gradients: head dims 64, 96, 128, 256)",
-                p.head_dim
+                "{} has no backward (gradients: head dims {})",
+                p.head_dim,
+                head_dim_list(&BACKWARD_HEAD_DIMS)
             ),
         ));
     }
     Ok(())
 }
 
-/// TMA addresses rows in 16-byte units, and the tensor-map fields cap extents and strides.
-/// Base-address alignment TMA needs for Q, K and V.
-pub const TENSOR_ALIGN: usize = 16;
+/// The tensor-map fields cap extents and strides.
 const TMA_MAX_DIM: usize = 1 << 31;
 
 /// Checks the shape-level rules (no buffers involved).
@@ -55,8 +50,9 @@ pub fn check_params(p: &AttentionParams) -> Result<()> {
         return Err(Error::invalid(
             "head_dim",
             format!(
-                "{} is not supported (supported: 64, 96, 128, 256)",
-                p.head_dim
+                "{} is not supported (supported: {})",
+                p.head_dim,
+                head_dim_list(&SUPPORTED_HEAD_DIMS)
             ),
         ));
     }
@@ -117,7 +113,7 @@ pub fn check_secret_len(p: &AttentionParams) -> Result<()> {
 
 /// KV-cache mode: a few new queries (decode, speculative verification) over a cache.
 pub fn check_kv_cache(p: &AttentionParams) -> Result<()> {
-    let max = super::decode::MAX_SEQLEN_Q;
+    let max = MAX_SEQLEN_Q;
     if p.seqlen_q > max {
         return Err(Error::invalid(
             "seqlen_q",
@@ -133,8 +129,8 @@ pub fn check_kv_cache(p: &AttentionParams) -> Result<()> {
 /// A paged cache's geometry against the shape: pages of a power-of-two size of at least 16
 /// rows, a capacity (`seqlen_k`) that is a whole number of pages, a pool the kernel can index
 /// in i32, and the bshd layout (pools are `[num_pages, page_size, heads_kv, head_dim]`).
-pub fn check_pages(p: &AttentionParams, pages: &super::decode::Pages) -> Result<()> {
-    let min = super::decode::MIN_PAGE_SIZE;
+pub fn check_pages(p: &AttentionParams, pages: &Pages) -> Result<()> {
+    let min = MIN_PAGE_SIZE;
     if pages.page_size < min || !pages.page_size.is_power_of_two() {
         return Err(Error::invalid(
             "page_size",
@@ -162,7 +158,7 @@ pub fn check_pages(p: &AttentionParams, pages: &super::decode::Pages) -> Result<
             ),
         ));
     }
-    if p.layout != super::params::Layout::Bshd {
+    if p.layout != crate::spec::Layout::Bshd {
         return Err(Error::invalid(
             "layout",
             "paged caches are [num_pages, page_size, heads_kv, head_dim] (bshd)",
@@ -200,7 +196,7 @@ pub fn check_kv_starts(counts: &[i32], starts: &[i32], secret: bool) -> Result<(
 pub fn check_kv_metadata(
     p: &AttentionParams,
     counts: &[i32],
-    table: Option<(&[i32], &super::decode::Pages)>,
+    table: Option<(&[i32], &Pages)>,
     secret: bool,
 ) -> Result<()> {
     if counts.len() != p.batch {
@@ -341,29 +337,29 @@ mod tests {
             .causal(true)
             .window(Window::from_flash_attn(-1, 0));
         assert!(check_backward_params(&causal).is_ok());
-        assert!(!BwdVariant::for_params(&causal).window);
+        assert!(!crate::kernels::select::backward(&causal).window);
         let win = p.clone().window(Window::from_flash_attn(4, 0));
         let cap = p.clone().softcap(5.0);
         for q in [&win, &cap] {
             assert!(check_backward_params(q).is_ok());
-            let v = BwdVariant::for_params(q);
+            let v = crate::kernels::select::backward(q);
             assert!(v.window && !v.onepass, "{v:?}");
             assert!(check_backward_variant(v).is_ok());
         }
-        assert!(BwdVariant::for_params(&cap).softcap);
+        assert!(crate::kernels::select::backward(&cap).softcap);
         // FLASHCORE_BWD_ONEPASS=1 would pick the one-pass kernel: it has neither feature.
         for (q, arg) in [(&win, "window"), (&cap, "softcap")] {
             let one = BwdVariant {
                 onepass: true,
                 pingpong: false,
-                ..BwdVariant::for_params(q)
+                ..crate::kernels::select::backward(q)
             };
             let e = check_backward_variant(one).unwrap_err();
             assert!(e.to_string().contains("one-pass"), "{e}");
             assert_eq!(arg_of(Err(e)), arg);
         }
     }
-    use crate::attention::params::AttentionParams;
+    use crate::spec::AttentionParams;
 
     #[test]
     fn accepts_supported_shapes() {
@@ -437,7 +433,7 @@ mod tests {
             assert_eq!(arg, "head_dim");
             assert!(rule.contains(&d.to_string()), "{rule}");
         }
-        for d in [64, 96, 128, 256] {
+        for d in crate::spec::SUPPORTED_HEAD_DIMS {
             check_params(&AttentionParams::new(1, 1, 8, d)).unwrap();
         }
     }
@@ -457,7 +453,7 @@ mod tests {
                 "{rule}"
             );
         }
-        for d in [64, 96, 128, 256] {
+        for d in crate::spec::SUPPORTED_HEAD_DIMS {
             check_backward_params(&AttentionParams::new(1, 2, 8, d)).unwrap();
         }
     }

@@ -1,5 +1,5 @@
-//! Secret lengths with varlen (issue 22): a pack of self-attention sequences whose **slots** are
-//! public (`cu_seqlens`: sequence b owns packed rows `cu[b] .. cu[b + 1]`, DESIGN.md §1
+//! Secret lengths with varlen: a pack of self-attention sequences whose **slots** are
+//! public (`cu_seqlens`: sequence b owns packed rows `cu[b] .. cu[b + 1]`, docs/design.md §1
 //! metadata) and whose **true lengths** are secret (`lengths[b]`, i32 on the device, the first
 //! `lengths[b]` rows of the slot are the sequence, the rest of the slot is padding).
 //!
@@ -18,9 +18,9 @@
 
 use crate::attention::context::{Context, Element};
 use crate::attention::launch::varlen::{check_cu_seqlens, check_varlen_shapes};
-use crate::attention::params::AttentionParams;
 use crate::attention::validate;
 use crate::error::{Error, Result};
+use crate::spec::AttentionParams;
 use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
 
 /// The public checks of a secret-length varlen call (no length is read): shapes as for a varlen
@@ -259,8 +259,8 @@ impl Context {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::params::Layout;
     use crate::attention::validate::rule_of;
+    use crate::spec::Layout;
 
     fn p() -> AttentionParams {
         AttentionParams::new(3, 2, 8, 64)

@@ -43,9 +43,8 @@
 //!   quads and wgmma accumulator ranges are tracked register by register as before.
 //!
 
-use super::effects::Secrets;
+use super::loc::{loc, Cause, Secrets, ALL, NONE, P_BASE, UP_BASE};
 use super::sass::{Insn, Operand, Reg};
-use super::taint::{loc, Cause, ALL, NONE, P_BASE, UP_BASE};
 
 /// An input of a bit-precise operation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

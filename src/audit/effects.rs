@@ -2,9 +2,10 @@
 //! source locations (with register-pair/quad/accumulator widths), memory cells, guards.
 
 use super::bits::{bit_op, BitOp};
+pub use super::loc::Secrets;
+use super::loc::{loc, locs};
 use super::sass::{Insn, Operand, Reg, RegOp};
 use super::table::{self, Class, Role, Space};
-use super::taint::{loc, locs};
 
 /// Memory instructions (their address operands and guards are rule-2 sinks), by the rule
 /// table's class.
@@ -157,32 +158,6 @@ pub fn external_call(e: &mut Effects) {
     e.writes_smem = true;
     e.smem_intrinsic = true;
     e.writes_lmem = true;
-}
-
-/// Parameter facts needed to decide whether a constant-bank read is secret, and which global
-/// reads are not secret.
-#[derive(Debug, Clone, Default)]
-pub struct Secrets {
-    /// Constant-bank-0 byte ranges `[start, end)` of secret parameters.
-    pub ranges: Vec<(u32, u32)>,
-    /// Indices (sorted) of the instructions whose global read is proven to read a public buffer
-    /// ([`super::provenance`]): see [`public_read`].
-    pub public_reads: Vec<usize>,
-}
-
-impl Secrets {
-    pub fn cbank_secret(&self, bank: Option<u32>, offset: i64, bytes: u32, indexed: bool) -> bool {
-        if self.ranges.is_empty() || !matches!(bank, Some(0) | None) {
-            return false;
-        }
-        if indexed || bank.is_none() {
-            return true;
-        }
-        let (s, e) = (offset as i128, offset as i128 + bytes as i128);
-        self.ranges
-            .iter()
-            .any(|&(a, b)| s < b as i128 && (a as i128) < e)
-    }
 }
 
 /// A global read of a public buffer (block table, `cache_seqlens`, ...): what it loads is not a

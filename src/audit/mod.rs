@@ -1,4 +1,4 @@
-//! `flashcore audit`: static taint analysis over the SASS of every kernel (DESIGN.md §5).
+//! `flashcore audit`: static taint analysis over the SASS of every kernel (docs/design.md §5).
 //!
 //! Pipeline: cubin → `nvdisasm -c` → [`sass`] instructions → [`cfg`] basic blocks →
 //! ([`provenance`] of public-buffer pointers, where any are declared) → [`taint`] fixed point →
@@ -10,6 +10,7 @@ pub mod cfg;
 pub mod container;
 pub mod cubin;
 pub mod effects;
+pub mod loc;
 pub mod provenance;
 pub mod public;
 pub mod report;
@@ -62,7 +63,8 @@ pub struct Resources {
 pub struct KernelAudit {
     /// Kernel symbol.
     pub name: String,
-    /// Shipped variant name (`fwd_f16_d64_full`) when audited through [`audit_shipped`].
+    /// Shipped variant name (`fwd_f16_d64_full`) when audited as part of a variant
+    /// (`shipped::audit_shipped`).
     pub variant: Option<String>,
     pub secret_params: Vec<usize>,
     /// The declared public buffers (block tables, sequence lengths) and what the audit made of
@@ -79,8 +81,9 @@ impl KernelAudit {
     pub fn is_clean(&self) -> bool {
         self.findings.is_empty()
     }
-    /// The CI gate for shipped kernels: no finding, no spill, and a forward kernel uses HGMMA.
-    pub fn gate_failures(&self) -> Vec<String> {
+    /// The CI gate for shipped kernels: no finding, no spill, and each kernel named in
+    /// `gemm_kernels` (the library's: `shipped::GEMM_KERNELS`) uses HGMMA.
+    pub fn gate_failures(&self, gemm_kernels: &[&str]) -> Vec<String> {
         let mut v = Vec::new();
         if !self.findings.is_empty() {
             v.push(format!("{} finding(s)", self.findings.len()));
@@ -91,15 +94,8 @@ impl KernelAudit {
                 self.resources.spills, self.resources.ldl, self.resources.stl
             ));
         }
-        if self.name.contains("fwd") && self.resources.hgmma == 0 {
-            v.push("forward kernel without HGMMA (wgmma)".into());
-        }
-        let bwd_gemm = [
-            crate::kernels::backward::DKDV_SYMBOL,
-            crate::kernels::backward::DQ_SYMBOL,
-        ];
-        if bwd_gemm.contains(&self.name.as_str()) && self.resources.hgmma == 0 {
-            v.push("backward GEMM kernel without HGMMA (wgmma)".into());
+        if gemm_kernels.contains(&self.name.as_str()) && self.resources.hgmma == 0 {
+            v.push("GEMM kernel without HGMMA (wgmma)".into());
         }
         v
     }
@@ -146,7 +142,7 @@ static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize:
 pub struct Declared {
     /// 0-based ordinals of the parameters whose values are secret.
     pub secret_params: Vec<usize>,
-    /// Pointers to public buffers (DESIGN.md §1, "Metadata": block tables, `cache_seqlens`,
+    /// Pointers to public buffers (docs/design.md §1, "Metadata": block tables, `cache_seqlens`,
     /// `cu_seqlens`): constant-bank-0 byte ranges `[start, end)`, 8 bytes each, a pointer
     /// parameter or a pointer field of a `__grid_constant__` struct. A global read proven to
     /// read one ([`provenance`]) is public instead of a taint source. Mind the parameter
@@ -406,7 +402,7 @@ pub fn audit_cubin_with(cubin: &[u8], decl: &Declared) -> Result<Vec<KernelAudit
 }
 
 /// Audits the kernels of one shipped variant's cubin under `decl`, named `variant` in the
-/// report: `secret_params` as [`crate::kernels::Variant::secret_params`], and the variant's
+/// report: `secret_params` as the variant declares them (`Variant::secret_params`), and the variant's
 /// pointers to public metadata as `public_buffers` (constant-bank-0 ranges) or `public_fields`
 /// (`(0, offset_of!(KernelParams, block_table))`).
 pub fn audit_variant(cubin: &[u8], variant: &str, decl: &Declared) -> Result<Vec<KernelAudit>> {
@@ -528,25 +524,5 @@ pub fn audit_listing_selected(listing: &str, sel: &Selection) -> Result<Vec<Kern
         out.push(audit_section_with(&kernels[p.index].0, None, &decl)?);
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
-    Ok(out)
-}
-
-/// Audits every kernel variant the library ships (compiling through the cache as needed).
-pub fn audit_shipped() -> Result<Vec<KernelAudit>> {
-    let mut out = Vec::new();
-    for v in crate::kernels::shipped_variants() {
-        // Decode variants with public KV-cache metadata declare its pointers (cache_seqlens,
-        // the block table) in the forward kernel's parameter block; nothing else reads metadata.
-        out.extend(audit_variant_per_kernel(
-            &v.cubin()?,
-            &v.name(),
-            |kernel| v.declared(kernel),
-        )?);
-    }
-    // The backward kernels (issue 23): Q, K, V, O, dO and the LSE are read from device memory
-    // (secret); no parameter is secret; the one-pass variants' turn counters are a public buffer.
-    for v in crate::kernels::backward::shipped_bwd_variants() {
-        out.extend(audit_variant(&v.cubin()?, &v.name(), &v.declared())?);
-    }
     Ok(out)
 }

@@ -1,4 +1,4 @@
-//! Pointer provenance: which global loads read a *public buffer* (DESIGN.md §1, "Metadata": a
+//! Pointer provenance: which global loads read a *public buffer* (docs/design.md §1, "Metadata": a
 //! paged KV cache's block table, `cache_seqlens`, `cu_seqlens`, split sizes), so that their
 //! values are public instead of taint sources.
 //!

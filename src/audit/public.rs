@@ -1,4 +1,4 @@
-//! Public buffers, the caller's side (DESIGN.md §1, "Metadata"): which kernel-parameter bytes
+//! Public buffers, the caller's side (docs/design.md §1, "Metadata"): which kernel-parameter bytes
 //! are pointers to buffers whose contents are public — a paged KV cache's block table,
 //! `cache_seqlens`, `cu_seqlens`. Parsing `--public-param`, checking declared byte ranges
 //! against the kernel's parameter layout, and the per-kernel report of what the audit made of
@@ -7,7 +7,7 @@
 use super::cubin::KernelInfo;
 use super::provenance::{Provenance, Slots, MAX_BUFFERS};
 use super::sass::Section;
-use super::select::ParamSpec;
+use super::signature::ParamSpec;
 use crate::error::{Error, Result};
 
 /// A `--public-param`: a pointer parameter (0-based ordinal or name), or with `:OFFSET` the

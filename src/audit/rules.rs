@@ -1,4 +1,4 @@
-//! The sinks: DESIGN.md §1's three rules, checked on every reachable instruction against the
+//! The sinks: docs/design.md §1's three rules, checked on every reachable instruction against the
 //! taint state before it.
 //!
 //! * Rule 1 (control flow): `BRA`/`EXIT`/`RET`/`KILL`/`BREAK`/`BSSY`/`BSYNC`/`CALL` under a

@@ -316,6 +316,47 @@ pub fn param_ordinal(
     }
 }
 
+/// A parameter named on the command line (`--secret-param`, `--public-param`): a 0-based
+/// ordinal or the parameter's name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ParamSpec {
+    Ordinal(usize),
+    Name(String),
+}
+
+impl std::str::FromStr for ParamSpec {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+            return s
+                .parse()
+                .map(ParamSpec::Ordinal)
+                .map_err(|_| format!("`{s}` is too large for a parameter ordinal"));
+        }
+        let ident = s
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if ident {
+            Ok(ParamSpec::Name(s.to_string()))
+        } else {
+            Err(format!(
+                "`{s}` is neither a 0-based parameter ordinal nor a parameter name"
+            ))
+        }
+    }
+}
+
+impl std::fmt::Display for ParamSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ParamSpec::Ordinal(n) => write!(f, "{n}"),
+            ParamSpec::Name(s) => write!(f, "{s}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

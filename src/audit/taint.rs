@@ -17,23 +17,14 @@
 //! Rd, PR, Rd, mask` the inserted bits; for anything else every bit.
 use super::bits::{bit_outputs, Out};
 use super::cfg::Cfg;
-pub use super::effects::{effects, is_memory, mem_operand_locs, Effects, Secrets};
-use super::sass::{Reg, RegOp, Section};
+pub use super::effects::{effects, is_memory, mem_operand_locs, Effects};
+pub use super::loc::Secrets;
+pub use super::loc::{
+    loc, loc_name, locs, Cause, ALL, BARRES, LMEM, NLOC, NONE, P_BASE, R_BASE, SMEM, UP_BASE,
+    UR_BASE,
+};
+use super::sass::{RegOp, Section};
 use super::table::{self, Refusal};
-
-pub const NONE: u32 = u32::MAX;
-pub const R_BASE: usize = 0; // R0..R254
-pub const UR_BASE: usize = 255; // UR0..UR62
-pub const P_BASE: usize = 255 + 63; // P0..P6
-pub const UP_BASE: usize = P_BASE + 7; // UP0..UP6
-pub const SMEM: usize = UP_BASE + 7;
-pub const LMEM: usize = SMEM + 1;
-/// The CTA's barrier-reduction result (`BAR.RED` deposits, `B2R` reads).
-pub const BARRES: usize = LMEM + 1;
-pub const NLOC: usize = BARRES + 1;
-
-/// Every bit tainted: the mask of a secret value.
-pub const ALL: u32 = u32::MAX;
 
 /// "When guard predicate `guard` (negated if `neg`) holds, location `loc` has taint `val`
 /// (origin) with bits `mask`": what a write under a public guard leaves behind, so that later
@@ -114,53 +105,6 @@ fn join2(a: (u32, u32), b: (u32, u32)) -> (u32, u32) {
     } else {
         (b.0, m)
     }
-}
-
-/// Index of a tracked location; `None` for constants (RZ, PT).
-pub fn loc(r: Reg) -> Option<usize> {
-    match r {
-        Reg::R(i) => Some(R_BASE + i as usize),
-        Reg::UR(i) => Some(UR_BASE + i as usize),
-        Reg::P(i) => Some(P_BASE + i as usize),
-        Reg::UP(i) => Some(UP_BASE + i as usize),
-        _ => None,
-    }
-}
-
-pub fn loc_name(l: usize) -> String {
-    match l {
-        _ if l < UR_BASE => format!("R{}", l - R_BASE),
-        _ if l < P_BASE => format!("UR{}", l - UR_BASE),
-        _ if l < UP_BASE => format!("P{}", l - P_BASE),
-        _ if l < SMEM => format!("UP{}", l - UP_BASE),
-        SMEM => "shared memory".into(),
-        LMEM => "local memory".into(),
-        _ => "barrier result".into(),
-    }
-}
-
-/// Locations of a register operand covering `width` consecutive registers (`PR` = all P).
-pub fn locs(r: Reg, width: usize, out: &mut Vec<usize>) {
-    match r {
-        Reg::PR => out.extend((0..7).map(|i| P_BASE + i)),
-        Reg::UPR => out.extend((0..7).map(|i| UP_BASE + i)),
-        _ => {
-            for k in 0..width.max(1) {
-                if let Some(l) = r.offset(k).and_then(loc) {
-                    out.push(l);
-                }
-            }
-        }
-    }
-}
-
-/// Where a secret value came from when an instruction made its destinations secret.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cause {
-    /// The instruction itself is a source (global load, wgmma, secret parameter).
-    Source,
-    /// The secret input was written by this instruction.
-    From(u32),
 }
 
 /// Applies one instruction to `st`; returns why its results are secret, if they are.
@@ -961,7 +905,7 @@ mod tests {
 
     #[test]
     fn issue_12_vote_result_is_secret() {
-        // FSETP on a secret → VOTE.ANY → ISETP folding the vote → branch (the SASS of issue 12).
+        // FSETP on a secret → VOTE.ANY → ISETP folding the vote → branch (a pattern compilers emit).
         let f = findings(
             "/*0000*/ LDG.E R2, desc[UR4][R2.64] ;\n\
              /*0010*/ FSETP.GT.AND P0, PT, R2, 100, PT ;\n\

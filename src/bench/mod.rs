@@ -5,7 +5,7 @@
 //!   rotation arithmetic (buffer sets ≥ 2× L2); GPU-free, unit-tested with a fake backend.
 //! * [`device`]: the CUDA backend (events, stream capture) and the flashcore `Plan` launcher.
 //! * [`backward`]: the launcher of the backward pass (alone, or after the forward).
-//! * [`suites`]: the `seed` and `fa3` shape lists. [`varlen`]: the varlen suite (issue 22).
+//! * [`suites`]: the `seed` and `fa3` shape lists. [`varlen`]: the varlen suite.
 //! * [`record`]: the JSON schema (docs/bench-json.md). [`env`]: clocks, driver, commit, date.
 //! * [`report`]: result tables and the join with other implementations. [`plot`]: the PNG.
 

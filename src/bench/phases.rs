@@ -1,4 +1,4 @@
-//! Where a launch's time goes (issue 14): the cycle-timer build of the shape's kernel
+//! Where a launch's time goes: the cycle-timer build of the shape's kernel
 //! (kernels/fc_instrument.cuh) marks, per CTA, the SM clock at the start, once the barriers are
 //! initialised, when the first consumer thread has its Q tile, its first scores and its last
 //! P V, and when each consumer warp has stored its output; and the global timer at the start and

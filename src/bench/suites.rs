@@ -12,9 +12,9 @@ pub enum Suite {
     /// Decode: one or four query positions over 1k–128k cached keys, GQA 32/8 and 8/1 at
     /// D 128, MHA 16/16 at D 64, bf16.
     Decode,
-    /// The training shapes of issue 23's backward table, bf16 (for `--backward`).
+    /// The training shapes of the backward table, bf16 (for `--backward`).
     Backward,
-    /// Varlen prefill (issue 22): packs of 16k and 64k tokens with seeded length mixes, D 64/128,
+    /// Varlen prefill: packs of 16k and 64k tokens with seeded length mixes, D 64/128,
     /// causal and not, bf16, beside flashcore's dense call at the same tokens and mean length
     /// (bench/varlen.py's cases, src/bench/varlen.rs).
     Varlen,
@@ -75,7 +75,7 @@ pub fn seed(layout: Layout) -> Vec<AttentionParams> {
 }
 
 /// fp16 then bf16 × D ∈ {64, 128, 256} × non-causal then causal × S ∈ {512, …, 16384}, with
-/// B = 16384 / S and H = 2048 / D (d256: issue 24, H = 8).
+/// B = 16384 / S and H = 2048 / D (d256: H = 8).
 pub fn fa3(layout: Layout) -> Vec<AttentionParams> {
     let mut out = Vec::new();
     for dtype in [DType::F16, DType::Bf16] {
@@ -149,7 +149,7 @@ pub fn decode(layout: Layout) -> Vec<AttentionParams> {
     out
 }
 
-/// bf16 × (B, H, S, D, causal) of issue 23's backward table: (2,16,8192,128) causal and not,
+/// bf16 × (B, H, S, D, causal) of the backward table: (2,16,8192,128) causal and not,
 /// (8,16,2048,128), (8,32,2048,64), (2,32,8192,64) causal, (32,16,512,128) causal.
 pub fn backward(layout: Layout) -> Vec<AttentionParams> {
     const SHAPES: [(usize, usize, usize, usize, bool); 6] = [

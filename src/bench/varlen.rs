@@ -1,4 +1,4 @@
-//! `flashcore bench --suite varlen` (issue 22): packed batches of 16k and 64k tokens with
+//! `flashcore bench --suite varlen`: packed batches of 16k and 64k tokens with
 //! seeded length mixes, D 64 / 128 (H = 2048 / D), causal and not, bf16. Per case: the varlen
 //! call (work list built on the device, as `flash_attn_varlen_func` runs it) and flashcore's
 //! dense call at the same total tokens and mean length (`nb × mean`, the issue's 95% goal),

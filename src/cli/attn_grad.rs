@@ -1,11 +1,11 @@
 //! `flashcore attn --grad`: the forward and the backward pass on `q`, `k`, `v` and the output
 //! gradient `do` read from one safetensors file; writes `out`, `dq`, `dk`, `dv` (and `lse` with
 //! `--lse`). On the GPU the gradients are the input dtype; with `--cpu` the float64 reference's,
-//! as F32. Issue 24's `--window`, `--softcap` and learnable `sinks` (F32 [Hq] in the file) apply
+//! as F32. The `--window`, `--softcap` and learnable `sinks` (F32 [Hq] in the file) apply
 //! as in the forward; with sinks their gradient `dsink` (F32 [Hq]) is written too. Exit codes as
 //! `flashcore attn`'s.
 
-use super::attn::{check_sinks, run_summary, with_inferred_shapes, AttnArgs};
+use super::attn_args::{check_sinks, run_summary, with_inferred_shapes, AttnArgs};
 use crate::attention::backward::check_backward_params;
 use crate::attention::{AttentionParams, Context, Element};
 use crate::error::{Error, Result};
@@ -83,7 +83,7 @@ pub fn attn_grad(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
     println!(
         "flashcore attn --grad: {}{}: wrote out, dq {q_shape:?} and dk, dv {k_shape:?} {dtype}{}{} to {}",
         run_summary(&p, &engine, elapsed),
-        super::attn::features_note(&p, sinks.is_some()),
+        super::attn_args::features_note(&p, sinks.is_some()),
         if dsink.is_some() { ", dsink F32" } else { "" },
         if args.lse { " and lse F32" } else { "" },
         args.output.display()
@@ -130,7 +130,7 @@ fn cpu(
     sinks: Option<&[f32]>,
 ) -> GradOutputs {
     let (q, k, v) = (input.q.to_f64(), input.k.to_f64(), input.v.to_f64());
-    let s64 = super::attn::sinks_f64(sinks);
+    let s64 = super::attn_args::sinks_f64(sinks);
     let fwd = reference::attention_f64_sinks(p, &q, &k, &v, s64.as_deref());
     let (g, dsink) =
         reference::attention_backward_f64_sinks(p, &q, &k, &v, &d_o.to_f64(), s64.as_deref());

@@ -3,7 +3,7 @@
 //! with the new queries to the first `cache_seqlens[b] + n` rows. Writes `out` (and `lse`) and
 //! the updated caches, so steps can be chained. A `block_table` makes the caches page pools.
 
-use super::attn::AttnArgs;
+use super::attn_args::AttnArgs;
 use crate::attention::{validate, AttentionParams, Context, Element, KvCache, Layout};
 use crate::error::{Error, Result};
 use crate::reference;
@@ -27,7 +27,7 @@ pub fn attn_kv(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
     };
     validate::check_params(&p)?;
     validate::check_kv_cache(&p)?;
-    super::attn::check_sinks(sinks, &p, &args.input)?;
+    super::attn_args::check_sinks(sinks, &p, &args.input)?;
     let n = input.new_kv.as_ref().map_or(0, |(_, _, n)| *n);
     let counts: Vec<usize> = input.cache_seqlens.iter().map(|&l| l + n).collect();
     let (out, lse, engine) = if args.cpu {
@@ -71,7 +71,7 @@ pub fn attn_kv(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
         p.head_dim,
         p.dtype.name(),
         if p.causal { " causal" } else { "" },
-        super::attn::features_note(&p, sinks.is_some()),
+        super::attn_args::features_note(&p, sinks.is_some()),
         if args.lse { ", lse" } else { "" },
         args.output.display()
     );
@@ -122,7 +122,7 @@ fn cpu(
     counts: &[usize],
     sinks: Option<&[f32]>,
 ) -> (Vec<f32>, Vec<f32>) {
-    let s64 = super::attn::sinks_f64(sinks);
+    let s64 = super::attn_args::sinks_f64(sinks);
     let r = reference::kv_cache_sinks_f64(
         p,
         &input.q.to_f64(),

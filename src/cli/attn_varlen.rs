@@ -1,12 +1,12 @@
-//! `flashcore attn` on a packed variable-length input (issue 22): `q` `[total_q, Hq, D]`, `k`,
+//! `flashcore attn` on a packed variable-length input: `q` `[total_q, Hq, D]`, `k`,
 //! `v` `[total_k, Hkv, D]` (F16 or BF16) and `cu_seqlens_q`, `cu_seqlens_k` (I32 `[B + 1]`, flash-
 //! attn's prefix sums). Checks the metadata on the host (a clear error before any launch), runs
 //! `Context::attention_varlen_host` (or the float64 reference with --cpu) and writes `out`
-//! (q's shape) and, with --lse, `lse` F32 `[Hq, total_q]`. With --grad (issue 23) it also reads
+//! (q's shape) and, with --lse, `lse` F32 `[Hq, total_q]`. With --grad it also reads
 //! the output gradient `do` (q's shape and dtype), runs `Context::attention_varlen_backward` (or
 //! the float64 reference's gradients) and writes `dq` (q's shape), `dk`, `dv` (k's shape).
 
-use super::attn::AttnArgs;
+use super::attn_args::AttnArgs;
 use crate::attention::launch::varlen::check_varlen;
 use crate::attention::{validate, AttentionParams, Context, Element, Layout};
 use crate::error::{Error, Result};
@@ -132,7 +132,7 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
         layout: Layout::Bshd,
         causal: args.causal,
         scale: args.scale,
-        // Issue 24: per sequence, bottom-right aligned to its own counts.
+        // Per sequence, bottom-right aligned to its own counts.
         window: args.window.unwrap_or_default(),
         softcap: args.softcap.unwrap_or(0.0),
     };
@@ -146,7 +146,7 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
     if d_o.is_some() {
         crate::attention::backward::varlen::check_varlen_backward_params(&p)?;
     }
-    super::attn::check_sinks(sinks, &p, &args.input)?;
+    super::attn_args::check_sinks(sinks, &p, &args.input)?;
     let (total_q, _) = check_varlen(
         &p,
         &cu_q,
@@ -170,12 +170,12 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
                 &k.data.to_f64(),
                 &v.data.to_f64(),
                 &d.data.to_f64(),
-                super::attn::sinks_f64(sinks).as_deref(),
+                super::attn_args::sinks_f64(sinks).as_deref(),
             );
             let f = |x: Vec<f64>| TensorData::F32(x.into_iter().map(|v| v as f32).collect());
             grads = Some([f(g.dq), f(g.dk), f(g.dv)]);
         }
-        let s64 = super::attn::sinks_f64(sinks);
+        let s64 = super::attn_args::sinks_f64(sinks);
         let r = reference::varlen_sinks_f64(
             &p,
             &cu_q,
@@ -254,7 +254,7 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
         p.head_dim,
         p.dtype.name(),
         if p.causal { " causal" } else { "" },
-        super::attn::features_note(&p, sinks.is_some()),
+        super::attn_args::features_note(&p, sinks.is_some()),
         elapsed.as_secs_f64() * 1e3,
         if grad_tensors.is_some() {
             " and dq, dk, dv"

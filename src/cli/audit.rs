@@ -1,4 +1,4 @@
-//! `flashcore audit`: static data-obliviousness audit of kernel SASS (DESIGN.md §5).
+//! `flashcore audit`: static data-obliviousness audit of kernel SASS (docs/design.md §5).
 //!
 //! Exit codes: 0 clean; 1 any finding (and, for the shipped variants, any spill or a forward
 //! kernel without HGMMA); 2 usage or tool errors.
@@ -181,7 +181,7 @@ pub fn run(args: AuditArgs) -> i32 {
         }
     }
     let result: crate::Result<Vec<KernelAudit>> = if shipped {
-        audit::audit_shipped()
+        crate::shipped::audit_shipped()
     } else {
         audit_user(&args)
     };
@@ -201,14 +201,14 @@ pub fn run(args: AuditArgs) -> i32 {
     }
     let failed = audits.iter().any(|a| {
         if shipped {
-            !a.gate_failures().is_empty()
+            !crate::shipped::gate_failures(a).is_empty()
         } else {
             !a.is_clean()
         }
     });
     if shipped && !args.json {
         for a in &audits {
-            for why in a.gate_failures() {
+            for why in crate::shipped::gate_failures(a) {
                 eprintln!(
                     "flashcore audit: {}: {why}",
                     a.variant.as_deref().unwrap_or(&a.name)

@@ -35,7 +35,7 @@ impl ModeArg {
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
     /// A named suite: seed (16 shapes), fa3 (FlashAttention-3 paper sweep, 72 shapes), decode,
-    /// backward (issue 23's training shapes, bf16), or varlen (packed batches of mixed lengths
+    /// backward (the training shapes, bf16), or varlen (packed batches of mixed lengths
     /// beside the dense call at the same tokens; bench/varlen.py's cases).
     #[arg(long, value_enum)]
     pub suite: Option<Suite>,
@@ -65,7 +65,7 @@ pub struct BenchArgs {
     pub causal: bool,
     /// Ad-hoc shape: sliding window `LEFT,RIGHT` (flash-attn's window_size, −1 unbounded).
     /// FLOPs and TFLOPS are still counted for the whole (or causal) score matrix: compare times.
-    #[arg(long, value_name = "LEFT,RIGHT", value_parser = super::attn::parse_window, allow_hyphen_values = true)]
+    #[arg(long, value_name = "LEFT,RIGHT", value_parser = super::attn_args::parse_window, allow_hyphen_values = true)]
     pub window: Option<crate::attention::Window>,
     /// Layout of q, k, v, o.
     #[arg(long, default_value = "bshd", value_name = "bshd|bhsd")]

@@ -1,12 +1,12 @@
-//! `flashcore leakage`: dudect-style fixed-vs-random timing test of a kernel (DESIGN.md §5).
+//! `flashcore leakage`: dudect-style fixed-vs-random timing test of a kernel (docs/design.md §5).
 //!
-//! Each class is measured four ways (issue 13): the kernel's time (queued behind a device-side
+//! Each class is measured four ways: the kernel's time (queued behind a device-side
 //! wait), the SM cycles of its cycle-timer build, and the time and the SM cycles of the
 //! hardware-floor build (value mode, shipped kernel only). The verdict per class
 //! ([`crate::leakage::verdict`]): leak in cycles (fail), cycles within the floor's (pass), time
 //! only within the floor (pass), above the floor (fail), unattributed (fail), no leak (pass).
 //!
-//! Decode mode (`--decode --secret-len`, issue 21, [`crate::leakage::decode`]): the KV-cache
+//! Decode mode (`--decode --secret-len`, [`crate::leakage::decode`]): the KV-cache
 //! decode call with secret key counts (or, `--public-counts`, public ones: the comparison that
 //! must fail), timed without the cycle timer and the floor, which do not apply to it.
 //!

@@ -2,6 +2,7 @@
 //! `run(args) -> i32` (the process exit code: 0 ok, 1 a finding or failure, 2 usage/tool error).
 
 pub mod attn;
+pub mod attn_args;
 pub mod attn_grad;
 pub mod attn_kv;
 pub mod attn_varlen;

@@ -1,10 +1,10 @@
-//! The backward kernels (`kernels/attention_bwd.cu`, issue 23) and the variants they are compiled
+//! The backward kernels (`kernels/attention_bwd.cu`) and the variants they are compiled
 //! into: a type of their own, beside the forward's [`super::Variant`], so the two evolve apart.
 //! One cubin per variant holds the three kernels of a backward pass (preprocess, dK/dV, dQ).
 
-use crate::attention::params::DType;
 use crate::error::Result;
 use crate::jit::{self, Header};
+use crate::spec::DType;
 
 /// Symbols of the three backward kernels, in launch order.
 pub const PREPROCESS_SYMBOL: &str = "flashcore_bwd_preprocess";
@@ -14,7 +14,7 @@ pub const DQ_SYMBOL: &str = "flashcore_bwd_dq";
 /// conversion from the fp32 accumulator.
 pub const ONEPASS_SYMBOL: &str = "flashcore_bwd_onepass";
 pub const CONVERT_SYMBOL: &str = "flashcore_bwd_dq_convert";
-/// Learnable sinks' gradient (issue 24), in every variant's cubin, launched only for calls with
+/// Learnable sinks' gradient, in every variant's cubin, launched only for calls with
 /// sinks (kernels/fc_bwd_sink.cuh).
 pub const DSINK_SYMBOL: &str = "flashcore_bwd_dsink";
 /// Threads of the dsink kernel (one CTA per query head).
@@ -87,16 +87,16 @@ pub struct BwdVariant {
     /// waits nor adds (dQ wrong), 3 = nor runs the dQ GEMM, 4 = nor exchanges dSᵀ between its
     /// warpgroups. What the ordering, the reductions, the fifth GEMM and the lockstep cost.
     pub diag: u8,
-    /// The one pass's tile schedule (`FC_BWD_CORE`, kernels/fc_bwd_config.cuh; issue 40): 0 =
-    /// bwd1v3's; 1 = dQ's GEMM issued without draining dV's first; 2 = 1
+    /// The one pass's tile schedule (`FC_BWD_CORE`, kernels/fc_bwd_config.cuh): 0 = the first
+    /// one-pass schedule; 1 = dQ's GEMM issued without draining dV's first; 2 = 1
     /// plus dSᵀ stored with `stmatrix`; 3 = 2 plus a 2-stage (Q, dO) ring and two dQ buffers.
     /// Same arithmetic in the same order: the same bits. 0 on
     /// two-pass variants. `FLASHCORE_BWD_CORE` picks it ([`default_core`] otherwise).
     pub core: u8,
-    /// Issue 24: a sliding window (`FC_WINDOW`: skips query tiles / key blocks outside it and
+    /// A sliding window (`FC_WINDOW`: skips query tiles / key blocks outside it and
     /// masks by select; kernels/fc_bwd_mask.cuh). Two-pass only.
     pub window: bool,
-    /// Issue 24: logit softcap (`FC_SOFTCAP`: dS carries the tanh's derivative). Two-pass only;
+    /// Logit softcap (`FC_SOFTCAP`: dS carries the tanh's derivative). Two-pass only;
     /// shipped with `window` (an unbounded window costs a compare, not a variant).
     pub softcap: bool,
     /// Packed variable-length sequences with `cu_seqlens` (`FC_VARLEN`, kernels/fc_bwd_varlen.cuh;
@@ -131,108 +131,6 @@ impl BwdVariant {
             if self.softcap { "_softcap" } else { "" },
             if self.varlen { "_varlen" } else { "" }
         )
-    }
-
-    /// The variant a call with these parameters runs: [`BwdVariant::for_call`], plus issue 24's
-    /// window and softcap (softcap runs the window build: an unbounded window masks nothing). A
-    /// call with either runs the two-pass kernels (the one-pass kernel refuses them:
-    /// [`crate::attention::backward::check_backward_variant`]) unless `FLASHCORE_BWD_ONEPASS=1`
-    /// asks for the one-pass kernel; where the one pass is the default ([`default_onepass`]),
-    /// such a call runs the two passes.
-    pub fn for_params(p: &crate::attention::AttentionParams) -> BwdVariant {
-        let base =
-            BwdVariant::for_call_len(p.dtype, p.head_dim, p.causal, p.seqlen_q.min(p.seqlen_k));
-        let w = p.effective_window();
-        let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
-        let asked = std::env::var("FLASHCORE_BWD_ONEPASS").as_deref() == Ok("1");
-        if !window || (base.onepass && asked) {
-            return BwdVariant {
-                window,
-                softcap: p.softcap != 0.0,
-                ..base
-            };
-        }
-        BwdVariant {
-            window,
-            softcap: p.softcap != 0.0,
-            onepass: false,
-            pingpong: std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0"),
-            diag: 0,
-            core: 0,
-            ..base
-        }
-    }
-
-    /// The variant a varlen call runs ([`BwdVariant::for_call`]'s two-pass kernels with
-    /// `FC_VARLEN`; the one-pass kernels have no varlen build).
-    pub fn for_varlen_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant {
-        BwdVariant {
-            dtype,
-            head_dim,
-            causal,
-            pingpong: std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0"),
-            onepass: false,
-            diag: 0,
-            core: 0,
-            varlen: true,
-            window: false,
-            softcap: false,
-        }
-    }
-
-    /// The variant a varlen call with these parameters runs: [`BwdVariant::for_varlen_call`]
-    /// plus issue 24's window and softcap, as [`BwdVariant::for_params`] (softcap runs the window
-    /// build).
-    pub fn for_varlen_params(p: &crate::attention::AttentionParams) -> BwdVariant {
-        let w = p.effective_window();
-        let window = w.left.is_some() || (!p.causal && w.right.is_some()) || p.softcap != 0.0;
-        BwdVariant {
-            window,
-            softcap: p.softcap != 0.0,
-            ..BwdVariant::for_varlen_call(p.dtype, p.head_dim, p.causal)
-        }
-    }
-
-    /// The variant a call of this dtype, head dim and mask runs at short sequences:
-    /// [`BwdVariant::for_call_len`] with length 0.
-    pub fn for_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant {
-        BwdVariant::for_call_len(dtype, head_dim, causal, 0)
-    }
-
-    /// The variant a call of this dtype, head dim, mask and shorter sequence length (min(Sq, Sk),
-    /// public) runs: [`default_onepass`] unless `FLASHCORE_BWD_ONEPASS` is `0` or `1`; the
-    /// one pass in schedule [`default_core`] unless `FLASHCORE_BWD_CORE` names one; the
-    /// two-pass kernels ping-pong unless `FLASHCORE_BWD_PINGPONG=0` (measurement knobs; every
-    /// variant is shipped and audited). The batch size never enters, so a sequence runs the same
-    /// kernels alone and in a batch (batch invariance).
-    pub fn for_call_len(dtype: DType, head_dim: usize, causal: bool, min_len: usize) -> BwdVariant {
-        let onepass = match std::env::var("FLASHCORE_BWD_ONEPASS").as_deref() {
-            Ok("0") => false,
-            Ok("1") => true,
-            _ => default_onepass(head_dim, causal, min_len),
-        };
-        let pingpong = !onepass && std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0");
-        let diag = match std::env::var("FLASHCORE_BWD_OP_DIAG").map(|s| s.parse::<u8>()) {
-            Ok(Ok(d @ 1..=4)) if onepass => d,
-            _ => 0,
-        };
-        let core = match std::env::var("FLASHCORE_BWD_CORE").map(|s| s.parse::<u8>()) {
-            Ok(Ok(c @ 0..=3)) if onepass => c,
-            _ if onepass => default_core(),
-            _ => 0,
-        };
-        BwdVariant {
-            dtype,
-            head_dim,
-            causal,
-            pingpong,
-            onepass,
-            diag,
-            core,
-            window: false,
-            softcap: false,
-            varlen: false,
-        }
     }
 
     /// Every kernel of this variant's cubin (the audit's list): [`BwdVariant::symbols`] and the
@@ -339,11 +237,7 @@ impl BwdVariant {
     /// `FLASHCORE_BWD_STAGE_STATS=0` (read once per process) reads them from the workspace
     /// everywhere, the A/B knob of PERF_NOTES `bwdlse`.
     pub fn stage_stats(&self) -> bool {
-        static KNOB: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let on = *KNOB.get_or_init(|| {
-            std::env::var("FLASHCORE_BWD_STAGE_STATS").map_or(true, |v| v.trim() != "0")
-        });
-        on && !(self.onepass && self.head_dim == 64)
+        crate::knobs::bwd_stage_stats() && !(self.onepass && self.head_dim == 64)
     }
 
     /// Dynamic shared memory of the dK/dV kernel: K and V blocks, the (Q, dO) ring, fp32 LSE₂
@@ -391,9 +285,9 @@ impl BwdVariant {
     /// What the audit is told about this variant's parameters: nothing is secret beyond device
     /// memory; the one-pass variants' turn counters (`BwdParams::flags_ptr`) are a public buffer
     /// that the one-pass kernel writes with public values only (SECURITY.md); the varlen
-    /// variants' `cu_seqlens_q`, `cu_seqlens_k` and `seqused_k` are public metadata (DESIGN.md §1).
+    /// variants' `cu_seqlens_q`, `cu_seqlens_k` and `seqused_k` are public metadata (docs/design.md §1).
     pub fn declared(&self) -> crate::audit::Declared {
-        use crate::attention::backward as ab;
+        use crate::abi as ab;
         crate::audit::Declared {
             secret_params: self.secret_params(),
             public_fields: if self.onepass {
@@ -414,100 +308,14 @@ impl BwdVariant {
     }
 }
 
-/// Whether a call runs the one-pass kernels by default, by measurement (PERF_NOTES.md: issue 23,
-/// branch bwd1v3; issue 40, branch `bwd`): d128 causal at every length, where the turn order
-/// matches the order in which key blocks reach a query tile; d128 non-causal and d64 causal once
-/// both sequences are at least [`ONEPASS_MIN_LEN`] long (core 3 took 6–9% less time than the two
-/// passes at 2,16,8192,128 and 2,32,8192,64 causal, and 4–18% more at S = 2048, d128 and d64
-/// non-causal). Elsewhere the two passes measured faster or were not measured. Calls the one
-/// pass does not serve (windows, softcap, varlen) run the two passes whatever this says.
-pub fn default_onepass(head_dim: usize, causal: bool, min_len: usize) -> bool {
-    match (head_dim, causal) {
-        (128, true) => true,
-        (128, false) | (64, true) => min_len >= ONEPASS_MIN_LEN,
-        _ => false,
-    }
-}
-
-/// The shortest min(Sq, Sk) at which d128 non-causal and d64 causal calls take the one pass
-/// ([`default_onepass`]): the length measured (2048 measured slower; nothing between).
-pub const ONEPASS_MIN_LEN: usize = 8192;
-
-/// The one pass's default tile schedule ([`BwdVariant::core`]; PERF_NOTES, branch `bwd`): core 3,
-/// the fastest or tied at each of the backward suite's shapes in one-pass mode.
-pub fn default_core() -> u8 {
-    3
-}
-
-/// Every one-pass schedule that is shipped (and so audited): bwd1v3's and issue 40's.
+/// Every one-pass schedule that is shipped (and so audited): [`BwdVariant::core`] 0 to 3.
 pub const SHIPPED_CORES: [u8; 4] = [0, 1, 2, 3];
 
 /// Head dims the one-pass kernels serve (`FLASHCORE_BWD_ONEPASS=1`); the two-pass kernels serve
 /// every backward head dim (`validate::BACKWARD_HEAD_DIMS`).
 pub const ONEPASS_HEAD_DIMS: [usize; 2] = [64, 128];
 
-/// Every backward variant the library can launch.
-pub fn shipped_bwd_variants() -> Vec<BwdVariant> {
-    let mut v = Vec::new();
-    for dtype in [DType::F16, DType::Bf16] {
-        for head_dim in crate::attention::validate::BACKWARD_HEAD_DIMS {
-            for causal in [false, true] {
-                for pingpong in [true, false] {
-                    v.push(BwdVariant {
-                        dtype,
-                        head_dim,
-                        causal,
-                        pingpong,
-                        onepass: false,
-                        diag: 0,
-                        core: 0,
-                        window: false,
-                        softcap: false,
-                        varlen: false,
-                    });
-                }
-                if ONEPASS_HEAD_DIMS.contains(&head_dim) {
-                    for core in SHIPPED_CORES {
-                        v.push(BwdVariant {
-                            dtype,
-                            head_dim,
-                            causal,
-                            pingpong: false,
-                            onepass: true,
-                            diag: 0,
-                            core,
-                            window: false,
-                            softcap: false,
-                            varlen: false,
-                        });
-                    }
-                }
-                // Varlen (issue 22): the default two-pass schedule only; issue 24: windows, and
-                // softcap with a window (two passes, ping-pong), dense and varlen.
-                for varlen in [false, true] {
-                    for (window, softcap) in [(false, false), (true, false), (true, true)] {
-                        if !varlen && !window {
-                            continue; // the plain dense builds above
-                        }
-                        v.push(BwdVariant {
-                            dtype,
-                            head_dim,
-                            causal,
-                            pingpong: true,
-                            onepass: false,
-                            diag: 0,
-                            core: 0,
-                            varlen,
-                            window,
-                            softcap,
-                        });
-                    }
-                }
-            }
-        }
-    }
-    v
-}
+pub use super::shipped_bwd_variants;
 
 #[cfg(test)]
 mod tests {
@@ -520,6 +328,7 @@ mod tests {
     #[test]
     fn one_pass_is_the_default_at_d128_causal_for_calls_it_serves() {
         use crate::attention::{AttentionParams, Window};
+        use crate::kernels::select::{default_core, default_onepass, ONEPASS_MIN_LEN};
         for len in [0, 512, ONEPASS_MIN_LEN] {
             assert!(default_onepass(128, true, len));
             assert!(!default_onepass(64, false, len));
@@ -539,29 +348,29 @@ mod tests {
             return; // a measurement run chose the kernels itself
         }
         let p = AttentionParams::new(2, 4, 1000, 128).causal(true);
-        let v = BwdVariant::for_params(&p);
+        let v = crate::kernels::select::backward(&p);
         assert!(v.onepass && !v.window && v.diag == 0, "{v:?}");
         assert!(crate::attention::backward::check_backward_variant(v).is_ok());
-        assert!(!BwdVariant::for_params(&p.clone().causal(false)).onepass);
+        assert!(!crate::kernels::select::backward(&p.clone().causal(false)).onepass);
         if std::env::var_os("FLASHCORE_BWD_CORE").is_none() {
             assert_eq!(v.core, default_core());
         }
         // Long d128 non-causal and d64 causal calls take the one pass; a short side keeps them
         // on the two passes; the batch size never decides.
         let long = AttentionParams::new(1, 4, ONEPASS_MIN_LEN, 128);
-        assert!(BwdVariant::for_params(&long).onepass);
-        assert!(!BwdVariant::for_params(&long.clone().seqlen_k(1024)).onepass);
+        assert!(crate::kernels::select::backward(&long).onepass);
+        assert!(!crate::kernels::select::backward(&long.clone().seqlen_k(1024)).onepass);
         let long64 = AttentionParams::new(3, 4, ONEPASS_MIN_LEN, 64).causal(true);
-        assert!(BwdVariant::for_params(&long64).onepass);
-        assert!(!BwdVariant::for_params(&long64.clone().causal(false)).onepass);
+        assert!(crate::kernels::select::backward(&long64).onepass);
+        assert!(!crate::kernels::select::backward(&long64.clone().causal(false)).onepass);
         let mut b1 = long64.clone();
         b1.batch = 1;
-        assert_eq!(BwdVariant::for_params(&b1), BwdVariant::for_params(&long64));
+        assert_eq!(crate::kernels::select::backward(&b1), crate::kernels::select::backward(&long64));
         for q in [
             p.clone().window(Window::from_flash_attn(64, 0)),
             p.clone().softcap(30.0),
         ] {
-            let v = BwdVariant::for_params(&q);
+            let v = crate::kernels::select::backward(&q);
             assert!(!v.onepass && v.window && v.pingpong, "{v:?}");
             assert!(crate::attention::backward::check_backward_variant(v).is_ok());
         }

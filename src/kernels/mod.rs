@@ -2,9 +2,9 @@
 //! `kernels/` at the repository root and are embedded at build time; NVRTC gets the headers
 //! in memory, so no toolkit headers or files on disk are needed at run time.
 
-use crate::attention::params::DType;
 use crate::error::Result;
 use crate::jit::{self, Header};
+use crate::spec::DType;
 
 /// Symbol of the forward kernel in every variant's cubin.
 pub const FORWARD_SYMBOL: &str = "flashcore_attention_fwd";
@@ -16,6 +16,8 @@ pub const COMBINE_SYMBOL: &str = "flashcore_decode_combine";
 pub const APPEND_SYMBOL: &str = "flashcore_kv_append";
 /// Symbol of the varlen variants' work-list builder (kernels/fc_varlen_build.cuh).
 pub const VARLEN_BUILD_SYMBOL: &str = "flashcore_varlen_build";
+/// The varlen variants' `__constant__` work list, which the builder writes and the forward reads.
+pub const VARLEN_WORK_SYMBOL: &str = "fc_varlen_work";
 
 const FORWARD_SOURCE: &str = include_str!("../../kernels/attention_fwd.cu");
 
@@ -57,8 +59,12 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_varlen_build.cuh",
 );
 
-// The backward kernels (issue 23): their own variant type and cubins.
+// The backward kernels: their own variant type and cubins.
 pub mod backward;
+// Which variant a call runs.
+pub mod select;
+// The shipped variants, as data.
+pub mod table;
 
 fn headers() -> Vec<Header<'static>> {
     HEADERS
@@ -107,7 +113,7 @@ impl Tile {
 }
 
 /// One compiled specialisation of the forward kernel. Everything that distinguishes variants
-/// is public (DESIGN.md §1).
+/// is public (docs/design.md §1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Variant {
     pub dtype: DType,
@@ -119,7 +125,7 @@ pub struct Variant {
     pub block_n: usize,
     /// Secret-length mode: per-batch true lengths from device memory mask keys and zero rows.
     pub secret_len: bool,
-    /// Key-range split across a cluster of this many CTAs (1: none); see [`split_for`].
+    /// Key-range split across a cluster of this many CTAs (1: none); see [`select::split_for`].
     pub split: usize,
     /// Decode mode (`kernels/fc_decode.cuh`): GQA-packed 64-row tiles, the key range split over
     /// work units of a size fixed by Sk, partials merged by a second kernel ([`Variant::decode`]).
@@ -139,10 +145,10 @@ pub struct Variant {
     pub kv_public: bool,
     /// A paged KV cache (`FC_PAGED`): K/V pages read through a block table.
     pub paged: bool,
-    /// Variable-length prefill (`FC_VARLEN`, issue 22): packed `[total, heads, dim]` sequences
+    /// Variable-length prefill (`FC_VARLEN`): packed `[total, heads, dim]` sequences
     /// walked through a public work list ([`Variant::varlen`]).
     pub varlen: bool,
-    /// Softcap builds (`FC_SOFTCAP`, issue 24): scores go through `cap · tanh(s / cap)` before
+    /// Softcap builds (`FC_SOFTCAP`): scores go through `cap · tanh(s / cap)` before
     /// the softmax. Plain prefill tiles of 128 rows, varlen and KV-cache decode builds
     /// ([`Variant::with_softcap`]).
     pub softcap: bool,
@@ -292,115 +298,6 @@ impl Variant {
         }
     }
 
-    /// The variant for a call's shape. Every choice depends on the shape of one sequence only —
-    /// never on the batch size — so a sequence's output bits are the same in any batch.
-    /// - Short key sequences (Sk ≤ 1024) split their keys across a cluster ([`split_for`]).
-    /// - At d64 without split, long queries (Sq ≥ 1024; causal: Sq ≥ 4096) use 192-row tiles with
-    ///   three consumer warpgroups: fewer K/V bytes from L2 per FLOP, more softmax work in flight
-    ///   (measured +13% non-causal; causal −9% at 8k–16k but slower at 1k–2k, PERF_NOTES step 12).
-    pub fn for_shape(
-        dtype: DType,
-        head_dim: usize,
-        causal: bool,
-        secret_len: bool,
-        seqlen_q: usize,
-        seqlen_k: usize,
-    ) -> Variant {
-        let split = split_for(seqlen_k);
-        // Causal gains from 192 rows only at long queries (PERF_NOTES step 12: −9% at 8k and 16k,
-        // +3% at 2k, +10% at 1k).
-        let long = if causal { 4096 } else { 1024 };
-        let block_m = if head_dim == 64 && !secret_len && split == 1 && seqlen_q >= long {
-            192
-        } else {
-            128
-        };
-        // d128 non-causal with at least 4096 keys: 176-key blocks, as FA3 (PERF_NOTES, branch
-        // fwdperf: −2 to −4% at 4k–16k, flat below). A rule of Sk alone, never of the batch, so
-        // the light-tile rule keeps it (64-row tiles on 176 keys) and bits stay batch-invariant.
-        let block_n = if head_dim == 128 && !causal && !secret_len && split == 1 && seqlen_k >= 4096
-        {
-            176
-        } else {
-            block_n_for(head_dim)
-        };
-        Variant {
-            dtype,
-            head_dim,
-            causal,
-            block_m,
-            block_n,
-            secret_len,
-            split,
-            decode: false,
-            leaky_control: None,
-            floor_control: false,
-            cycle_timer: false,
-            kv_public: false,
-            paged: false,
-            varlen: false,
-            softcap: false,
-        }
-    }
-
-    /// The softcap build for a call with a softcap: over a KV cache (decode, any count mode or
-    /// layout) and in varlen, the same build with softcap; otherwise the plain 128-row tile of
-    /// this dtype, head dim and mask (light, 192-row and plain-decode tiles have no softcap
-    /// build: a softcap in every build would need a second main loop in each, and the 192-row
-    /// tiles spill with it). `None` for secret-length prefill, which has none.
-    pub fn with_softcap(self) -> Option<Variant> {
-        if self.is_kv_cache() || self.varlen {
-            return Some(Variant {
-                softcap: true,
-                ..self
-            });
-        }
-        if self.secret_len {
-            return None;
-        }
-        Some(Variant {
-            softcap: true,
-            ..Variant::basic(self.dtype, self.head_dim, self.causal, 128)
-        })
-    }
-
-    /// Light tiles for launches that cannot fill the GPU (issue 14): when the 64-row tiles'
-    /// work units fit in one wave (`units ≤ num_sms`; causal units pair two tiles), the kernel
-    /// runs 64-row tiles with a single consumer warpgroup — twice the CTAs of 128-row tiles, each
-    /// with half the rows, so each SM's chain of key blocks is half as long (PERF_NOTES step 13:
-    /// 1,8,512,64 9.6 → 7.2 µs). Secret-length and split builds keep their tiles.
-    ///
-    /// Unlike [`Variant::for_shape`] this looks at the batch: a row's output bits do not depend on
-    /// the tile height (each consumer warpgroup computes its 64 rows with the same instructions
-    /// whatever the tile; `tests/gpu_tile_invariance.rs` checks the bits), so batch invariance
-    /// holds across the rule's boundary.
-    pub fn with_light_tiles(
-        self,
-        batch: usize,
-        heads_q: usize,
-        seqlen_q: usize,
-        num_sms: usize,
-    ) -> Variant {
-        if self.split != 1 || self.secret_len {
-            return self;
-        }
-        let tiles_per_head = seqlen_q.div_ceil(64) as u128;
-        let units_per_head = if self.causal {
-            tiles_per_head.div_ceil(2)
-        } else {
-            tiles_per_head
-        };
-        let units = units_per_head * heads_q as u128 * batch as u128;
-        if units <= num_sms as u128 {
-            Variant {
-                block_m: 64,
-                ..self
-            }
-        } else {
-            self
-        }
-    }
-
     pub fn tile(&self) -> Tile {
         // Decode streams K/V with little compute per byte: at d128 a third stage keeps more of
         // it in flight (what fits in 227 KiB beside two Q buffers). d64 keeps four (six measured
@@ -500,14 +397,14 @@ impl Variant {
 
     /// What the audit is told about kernel `kernel` of this variant's cubin: its secret
     /// parameters and, for the forward kernel of a decode variant without secret lengths, the
-    /// pointers to public KV-cache metadata (`cache_seqlens`, the block table: DESIGN.md §1).
+    /// pointers to public KV-cache metadata (`cache_seqlens`, the block table: docs/design.md §1).
     /// Everything else read from device memory stays secret.
     pub fn declared(&self, kernel: &str) -> crate::audit::Declared {
-        use crate::attention::launch::{LENS_FIELD, TABLE_FIELD};
+        use crate::abi::{LENS_FIELD, TABLE_FIELD};
         let mut public_fields = Vec::new();
         if kernel == APPEND_SYMBOL {
             // The append is addressed by the counts and the table in every KV-cache kind.
-            use crate::attention::kv_append::{APPEND_TABLE_FIELD, SEQLENS_FIELD};
+            use crate::abi::{APPEND_TABLE_FIELD, SEQLENS_FIELD};
             public_fields.push((0, SEQLENS_FIELD));
             public_fields.push((0, APPEND_TABLE_FIELD));
         }
@@ -533,7 +430,7 @@ impl Variant {
 
 /// Keys per K/V stage for a head dim: 128, or 64 at d256, whose two consumer warpgroups each
 /// hold a 128-register O accumulator — with 128-key scores (64 registers) and their fragments
-/// (32) beside it they would spill at 232 registers (PERF_NOTES, issue 24) — and whose
+/// (32) beside it they would spill at 232 registers (PERF_NOTES) — and whose
 /// 128-row Q tile (64 KiB) leaves room for two 64-key stages of 64 KiB.
 pub fn block_n_for(head_dim: usize) -> usize {
     if head_dim > 128 {
@@ -543,112 +440,15 @@ pub fn block_n_for(head_dim: usize) -> usize {
     }
 }
 
-/// Key-range split across a cluster: measured on the H100 (PERF_NOTES.md, step 4) to be no
-/// faster than one CTA per query tile at any shape tried (1,8,512,64: 8.9 µs unsplit vs 9.0 / 14.0
-/// µs split 2 / 4, graph replay), because each CTA's fixed latency dominates and clusters of 4
-/// cannot all be resident at one CTA per SM. So no shape splits by default; `FLASHCORE_SPLIT=2|4`
-/// forces it for measurement. Whatever the rule, it may depend on the key length only — never on
-/// the batch — so a sequence's output bits do not depend on the batch it is launched in.
-pub fn split_for(_seqlen_k: usize) -> usize {
-    1
-}
-
 /// The most dynamic shared memory a CTA may use on sm_90 (227 KiB).
 pub const MAX_SMEM_BYTES: usize = 232_448;
 
-/// Every variant the library can launch.
+/// Every variant the library can launch: the rows of [`table::FORWARD`].
 pub fn shipped_variants() -> Vec<Variant> {
-    let mut v = Vec::new();
-    for dtype in [DType::F16, DType::Bf16] {
-        // Issue 24: head dims 96 (Phi-3) and 256 (Gemma 2) in every mode but the cluster split.
-        for head_dim in [64, 96, 128, 256] {
-            for causal in [false, true] {
-                for secret_len in [false, true] {
-                    // Split variants (off by default; `FLASHCORE_SPLIT`) only at d64: at d128 the
-                    // fp32 partials would not fit beside a two-stage K/V ring.
-                    let splits: &[usize] = if head_dim == 64 { &[1, 2, 4] } else { &[1] };
-                    for &split in splits {
-                        v.push(Variant {
-                            dtype,
-                            head_dim,
-                            causal,
-                            block_m: 128,
-                            block_n: block_n_for(head_dim),
-                            secret_len,
-                            split,
-                            decode: false,
-                            leaky_control: None,
-                            floor_control: false,
-                            cycle_timer: false,
-                            kv_public: false,
-                            paged: false,
-                            varlen: false,
-                            softcap: false,
-                        });
-                    }
-                }
-                // Light tiles for launches that cannot fill the GPU (Variant::with_light_tiles).
-                v.push(Variant::basic(dtype, head_dim, causal, 64));
-                // Decode: few query positions over long key ranges (Variant::decode), and over a
-                // KV cache, contiguous or paged, whose per-sequence key counts are public
-                // metadata or secret (the capacity is walked).
-                v.push(Variant::decode(dtype, head_dim, causal));
-                // Varlen prefill over packed sequences (issue 22).
-                v.push(Variant::varlen(dtype, head_dim, causal));
-                for secret in [false, true] {
-                    for paged in [false, true] {
-                        v.push(Variant::kv_cache(dtype, head_dim, causal, secret, paged));
-                    }
-                }
-                // Softcap (issue 24; Variant::with_softcap): plain 128-row prefill tiles, varlen,
-                // and the four KV-cache kinds — only the tiles a softcap call can select.
-                v.push(Variant {
-                    softcap: true,
-                    ..Variant::basic(dtype, head_dim, causal, 128)
-                });
-                v.push(Variant {
-                    softcap: true,
-                    ..Variant::varlen(dtype, head_dim, causal)
-                });
-                for secret in [false, true] {
-                    for paged in [false, true] {
-                        v.push(Variant {
-                            softcap: true,
-                            ..Variant::kv_cache(dtype, head_dim, causal, secret, paged)
-                        });
-                    }
-                }
-                if head_dim == 64 {
-                    v.push(Variant {
-                        dtype,
-                        head_dim,
-                        causal,
-                        block_m: 192,
-                        block_n: 128,
-                        secret_len: false,
-                        split: 1,
-                        decode: false,
-                        leaky_control: None,
-                        floor_control: false,
-                        cycle_timer: false,
-                        kv_public: false,
-                        paged: false,
-                        varlen: false,
-                        softcap: false,
-                    });
-                }
-                // d128 non-causal on 176-key blocks from Sk = 4096 (Variant::for_shape), in
-                // 128-row and light 64-row tiles.
-                if head_dim == 128 && !causal {
-                    for block_m in [64, 128] {
-                        v.push(Variant {
-                            block_n: 176,
-                            ..Variant::basic(dtype, head_dim, causal, block_m)
-                        });
-                    }
-                }
-            }
-        }
-    }
-    v
+    table::forward_variants()
+}
+
+/// Every backward variant the library can launch: the rows of [`table::BACKWARD`].
+pub fn shipped_bwd_variants() -> Vec<backward::BwdVariant> {
+    table::backward_variants()
 }

@@ -1,4 +1,4 @@
-//! The fixed input classes: corner cases of the 16-bit float formats (DESIGN.md §5), each one a
+//! The fixed input classes: corner cases of the 16-bit float formats (docs/design.md §5), each one a
 //! pattern over Q, K and V; and, in secret-length mode, fixed true lengths. Pure functions of
 //! the shape: GPU-free and unit-tested.
 

@@ -1,4 +1,4 @@
-//! Decode mode of the leakage test (issue 21): the KV-cache decode call — Sq ≤ 16 new queries
+//! Decode mode of the leakage test: the KV-cache decode call — Sq ≤ 16 new queries
 //! per sequence over a cache of public capacity S (`--seqlen`), GQA heads, the split-KV main
 //! kernel and its combine kernel timed together — with each sequence's key count
 //! (`cache_seqlens`) as the secret. The classes are the secret-length ones: a fixed count (0, 1,

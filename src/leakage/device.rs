@@ -1,4 +1,4 @@
-//! The two device-side helpers of the measurement loop (issue 13):
+//! The two device-side helpers of the measurement loop:
 //!
 //! * [`Spin`]: the queued-timing wait (`kernels/fc_spin.cu`). Enqueued in front of each timed
 //!   launch, one thread spins on the global timer while the host enqueues the start event and

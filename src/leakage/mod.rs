@@ -1,4 +1,4 @@
-//! `flashcore leakage`: the empirical timing-leakage test (DESIGN.md §5), after dudect
+//! `flashcore leakage`: the empirical timing-leakage test (docs/design.md §5), after dudect
 //! (Reparaz, Balasch, Verbauwhede, DATE 2017).
 //!
 //! Two classes of inputs, one fixed (a corner case: zeros, ±max finite, subnormals, one-hot rows,

@@ -23,7 +23,7 @@
 //!   counts in the lengths buffer, K and V the cache (or the page pools and a block table).
 //!
 //! Each class is measured on up to four builds of the kernel, one after the other, over the same
-//! buffers, with the same interleaving and statistics (issue 13): the kernel itself (shipped, or
+//! buffers, with the same interleaving and statistics: the kernel itself (shipped, or
 //! a control), its cycle-timer build ([`super::cycles`]), the hardware floor, and the floor's
 //! cycle-timer build. By default each timed launch is queued behind a short device-side wait
 //! ([`super::device::Spin`]), so the event interval holds the kernel alone.

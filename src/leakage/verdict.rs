@@ -1,4 +1,4 @@
-//! The verdict a user can act on (issue 13): for each class, where a fixed-vs-random timing
+//! The verdict a user can act on: for each class, where a fixed-vs-random timing
 //! difference comes from. GPU-free and unit-tested.
 //!
 //! Four measurements of the same class, each with the same harness, pools, interleaving and

@@ -1,4 +1,4 @@
-//! CPU float64 gradients of attention (the oracle for the backward kernels, issue 23):
+//! CPU float64 gradients of attention (the oracle for the backward kernels):
 //! given `dO`, the gradients dQ, dK, dV of `O = softmax(scale · Q Kᵀ + mask) V` with the
 //! forward's semantics (GQA: a K/V head's gradient sums over its query heads; causal masks
 //! aligned bottom-right; a fully masked row contributes nothing).
@@ -7,12 +7,12 @@
 //! dV_j += P_ij dO_i,  dP_ij = dO_i · V_j,  dS_ij = P_ij (dP_ij − Σ_k P_ik dP_ik),
 //! dQ_i = scale Σ_j dS_ij K_j,  dK_j += scale dS_ij Q_i.
 //!
-//! Issue 24: the window masks by [`AttentionParams::sees`]; a softcap's logit
+//! The window masks by [`AttentionParams::sees`]; a softcap's logit
 //! `cap · tanh(x / cap)` (x = scale · q·k) multiplies dS by `1 − tanh²(x / cap)`; learnable sinks
 //! join each row's denominator (P_sink = exp(sink − LSE)) with no value row, and their gradient
 //! is `dsink[h] = −Σ_{b,i} P_sink · Σ_j P_ij dP_ij` ([`attention_backward_f64_sinks`]).
 
-use crate::attention::AttentionParams;
+use crate::spec::AttentionParams;
 use rayon::prelude::*;
 
 /// Gradients of [`super::attention_f64`], each in the layout of the tensor it belongs to.
@@ -39,7 +39,7 @@ pub fn attention_backward_f64(
     attention_backward_f64_sinks(p, q, k, v, d_o, None).0
 }
 
-/// [`attention_backward_f64`] with issue 24's features: `p.window`, `p.softcap`, and learnable
+/// [`attention_backward_f64`] with the window, softcap and sinks: `p.window`, `p.softcap`, and learnable
 /// `sinks` (one logit per query head, as [`super::attention_f64_sinks`]). Returns the gradients
 /// and dsink (one per query head, summed over batch and rows in order; empty without sinks).
 ///

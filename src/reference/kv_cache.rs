@@ -4,7 +4,7 @@
 //! key gives O = 0 and LSE = −inf.
 
 use super::RefOutput;
-use crate::attention::AttentionParams;
+use crate::spec::AttentionParams;
 
 /// `q` `[B, Sq, Hq, D]`, caches `[B, capacity = p.seqlen_k, Hkv, D]`, both bshd.
 ///

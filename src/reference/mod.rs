@@ -1,4 +1,4 @@
-//! CPU float64 attention: the oracle every correctness test compares against (DESIGN.md §1).
+//! CPU float64 attention: the oracle every correctness test compares against (docs/design.md §1).
 //!
 //! `O = softmax(scale · Q Kᵀ + mask) V` per (batch, query head), with the contract's semantics:
 //! grouped-query attention (query head `h` reads kv head `h / (Hq / Hkv)`), causal masking
@@ -6,7 +6,7 @@
 //! giving `O = 0` and `LSE = −inf`. Everything is computed in f64 with the row maximum
 //! subtracted before exponentiating, so large scores neither overflow nor lose the small terms.
 
-use crate::attention::AttentionParams;
+use crate::spec::AttentionParams;
 use rayon::prelude::*;
 
 mod backward;
@@ -57,7 +57,7 @@ pub fn attention_f64(p: &AttentionParams, q: &[f64], k: &[f64], v: &[f64]) -> Re
     attention_f64_sinks(p, q, k, v, None)
 }
 
-/// [`attention_f64`] with issue 24's features: `p.window` (query `i` sees key `j` iff
+/// [`attention_f64`] with the window, softcap and sinks: `p.window` (query `i` sees key `j` iff
 /// [`AttentionParams::sees`]), `p.softcap` (scores `cap · tanh(scale · q·k / cap)`), and
 /// learnable `sinks` (one logit per query head: `exp(sink)` joins each row's denominator with no
 /// value row, so a row that sees no key gets O = 0 and LSE = sink).

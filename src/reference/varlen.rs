@@ -1,8 +1,8 @@
-//! The f64 oracle of varlen attention (issue 22): each sequence of a packed batch on its own,
+//! The f64 oracle of varlen attention: each sequence of a packed batch on its own,
 //! through [`attention_f64`] with batch 1.
 
 use super::{attention_f64_sinks, RefOutput};
-use crate::attention::{AttentionParams, Layout};
+use crate::spec::{AttentionParams, Layout};
 
 /// Varlen attention in f64: `q` is `[total_q, Hq, D]`, `k`, `v` `[total_k, Hkv, D]`, sequence `b`
 /// owning tokens `cu_q[b]..cu_q[b+1]` and `cu_k[b]..cu_k[b+1]`. Uses `p`'s heads, head dim, scale
@@ -19,7 +19,7 @@ pub fn varlen_f64(
     varlen_sinks_f64(p, cu_q, cu_k, q, k, v, None)
 }
 
-/// [`varlen_f64`] with issue 24's features: `p.window` and `p.softcap` per sequence (its own
+/// [`varlen_f64`] with the window, softcap and sinks: `p.window` and `p.softcap` per sequence (its own
 /// counts, bottom-right aligned) and learnable `sinks` (one logit per query head; a sequence
 /// with no key gets O = 0 and LSE = the sink), as [`super::attention_f64_sinks`].
 pub fn varlen_sinks_f64(
@@ -65,7 +65,7 @@ pub fn varlen_sinks_f64(
     RefOutput { out, lse }
 }
 
-/// Gradients of [`varlen_f64`] (issue 23) given `d_o` (q's packed shape): per sequence, the
+/// Gradients of [`varlen_f64`] given `d_o` (q's packed shape): per sequence, the
 /// dense [`super::attention_backward_f64`] over its own rows. `used` = (k, q): sequence b's
 /// queries saw its first `used_k[b]` keys only (`seqused_k`), and only its first `used_q[b]`
 /// queries count (`seqused_q`); its other keys and queries get zero gradients.
@@ -83,7 +83,7 @@ pub fn varlen_backward_f64(
     varlen_backward_f64_sinks(p, cu_q, cu_k, used, q, k, v, d_o, None).0
 }
 
-/// [`varlen_backward_f64`] with issue 24's features, as [`varlen_sinks_f64`]: `p.window` and
+/// [`varlen_backward_f64`] with the window, softcap and sinks, as [`varlen_sinks_f64`]: `p.window` and
 /// `p.softcap` per sequence (its own counts, bottom-right aligned) and learnable `sinks`. Returns
 /// the gradients and dsink (one per query head, summed over the sequences in order; empty
 /// without sinks).

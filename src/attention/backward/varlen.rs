@@ -20,12 +20,14 @@ use super::{
     BwdKernelParams, InputStrides,
 };
 use crate::attention::context::{Context, Element};
-use crate::attention::external::{self, DeviceTensor, ExternalContext, Strides};
+use crate::attention::external::{self, DeviceTensor, ExternalContext};
 use crate::attention::launch::varlen::{check_cu_seqlens, check_meta_len, check_varlen_shapes};
-use crate::attention::params::{AttentionParams, Layout};
 use crate::attention::{tensor_map, validate};
 use crate::error::{Error, Result};
-use crate::kernels::backward::{self as kb, BwdVariant};
+use crate::kernels::backward as kb;
+use crate::kernels::select;
+use crate::spec::Strides;
+use crate::spec::{AttentionParams, Layout};
 use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
 
 /// The rules of a varlen backward's shape (`params.batch` sequences, `params.seqlen_q` /
@@ -47,21 +49,9 @@ pub fn check_varlen_backward_params(p: &AttentionParams) -> Result<()> {
 pub fn varlen_workspace_bytes(p: &AttentionParams) -> usize {
     workspace_layout(
         p,
-        BwdVariant::for_varlen_call(p.dtype, p.head_dim, p.causal),
+        crate::kernels::select::backward_varlen_call(p.dtype, p.head_dim, p.causal),
     )
     .3
-}
-
-/// The variant a varlen call runs, given `FLASHCORE_BWD_ONEPASS`'s value: the two-pass kernels;
-/// asking for the one-pass ones (which have no varlen build) is an error, not a silent switch.
-fn varlen_variant(p: &AttentionParams, onepass: Option<&str>) -> Result<BwdVariant> {
-    if onepass == Some("1") {
-        return Err(Error::invalid(
-            "FLASHCORE_BWD_ONEPASS",
-            "the one-pass backward has no varlen build (two passes only): unset it or set it to 0",
-        ));
-    }
-    Ok(BwdVariant::for_varlen_params(p))
 }
 
 /// A varlen call's pack: device addresses of its metadata (0: no `seqused_k`) and its totals.
@@ -295,8 +285,7 @@ impl Context {
         params: &AttentionParams,
     ) -> Result<BackwardPlan> {
         check_varlen_backward_params(params)?;
-        let onepass = std::env::var("FLASHCORE_BWD_ONEPASS").ok();
-        let variant = varlen_variant(params, onepass.as_deref())?;
+        let variant = select::backward_varlen(params, crate::knobs::bwd_onepass())?;
         Ok(BackwardPlan {
             params: params.clone(),
             variant,
@@ -540,7 +529,7 @@ pub struct ExternalVarlenBackwardCall {
     pub seqused_q: u64,
     /// [`varlen_workspace_bytes`] bytes, 16-byte aligned, used by no other launch in flight.
     pub workspace: u64,
-    /// Learnable sinks (issue 24): the forward's fp32 `[heads_q]` logits and their gradient fp32
+    /// Learnable sinks: the forward's fp32 `[heads_q]` logits and their gradient fp32
     /// `[heads_q]` (written); both 0 for a call without sinks.
     pub sinks: u64,
     pub dsink: u64,
@@ -731,14 +720,14 @@ mod tests {
     fn every_head_dim_and_feature_has_a_varlen_backward_build() {
         let p = call().params;
         check_varlen_backward_params(&p).unwrap();
-        let w = crate::attention::params::Window::from_flash_attn(16, 0);
+        let w = crate::spec::Window::from_flash_attn(16, 0);
         for q in [p.clone().window(w), p.clone().softcap(30.0)] {
             check_varlen_backward_params(&q).unwrap();
-            let v = varlen_variant(&q, None).unwrap();
+            let v = select::backward_varlen(&q, None).unwrap();
             assert!(v.varlen && v.window && !v.onepass, "{v:?}");
             assert_eq!(v.softcap, q.softcap != 0.0);
         }
-        for d in [64, 96, 128, 256] {
+        for d in crate::spec::SUPPORTED_HEAD_DIMS {
             let q = AttentionParams {
                 head_dim: d,
                 ..p.clone()
@@ -824,11 +813,11 @@ mod tests {
     #[test]
     fn the_one_pass_backward_is_refused_for_varlen() {
         let p = call().params;
-        let e = varlen_variant(&p, Some("1")).unwrap_err();
+        let e = select::backward_varlen(&p, Some(true)).unwrap_err();
         assert!(e.to_string().contains("no varlen build"), "{e}");
         assert_eq!(arg_of(Err(e)), "FLASHCORE_BWD_ONEPASS");
-        for ok in [None, Some("0")] {
-            let v = varlen_variant(&p, ok).unwrap();
+        for ok in [None, Some(false)] {
+            let v = select::backward_varlen(&p, ok).unwrap();
             assert!(v.varlen && !v.onepass, "{v:?}");
         }
     }

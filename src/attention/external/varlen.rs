@@ -1,4 +1,4 @@
-//! Varlen prefill (issue 22) on caller-owned memory and streams: packed `[total, heads, dim]`
+//! Varlen prefill on caller-owned memory and streams: packed `[total, heads, dim]`
 //! tensors, `cu_seqlens` (and `seqused_k`) as device arrays, the work list built on the device
 //! ([`crate::attention::launch::varlen::launch_device_list`]): no host synchronisation, so the
 //! call runs inside CUDA graphs and `torch.compile(fullgraph=True)`.
@@ -15,10 +15,10 @@
 //! replay graphs on their capture stream or on streams ordered with it (as torch does).
 
 use super::{check_no_self_overlap, check_tensor, DeviceTensor, ExternalContext, RestoreCurrent};
+use crate::attention::device::LoadedKernel;
 use crate::attention::launch::varlen::{self as lv, Buffers, Target};
-use crate::attention::launch::LoadedKernel;
-use crate::attention::params::{AttentionParams, Layout};
 use crate::error::{Error, Result};
+use crate::spec::{AttentionParams, Layout};
 use cudarc::driver::sys;
 use std::sync::Arc;
 
@@ -237,8 +237,8 @@ impl ExternalContext {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attention::external::Strides;
     use crate::attention::validate::rule_of;
+    use crate::spec::Strides;
 
     fn call() -> VarlenCall {
         let p = AttentionParams::new(3, 4, 200, 64).seqlen_k(300);

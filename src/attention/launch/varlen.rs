@@ -1,8 +1,8 @@
-//! Variable-length prefill (issue 22): Q, K, V packed as `[total tokens, heads, dim]` with
+//! Variable-length prefill: Q, K, V packed as `[total tokens, heads, dim]` with
 //! `cu_seqlens_q` / `cu_seqlens_k` (i32, `batch + 1` prefix sums), one launch over every
 //! sequence of the pack (per `VARLEN_CAPACITY` query tiles).
 //!
-//! The (public, DESIGN.md §1) `cu_seqlens` become a **work list**: one item per query tile of
+//! The (public, docs/design.md §1) `cu_seqlens` become a **work list**: one item per query tile of
 //! each non-empty sequence — the tile's first query token, the sequence's query rows from there
 //! on, its first key token and its key count — sequence by sequence, the sequence with the
 //! heaviest tile (most key blocks) first and each sequence's tiles together (their K/V shared in
@@ -32,12 +32,11 @@
 //! the pack (`tests/gpu_varlen.rs` checks the bits).
 
 use super::{KernelParams, LoadedKernel};
-use crate::attention::context::{Context, Element};
-use crate::attention::external::Strides;
-use crate::attention::params::{AttentionParams, Layout};
+use crate::attention::device::{Context, Element};
 use crate::attention::{tensor_map, validate};
 use crate::error::{Error, Result};
-use crate::kernels::Variant;
+use crate::spec::Strides;
+use crate::spec::{AttentionParams, Layout};
 use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
 
 /// Entries of the kernel's `__constant__` work list (kernels/fc_scheduler.cuh): a header (entry
@@ -45,9 +44,6 @@ use cudarc::driver::{sys, CudaSlice, DevicePtr, DevicePtrMut};
 pub const VARLEN_SLOTS: usize = 4096;
 /// Work items per launch.
 pub const VARLEN_CAPACITY: usize = VARLEN_SLOTS - 1;
-
-/// The kernel's work-list symbol.
-pub(crate) const WORK_SYMBOL: &str = "fc_varlen_work";
 
 /// One query tile of one sequence of the pack, as the kernel reads it (an `int4`). The tile is
 /// a sequence of its own: its rows are the last `rows` queries of the sequence, whose causal
@@ -185,13 +181,7 @@ pub fn work_list(
     seqs.concat()
 }
 
-/// The variant a varlen call runs (its softcap twin for a call with a softcap).
-pub fn variant_for(params: &AttentionParams) -> Variant {
-    Variant {
-        softcap: params.softcap > 0.0,
-        ..Variant::varlen(params.dtype, params.head_dim, params.causal)
-    }
-}
+pub use crate::kernels::select::varlen as variant_for;
 
 /// Checks the shape of a varlen call and returns the packed totals (queries, keys).
 /// `params.batch` is the number of sequences, `params.seqlen_q` / `seqlen_k` the
@@ -670,7 +660,7 @@ impl Context {
         )
     }
 
-    /// [`Context::attention_varlen_device`] with issue 24's features: `params.window` and
+    /// [`Context::attention_varlen_device`] with the window, softcap and sinks: `params.window` and
     /// `params.softcap` (each sequence's window bottom-right aligned to its own counts), and
     /// `sinks`, learnable attention sinks (fp32 `[heads_q]`, gpt-oss; secret: arithmetic only).
     /// `cu_seqlens` = (q, k), `seqused` = (k, q) as there.
@@ -769,7 +759,7 @@ impl Context {
         )
     }
 
-    /// [`Context::attention_varlen_host`] with issue 24's features, as
+    /// [`Context::attention_varlen_host`] with the window, softcap and sinks, as
     /// [`Context::attention_varlen_device_with_sinks`].
     #[allow(clippy::too_many_arguments)]
     pub fn attention_varlen_host_with_sinks<T: Element>(

@@ -1,5 +1,5 @@
 //! What one attention call is: shapes, dtype, layout, mask, scale. All of it is public
-//! (DESIGN.md §1): it may shape the launch, never the tensors' values.
+//! (docs/design.md §1): it may shape the launch, never the tensors' values.
 
 /// Element type of Q, K, V and O.
 #[derive(

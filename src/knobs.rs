@@ -1,0 +1,112 @@
+//! Every environment variable (`FLASHCORE_*`) that changes which kernel a call runs or how it is
+//! launched, read here and nowhere else. All are measurement knobs: each picks among shipped
+//! (audited) variants or launch modes, never an unaudited build, and is public (a function of the
+//! environment only). Unset, the library follows its measured rules.
+//!
+//! Some are read on every call (a test may change them between calls), others once per process;
+//! each function says which. Other variables configure tools, not kernels: the kernel cache
+//! (`FLASHCORE_CACHE_DIR`), where the CUDA tools are (`FLASHCORE_CUDA_TOOLS`), the tool timeout
+//! (`FLASHCORE_TOOL_TIMEOUT_S`), the compile log (`FLASHCORE_JIT_LOG`), and the benchmark's and
+//! leakage test's own settings.
+
+use std::sync::OnceLock;
+
+fn number(name: &str) -> Option<usize> {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+}
+
+/// Forward tile overrides, read on every call: `FLASHCORE_SPLIT` (key-range split across a
+/// cluster), `FLASHCORE_BLOCK_M` (query rows per tile), `FLASHCORE_BLOCK_N` (keys per stage).
+/// Which values count, and for which variants, is the selection's business.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ForwardTiles {
+    pub split: Option<usize>,
+    pub block_m: Option<usize>,
+    pub block_n: Option<usize>,
+}
+
+pub fn forward_tiles() -> ForwardTiles {
+    ForwardTiles {
+        split: number("FLASHCORE_SPLIT"),
+        block_m: number("FLASHCORE_BLOCK_M"),
+        block_n: number("FLASHCORE_BLOCK_N"),
+    }
+}
+
+/// `FLASHCORE_DECODE_SPLIT=N` (1–4096), read once per process: decode's split size fixed at N
+/// key blocks whatever Sk is (it changes the bits against the default rule, never their batch
+/// invariance).
+pub fn decode_split_blocks() -> Option<usize> {
+    static FIXED: OnceLock<Option<usize>> = OnceLock::new();
+    *FIXED.get_or_init(|| number("FLASHCORE_DECODE_SPLIT").filter(|n| (1..=4096).contains(n)))
+}
+
+/// The values of `FLASHCORE_PDL`: when the forward launches as a programmatic dependent of the
+/// previous kernel in its stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PdlMode {
+    /// `0`: never.
+    Never,
+    /// `1`: every eligible launch.
+    Always,
+    /// Unset or anything else: grids that leave SMs idle only (the measured rule).
+    SmallGrids,
+}
+
+/// `FLASHCORE_PDL`, read once per process.
+pub fn pdl() -> PdlMode {
+    static MODE: OnceLock<PdlMode> = OnceLock::new();
+    *MODE.get_or_init(
+        || match std::env::var("FLASHCORE_PDL").as_deref().map(str::trim) {
+            Ok("0") => PdlMode::Never,
+            Ok("1") => PdlMode::Always,
+            _ => PdlMode::SmallGrids,
+        },
+    )
+}
+
+/// `FLASHCORE_BWD_ONEPASS`, read on every call: `Some(true)` for `1` (the one-pass backward
+/// where it exists), `Some(false)` for `0` (the two passes), `None` otherwise (the measured
+/// default).
+pub fn bwd_onepass() -> Option<bool> {
+    match std::env::var("FLASHCORE_BWD_ONEPASS").as_deref() {
+        Ok("0") => Some(false),
+        Ok("1") => Some(true),
+        _ => None,
+    }
+}
+
+/// `FLASHCORE_BWD_PINGPONG`, read on every call: `0` makes the two-pass consumers work in
+/// lockstep instead of taking turns.
+pub fn bwd_pingpong() -> bool {
+    std::env::var("FLASHCORE_BWD_PINGPONG").as_deref() != Ok("0")
+}
+
+/// `FLASHCORE_BWD_OP_DIAG=1..4`, read on every call: the one-pass kernel's measurement builds
+/// (never shipped); 0 when unset or out of range.
+pub fn bwd_op_diag() -> u8 {
+    match std::env::var("FLASHCORE_BWD_OP_DIAG").map(|s| s.parse::<u8>()) {
+        Ok(Ok(d @ 1..=4)) => d,
+        _ => 0,
+    }
+}
+
+/// `FLASHCORE_BWD_CORE=0..3`, read on every call: the one-pass kernel's tile schedule (every one
+/// is shipped); `None` when unset or out of range (the measured default).
+pub fn bwd_core() -> Option<u8> {
+    match std::env::var("FLASHCORE_BWD_CORE").map(|s| s.parse::<u8>()) {
+        Ok(Ok(c @ 0..=3)) => Some(c),
+        _ => None,
+    }
+}
+
+/// `FLASHCORE_BWD_STAGE_STATS`, read once per process: `0` makes the dK/dV kernel read the LSE
+/// and D rows from the workspace instead of staging them in shared memory.
+pub fn bwd_stage_stats() -> bool {
+    static KNOB: OnceLock<bool> = OnceLock::new();
+    *KNOB.get_or_init(|| {
+        std::env::var("FLASHCORE_BWD_STAGE_STATS").map_or(true, |v| v.trim() != "0")
+    })
+}
