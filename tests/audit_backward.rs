@@ -107,7 +107,7 @@ fn resources_of_selected_backward_variants() {
                 a.findings.len(),
                 t.elapsed().as_secs_f64()
             );
-            for why in a.gate_failures() {
+            for why in flashcore::shipped::gate_failures(a) {
                 failures.push(format!("{name} {}: {why}", a.name));
             }
         }
