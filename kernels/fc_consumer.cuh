@@ -119,16 +119,32 @@ struct Consumer {
 #else
         const int diag_h[2] = {row0 + p.seqlen_k - p.seqlen_q - key_base, row0 + 8 + p.seqlen_k - p.seqlen_q - key_base};
 #endif
+#if FC_DECODE
+        // Decode builds keep the window test as compare, subtract and unsigned compare: with the
+        // interval form below, ptxas's register reuse cost the paged causal d64 builds the
+        // audit's proof that the block table is read through public offsets (fail-safe findings).
+        // Inside the window iff 0 <= key − lo <= width (width = left + right < 2^31, both clamped
+        // by the host).
+        const int lo_d[2] = {diag_h[0] - p.window_left, diag_h[1] - p.window_left};
+        const uint32_t width = (uint32_t)(p.window_left + window_right_of(p));
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) {
+            const int key = 8 * (i / 4) + (i % 2);
+            const int h = (i / 2) % 2;
+            bool visible = key < limit && (uint32_t)(key - lo_d[h]) <= width;
+#if FC_KV_CACHE
+            visible = visible && key >= start;
+#endif
+            sacc[i] = select_f(visible, sacc[i], neg_inf());
+        }
+#else
         // Row half h sees keys [lo_h, hi_h): the window's edges (left, right ≤ Sq + Sk, clamped
-        // by the host, so no sum overflows), the range's end and a KV cache's first key folded
-        // into one interval per row, so each score costs two compares against constants.
+        // by the host, so no sum overflows) and the range's end folded into one interval per row,
+        // so each score costs two compares against constants (one without a lower bound).
         int lo_h[2], hi_h[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             lo_h[h] = diag_h[h] - p.window_left;
-#if FC_KV_CACHE
-            lo_h[h] = max(lo_h[h], start);
-#endif
             hi_h[h] = min(limit, diag_h[h] + window_right_of(p) + 1);
         }
 #pragma unroll
@@ -138,6 +154,7 @@ struct Consumer {
             const bool visible = (!kLower || key >= lo_h[h]) && key < hi_h[h];
             sacc[i] = select_f(visible, sacc[i], neg_inf());
         }
+#endif
     }
 
 #if FC_KV_CACHE || FC_VARLEN
