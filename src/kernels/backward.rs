@@ -365,7 +365,10 @@ mod tests {
         assert!(!crate::kernels::select::backward(&long64.clone().causal(false)).onepass);
         let mut b1 = long64.clone();
         b1.batch = 1;
-        assert_eq!(crate::kernels::select::backward(&b1), crate::kernels::select::backward(&long64));
+        assert_eq!(
+            crate::kernels::select::backward(&b1),
+            crate::kernels::select::backward(&long64)
+        );
         for q in [
             p.clone().window(Window::from_flash_attn(64, 0)),
             p.clone().softcap(30.0),

@@ -291,7 +291,12 @@ pub fn backward_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant 
 /// ping-pong unless `FLASHCORE_BWD_PINGPONG=0` (measurement knobs; every variant is shipped and
 /// audited). The batch size never enters, so a sequence runs the same kernels alone and in a
 /// batch (batch invariance).
-pub fn backward_call_len(dtype: DType, head_dim: usize, causal: bool, min_len: usize) -> BwdVariant {
+pub fn backward_call_len(
+    dtype: DType,
+    head_dim: usize,
+    causal: bool,
+    min_len: usize,
+) -> BwdVariant {
     let onepass = crate::knobs::bwd_onepass().unwrap_or(default_onepass(head_dim, causal, min_len));
     let pingpong = !onepass && crate::knobs::bwd_pingpong();
     let diag = if onepass {
