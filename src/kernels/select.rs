@@ -326,8 +326,8 @@ pub fn backward_call_len(
 /// Whether a call runs the one-pass kernels by default, by measurement (PERF_NOTES.md: branches
 /// bwd1v3 and `bwd`): d128 causal at every length, where the turn order matches the order in
 /// which key blocks reach a query tile; d128 non-causal and d64 causal once both sequences are at
-/// least [`ONEPASS_MIN_LEN`] long (schedule 3 took 6–9% less time than the two passes at
-/// 2,16,8192,128 and 2,32,8192,64 causal, and 4–18% more at S = 2048, d128 and d64 non-causal).
+/// least [`ONEPASS_MIN_LEN`] long (schedule 3 took 5–7% less time than the two passes at 4096 and
+/// 8192, d128 non-causal and d64 causal; at 2048 it ties at d128 and loses at d64).
 /// Elsewhere the two passes measured faster or were not measured. Calls the one pass does not
 /// serve (windows, softcap, varlen) run the two passes whatever this says.
 pub fn default_onepass(head_dim: usize, causal: bool, min_len: usize) -> bool {
@@ -339,8 +339,8 @@ pub fn default_onepass(head_dim: usize, causal: bool, min_len: usize) -> bool {
 }
 
 /// The shortest min(Sq, Sk) at which d128 non-causal and d64 causal calls take the one pass
-/// ([`default_onepass`]): the length measured (2048 measured slower; nothing between).
-pub const ONEPASS_MIN_LEN: usize = 8192;
+/// ([`default_onepass`]): the shortest length measured faster (4096; 2048 ties or loses).
+pub const ONEPASS_MIN_LEN: usize = 4096;
 
 /// The one pass's default tile schedule ([`BwdVariant::core`]; PERF_NOTES, branch `bwd`):
 /// schedule 3, the fastest or tied at each of the backward suite's shapes in one-pass mode.
