@@ -350,6 +350,12 @@ impl Context {
                 format!("has {} elements, the shape needs {cache_len}", cache.len(),),
             ));
         }
+        if params.batch * row == 0 {
+            return Err(Error::invalid(
+                "params",
+                "batch, heads_kv and head_dim must be positive",
+            ));
+        }
         if new.len() % (params.batch * row) != 0 || new.is_empty() {
             return Err(Error::invalid(
                 "new",
@@ -361,7 +367,7 @@ impl Context {
         }
         let n = new.len() / (params.batch * row);
         for (b, &len) in cache_seqlens.iter().enumerate() {
-            if len + n > params.seqlen_k {
+            if len.checked_add(n).is_none_or(|end| end > params.seqlen_k) {
                 return Err(Error::invalid(
                     "cache_seqlens",
                     format!(
