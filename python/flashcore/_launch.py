@@ -79,12 +79,17 @@ _workspaces = {}
 def _workspace(n, dev, stream):
     """A device buffer of at least `n` bytes for one call on `stream` of device `dev`."""
     w = _workspaces.get((dev, stream))
-    if w is not None and w.numel() >= n and not torch.cuda.is_current_stream_capturing():
+    capturing = _capturing()
+    if w is not None and w.numel() >= n and not capturing:
         return w
     w = torch.empty(n, dtype=torch.uint8, device=torch.device("cuda", dev))
-    if not torch.cuda.is_current_stream_capturing():
+    if not capturing:
         _workspaces[(dev, stream)] = w  # the one it replaces is freed in stream order
     return w
+
+
+# What torch.cuda.is_current_stream_capturing calls, without its Python frame.
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 
 
 def _dims(q, k, bhsd):
@@ -365,4 +370,77 @@ def fast(q, k, v, causal, scale, bhsd, return_lse, kv_lengths=None, gqa=True, to
         kv_lengths.data_ptr() if kv_lengths is not None else 0,
         **extras,
     )
+    return out, lse
+
+
+_HEAD_DIMS = _checks.SUPPORTED_HEAD_DIMS
+_NO_WINDOW = (-1, -1)
+
+
+def _tma_desc(t, dev):
+    """(pointer, (batch, seq, head) strides) of a plain [B, S, H, D] CUDA tensor of device `dev`
+    that TMA (and the append's 16-byte copies) read in place, else None."""
+    if type(t) is not _Tensor or t.get_device() != dev:
+        return None
+    st = t.stride()
+    ptr = t.data_ptr()
+    if st[3] != 1 or ptr % 16:
+        return None
+    x, y, z = st[0], st[1], st[2]
+    if x <= 0 or y <= 0 or z <= 0 or x % 8 or y % 8 or z % 8:
+        return None
+    return ptr, (x, y, z)
+
+
+def decode_append(q, k_cache, v_cache, k, v, counts, causal, scale, return_lse):
+    """One decode step of ``flash_attn_with_kvcache`` with new rows over a contiguous cache and
+    none of its extras (no table, left padding, window, softcap, sinks, secret counts or split
+    choice; the caller has seen to those), in one pass: each tensor's metadata is read once and
+    one native call appends `k`, `v` at each sequence's count and attends. Returns (out, lse) —
+    lse None unless `return_lse` — or None, having done nothing, when anything is not plain or
+    breaks a rule: the caller then takes the checked path, which raises that rule's own error or
+    copies what it must. Every call served here, the checked path serves with the same launch.
+    `causal` and `return_lse` are bools; `counts` are the int32 [B] counts before the append."""
+    t = _Tensor
+    if (type(q) is not t or type(k_cache) is not t or type(v_cache) is not t or type(k) is not t or type(v) is not t
+            or type(counts) is not t):
+        return None
+    dev = q.get_device()
+    if dev < 0 or counts.get_device() != dev:
+        return None
+    dt = q.dtype
+    tag = _DTYPES.get(dt)
+    if (tag is None or k_cache.dtype is not dt or v_cache.dtype is not dt or k.dtype is not dt or v.dtype is not dt
+            or counts.dtype is not _I32):
+        return None
+    if _grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad):
+        return None
+    if _is_compiling() or _dispatch_mode() is not None:
+        return None
+    qs, cs, ks = q.shape, k_cache.shape, k.shape
+    if len(qs) != 4 or len(cs) != 4 or len(ks) != 4 or v_cache.shape != cs or v.shape != ks:
+        return None
+    b, sq, hq, d = qs
+    if cs[0] != b or ks[0] != b or cs[3] != d or ks[3] != d or ks[2] != cs[2] or counts.shape != (b,):
+        return None
+    sk, hkv, n = cs[1], cs[2], ks[1]
+    if d not in _HEAD_DIMS or not (b and sq and sk and hq and hkv and n) or hq % hkv or sq > _DECODE_MAX_SEQLEN_Q:
+        return None
+    descs = (_tma_desc(q, dev), _tma_desc(k_cache, dev), _tma_desc(v_cache, dev), _tma_desc(k, dev),
+             _tma_desc(v, dev))
+    if None in descs:
+        return None
+    if scale is not None:
+        scale = _checks.check_scale(scale)  # raises what the checked path would, at this point
+    out = torch.empty_like(q, memory_format=_CONTIGUOUS)
+    lse = torch.empty((b, hq, sq), dtype=_F32, device=out.device) if return_lse else None
+    stream = current_stream(dev)
+    shape = (b, sq, sk, hq, hkv, d)
+    ws, counts_after = _scratch(_workspace_bytes(tag, shape, causal, True), b, dev, stream, True)
+    ot = out.stride()
+    # Every argument positionally, in the native signature's order (no keyword dictionary).
+    _native.attention(dev, stream, tag, shape, causal, scale, descs[0], descs[1], descs[2],
+                      (out.data_ptr(), (ot[0], ot[1], ot[2])), 0 if lse is None else lse.data_ptr(), 0, ws,
+                      counts.data_ptr(), False, 0, 0, 0, False, 0, _NO_WINDOW, 0.0, 0,
+                      (descs[3], descs[4], n, counts_after))
     return out, lse

@@ -17,10 +17,12 @@ from typing import Optional, Tuple
 import torch
 
 from . import _checks, _native, chunked, ops
-from ._launch import _append_ready, fast, launch, prepare_kv
+from ._launch import _append_ready, decode_append, fast, launch, prepare_kv
 
 MAX_SEQLEN_Q = _native.DECODE_MAX_SEQLEN_Q  # query positions per sequence (16)
 NO_FEATURES = ((-1, -1), 0.0, None)  # (window_size, softcap, sinks) when none is asked
+NO_WINDOW = (-1, -1)
+_Tensor = torch.Tensor
 
 
 def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None):
@@ -298,6 +300,19 @@ def flash_attn_with_kvcache(
     of each whole sequence. Packed calls return lse ``[Hq, total_q]``. `secret_lengths` is not
     offered there yet (ValueError).
     """
+    # The common decode step — new rows, a contiguous cache, an int32 tensor of counts, nothing
+    # else asked — in one pass (`_launch.decode_append`); anything else, or a broken rule, goes
+    # the checked way below, which raises that rule's own error.
+    if (v is not None and k is not None and type(cache_seqlens) is _Tensor and block_table is None
+            and cache_leftpad is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
+            and alibi_slopes is None and learnable_sink is None and not secret_lengths and cu_seqlens_q is None
+            and max_seqlen_q is None and cu_seqlens_k_new is None and type(num_splits) is int and num_splits == 0
+            and (type(softcap) is float or type(softcap) is int) and softcap == 0 and type(window_size) is tuple
+            and window_size == NO_WINDOW and type(window_size[0]) is int and type(window_size[1]) is int):
+        r = decode_append(q, k_cache, v_cache, k, v, cache_seqlens, bool(causal), softmax_scale,
+                          bool(return_softmax_lse))
+        if r is not None:
+            return r if return_softmax_lse else r[0]
     unsupported = {
         "rotary_cos": rotary_cos is not None,
         "rotary_sin": rotary_sin is not None,
