@@ -7,7 +7,7 @@ Host time is the CPU time to enqueue a call: each sample times a burst of calls 
 back after a synchronisation, short enough that the launch queue never fills (so the GPU never
 holds the CPU back), then synchronises outside the timed region. The median over samples is
 reported per call, with the checked path's (the one-pass decode path turned off) and the
-Python-only share (the native call replaced by a no-op) beside it.
+Python-only share (the native call replaced by a no-op) beside it, and the same without new k/v.
 
     python scripts/kvcache-host-time.py                    # B=8, 32/8 heads, d128, 4k cache, bf16
     python scripts/kvcache-host-time.py --batch 1 --cache 8192 --heads 32 8 --dim 128
@@ -69,6 +69,9 @@ def main():
     def fc():
         flashcore.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens)
 
+    def fc_no_append():
+        flashcore.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
+
     def sdpa():
         F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
 
@@ -76,12 +79,13 @@ def main():
         fc()  # compiles and loads the kernels
         rows = [("sdpa", per_call_us(sdpa, args.burst, args.samples)),
                 ("flashcore", per_call_us(fc, args.burst, args.samples))]
-        one_pass = kvcache.decode_append
-        kvcache.decode_append = lambda *a: None
+        one_pass = kvcache.decode
+        kvcache.decode = lambda *a: None
         try:
-            rows.append(("flashcore, checked path", per_call_us(fc, args.burst, args.samples)))
+            rows.append(("flashcore, every check (one pass off)", per_call_us(fc, args.burst, args.samples)))
         finally:
-            kvcache.decode_append = one_pass
+            kvcache.decode = one_pass
+        rows.append(("flashcore without new k/v", per_call_us(fc_no_append, args.burst, args.samples)))
         native = _launch._native.attention
         _launch._native.attention = lambda *a, **kw: None
         try:

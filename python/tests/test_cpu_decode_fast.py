@@ -1,6 +1,6 @@
-"""The one-pass decode step of ``flash_attn_with_kvcache`` (new rows over a contiguous cache,
-``_launch.decode_append``) launches exactly what the checked path launches, declines whatever it
-does not serve, and raises the checked path's errors. No GPU: CPU tensors pose as device 0's and
+"""The one-pass decode step of ``flash_attn_with_kvcache`` (a contiguous cache, with or without
+new rows: ``_launch.decode``) launches exactly what the checked path launches, declines whatever
+it does not serve, and raises the checked path's errors. No GPU: CPU tensors pose as device 0's and
 every native call is recorded instead of run."""
 
 import inspect
@@ -51,7 +51,7 @@ def recorded(monkeypatch):
 
 
 def _checked_only(monkeypatch):
-    monkeypatch.setattr(kvcache, "decode_append", lambda *a: None)
+    monkeypatch.setattr(kvcache, "decode", lambda *a: None)
 
 
 def _comparable(call):
@@ -74,21 +74,20 @@ def _case(b=2, sq=1, hq=8, hkv=2, d=128, cap=64, n=1, dtype=BF16):
 
 
 def _call(*args, **kwargs):
-    """(whether the one-pass path served the call, its result)."""
-    calls = []
-    real = _launch.decode_append
+    """(whether the one-pass path served the call before any argument check, its result)."""
+    checked = []
+    real = kvcache._run
 
-    def spy(*a):
-        r = real(*a)
-        calls.append(r is not None)
-        return r
+    def spy(call):
+        checked.append(call)
+        return real(call)
 
-    kvcache.decode_append = spy
+    kvcache._run = spy
     try:
         r = flashcore.flash_attn_with_kvcache(*args, **kwargs)
     finally:
-        kvcache.decode_append = real
-    return bool(calls and calls[0]), r
+        kvcache._run = real
+    return not checked, r
 
 
 def _served(recorded, *args, **kwargs):
@@ -99,15 +98,18 @@ def _served(recorded, *args, **kwargs):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("lse", [False, True])
 @pytest.mark.parametrize("scale", [None, 0.5])
-def test_one_pass_launches_what_the_checked_path_launches(recorded, monkeypatch, shape, causal, lse, scale):
+@pytest.mark.parametrize("append", [True, False])
+def test_one_pass_launches_what_the_checked_path_launches(recorded, monkeypatch, shape, causal, lse, scale, append):
     q, kc, vc, k, v, lens = _case(**shape)
-    served, r = _call(q, kc, vc, k, v, cache_seqlens=lens, causal=causal, softmax_scale=scale, return_softmax_lse=lse)
+    if not append:
+        k = v = None
+    kw = dict(cache_seqlens=lens, causal=causal, softmax_scale=scale, return_softmax_lse=lse)
+    served, r = _call(q, kc, vc, k, v, **kw)
     assert served and len(recorded) == 1
     fast = recorded.pop()
-    assert fast["append"] is not None and fast["kv_lengths"] == lens.data_ptr()
+    assert (fast["append"] is not None) == append and fast["kv_lengths"] == lens.data_ptr()
     _checked_only(monkeypatch)
-    r2 = flashcore.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=causal, softmax_scale=scale,
-                                           return_softmax_lse=lse)
+    r2 = flashcore.flash_attn_with_kvcache(q, kc, vc, k, v, **kw)
     assert len(recorded) == 1
     assert _comparable(fast) == _comparable(recorded[0])
     if lse:
