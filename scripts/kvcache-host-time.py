@@ -50,30 +50,39 @@ def main():
     ap.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
     ap.add_argument("--burst", type=int, default=100, help="calls per timed sample (keep the launch queue short)")
     ap.add_argument("--samples", type=int, default=200)
+    ap.add_argument("--rotate", type=int, default=2,
+                    help="q (and new k/v) buffers used in turn, as a decode loop's fresh tensors (1: always the same)")
     args = ap.parse_args()
 
     dt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
     b, s, (hq, hkv), d = args.batch, args.cache, args.heads, args.dim
     dev = torch.device("cuda")
-    q = torch.randn(b, 1, hq, d, dtype=dt, device=dev)
+    n = max(1, args.rotate)
+    qs = [torch.randn(b, 1, hq, d, dtype=dt, device=dev) for _ in range(n)]
     kc = torch.randn(b, s, hkv, d, dtype=dt, device=dev)
     vc = torch.randn(b, s, hkv, d, dtype=dt, device=dev)
-    k = torch.randn(b, 1, hkv, d, dtype=dt, device=dev)
-    v = torch.randn(b, 1, hkv, d, dtype=dt, device=dev)
+    ks = [torch.randn(b, 1, hkv, d, dtype=dt, device=dev) for _ in range(n)]
+    vs = [torch.randn(b, 1, hkv, d, dtype=dt, device=dev) for _ in range(n)]
     lens = torch.full((b,), s - 1, dtype=torch.int32, device=dev)
     # SDPA's layout [B, H, S, D], contiguous, over the same number of keys.
-    qs = q.transpose(1, 2).contiguous()
-    ks = kc.transpose(1, 2).contiguous()
-    vs = vc.transpose(1, 2).contiguous()
+    sdpa_q = [q.transpose(1, 2).contiguous() for q in qs]
+    sdpa_k = kc.transpose(1, 2).contiguous()
+    sdpa_v = vc.transpose(1, 2).contiguous()
+    turn = [0]
+
+    def step():
+        turn[0] = (turn[0] + 1) % n
+        return turn[0]
 
     def fc():
-        flashcore.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens)
+        i = step()
+        flashcore.flash_attn_with_kvcache(qs[i], kc, vc, ks[i], vs[i], cache_seqlens=lens)
 
     def fc_no_append():
-        flashcore.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens)
+        flashcore.flash_attn_with_kvcache(qs[step()], kc, vc, cache_seqlens=lens)
 
     def sdpa():
-        F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
+        F.scaled_dot_product_attention(sdpa_q[step()], sdpa_k, sdpa_v, enable_gqa=True)
 
     with torch.inference_mode():
         fc()  # compiles and loads the kernels
@@ -94,7 +103,8 @@ def main():
             _launch._native.attention = native
 
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}: decode B={b} cache={s} Hq={hq} Hkv={hkv} "
-          f"D={d} {args.dtype}, new k/v of 1 row; median of {args.samples} bursts of {args.burst} calls")
+          f"D={d} {args.dtype}, new k/v of 1 row, {n} q buffer(s) in turn; median of {args.samples} bursts of "
+          f"{args.burst} calls")
     base = rows[0][1]
     for name, us in rows:
         print(f"{name:42s} {us:7.2f} µs/call  {us / base:5.2f}x sdpa")
