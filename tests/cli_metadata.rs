@@ -2,7 +2,8 @@
 //! `cache_seqlens`, `cu_seqlens_q`, `cu_seqlens_k`) is checked on the host before anything runs,
 //! on the CPU path and the GPU path alike: each rule by a file that breaks it, then random
 //! metadata (proptest) that must give exit 0 exactly when an independent statement of the rules
-//! holds, and otherwise one `flashcore: error:` line with exit 1 — never a panic.
+//! holds, and otherwise one `flashcore: error:` line with exit 1 — never a panic — and the same
+//! error without `--cpu` (where the metadata is good, the GPU path runs when there is a GPU).
 
 mod common;
 
@@ -353,8 +354,35 @@ fn varlen_valid(cu_q: &[i32], cu_k: &[i32], totals: (usize, usize)) -> bool {
     cu_q.len() == cu_k.len() && ok(cu_q, totals.0) && ok(cu_k, totals.1)
 }
 
+/// Whether this machine has a usable GPU (asked once).
+fn have_gpu() -> bool {
+    static GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *GPU.get_or_init(|| flashcore::attention::Context::new(0).is_ok())
+}
+
+/// The GPU path (no `--cpu`) on the same file: bad metadata gets the CPU path's error, before any
+/// device is touched (so on any machine); good metadata runs where there is a GPU (`strict`:
+/// successfully; otherwise — an empty pack — a clear error will do).
+fn same_on_the_gpu_path(
+    f: &Path,
+    valid: bool,
+    strict: bool,
+    cpu_stderr: &str,
+) -> Result<(), TestCaseError> {
+    if valid && !have_gpu() {
+        return Ok(());
+    }
+    let (code, stderr) = attn(f, false, &["--causal"]);
+    if valid {
+        prop_assert!(code == 0 || !strict, "GPU path: {}", stderr);
+    } else {
+        prop_assert_eq!(stderr.as_str(), cpu_stderr, "the GPU path's error differs");
+    }
+    Ok(())
+}
+
 proptest! {
-    // Each case is one run of the binary: few cases, so that two CI cores finish in seconds.
+    // Each case is one or two runs of the binary: few cases, so that two CI cores finish in seconds.
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
@@ -391,6 +419,7 @@ proptest! {
         let valid = !(short_table && n > 0) && kv_valid(batch, &table[..n], slots, lens, new);
         let (code, stderr) = attn(&f, true, &["--causal"]);
         prop_assert_eq!(code == 0, valid, "table {:?} lens {:?} new {}: {}", &table[..n], lens, new, stderr);
+        same_on_the_gpu_path(&f, valid, true, &stderr)?;
     }
 
     #[test]
@@ -420,5 +449,6 @@ proptest! {
         let valid = varlen_valid(&cu_q, &cu_k, totals);
         let (code, stderr) = attn(&f, true, &["--causal"]);
         prop_assert_eq!(code == 0, valid, "cu_q {:?} cu_k {:?} totals {:?}: {}", cu_q, cu_k, totals, stderr);
+        same_on_the_gpu_path(&f, valid, totals.0 > 0 && totals.1 > 0, &stderr)?;
     }
 }
