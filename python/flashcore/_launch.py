@@ -159,8 +159,8 @@ def launch_kv(call, scale, out, lse):
     pools [num_pages, page_size, Hkv, D], capacity max_pages · page_size), copied where TMA cannot
     read them in place. With `call.new` = (k, v) rows [B, n, Hkv, D], one launch writes them into
     the caches at each count before the attention reads count + n keys: the caches must then be
-    readable in place (the caller's check; new rows it cannot copy as they are are made
-    contiguous here)."""
+    readable in place (the caller's check; new rows the append cannot read as they are are
+    copied here)."""
     q, k_cache, table = call.q, call.k_cache, call.block_table
     b, sq, sk, hq, hkv, d = _dims(q, k_cache, False)
     page_size = num_pages = 0
@@ -177,16 +177,17 @@ def launch_kv(call, scale, out, lse):
     stream = current_stream(dev)
     dtype = _DTYPES[q.dtype]
     shape = (b, sq, sk, hq, hkv, d)
+    causal, secret, consistent = bool(call.causal), bool(call.secret), bool(call.prefill_consistent)
     # The split partials of decode mode (none in the prefill-consistent mode).
-    n = _workspace_bytes(dtype, shape, call.causal, True, call.prefill_consistent)
+    n = _workspace_bytes(dtype, shape, causal, True, consistent)
     ws, counts_after = _scratch(n, b, dev, stream, new is not None)
     window, softcap, sinks = call.feats
     leftpad = call.leftpad
     # Every argument positionally, in the native signature's order.
     _native.attention(
-        dev, stream, dtype, shape, call.causal, scale, qd, kd, vd, _out_desc(out, False),
-        lse.data_ptr() if lse is not None else 0, 0, ws, call.counts.data_ptr(), call.secret,
-        table.data_ptr() if table is not None else 0, page_size, num_pages, call.prefill_consistent,
+        dev, stream, dtype, shape, causal, scale, qd, kd, vd, _out_desc(out, False),
+        lse.data_ptr() if lse is not None else 0, 0, ws, call.counts.data_ptr(), secret,
+        table.data_ptr() if table is not None else 0, page_size, num_pages, consistent,
         leftpad.data_ptr() if leftpad is not None else 0, tuple(window), float(softcap),
         sinks.data_ptr() if sinks is not None else 0,
         None if new is None else (_desc(new[0]), _desc(new[1]), new[0].shape[1], counts_after),
