@@ -9,8 +9,8 @@ holds the CPU back), then synchronises outside the timed region. The median over
 reported per call, with the checked path's (the one-pass decode path turned off) and the
 Python-only share (the native call replaced by a no-op) beside it, and the same without new k/v.
 
-    python scripts/kvcache-host-time.py                    # B=8, 32/8 heads, d128, 4k cache, bf16
-    python scripts/kvcache-host-time.py --batch 1 --cache 8192 --heads 32 8 --dim 128
+    python scripts/kvcache-host-time.py                    # B=1, 32/8 heads, d128, 8k cache, bf16
+    python scripts/kvcache-host-time.py --batch 8 --cache 4096 --heads 32 8 --dim 128 --rotate 1
 """
 
 import argparse
@@ -43,8 +43,8 @@ def per_call_us(fn, burst, samples):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--cache", type=int, default=4096, help="cache capacity (rows per sequence)")
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--cache", type=int, default=8192, help="cache capacity (rows per sequence)")
     ap.add_argument("--heads", type=int, nargs=2, default=(32, 8), metavar=("HQ", "HKV"))
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--dtype", choices=("bf16", "f16"), default="bf16")
