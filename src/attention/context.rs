@@ -326,6 +326,12 @@ impl Context {
                 "append_kv writes bshd caches only",
             ));
         }
+        if params.batch == 0 || params.heads_kv == 0 || params.head_dim == 0 {
+            return Err(Error::invalid(
+                "params",
+                "batch, heads_kv and head_dim must be positive",
+            ));
+        }
         if cache_seqlens.len() != params.batch {
             return Err(Error::invalid(
                 "cache_seqlens",
@@ -348,12 +354,6 @@ impl Context {
             return Err(Error::invalid(
                 "cache",
                 format!("has {} elements, the shape needs {cache_len}", cache.len(),),
-            ));
-        }
-        if params.batch * row == 0 {
-            return Err(Error::invalid(
-                "params",
-                "batch, heads_kv and head_dim must be positive",
             ));
         }
         if new.len() % (params.batch * row) != 0 || new.is_empty() {
