@@ -3,6 +3,10 @@
 //! which are appended at each sequence's length before the attention (flash-attn's
 //! `flash_attn_with_kvcache`). With a `block_table` (I32 `[B, max_pages]`) the caches are page
 //! pools `[num_pages, page_size, Hkv, D]` and the capacity is `max_pages · page_size`.
+//!
+//! All metadata is checked here, before anything runs, by the library's own rules: each length
+//! within the capacity, and every block-table slot a sequence's keys use inside the pool. Slots
+//! past a sequence's last key are never read, so (as in flash-attn) they may hold anything.
 
 use crate::attention::{validate, AttentionParams, Layout, Pages};
 use crate::error::{Error, Result};
@@ -134,7 +138,16 @@ pub fn read_kv_input(path: &Path) -> Result<KvInput> {
                 page_size: rows,
                 num_pages: bc,
             };
-            (t.shape[1] * rows, Some((t.values, pages)))
+            let cap = t.shape[1].checked_mul(rows).ok_or_else(|| {
+                bad(
+                    path,
+                    format!(
+                        "`block_table` {:?} with pages of {rows} rows: the capacity overflows",
+                        t.shape
+                    ),
+                )
+            })?;
+            (cap, Some((t.values, pages)))
         }
         None => (rows, None),
     };
@@ -168,15 +181,18 @@ pub fn read_kv_input(path: &Path) -> Result<KvInput> {
         }
         None => 0,
     };
+    let Some(room) = cap.checked_sub(n) else {
+        return Err(bad(
+            path,
+            format!("`k` and `v` append {n} rows, more than the cache's capacity {cap}"),
+        ));
+    };
     let mut cache_seqlens = Vec::with_capacity(b);
     for (i, &l) in lens.values.iter().enumerate() {
-        if l < 0 || l as usize + n > cap {
+        if l < 0 || l as usize > room {
             return Err(bad(
                 path,
-                format!(
-                    "cache_seqlens[{i}] = {l}: with {n} new rows it must lie in [0, {}]",
-                    cap - n
-                ),
+                format!("cache_seqlens[{i}] = {l}: with {n} new rows it must lie in [0, {room}]"),
             ));
         }
         cache_seqlens.push(l as usize);

@@ -467,6 +467,22 @@ fn kv_cache_append_and_bad_inputs() {
         }) => {}
         other => panic!("expected InvalidArgument for cache_seqlens, got {other:?}"),
     }
+    // A length that wraps around with the new rows, and a shape without rows: errors, no panic.
+    match ctx.append_kv(&p, &mut dc, &dn, &[10, usize::MAX], None) {
+        Err(flashcore::Error::InvalidArgument {
+            arg: "cache_seqlens",
+            ..
+        }) => {}
+        other => panic!("expected InvalidArgument for cache_seqlens, got {other:?}"),
+    }
+    let empty = flashcore::attention::AttentionParams {
+        batch: 0,
+        ..p.clone()
+    };
+    match ctx.append_kv(&empty, &mut dc, &dn, &[], None) {
+        Err(flashcore::Error::InvalidArgument { arg: "params", .. }) => {}
+        other => panic!("expected InvalidArgument for params, got {other:?}"),
+    }
     assert_eq!(
         bits(&ctx.download(&dc).unwrap()),
         bits(&want),

@@ -79,12 +79,17 @@ _workspaces = {}
 def _workspace(n, dev, stream):
     """A device buffer of at least `n` bytes for one call on `stream` of device `dev`."""
     w = _workspaces.get((dev, stream))
-    if w is not None and w.numel() >= n and not torch.cuda.is_current_stream_capturing():
+    capturing = _capturing()
+    if w is not None and w.numel() >= n and not capturing:
         return w
     w = torch.empty(n, dtype=torch.uint8, device=torch.device("cuda", dev))
-    if not torch.cuda.is_current_stream_capturing():
+    if not capturing:
         _workspaces[(dev, stream)] = w  # the one it replaces is freed in stream order
     return w
+
+
+# What torch.cuda.is_current_stream_capturing calls, without its Python frame.
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 
 
 def _dims(q, k, bhsd):
@@ -108,31 +113,13 @@ def _scratch(n, batch, dev, stream, append):
     return (ptr if n else 0), (ptr + counts_at if append else 0)
 
 
-def _append_desc(k_new, v_new, counts):
-    """The native call's `append` argument: (k, v, rows per sequence, counts address)."""
-    return (_desc(k_new), _desc(v_new), k_new.shape[1], counts)
-
-
-def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=False, kv_secret=False,
-           block_table=None, prefill_consistent=False, kv_starts=None, window=(-1, -1), softcap=0.0, sinks=None,
-           append=None):
+def launch(q, k, v, out, lse, lengths, causal, scale, bhsd=False, window=(-1, -1), softcap=0.0, sinks=None):
     """O = attention(q, k, v) into `out`. All four tensors are in [B, S, H, D] index order (or
     all four [B, H, S, D] with `bhsd`), with any strides (inputs that TMA cannot read in place
     are copied); `lse` is an fp32 contiguous [B, Hq, Sq] tensor or None; `lengths` int32 [B] or
-    None (secret-length prefill); `kv_lengths` int32 [B] or None (KV-cache mode: each sequence's
-    key count in k, v; public metadata unless `kv_secret`). `block_table` int32 [B, max_pages]
-    (contiguous) or None: k, v are then page pools [num_pages, page_size, Hkv, D] and the
-    capacity is max_pages · page_size. `prefill_consistent` (KV-cache mode): no key splits, each
-    row the bits of the causal prefill's. `window` flash-attn's (left, right) (−1
-    unbounded), `softcap` (0 off), `sinks` an fp32 contiguous [Hq] tensor or None. `append`
-    (KV-cache mode): new (k, v) rows [B, n, Hkv, D] that one launch writes into the caches at
-    each count before the attention reads count + n keys; the caches must then be readable in
-    place (checked by the caller)."""
+    None (secret-length prefill). `window` flash-attn's (left, right) (−1 unbounded), `softcap`
+    (0 off), `sinks` an fp32 contiguous [Hq] tensor or None. (KV-cache calls: `launch_kv`.)"""
     b, sq, sk, hq, hkv, d = _dims(q, k, bhsd)
-    page_size = num_pages = 0
-    if block_table is not None:
-        page_size, num_pages = k.shape[1], k.shape[0]
-        sk = block_table.shape[1] * page_size
     q, qd = _in_desc(q, bhsd)
     k, kd = _in_desc(k, bhsd)
     v, vd = _in_desc(v, bhsd)
@@ -144,11 +131,8 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=Fals
     n = 0
     if sq <= _DECODE_MAX_SEQLEN_Q and lengths is None:
         # Decode mode's split partials (most decode shapes need some; prefill never does).
-        n = _workspace_bytes(dtype, shape, causal, kv_lengths is not None, bool(prefill_consistent))
-    ws, counts = _scratch(n, b, dev, stream, append is not None)
-    extras = _kv_extras(kv_secret, block_table, page_size, num_pages, prefill_consistent, kv_starts)
-    if append is not None:
-        extras["append"] = _append_desc(append[0], append[1], counts)
+        n = _workspace_bytes(dtype, shape, causal, False)
+    ws, _ = _scratch(n, b, dev, stream, False)
     _native.attention(
         dev,
         stream,
@@ -163,9 +147,50 @@ def launch(q, k, v, out, lse, lengths, causal, scale, kv_lengths=None, bhsd=Fals
         lse.data_ptr() if lse is not None else 0,
         lengths.data_ptr() if lengths is not None else 0,
         ws,
-        kv_lengths.data_ptr() if kv_lengths is not None else 0,
-        **extras,
+        0,
         **_features(window, softcap, sinks),
+    )
+
+
+def launch_kv(call, scale, out, lse):
+    """The one native call of a checked KV-cache call (`kvcache.KvCall`: q, caches, counts, block
+    table, left padding, flags, features, new rows) into `out` (`lse`: fp32 contiguous [B, Hq, Sq]
+    or None), with `scale` checked. Caches and q are in [B, S, H, D] index order (a paged cache:
+    pools [num_pages, page_size, Hkv, D], capacity max_pages · page_size), copied where TMA cannot
+    read them in place. With `call.new` = (k, v) rows [B, n, Hkv, D], one launch writes them into
+    the caches at each count before the attention reads count + n keys: the caches must then be
+    readable in place (the caller's check; new rows the append cannot read as they are are
+    copied here)."""
+    q, k_cache, table = call.q, call.k_cache, call.block_table
+    b, sq, sk, hq, hkv, d = _dims(q, k_cache, False)
+    page_size = num_pages = 0
+    if table is not None:
+        page_size, num_pages = k_cache.shape[1], k_cache.shape[0]
+        sk = table.shape[1] * page_size
+    new = call.new
+    if new is not None and not _append_ready(new[0], new[1], k_cache, q.get_device()):
+        new = (new[0].contiguous(), new[1].contiguous())
+    q, qd = _in_desc(q, False)
+    k, kd = _in_desc(k_cache, False)
+    v, vd = _in_desc(call.v_cache, False)
+    dev = q.get_device()
+    stream = current_stream(dev)
+    dtype = _DTYPES[q.dtype]
+    shape = (b, sq, sk, hq, hkv, d)
+    causal, secret, consistent = bool(call.causal), bool(call.secret), bool(call.prefill_consistent)
+    # The split partials of decode mode (none in the prefill-consistent mode).
+    n = _workspace_bytes(dtype, shape, causal, True, consistent)
+    ws, counts_after = _scratch(n, b, dev, stream, new is not None)
+    window, softcap, sinks = call.feats
+    leftpad = call.leftpad
+    # Every argument positionally, in the native signature's order.
+    _native.attention(
+        dev, stream, dtype, shape, causal, scale, qd, kd, vd, _out_desc(out, False),
+        lse.data_ptr() if lse is not None else 0, 0, ws, call.counts.data_ptr(), secret,
+        table.data_ptr() if table is not None else 0, page_size, num_pages, consistent,
+        leftpad.data_ptr() if leftpad is not None else 0, tuple(window), float(softcap),
+        sinks.data_ptr() if sinks is not None else 0,
+        None if new is None else (_desc(new[0]), _desc(new[1]), new[0].shape[1], counts_after),
     )
 
 
@@ -178,22 +203,6 @@ def _features(window, softcap, sinks):
         extra["softcap"] = float(softcap)
     if sinks is not None:
         extra["sinks"] = sinks.data_ptr()
-    return extra
-
-
-def _kv_extras(kv_secret, block_table, page_size, num_pages, prefill_consistent=False, kv_starts=None):
-    """The KV-cache keywords of a launch, only where they differ from the defaults (secret
-    counts, a paged cache, the prefill-consistent mode), so a plain call's launch is the same
-    whichever path made it."""
-    extra = {}
-    if kv_secret:
-        extra["kv_secret"] = True
-    if prefill_consistent:
-        extra["kv_prefill_consistent"] = True
-    if kv_starts is not None:
-        extra["kv_starts"] = kv_starts.data_ptr()
-    if block_table is not None:
-        extra.update(block_table=block_table.data_ptr(), page_size=page_size, num_pages=num_pages)
     return extra
 
 
@@ -280,16 +289,15 @@ def _append_ready(k_new, v_new, cache, dev):
     return True
 
 
-def fast(q, k, v, causal, scale, bhsd, return_lse, kv_lengths=None, gqa=True, top_left=False, append=None):
+def fast(q, k, v, causal, scale, bhsd, return_lse, gqa=True, top_left=False):
     """The whole eager call in one pass, for the common case: returns (out, lse) — lse None
     unless `return_lse` — after launching, or None, having done nothing, when anything is not
     plain (a tensor subclass or mode, torch.compile tracing, grad needed, a shape or dtype rule
-    broken, strides TMA cannot read in place, a bad `kv_lengths`, Hq ≠ Hkv without `gqa`, a
+    broken, strides TMA cannot read in place, Hq ≠ Hkv without `gqa`, a
     non-square causal call under SDPA's `top_left` convention). The caller then takes the
     checked path, which raises each rule's own error or copies what it must. Every call this
     serves, the checked path would serve with the same launch (each attribute is read once here:
-    host time, not semantics). `causal` and `return_lse` are bools. `append` (with `kv_lengths`):
-    new (k, v) rows for the fused append (its tensors checked by `_append_ready`)."""
+    host time, not semantics). `causal` and `return_lse` are bools. (KV-cache calls: `decode`.)"""
     if type(q) is not _Tensor or type(k) is not _Tensor or type(v) is not _Tensor:
         return None
     dt = q.dtype
@@ -316,10 +324,6 @@ def fast(q, k, v, causal, scale, bhsd, return_lse, kv_lengths=None, gqa=True, to
         return None
     if (hq != hkv and not gqa) or (top_left and causal and sq != sk):
         return None
-    if kv_lengths is not None:
-        if (type(kv_lengths) is not _Tensor or kv_lengths.dtype is not _I32 or sq > _DECODE_MAX_SEQLEN_Q
-                or kv_lengths.shape != (b,) or not kv_lengths.is_cuda or kv_lengths.get_device() != dev):
-            return None
     # Strides as [B, S, H, D]: positive multiples of 16 bytes, a contiguous head dim, 16-byte
     # aligned bases (what TMA reads in place; anything else takes the checked path's copy).
     qt, kt, vt = q.stride(), k.stride(), v.stride()
@@ -338,15 +342,12 @@ def fast(q, k, v, causal, scale, bhsd, return_lse, kv_lengths=None, gqa=True, to
             return None
     if scale is not None:
         scale = _checks.check_scale(scale)  # raises what the checked path would, at this point
-    if append is not None and (kv_lengths is None or bhsd or not _append_ready(append[0], append[1], k, dev)):
-        return None
     out = torch.empty_like(q, memory_format=_CONTIGUOUS)
     lse = torch.empty((b, hq, sq), dtype=_F32, device=out.device) if return_lse else None
     stream = current_stream(dev)
     shape = (b, sq, sk, hq, hkv, d)
-    n = _workspace_bytes(tag, shape, causal, kv_lengths is not None) if sq <= _DECODE_MAX_SEQLEN_Q else 0
-    ws, counts = _scratch(n, b, dev, stream, append is not None)
-    extras = {} if append is None else {"append": _append_desc(append[0], append[1], counts)}
+    n = _workspace_bytes(tag, shape, causal, False) if sq <= _DECODE_MAX_SEQLEN_Q else 0
+    ws, _ = _scratch(n, b, dev, stream, False)
     ot = out.stride()
     _native.attention(
         dev,
@@ -362,7 +363,91 @@ def fast(q, k, v, causal, scale, bhsd, return_lse, kv_lengths=None, gqa=True, to
         lse.data_ptr() if lse is not None else 0,
         0,
         ws,
-        kv_lengths.data_ptr() if kv_lengths is not None else 0,
-        **extras,
+        0,
     )
+    return out, lse
+
+
+_HEAD_DIMS = _checks.SUPPORTED_HEAD_DIMS
+_NO_WINDOW = (-1, -1)
+
+
+def _tma_desc(t, dev):
+    """(pointer, (batch, seq, head) strides) of a plain [B, S, H, D] CUDA tensor of device `dev`
+    that TMA (and the append's 16-byte copies) read in place, else None."""
+    if type(t) is not _Tensor or t.get_device() != dev:
+        return None
+    st = t.stride()
+    ptr = t.data_ptr()
+    if st[3] != 1 or ptr % 16:
+        return None
+    x, y, z = st[0], st[1], st[2]
+    if x <= 0 or y <= 0 or z <= 0 or x % 8 or y % 8 or z % 8:
+        return None
+    return ptr, (x, y, z)
+
+
+def decode(q, k_cache, v_cache, new, counts, causal, scale, return_lse):
+    """A plain KV-cache call (a contiguous cache with public counts and none of the extras: no
+    table, left padding, window, softcap, sinks or split choice; the caller has seen to those),
+    with or without `new` = (k, v) rows, in one pass: each tensor's metadata is read once, and one
+    native call appends the new rows at each sequence's count (if given) and attends. `counts`
+    are int32 [B] (before the append); `causal` and `return_lse` are bools. (Its arguments are
+    `kvcache.KvCall`'s fields, passed as they are: building the description costs more host time
+    than the rest of this call's Python.)
+    Returns (out, lse) — lse None unless asked — or None, having done nothing, when anything is
+    not plain or breaks a rule: the caller then takes the checked path, which raises that rule's
+    own error or copies what it must. Every call served here, the checked path serves with the
+    same launch."""
+    t = _Tensor
+    if type(q) is not t or type(k_cache) is not t or type(v_cache) is not t or type(counts) is not t:
+        return None
+    dev = q.get_device()
+    if dev < 0 or counts.get_device() != dev:
+        return None
+    dt = q.dtype
+    tag = _DTYPES.get(dt)
+    if tag is None or k_cache.dtype is not dt or v_cache.dtype is not dt or counts.dtype is not _I32:
+        return None
+    if _grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad):
+        return None
+    if _is_compiling() or _dispatch_mode() is not None:
+        return None
+    qs, cs = q.shape, k_cache.shape
+    if len(qs) != 4 or len(cs) != 4 or v_cache.shape != cs:
+        return None
+    b, sq, hq, d = qs
+    sk, hkv = cs[1], cs[2]
+    if cs[0] != b or cs[3] != d or counts.shape != (b,) or d not in _HEAD_DIMS:
+        return None
+    if not (b and sq and sk and hq and hkv) or hq % hkv or sq > _DECODE_MAX_SEQLEN_Q:
+        return None
+    qd, kd, vd = _tma_desc(q, dev), _tma_desc(k_cache, dev), _tma_desc(v_cache, dev)
+    if qd is None or kd is None or vd is None:
+        return None
+    append = None
+    if new is not None:
+        k, v = new
+        if type(k) is not t or type(v) is not t or k.dtype is not dt or v.dtype is not dt:
+            return None
+        ks = k.shape
+        if len(ks) != 4 or v.shape != ks or ks[0] != b or ks[2] != hkv or ks[3] != d or not ks[1]:
+            return None
+        nk, nv = _tma_desc(k, dev), _tma_desc(v, dev)
+        if nk is None or nv is None:
+            return None
+        append = (nk, nv, ks[1])
+    if scale is not None:
+        scale = _checks.check_scale(scale)  # raises what the checked path would, at this point
+    out = torch.empty_like(q, memory_format=_CONTIGUOUS)
+    lse = torch.empty((b, hq, sq), dtype=_F32, device=out.device) if return_lse else None
+    stream = current_stream(dev)
+    shape = (b, sq, sk, hq, hkv, d)
+    ws, counts_after = _scratch(_workspace_bytes(tag, shape, causal, True), b, dev, stream, append is not None)
+    ot = out.stride()
+    # Every argument positionally, in the native signature's order (no keyword dictionary).
+    _native.attention(dev, stream, tag, shape, causal, scale, qd, kd, vd,
+                      (out.data_ptr(), (ot[0], ot[1], ot[2])), 0 if lse is None else lse.data_ptr(), 0, ws,
+                      counts.data_ptr(), False, 0, 0, 0, False, 0, _NO_WINDOW, 0.0, 0,
+                      None if append is None else append + (counts_after,))
     return out, lse

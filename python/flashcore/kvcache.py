@@ -17,10 +17,43 @@ from typing import Optional, Tuple
 import torch
 
 from . import _checks, _native, chunked, ops
-from ._launch import _append_ready, fast, launch, prepare_kv
+from ._launch import decode, launch_kv, prepare_kv
 
 MAX_SEQLEN_Q = _native.DECODE_MAX_SEQLEN_Q  # query positions per sequence (16)
 NO_FEATURES = ((-1, -1), 0.0, None)  # (window_size, softcap, sinks) when none is asked
+NO_WINDOW = (-1, -1)
+_Tensor = torch.Tensor
+
+
+class KvCall:
+    """One KV-cache call as every layer below the entry point takes it, built once: q
+    [B, Sq, Hq, D]; the caches (or page pools with `block_table`); `new` = (k, v) rows to append
+    first, or None; `counts` int32 [B] (each sequence's cached rows before the append);
+    `leftpad` int32 [B] or None; `causal`, `return_lse`, `secret` (counts kept secret),
+    `prefill_consistent` (no key splits) as bools; `scale` as given; `feats` (window, softcap,
+    sinks) as `_checks.check_features` returns them."""
+
+    __slots__ = ("q", "k_cache", "v_cache", "new", "counts", "block_table", "leftpad", "causal", "scale",
+                 "return_lse", "secret", "prefill_consistent", "feats")
+
+    def __init__(self, q, k_cache, v_cache, new, counts, block_table, leftpad, causal, scale, return_lse,
+                 secret=False, prefill_consistent=False, feats=NO_FEATURES):
+        self.q, self.k_cache, self.v_cache, self.new, self.counts = q, k_cache, v_cache, new, counts
+        self.block_table, self.leftpad, self.causal, self.scale = block_table, leftpad, causal, scale
+        self.return_lse, self.secret, self.prefill_consistent, self.feats = (return_lse, secret, prefill_consistent,
+                                                                             feats)
+
+    def plain(self):
+        """Whether `_launch.decode` may serve it: no table, left padding, secret counts, split
+        choice or features."""
+        return (self.block_table is None and self.leftpad is None and not self.secret and not self.prefill_consistent
+                and _plain(self.feats))
+
+    def op_args(self):
+        """The custom ops' arguments after (q, k_cache, v_cache[, k, v])."""
+        (wl, wr), cap, sinks = self.feats
+        return (self.counts, self.block_table, self.causal, self.scale, self.return_lse, self.secret,
+                self.prefill_consistent, self.leftpad, wl, wr, cap, sinks)
 
 
 def append_kv(k_cache, v_cache, k, v, cache_seqlens, block_table=None):
@@ -123,11 +156,6 @@ def _plain(feats):
     return tuple(feats[0]) == (-1, -1) and not feats[1] and feats[2] is None
 
 
-def _feature_kw(feats):
-    """`launch`'s keywords for checked features."""
-    return dict(window=tuple(feats[0]), softcap=float(feats[1]), sinks=feats[2])
-
-
 @torch.library.custom_op("flashcore::attention_kvcache", mutates_args=())
 def attention_kvcache_op(
     q: torch.Tensor,
@@ -152,13 +180,9 @@ def attention_kvcache_op(
     [B, Hq, Sq], empty unless asked. `cache_leftpad`: each sequence's first key (keys before it
     are masked). A sliding window (flash-attn's window_size, −1 unbounded; aligned to
     each count), a softcap (0 off), learnable sinks (fp32 [Hq], or None)."""
-    feats = (window_left, window_right), softcap, sinks
-    out, lse = _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse, feats,
-                                prefill_consistent)
-    launch(q, k_cache, v_cache, out, lse if return_lse else None, None, causal, _checks.check_scale(scale),
-           kv_lengths=seqlens_k, kv_secret=secret_lengths, block_table=block_table,
-           prefill_consistent=prefill_consistent, kv_starts=cache_leftpad, **_feature_kw(feats))
-    return out, lse
+    call = KvCall(q, k_cache, v_cache, None, seqlens_k, block_table, cache_leftpad, causal, scale, return_lse,
+                  secret_lengths, prefill_consistent, ((window_left, window_right), softcap, sinks))
+    return _execute(call, op=True)
 
 
 @torch.library.custom_op("flashcore::attention_kvcache_append", mutates_args=("k_cache", "v_cache"))
@@ -184,12 +208,9 @@ def attention_kvcache_append_op(
     """`attention_kvcache` after writing k, v ([B, n, Hkv, D]) into the caches at rows
     seqlens_k[b] .. + n (in place: the caches are declared mutated); the attention reads
     seqlens_k[b] + n keys. `seqlens_k` itself is not changed."""
-    feats = (window_left, window_right), softcap, sinks
-    out, lse = _checked_outputs(q, k_cache, v_cache, seqlens_k, block_table, cache_leftpad, return_lse, feats,
-                                prefill_consistent)
-    _launch_append(q, k_cache, v_cache, k, v, seqlens_k, block_table, causal, scale, out,
-                   lse if return_lse else None, secret_lengths, prefill_consistent, cache_leftpad, feats)
-    return out, lse
+    call = KvCall(q, k_cache, v_cache, (k, v), seqlens_k, block_table, cache_leftpad, causal, scale, return_lse,
+                  secret_lengths, prefill_consistent, ((window_left, window_right), softcap, sinks))
+    return _execute(call, op=True)
 
 
 @attention_kvcache_append_op.register_fake
@@ -207,21 +228,28 @@ def _in_place(t):
     return st[3] == 1 and t.data_ptr() % 16 == 0 and all(x > 0 and x % 8 == 0 for x in st[:3])
 
 
-def _launch_append(q, k_cache, v_cache, k, v, seqlens, block_table, causal, scale, out, lse, secret,
-                   prefill_consistent, leftpad, feats=NO_FEATURES):
-    """Appends k, v and runs the attention into `out` (`lse`): in one native call when the caches
-    are readable in place (the fused append), else torch indexing then the attention."""
-    scale = _checks.check_scale(scale)
-    kw = _feature_kw(feats)
-    if _in_place(k_cache) and _in_place(v_cache):
-        if not _append_ready(k, v, k_cache, q.get_device()):
-            k, v = k.contiguous(), v.contiguous()
-        launch(q, k_cache, v_cache, out, lse, None, causal, scale, kv_lengths=seqlens, kv_secret=secret,
-               block_table=block_table, prefill_consistent=prefill_consistent, kv_starts=leftpad, append=(k, v), **kw)
+def _execute(call, op):
+    """The checked path of a KV-cache call (the ops' body, or the eager call's): every rule, the
+    outputs, the append by torch indexing where the caches cannot be written in place, then the
+    one launch (`_launch.launch_kv`). Returns (out, lse): the op's lse is empty unless asked, the
+    eager call's None."""
+    q = call.q
+    _check(q, call.k_cache, call.v_cache, call.counts, call.block_table)
+    _check_leftpad(q, call.leftpad)
+    if op:
+        _check_feats(q, call.feats, call.prefill_consistent)
+        out, lse = _outputs(q, call.return_lse)
     else:
-        counts = append_kv(k_cache, v_cache, k, v, seqlens, block_table)
-        launch(q, k_cache, v_cache, out, lse, None, causal, scale, kv_lengths=counts, kv_secret=secret,
-               block_table=block_table, prefill_consistent=prefill_consistent, kv_starts=leftpad, **kw)
+        b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if call.return_lse else None
+    scale = _checks.check_scale(call.scale)
+    if call.new is not None and not (_in_place(call.k_cache) and _in_place(call.v_cache)):
+        counts = append_kv(call.k_cache, call.v_cache, call.new[0], call.new[1], call.counts, call.block_table)
+        call = KvCall(q, call.k_cache, call.v_cache, None, counts, call.block_table, call.leftpad, call.causal,
+                      call.scale, call.return_lse, call.secret, call.prefill_consistent, call.feats)
+    launch_kv(call, scale, out, lse if call.return_lse else None)
+    return out, lse
 
 
 @attention_kvcache_op.register_fake
@@ -298,6 +326,19 @@ def flash_attn_with_kvcache(
     of each whole sequence. Packed calls return lse ``[Hq, total_q]``. `secret_lengths` is not
     offered there yet (ValueError).
     """
+    # The common decode step — a contiguous cache, an int32 tensor of counts, new rows or none,
+    # nothing else asked — in one pass (`_launch.decode`); anything else, or a broken rule, goes
+    # the checked way below, which raises that rule's own error.
+    if ((k is None) == (v is None) and type(cache_seqlens) is _Tensor and block_table is None
+            and cache_leftpad is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
+            and alibi_slopes is None and learnable_sink is None and not secret_lengths and cu_seqlens_q is None
+            and max_seqlen_q is None and cu_seqlens_k_new is None and type(num_splits) is int and num_splits == 0
+            and (type(softcap) is float or type(softcap) is int) and softcap == 0 and type(window_size) is tuple
+            and window_size == NO_WINDOW and type(window_size[0]) is int and type(window_size[1]) is int):
+        r = decode(q, k_cache, v_cache, None if k is None else (k, v), cache_seqlens, bool(causal), softmax_scale,
+                   bool(return_softmax_lse))
+        if r is not None:
+            return r if return_softmax_lse else r[0]
     unsupported = {
         "rotary_cos": rotary_cos is not None,
         "rotary_sin": rotary_sin is not None,
@@ -330,13 +371,9 @@ def flash_attn_with_kvcache(
     seqlens = _counts(cache_seqlens, b, k_cache, block_table, k is not None, q.device)
     if k is not None:
         _check_new_rows(k, v, k_cache, v_cache, b)
-        out, lse = _attention_kvcache_append(q, k_cache, v_cache, k, v, seqlens, block_table, bool(causal),
-                                             softmax_scale, bool(return_softmax_lse), bool(secret_lengths),
-                                             num_splits == 1, cache_leftpad, feats)
-    else:
-        out, lse = _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, bool(causal), softmax_scale,
-                                      bool(return_softmax_lse), bool(secret_lengths), num_splits == 1, cache_leftpad,
-                                      feats)
+    call = KvCall(q, k_cache, v_cache, None if k is None else (k, v), seqlens, block_table, cache_leftpad,
+                  bool(causal), softmax_scale, bool(return_softmax_lse), bool(secret_lengths), num_splits == 1, feats)
+    out, lse = _run(call)
     return (out, lse) if return_softmax_lse else out
 
 
@@ -382,56 +419,32 @@ def _chunked_prefill(q, k_cache, v_cache, k, v, cache_seqlens, leftpad, block_ta
     return (out, lse) if return_lse else out
 
 
-def _attention_kvcache_append(q, k_cache, v_cache, k, v, seqlens, block_table, causal, scale, return_lse, secret,
-                              prefill_consistent=False, leftpad=None, feats=NO_FEATURES):
-    """`_attention_kvcache` with new rows appended first, as one native call where it can (the
-    fused append): in one pass for plain eager calls, the op's body directly in eager mode,
-    torch.ops.flashcore.attention_kvcache_append (which declares the caches mutated) whenever
-    torch is tracing or faking tensors."""
-    plain = _plain(feats)
-    if plain and block_table is None and not secret and not prefill_consistent and leftpad is None:
-        r = fast(q, k_cache, v_cache, causal, scale, False, return_lse, kv_lengths=seqlens, append=(k, v))
+def _run(call):
+    """(out, lse) of a call whose arguments are checked, lse None unless asked: in one pass where
+    it is plain (`_launch.decode`); else the op's body directly in plain eager mode (skipping the
+    dispatcher's ~20 µs, as `api._call` does); else, whenever torch is tracing or faking tensors,
+    through torch.ops.flashcore.attention_kvcache[_append] (the append's op declares the caches
+    mutated)."""
+    if call.plain():
+        r = decode(call.q, call.k_cache, call.v_cache, call.new, call.counts, call.causal, call.scale, call.return_lse)
         if r is not None:
             return r
-    if ops.eager(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, feats[2]):
-        _check(q, k_cache, v_cache, seqlens, block_table)
-        _check_leftpad(q, leftpad)
-        b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if return_lse else None
-        _launch_append(q, k_cache, v_cache, k, v, seqlens, block_table, causal, scale, out, lse, secret,
-                       prefill_consistent, leftpad, feats)
-        return out, lse
-    (wl, wr), cap, sinks = feats
-    out, lse = attention_kvcache_append_op(q, k_cache, v_cache, k, v, seqlens, block_table, causal, scale,
-                                           return_lse, secret, prefill_consistent, leftpad, wl, wr, cap, sinks)
-    return out, (lse if return_lse else None)
+    k, v = (None, None) if call.new is None else call.new
+    if ops.eager(call.q, call.k_cache, call.v_cache, k, v, call.counts, call.block_table, call.leftpad,
+                 call.feats[2]):
+        return _execute(call, op=False)
+    if call.new is None:
+        out, lse = attention_kvcache_op(call.q, call.k_cache, call.v_cache, *call.op_args())
+    else:
+        out, lse = attention_kvcache_append_op(call.q, call.k_cache, call.v_cache, k, v, *call.op_args())
+    return out, (lse if call.return_lse else None)
 
 
 def _attention_kvcache(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret,
                        prefill_consistent=False, leftpad=None, feats=NO_FEATURES):
-    """The op on these arguments: its body directly in plain eager mode (skipping the
-    dispatcher's ~20 µs, as `api._call` does; lse None unless asked), through
-    torch.ops.flashcore.attention_kvcache whenever torch is tracing or faking tensors."""
-    plain = _plain(feats)
-    if plain and block_table is None and not secret and not prefill_consistent and leftpad is None:
-        r = fast(q, k_cache, v_cache, causal, scale, False, return_lse, kv_lengths=seqlens)
-        if r is not None:  # plain eager call, served in one pass (_launch.fast)
-            return r
-    if ops.eager(q, k_cache, v_cache, seqlens, block_table, leftpad, feats[2]):
-        _check(q, k_cache, v_cache, seqlens, block_table)
-        _check_leftpad(q, leftpad)
-        b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-        lse = torch.empty((b, hq, sq), dtype=torch.float32, device=q.device) if return_lse else None
-        launch(q, k_cache, v_cache, out, lse, None, causal, _checks.check_scale(scale), kv_lengths=seqlens,
-               kv_secret=secret, block_table=block_table, prefill_consistent=prefill_consistent,
-               kv_starts=leftpad, **_feature_kw(feats))
-        return out, lse
-    (wl, wr), cap, sinks = feats
-    out, lse = attention_kvcache_op(q, k_cache, v_cache, seqlens, block_table, causal, scale, return_lse, secret,
-                                    prefill_consistent, leftpad, wl, wr, cap, sinks)
-    return out, (lse if return_lse else None)
+    """A checked call without new rows (the transformers integration's left-padded prefill)."""
+    return _run(KvCall(q, k_cache, v_cache, None, seqlens, block_table, leftpad, causal, scale, return_lse, secret,
+                       prefill_consistent, feats))
 
 
 def prepare(q, k_cache, *, causal=False, softmax_scale=None, block_table=None, secret_lengths=False, num_splits=0,

@@ -634,15 +634,18 @@ def test_fast_path_launches_what_the_checked_path_does(fast_mock, bhsd, sq, sk, 
     assert a[:9] == b[:9] and a[9][1] == b[9][1] and a[11] == b[11] == 0 and a[13] == b[13] == 0
     assert (a[12] == 0) == (b[12] == 0)  # a workspace exactly when the checked path gives one
     assert (a[12] != 0) == (_native.workspace_bytes("f16", a[3], True) > 0)
-    # A KV-cache call: its key counts reach the launch.
+    # A KV-cache call (`_launch.decode`): its key counts reach the launch.
     fast_mock.clear()
     if sq <= 16 and not bhsd:
         lens = torch.full((2,), 5, dtype=torch.int32).as_subclass(_OnGpu)
-        _launch.fast(q, k, v, False, None, False, False, kv_lengths=lens)
+        _launch.decode(q, k, v, None, lens, False, None, False)
         assert fast_mock[0][13] == lens.data_ptr() and fast_mock[0][5] is None
 
 
 def test_fast_path_declines_what_it_does_not_serve(fast_mock):
+    def decode(q, kv, lens):
+        return _launch.decode(q, kv, kv, None, lens, False, None, False)
+
     q, kv = _gpu(1, 64, 4, 64), _gpu(1, 64, 2, 64)
     lens = torch.full((1,), 5, dtype=torch.int32).as_subclass(_OnGpu)
     with torch.no_grad():
@@ -656,10 +659,9 @@ def test_fast_path_declines_what_it_does_not_serve(fast_mock):
             _launch.fast(q, kv[:, :, :, ::2].repeat(1, 1, 1, 2)[:, :, :1].expand(1, 64, 2, 64), kv, False, None,
                          False, False),  # broadcast (stride 0)
             _launch.fast(_gpu(1, 64, 4, 68)[..., :64], kv, kv, False, None, False, False),  # 136-byte rows
-            _launch.fast(q, kv, kv, False, None, False, False, kv_lengths=lens.long()),  # int64 counts
-            _launch.fast(q, kv, kv, False, None, False, False, kv_lengths=lens),  # Sq 64 > 16 for a KV cache
-            _launch.fast(q[:1, :1], kv, kv, False, None, False, False,
-                         kv_lengths=torch.ones(2, dtype=torch.int32).as_subclass(_OnGpu)),  # counts' shape
+            decode(q, kv, lens.long()),  # int64 counts
+            decode(q, kv, lens),  # Sq 64 > 16 for a KV cache
+            decode(q[:1, :1], kv, torch.ones(2, dtype=torch.int32).as_subclass(_OnGpu)),  # counts' shape
         ]
     assert declined == [None] * len(declined) and not fast_mock
     g = q.clone().requires_grad_()

@@ -326,6 +326,12 @@ impl Context {
                 "append_kv writes bshd caches only",
             ));
         }
+        if params.batch == 0 || params.heads_kv == 0 || params.head_dim == 0 {
+            return Err(Error::invalid(
+                "params",
+                "batch, heads_kv and head_dim must be positive",
+            ));
+        }
         if cache_seqlens.len() != params.batch {
             return Err(Error::invalid(
                 "cache_seqlens",
@@ -361,7 +367,7 @@ impl Context {
         }
         let n = new.len() / (params.batch * row);
         for (b, &len) in cache_seqlens.iter().enumerate() {
-            if len + n > params.seqlen_k {
+            if len.checked_add(n).is_none_or(|end| end > params.seqlen_k) {
                 return Err(Error::invalid(
                     "cache_seqlens",
                     format!(

@@ -234,16 +234,13 @@ impl Plan {
     fn build(
         &self,
         (ptrs, strides): LaunchKey,
-        maps: Option<[sys::CUtensorMap; 3]>,
+        maps: [Option<sys::CUtensorMap>; 3],
     ) -> Result<KernelParams> {
         let p = &self.params;
         let [q, k, v, o, lse, lens, ws, table, starts, sinks] = ptrs;
         let [q_st, k_st, v_st, o_st] = strides;
         let (ws_o_ptr, ws_ml_ptr) = self.decode.map_or((0, 0), |d| d.workspace_parts(p, ws));
-        let [q_map, k_map, v_map] = match maps {
-            Some(m) => m,
-            None => self.encode_maps(q, k, v, q_st, k_st, v_st)?,
-        };
+        let [q_map, k_map, v_map] = self.encode_maps([q, k, v], [q_st, k_st, v_st], maps)?;
         let pages = self.lengths.pages();
         let box_rows = self.kv_box_rows();
         let [sb, ss, sh] = o_st.as_array();
@@ -298,19 +295,19 @@ impl Plan {
     }
 
     /// The q, k, v tensor maps (most of a parameter block's host time: three driver calls).
+    /// The q, k, v tensor maps, each taken from `reuse` where given (the same pointer and strides
+    /// as the last call's) and encoded otherwise.
     fn encode_maps(
         &self,
-        q: u64,
-        k: u64,
-        v: u64,
-        q_st: Strides,
-        k_st: Strides,
-        v_st: Strides,
+        [q, k, v]: [u64; 3],
+        [q_st, k_st, v_st]: [Strides; 3],
+        reuse: [Option<sys::CUtensorMap>; 3],
     ) -> Result<[sys::CUtensorMap; 3]> {
         let p = &self.params;
         let rows = self.tile.block_m as u32;
-        let q_map = match self.decode {
-            Some(d) => tensor_map::encode_packed(
+        let q_map = match (reuse[0], self.decode) {
+            (Some(m), _) => m,
+            (None, Some(d)) => tensor_map::encode_packed(
                 q,
                 p.dtype,
                 q_st,
@@ -321,7 +318,7 @@ impl Plan {
                 d.pack as u32,
                 rows,
             )?,
-            None => tensor_map::encode(
+            (None, None) => tensor_map::encode(
                 q, p.dtype, q_st, p.batch, p.seqlen_q, p.heads_q, p.head_dim, rows,
             )?,
         };
@@ -331,13 +328,13 @@ impl Plan {
             None => (p.batch, p.seqlen_k),
         };
         let box_rows = self.kv_box_rows();
-        let k_map = tensor_map::encode(
-            k, p.dtype, k_st, kv_batch, kv_seq, p.heads_kv, p.head_dim, box_rows,
-        )?;
-        let v_map = tensor_map::encode(
-            v, p.dtype, v_st, kv_batch, kv_seq, p.heads_kv, p.head_dim, box_rows,
-        )?;
-        Ok([q_map, k_map, v_map])
+        let kv = |reuse: Option<sys::CUtensorMap>, ptr, st| match reuse {
+            Some(m) => Ok(m),
+            None => tensor_map::encode(
+                ptr, p.dtype, st, kv_batch, kv_seq, p.heads_kv, p.head_dim, box_rows,
+            ),
+        };
+        Ok([q_map, kv(reuse[1], k, k_st)?, kv(reuse[2], v, v_st)?])
     }
 
     /// Rows per K/V TMA box: a whole block, or a page when pages are shorter.
@@ -533,14 +530,18 @@ impl Plan {
             .map_err(|_| Error::Other("plan lock poisoned".into()))?;
         let stale = !matches!(cached.as_ref(), Some((k, _)) if *k == key);
         if stale {
-            // A fresh output (or LSE, workspace) per call is the usual change: the q, k, v maps
-            // of the last block still hold then, and encoding them is most of a rebuild.
-            let maps = match cached.as_ref() {
-                Some(((p, s), b)) if p[..3] == ptrs[..3] && s[..3] == strides[..3] => {
-                    Some([b.q_map, b.k_map, b.v_map])
+            // A fresh output (or LSE, workspace) per call is the usual change, and in decode a
+            // fresh q over the same caches: each of the last block's q, k, v maps that still
+            // holds is kept, since encoding them is most of a rebuild.
+            let mut maps = [None; 3];
+            if let Some(((p, s), b)) = cached.as_ref() {
+                let last = [b.q_map, b.k_map, b.v_map];
+                for i in 0..3 {
+                    if p[i] == ptrs[i] && s[i] == strides[i] {
+                        maps[i] = Some(last[i]);
+                    }
                 }
-                _ => None,
-            };
+            }
             *cached = Some((key, Box::new(self.build(key, maps)?)));
         }
         let block = cached.as_mut().map(|(_, b)| b).expect("filled above");

@@ -167,10 +167,6 @@ pub fn check_pages(p: &AttentionParams, pages: &Pages) -> Result<()> {
     Ok(())
 }
 
-/// The public metadata of a KV-cache call, read back on the host: every key count within the
-/// capacity, and every block-table entry a sequence's keys use inside the pool (all entries when
-/// the counts are secret, since the kernel then walks the whole table). `counts` are the key
-/// counts after any append; `table` is `[batch, seqlen_k / page_size]`.
 /// A KV cache's first keys (flash-attn's `cache_leftpad`): one per sequence; with public counts
 /// each within [0, its count] (the kernel clamps whatever a secret one holds).
 pub fn check_kv_starts(counts: &[i32], starts: &[i32], secret: bool) -> Result<()> {
@@ -193,6 +189,10 @@ pub fn check_kv_starts(counts: &[i32], starts: &[i32], secret: bool) -> Result<(
     Ok(())
 }
 
+/// The public metadata of a KV-cache call, read back on the host: every key count within the
+/// capacity, and every block-table entry a sequence's keys use inside the pool (all entries when
+/// the counts are secret, since the kernel then walks the whole table). `counts` are the key
+/// counts after any append; `table` is `[batch, seqlen_k / page_size]`.
 pub fn check_kv_metadata(
     p: &AttentionParams,
     counts: &[i32],
@@ -505,5 +505,87 @@ mod tests {
         let (arg, rule) = rule_of(check_buffer("v", 10, 10, 0x1008, 16).unwrap_err());
         assert_eq!(arg, "v");
         assert!(rule.contains("aligned"));
+    }
+
+    /// Each rule of a paged cache's geometry, one failing case each, and a good one.
+    #[test]
+    fn page_geometry_rules() {
+        let p = AttentionParams::new(2, 2, 1, 64).seqlen_k(64);
+        let pages = |page_size, num_pages| Pages {
+            page_size,
+            num_pages,
+        };
+        check_pages(&p, &pages(16, 4)).unwrap();
+        let cases = [
+            (p.clone(), pages(8, 4), "page_size", "power of two"),
+            (p.clone(), pages(24, 4), "page_size", "power of two"),
+            (p.clone(), pages(0, 4), "page_size", "power of two"),
+            (p.clone(), pages(128, 4), "seqlen_k", "not a multiple"),
+            (p.clone(), pages(16, 0), "num_pages", "1 to 2^31 - 1"),
+            (p.clone(), pages(16, 1 << 31), "num_pages", "1 to 2^31 - 1"),
+            (
+                p.clone().layout(crate::spec::Layout::Bhsd),
+                pages(16, 4),
+                "layout",
+                "bshd",
+            ),
+        ];
+        for (q, pg, want_arg, want) in cases {
+            let (arg, rule) = rule_of(check_pages(&q, &pg).unwrap_err());
+            assert_eq!(arg, want_arg, "{pg:?}: {rule}");
+            assert!(rule.contains(want), "{pg:?}: {rule}");
+        }
+    }
+
+    /// Each rule of the counts and the block table: a page outside the pool (past it or negative)
+    /// in a slot a sequence uses is refused; the same in a slot past its keys is not read and is
+    /// accepted, unless the counts are secret (the kernel then walks every slot).
+    #[test]
+    fn kv_metadata_rules() {
+        let p = AttentionParams::new(2, 2, 1, 64).seqlen_k(32);
+        let pg = Pages {
+            page_size: 16,
+            num_pages: 4,
+        };
+        let ok = |counts: &[i32], table: &[i32], secret| {
+            check_kv_metadata(&p, counts, Some((table, &pg)), secret)
+        };
+        ok(&[20, 32], &[0, 1, 2, 3], false).unwrap();
+        ok(&[0, 32], &[9, -3, 2, 3], false).unwrap();
+        ok(&[5, 16], &[0, 9, 2, -3], false).unwrap();
+        check_kv_metadata(&p, &[0, 32], None, false).unwrap();
+        // Secret counts are not checked against the capacity (the kernel clamps them).
+        check_kv_metadata(&p, &[-1, 99], None, true).unwrap();
+        let cases: [(&[i32], &[i32], bool, &str, &str); 8] = [
+            (&[5], &[0, 1, 2, 3], false, "seqlens_k", "batch is 2"),
+            (&[5, 6, 7], &[0, 1, 2, 3], false, "seqlens_k", "batch is 2"),
+            (&[-1, 5], &[0, 1, 2, 3], false, "seqlens_k", "outside [0"),
+            (&[5, 33], &[0, 1, 2, 3], false, "seqlens_k", "outside [0"),
+            (&[5, 6], &[0, 1, 2], false, "block_table", "needs 4"),
+            (&[5, 17], &[0, 1, 2, 9], false, "block_table", "page 9"),
+            (&[5, 6], &[0, 1, -3, 3], false, "block_table", "page -3"),
+            (&[0, 0], &[0, 9, 2, 3], true, "block_table", "page 9"),
+        ];
+        for (counts, table, secret, want_arg, want) in cases {
+            let (arg, rule) = rule_of(ok(counts, table, secret).unwrap_err());
+            assert_eq!(arg, want_arg, "{counts:?} {table:?}: {rule}");
+            assert!(rule.contains(want), "{counts:?} {table:?}: {rule}");
+        }
+    }
+
+    #[test]
+    fn kv_starts_rules() {
+        check_kv_starts(&[5, 9], &[0, 9], false).unwrap();
+        check_kv_starts(&[5, 9], &[-4, 99], true).unwrap();
+        for (starts, secret, want) in [
+            (&[0][..], false, "batch is 2"),
+            (&[0, 0, 0][..], true, "batch is 2"),
+            (&[-1, 0][..], false, "outside [0"),
+            (&[0, 10][..], false, "outside [0"),
+        ] {
+            let (arg, rule) = rule_of(check_kv_starts(&[5, 9], starts, secret).unwrap_err());
+            assert_eq!(arg, "cache_leftpad");
+            assert!(rule.contains(want), "{starts:?}: {rule}");
+        }
     }
 }

@@ -94,9 +94,10 @@ fn append_host(input: &mut KvInput, p: &AttentionParams) {
     }
 }
 
-/// A paged cache gathered into the contiguous `[B, capacity, Hkv, D]` form (rows past the table's
-/// pages read as they are in the pool; only the first `counts[b]` rows matter).
-fn contiguous_f64(input: &KvInput, pool: &TensorData) -> Vec<f64> {
+/// A paged cache gathered into the contiguous `[B, capacity, Hkv, D]` form. Only each sequence's
+/// first `counts[b]` rows are read (the rest stay zero): the table's slots past them were never
+/// checked against the pool and may hold anything.
+fn contiguous_f64(input: &KvInput, pool: &TensorData, counts: &[usize]) -> Vec<f64> {
     let p = &input.params;
     let row = p.heads_kv * p.head_dim;
     let all = pool.to_f64();
@@ -104,8 +105,8 @@ fn contiguous_f64(input: &KvInput, pool: &TensorData) -> Vec<f64> {
         return all;
     }
     let mut out = vec![0.0; p.batch * p.seqlen_k * row];
-    for b in 0..p.batch {
-        for r in 0..p.seqlen_k {
+    for (b, &count) in counts.iter().enumerate() {
+        for r in 0..count {
             let src = input.row_offset(b, r);
             let dst = (b * p.seqlen_k + r) * row;
             out[dst..dst + row].copy_from_slice(&all[src..src + row]);
@@ -126,8 +127,8 @@ fn cpu(
     let r = reference::kv_cache_sinks_f64(
         p,
         &input.q.to_f64(),
-        &contiguous_f64(input, &input.k_cache),
-        &contiguous_f64(input, &input.v_cache),
+        &contiguous_f64(input, &input.k_cache, counts),
+        &contiguous_f64(input, &input.v_cache, counts),
         &vec![0; counts.len()],
         counts,
         s64.as_deref(),

@@ -7,7 +7,7 @@
 //! the float64 reference's gradients) and writes `dq` (q's shape), `dk`, `dv` (k's shape).
 
 use super::attn_args::AttnArgs;
-use crate::attention::launch::varlen::check_varlen;
+use crate::attention::launch::varlen::{check_cu_seqlens, check_varlen};
 use crate::attention::{validate, AttentionParams, Context, Element, Layout};
 use crate::error::{Error, Result};
 use crate::reference;
@@ -114,15 +114,20 @@ pub fn attn_varlen(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
             format!("`v` must have k's shape {:?}, got {:?}", k.shape, v.shape),
         ));
     }
+    // The prefix sums' own rules first (the shapes below are derived from them); check_varlen
+    // checks them again against the shape.
+    let batch = cu_q.len().saturating_sub(1);
+    check_cu_seqlens("cu_seqlens_q", &cu_q, batch, q.shape[0], usize::MAX)?;
+    check_cu_seqlens("cu_seqlens_k", &cu_k, batch, k.shape[0], usize::MAX)?;
     let lens = |cu: &[i32]| {
         cu.windows(2)
-            .map(|w| (w[1] - w[0]).max(0) as usize)
+            .map(|w| (w[1] - w[0]) as usize)
             .max()
             .unwrap_or(0)
             .max(1)
     };
     let p = AttentionParams {
-        batch: cu_q.len().saturating_sub(1),
+        batch,
         seqlen_q: lens(&cu_q),
         seqlen_k: lens(&cu_k),
         heads_q: q.shape[1],

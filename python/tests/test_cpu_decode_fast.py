@@ -1,0 +1,167 @@
+"""The one-pass decode step of ``flash_attn_with_kvcache`` (a contiguous cache, with or without
+new rows: ``_launch.decode``) launches exactly what the checked path launches, declines whatever
+it does not serve, and raises the checked path's errors. No GPU: CPU tensors pose as device 0's and
+every native call is recorded instead of run."""
+
+import inspect
+
+import pytest
+import torch
+
+import flashcore
+from flashcore import _launch, kvcache
+
+F16, BF16 = torch.float16, torch.bfloat16
+
+
+def _native_signature(device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0,
+                      kv_lengths=0, kv_secret=False, block_table=0, page_size=0, num_pages=0,
+                      kv_prefill_consistent=False, kv_starts=0, window=(-1, -1), softcap=0.0, sinks=0, append=None):
+    """`_native.attention`'s signature (python/src/lib.rs), to compare calls however they pass
+    their arguments."""
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    calls = []
+    sig = inspect.signature(_native_signature)
+
+    def record(*a, **kw):
+        bound = sig.bind(*a, **kw)
+        bound.apply_defaults()
+        calls.append(dict(bound.arguments))
+
+    real_check = flashcore._checks.check_tensor
+
+    def check_tensor(name, t):  # CPU tensors pass as CUDA ones (the checked path's rules)
+        if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+            t = torch.empty(t.shape, dtype=t.dtype, device="meta")
+            if t.dim() != 4 or t.dtype not in flashcore._checks.SUPPORTED_DTYPES:
+                real_check(name, t)
+            return
+        real_check(name, t)
+
+    scratch = torch.zeros(1 << 22, dtype=torch.uint8)
+    monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    monkeypatch.setattr(flashcore._checks, "check_tensor", check_tensor)
+    monkeypatch.setattr(_launch, "current_stream", lambda index: 1234)
+    monkeypatch.setattr(_launch, "_workspace", lambda n, dev, stream: scratch)
+    monkeypatch.setattr(_launch._native, "attention", record)
+    return calls
+
+
+def _checked_only(monkeypatch):
+    monkeypatch.setattr(kvcache, "decode", lambda *a: None)
+
+
+def _comparable(call):
+    # Everything but the fresh output and LSE buffers' addresses must agree.
+    c = dict(call)
+    c["out"] = c["out"][1]
+    c["lse"] = c["lse"] != 0
+    return c
+
+
+def _case(b=2, sq=1, hq=8, hkv=2, d=128, cap=64, n=1, dtype=BF16):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(b, sq, hq, d, generator=g).to(dtype)
+    kc = torch.randn(b, cap, hkv, d, generator=g).to(dtype)
+    vc = torch.randn(b, cap, hkv, d, generator=g).to(dtype)
+    k = torch.randn(b, n, hkv, d, generator=g).to(dtype)
+    v = torch.randn(b, n, hkv, d, generator=g).to(dtype)
+    lens = torch.tensor([3, cap - n][:b] + [0] * max(0, b - 2), dtype=torch.int32)
+    return q, kc, vc, k, v, lens
+
+
+def _call(*args, **kwargs):
+    """(whether the one-pass path served the call before any argument check, its result)."""
+    checked = []
+    real = kvcache._run
+
+    def spy(call):
+        checked.append(call)
+        return real(call)
+
+    kvcache._run = spy
+    try:
+        r = flashcore.flash_attn_with_kvcache(*args, **kwargs)
+    finally:
+        kvcache._run = real
+    return not checked, r
+
+
+def _served(recorded, *args, **kwargs):
+    return _call(*args, **kwargs)[0]
+
+
+@pytest.mark.parametrize("shape", [dict(), dict(sq=4, n=4), dict(hq=4, hkv=4, d=64, dtype=F16), dict(b=1, cap=8192)])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("lse", [False, True])
+@pytest.mark.parametrize("scale", [None, 0.5])
+@pytest.mark.parametrize("append", [True, False])
+def test_one_pass_launches_what_the_checked_path_launches(recorded, monkeypatch, shape, causal, lse, scale, append):
+    q, kc, vc, k, v, lens = _case(**shape)
+    if not append:
+        k = v = None
+    kw = dict(cache_seqlens=lens, causal=causal, softmax_scale=scale, return_softmax_lse=lse)
+    served, r = _call(q, kc, vc, k, v, **kw)
+    assert served and len(recorded) == 1
+    fast = recorded.pop()
+    assert (fast["append"] is not None) == append and fast["kv_lengths"] == lens.data_ptr()
+    _checked_only(monkeypatch)
+    r2 = flashcore.flash_attn_with_kvcache(q, kc, vc, k, v, **kw)
+    assert len(recorded) == 1
+    assert _comparable(fast) == _comparable(recorded[0])
+    if lse:
+        assert r[0].shape == r2[0].shape == q.shape and r[1].shape == r2[1].shape == (q.shape[0], q.shape[2],
+                                                                                      q.shape[1])
+    else:
+        assert r.shape == r2.shape == q.shape and r.is_contiguous()
+
+
+
+
+def test_what_the_one_pass_path_declines(recorded):
+    q, kc, vc, k, v, lens = _case()
+    assert _served(recorded, q, kc, vc, k, v, cache_seqlens=lens)
+    # Strided new rows (head dim not contiguous) are copied by the checked path.
+    kt = torch.empty(k.shape[:3] + (k.shape[3] * 2,), dtype=k.dtype)[..., ::2]
+    kt.copy_(k)
+    assert not _served(recorded, q, kc, vc, kt, v, cache_seqlens=lens)
+    # Anything asked beyond the plain step.
+    for kw in [dict(window_size=(4, 0)), dict(softcap=1.0), dict(num_splits=1), dict(secret_lengths=True),
+               dict(cache_leftpad=torch.zeros(2, dtype=torch.int32)), dict(window_size=[-1, -1])]:
+        assert not _served(recorded, q, kc, vc, k, v, cache_seqlens=lens, **kw), kw
+    # Counts as an int are made a tensor by the checked path.
+    assert not _served(recorded, q, kc, vc, k, v, cache_seqlens=3)
+    # Grad needed: the checked path refuses it.
+    with pytest.raises(RuntimeError, match="no backward pass"):
+        flashcore.flash_attn_with_kvcache(q.clone().requires_grad_(), kc, vc, k, v, cache_seqlens=lens)
+
+
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        (dict(softmax_scale=-1.0), ValueError, "scale must be positive"),
+        (dict(softmax_scale=float("nan")), ValueError, "scale must be positive"),
+        (dict(num_splits=True), ValueError, "num_splits must be 0"),
+        (dict(softcap=False), TypeError, "softcap must be a number"),
+        (dict(window_size=(-1.0, -1)), TypeError, "window_size entries must be ints"),
+        (dict(cache_seqlens=torch.zeros(3, dtype=torch.int32)), ValueError, "cache_seqlens must have shape"),
+        (dict(cache_seqlens=torch.zeros(2, dtype=torch.int64)), TypeError, "cache_seqlens must be an int"),
+        (dict(k=torch.zeros(2, 1, 4, 128, dtype=BF16)), ValueError, "`k` must be"),
+        (dict(v=torch.zeros(2, 2, 2, 128, dtype=BF16)), ValueError, "`v` must be"),
+        (dict(v=None), ValueError, "give both k and v"),
+    ],
+)
+def test_errors_are_the_checked_paths(recorded, monkeypatch, change, error, message):
+    q, kc, vc, k, v, lens = _case()
+    kw = dict(k=k, v=v, cache_seqlens=lens)
+    kw.update(change)
+    with pytest.raises(error, match=message) as fast:
+        flashcore.flash_attn_with_kvcache(q, kc, vc, **kw)
+    _checked_only(monkeypatch)
+    with pytest.raises(error) as checked:
+        flashcore.flash_attn_with_kvcache(q, kc, vc, **kw)
+    assert str(fast.value) == str(checked.value)
+    assert not recorded
