@@ -389,6 +389,11 @@ impl Variant {
         jit::compile_cached(&self.name(), FORWARD_SOURCE, &headers(), &self.options())
     }
 
+    /// The hash of this variant's compile inputs ([`jit::inputs_key`]); needs no NVRTC.
+    pub fn inputs_key(&self) -> String {
+        jit::inputs_key(FORWARD_SOURCE, &headers(), &self.options())
+    }
+
     /// Ordinals of kernel parameters that hold secrets (none: secrets reach the kernel only
     /// through device memory).
     pub fn secret_params(&self) -> Vec<usize> {
