@@ -6,7 +6,8 @@
 //!    (`super::`); every other edge counts, so two siblings that import each other, or a chain of
 //!    modules that comes back to its start, fail;
 //! 2. the top-level modules respect the layer order in [`LAYERS`]: a module imports only from its
-//!    own layer or a lower one.
+//!    own layer or a lower one;
+//! 3. no library module imports one of the [`TOOLS`] (the modules behind the `tools` feature).
 //!
 //! Code under `#[cfg(test)]` is left out: a unit test may reach any module it checks.
 
@@ -440,4 +441,44 @@ fn top_level_modules_import_only_their_layer_or_below() {
         }
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// The modules behind the `tools` feature (src/lib.rs): the binary's parts, which the Python and
+/// candle crates build without.
+const TOOLS: &[&str] = &[
+    "bench",
+    "cli",
+    "leakage",
+    "output",
+    "tensor_io",
+    "tensor_io_kv",
+];
+
+#[test]
+fn the_library_imports_no_tool() {
+    let mut wrong = Vec::new();
+    for (from, deps) in graph() {
+        let Some(top) = from.first() else {
+            continue;
+        };
+        if TOOLS.contains(&top.as_str()) {
+            continue;
+        }
+        for to in deps.iter().filter(|t| TOOLS.contains(&t[0].as_str())) {
+            wrong.push(format!("{} imports the tool {}", name(&from), name(to)));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    // Every tool module is the one lib.rs declares behind the feature, and only those.
+    let lib = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lib.rs")).unwrap();
+    let gated: Vec<&str> = lib
+        .split("#[cfg(feature = \"tools\")]")
+        .skip(1)
+        .filter_map(|rest| rest.trim_start().strip_prefix("pub mod "))
+        .filter_map(|rest| rest.split(';').next())
+        .collect();
+    assert_eq!(
+        gated, TOOLS,
+        "src/lib.rs's modules behind the `tools` feature"
+    );
 }

@@ -206,7 +206,7 @@ impl Plan {
 
     /// Device address and size in bytes of a global (`__constant__` or `__device__`) of the
     /// plan's module: how the leakage test's cycle timer is told where to write.
-    pub(crate) fn module_global(&self, name: &str) -> Result<(u64, usize)> {
+    pub fn module_global(&self, name: &str) -> Result<(u64, usize)> {
         use cudarc::driver::DevicePtr;
         let view = self.kernel.module.get_global(name, &self.stream)?;
         let len = view.len();
