@@ -482,3 +482,38 @@ fn the_library_imports_no_tool() {
         "src/lib.rs's modules behind the `tools` feature"
     );
 }
+
+/// The Python extension and the candle crate build the library alone: they turn the default
+/// `tools` feature off, and the dependencies only the tools use are optional and part of it.
+#[test]
+fn python_and_candle_build_without_the_tools() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    for krate in ["python/Cargo.toml", "flashcore-candle/Cargo.toml"] {
+        let toml = read(krate);
+        let dep = toml
+            .lines()
+            .find(|l| l.starts_with("flashcore = "))
+            .unwrap_or_else(|| panic!("{krate}: no flashcore dependency"));
+        assert!(
+            dep.contains("default-features = false"),
+            "{krate}: `{dep}` builds the tools too"
+        );
+    }
+    let toml = read("Cargo.toml");
+    let tools = toml
+        .lines()
+        .find(|l| l.starts_with("tools = ["))
+        .expect("Cargo.toml: a `tools` feature");
+    for name in ["clap", "plotters", "indicatif"] {
+        let dep = toml
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} = ")))
+            .unwrap_or_else(|| panic!("Cargo.toml: no {name}"));
+        assert!(dep.contains("optional = true"), "{name} is not optional");
+        assert!(
+            tools.contains(&format!("\"dep:{name}\"")),
+            "{name} is not in the tools feature"
+        );
+    }
+}
