@@ -2,6 +2,9 @@
 //! its cubin, sorted by name. Compiles with NVRTC (no GPU). Used by `scripts/cubin-hashes.sh` to
 //! show that a host-side change leaves every kernel byte-identical.
 //!
+//! `CUBIN_HASH_OPTIONS=1` prints the hash of each variant's compile inputs (options, source,
+//! headers) instead, without compiling: equal inputs give equal cubins under one NVRTC.
+//!
 //! `FLASHCORE_CACHE_DIR` decides whether cubins come from the on-disk cache or a fresh compile;
 //! the script points it at an empty folder so every cubin is compiled afresh.
 
@@ -10,16 +13,30 @@ use std::sync::Mutex;
 
 type Job = (
     String,
-    Box<dyn Fn() -> flashcore::Result<Vec<u8>> + Send + Sync>,
+    Box<dyn Fn() -> flashcore::Result<String> + Send + Sync>,
 );
 
 fn main() {
+    let inputs_only = std::env::var_os("CUBIN_HASH_OPTIONS").is_some_and(|v| v == "1");
+    let cubin_hash = |c: Vec<u8>| hex::encode(Sha256::digest(&c));
     let mut jobs: Vec<Job> = Vec::new();
     for v in flashcore::kernels::shipped_variants() {
-        jobs.push((v.name(), Box::new(move || v.cubin())));
+        jobs.push((
+            v.name(),
+            Box::new(move || match inputs_only {
+                true => Ok(v.inputs_key()),
+                false => v.cubin().map(cubin_hash),
+            }),
+        ));
     }
     for v in flashcore::kernels::backward::shipped_bwd_variants() {
-        jobs.push((v.name(), Box::new(move || v.cubin())));
+        jobs.push((
+            v.name(),
+            Box::new(move || match inputs_only {
+                true => Ok(v.inputs_key()),
+                false => v.cubin().map(cubin_hash),
+            }),
+        ));
     }
     let threads: usize = std::env::var("CUBIN_HASH_THREADS")
         .ok()
@@ -42,10 +59,7 @@ fn main() {
                     break;
                 };
                 match build() {
-                    Ok(cubin) => lines
-                        .lock()
-                        .unwrap()
-                        .push(format!("{name} {}", hex::encode(Sha256::digest(&cubin)))),
+                    Ok(hash) => lines.lock().unwrap().push(format!("{name} {hash}")),
                     Err(e) => failed.lock().unwrap().push(format!("{name}: {e}")),
                 }
             });

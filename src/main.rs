@@ -1,4 +1,4 @@
-//! The `flashcore` command line: attn, bench, audit, leakage.
+//! The `flashcore` command line: attn, bench, audit, leakage, perf-page.
 
 use clap::{Parser, Subcommand};
 use flashcore::cli;
@@ -24,6 +24,8 @@ enum Command {
     Audit(cli::audit::AuditArgs),
     /// dudect-style timing-leakage test of the shipped kernels.
     Leakage(cli::leakage::LeakageArgs),
+    /// Write the performance page (docs/performance.md) from the benchmark records.
+    PerfPage(cli::perf_page::PerfPageArgs),
 }
 
 fn main() {
@@ -33,6 +35,7 @@ fn main() {
         Command::Bench(a) => cli::bench::run(a),
         Command::Audit(a) => cli::audit::run(a),
         Command::Leakage(a) => cli::leakage::run(a),
+        Command::PerfPage(a) => cli::perf_page::run(a),
     };
     std::process::exit(code);
 }

@@ -12,22 +12,24 @@
 //! - neither is ever shipped, and the queued-timing wait kernel audits clean and reads no data.
 
 use flashcore::audit::{audit_cubin, disassemble, KernelAudit};
-use flashcore::kernels::{shipped_variants, TestBuild, Variant};
+use flashcore::kernels::{shipped_variants, KernelBuild, TestBuild, Variant};
 use flashcore::DType;
 
 fn shipped_d64() -> Variant {
     Variant::for_shape(DType::F16, 64, false, false, 512, 512)
 }
 
-fn build(v: Variant) -> (Vec<u8>, String, KernelAudit) {
+fn build(v: impl Into<KernelBuild>) -> (Vec<u8>, String, KernelAudit) {
+    let v = v.into();
     let cubin = v.cubin().unwrap_or_else(|e| panic!("{}: {e}", v.name()));
     let listing = disassemble(&cubin).unwrap_or_else(|e| panic!("{e}"));
-    let mut audits = audit_cubin(&cubin, &v.secret_params()).unwrap_or_else(|e| panic!("{e}"));
+    let secret = v.variant.secret_params();
+    let mut audits = audit_cubin(&cubin, &secret).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(audits.len(), 1, "{}: one kernel", v.name());
     (cubin, listing, audits.remove(0))
 }
 
-fn assert_gate(v: &Variant, a: &KernelAudit) {
+fn assert_gate(v: &KernelBuild, a: &KernelAudit) {
     let fails = flashcore::shipped::gate_failures(a);
     assert!(
         fails.is_empty(),
@@ -54,7 +56,7 @@ fn cycle_timer_build_audits_clean_and_reads_the_clocks() {
             ..TestBuild::default()
         }
         .apply(shipped);
-        assert!(timed.cycle_timer && timed.name().ends_with("_CYCLES"));
+        assert!(timed.test.cycle_timer && timed.name().ends_with("_CYCLES"));
         let (_, listing, audit) = build(timed);
         assert_gate(&timed, &audit);
         assert!(
@@ -104,7 +106,7 @@ fn floor_build_audits_clean_with_the_shipped_loads_and_gemms() {
         // The floor's cycle-timer build (measured beside the shipped kernel's) reads the clocks
         // like the shipped cycle-timer build and keeps the floor's hook.
         if cycle_timer {
-            assert!(floor.floor_control && floor.name().ends_with("_FLOOR_CYCLES"));
+            assert!(floor.test.floor_control && floor.name().ends_with("_FLOOR_CYCLES"));
             assert!(
                 listing.contains("SR_CLOCKLO") && listing.contains("SR_GLOBALTIMERLO"),
                 "{}: no clock reads in the SASS",
@@ -185,18 +187,23 @@ fn measurement_builds_are_clean_and_spill_free_across_tile_shapes() {
 
 #[test]
 fn measurement_builds_are_never_shipped() {
-    assert!(shipped_variants()
-        .iter()
-        .all(|v| !v.floor_control && !v.cycle_timer && v.leaky_control.is_none()));
+    // A shipped variant compiles with no measurement define and the leaky control off.
+    assert!(shipped_variants().iter().all(|v| {
+        let o = v.options();
+        o.contains(&"-DFC_LEAKY_CONTROL=0".to_string())
+            && !o
+                .iter()
+                .any(|o| o.contains("FC_FLOOR_CONTROL") || o.contains("FC_CYCLE_TIMER"))
+    }));
     let v = shipped_d64();
-    assert_eq!(TestBuild::default().apply(v), v);
+    assert_eq!(TestBuild::default().apply(v), KernelBuild::from(v));
     assert!(TestBuild::default().is_shipped());
     let f = TestBuild {
         floor_control: true,
         ..TestBuild::default()
     };
     assert!(!f.is_shipped());
-    assert_eq!(f.apply(v).split, 1);
+    assert_eq!(f.apply(v).variant.split, 1);
     assert!(f
         .apply(v)
         .options()

@@ -3,16 +3,19 @@
 //! source as the shipped kernels, so this also shows the audit sees the real kernel's code paths.
 
 use flashcore::audit::{audit_cubin, Rule};
-use flashcore::kernels::{LeakyControl, Variant};
+use flashcore::kernels::{LeakyControl, TestBuild, Variant};
 use flashcore::DType;
 
 fn findings_of(control: LeakyControl) -> Vec<flashcore::audit::Finding> {
     let secret_len = control == LeakyControl::SkipPastSecretLength;
-    let v = Variant {
-        secret_len,
+    let v = TestBuild {
         leaky_control: Some(control),
+        ..TestBuild::default()
+    }
+    .apply(Variant {
+        secret_len,
         ..Variant::basic(DType::F16, 64, false, 128)
-    };
+    });
     let cubin = v.cubin().unwrap_or_else(|e| panic!("{}: {e}", v.name()));
     audit_cubin(&cubin, &[])
         .unwrap()
@@ -45,5 +48,5 @@ fn skip_past_secret_length_control_is_flagged() {
 fn controls_are_not_shipped() {
     assert!(flashcore::kernels::shipped_variants()
         .iter()
-        .all(|v| v.leaky_control.is_none()));
+        .all(|v| v.options().contains(&"-DFC_LEAKY_CONTROL=0".to_string())));
 }

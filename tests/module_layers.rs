@@ -6,7 +6,8 @@
 //!    (`super::`); every other edge counts, so two siblings that import each other, or a chain of
 //!    modules that comes back to its start, fail;
 //! 2. the top-level modules respect the layer order in [`LAYERS`]: a module imports only from its
-//!    own layer or a lower one.
+//!    own layer or a lower one;
+//! 3. no library module imports one of the [`TOOLS`] (the modules behind the `tools` feature).
 //!
 //! Code under `#[cfg(test)]` is left out: a unit test may reach any module it checks.
 
@@ -440,4 +441,79 @@ fn top_level_modules_import_only_their_layer_or_below() {
         }
     }
     assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// The modules behind the `tools` feature (src/lib.rs): the binary's parts, which the Python and
+/// candle crates build without.
+const TOOLS: &[&str] = &[
+    "bench",
+    "cli",
+    "leakage",
+    "output",
+    "tensor_io",
+    "tensor_io_kv",
+];
+
+#[test]
+fn the_library_imports_no_tool() {
+    let mut wrong = Vec::new();
+    for (from, deps) in graph() {
+        let Some(top) = from.first() else {
+            continue;
+        };
+        if TOOLS.contains(&top.as_str()) {
+            continue;
+        }
+        for to in deps.iter().filter(|t| TOOLS.contains(&t[0].as_str())) {
+            wrong.push(format!("{} imports the tool {}", name(&from), name(to)));
+        }
+    }
+    assert!(wrong.is_empty(), "{wrong:#?}");
+    // Every tool module is the one lib.rs declares behind the feature, and only those.
+    let lib = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/src/lib.rs")).unwrap();
+    let gated: Vec<&str> = lib
+        .split("#[cfg(feature = \"tools\")]")
+        .skip(1)
+        .filter_map(|rest| rest.trim_start().strip_prefix("pub mod "))
+        .filter_map(|rest| rest.split(';').next())
+        .collect();
+    assert_eq!(
+        gated, TOOLS,
+        "src/lib.rs's modules behind the `tools` feature"
+    );
+}
+
+/// The Python extension and the candle crate build the library alone: they turn the default
+/// `tools` feature off, and the dependencies only the tools use are optional and part of it.
+#[test]
+fn python_and_candle_build_without_the_tools() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    for krate in ["python/Cargo.toml", "flashcore-candle/Cargo.toml"] {
+        let toml = read(krate);
+        let dep = toml
+            .lines()
+            .find(|l| l.starts_with("flashcore = "))
+            .unwrap_or_else(|| panic!("{krate}: no flashcore dependency"));
+        assert!(
+            dep.contains("default-features = false"),
+            "{krate}: `{dep}` builds the tools too"
+        );
+    }
+    let toml = read("Cargo.toml");
+    let tools = toml
+        .lines()
+        .find(|l| l.starts_with("tools = ["))
+        .expect("Cargo.toml: a `tools` feature");
+    for name in ["clap", "plotters", "indicatif"] {
+        let dep = toml
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} = ")))
+            .unwrap_or_else(|| panic!("Cargo.toml: no {name}"));
+        assert!(dep.contains("optional = true"), "{name} is not optional");
+        assert!(
+            tools.contains(&format!("\"dep:{name}\"")),
+            "{name} is not in the tools feature"
+        );
+    }
 }

@@ -8,7 +8,8 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::context::{Context, Element, KvCache};
+use super::call::{Call, Keys, KvCache};
+use super::context::{Context, Element};
 use crate::error::{Error, Result};
 use crate::spec::{AttentionParams, Layout};
 
@@ -35,6 +36,28 @@ impl Context {
         out: &mut CudaSlice<T>,
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
+        let call = Call::new(
+            params,
+            q,
+            Keys::KvChunked {
+                cache: *cache,
+                cu_seqlens_q,
+            },
+        );
+        self.run(&call, out, lse)
+    }
+
+    /// Chunked prefill over a cache ([`Keys::KvChunked`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn kv_chunked<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        cache: &KvCache<'_, T>,
+        cu_seqlens_q: &CudaSlice<i32>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
         check_chunked_cache(params, cache)?;
         let capacity = params.seqlen_k;
         let starts = (0..=params.batch)
@@ -47,11 +70,10 @@ impl Context {
                 )
             })?;
         let cu_seqlens_k = self.upload(&starts)?;
-        self.attention_varlen_device_with_sinks(
+        self.varlen_device(
             params,
             q,
-            cache.k,
-            cache.v,
+            [cache.k, cache.v],
             [cu_seqlens_q, &cu_seqlens_k],
             [Some(cache.seqlens_k), None],
             cache.sinks,

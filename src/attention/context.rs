@@ -1,6 +1,7 @@
 //! The attention API of a [`Context`]: plans and launches of the dense, secret-length and
-//! KV-cache forward (the device itself: `device.rs`).
+//! KV-cache forward (one description of a call and its entry point: `call.rs`) (the device itself: `device.rs`).
 
+use super::call::{Call, Keys, KvCache};
 use super::launch::Plan;
 use super::validate;
 use crate::error::{Error, Result};
@@ -121,7 +122,8 @@ impl Context {
     }
 
     /// O = softmax(scale · Q Kᵀ + mask) V on this context's stream; `lse` (fp32 [B, Hq, Sq],
-    /// natural log) is written when given. All checks happen before the launch.
+    /// natural log) is written when given. All checks happen before the launch. Shorthand for
+    /// [`Context::run`] of a [`Keys::Dense`] call.
     pub fn attention<T: Element>(
         &self,
         params: &AttentionParams,
@@ -131,8 +133,7 @@ impl Context {
         out: &mut CudaSlice<T>,
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
-        let plan = self.plan(params)?;
-        self.launch_checked(&plan, params, q, k, v, out, lse, [0; 3], None)
+        self.run(&Call::new(params, q, Keys::Dense { k, v }), out, lse)
     }
 
     /// As [`Context::attention`], with learnable attention sinks (gpt-oss): `sinks` holds one
@@ -150,8 +151,24 @@ impl Context {
         lse: Option<&mut CudaSlice<f32>>,
         sinks: &CudaSlice<f32>,
     ) -> Result<()> {
+        let call = Call::new(params, q, Keys::Dense { k, v }).sinks(sinks);
+        self.run(&call, out, lse)
+    }
+
+    /// The dense forward ([`Keys::Dense`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn dense<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        sinks: Option<&CudaSlice<f32>>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
         let plan = self.plan(params)?;
-        self.launch_checked(&plan, params, q, k, v, out, lse, [0; 3], Some(sinks))
+        self.launch_checked(&plan, params, q, k, v, out, lse, [0; 3], sinks)
     }
 
     /// Checks every buffer against the plan's shape (K and V against a paged plan's pools),
@@ -240,6 +257,22 @@ impl Context {
         lse: Option<&mut CudaSlice<f32>>,
         lengths: &CudaSlice<i32>,
     ) -> Result<()> {
+        let call = Call::new(params, q, Keys::SecretLen { k, v, lengths });
+        self.run(&call, out, lse)
+    }
+
+    /// The secret-length forward ([`Keys::SecretLen`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn secret_len<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        lengths: &CudaSlice<i32>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
         if lengths.len() != params.batch {
             return Err(Error::invalid(
                 "lengths",
@@ -262,6 +295,18 @@ impl Context {
     /// clamped to [0, capacity] on the device. Append this step's keys first
     /// ([`Context::append_kv`]).
     pub fn attention_kv_cache<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        cache: &KvCache<'_, T>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
+        self.run(&Call::new(params, q, Keys::KvCache(*cache)), out, lse)
+    }
+
+    /// The KV-cache forward ([`Keys::KvCache`]).
+    pub(super) fn kv_cache<T: Element>(
         &self,
         params: &AttentionParams,
         q: &CudaSlice<T>,
@@ -403,109 +448,5 @@ impl Context {
             }
         }
         Ok(())
-    }
-}
-
-/// A KV cache on the device, as [`Context::attention_kv_cache`] reads it.
-#[derive(Clone, Copy)]
-pub struct KvCache<'a, T> {
-    /// Contiguous: `[batch, seqlen_k, heads_kv, head_dim]` in the call's layout; paged: the pool,
-    /// `[num_pages, page_size, heads_kv, head_dim]`.
-    pub k: &'a CudaSlice<T>,
-    pub v: &'a CudaSlice<T>,
-    /// i32 per sequence: how many of its cache rows are keys (after this step's append).
-    pub seqlens_k: &'a CudaSlice<i32>,
-    /// Paged: the block table (i32 `[batch, seqlen_k / page_size]`) and the pool's geometry.
-    pub block_table: Option<(&'a CudaSlice<i32>, Pages)>,
-    /// Keep the counts secret: the kernel walks the capacity and masks by select.
-    pub secret_lengths: bool,
-    /// i32 per sequence: its first key (flash-attn's `cache_leftpad`, left padding): keys before
-    /// it are masked; `seqlens_k` stays the end of the range. None: every sequence starts at 0.
-    pub leftpad: Option<&'a CudaSlice<i32>>,
-    /// Prefill-consistent: one work unit per query tile over the whole cache instead of splits,
-    /// so a query row gets exactly the bits of that row of a causal prefill over the same keys
-    /// (what RL rollouts need to match the training forward). Slower where the splits would
-    /// have filled the GPU (few sequences over long caches): BENCHMARKS.md "KV cache".
-    pub prefill_consistent: bool,
-    /// Learnable attention sinks (fp32 `[heads_q]`, gpt-oss), as [`Context::attention_with_sinks`].
-    pub sinks: Option<&'a CudaSlice<f32>>,
-}
-
-impl<'a, T> KvCache<'a, T> {
-    /// The same cache read with learnable sinks (one fp32 logit per query head).
-    pub fn sinks(self, sinks: &'a CudaSlice<f32>) -> Self {
-        KvCache {
-            sinks: Some(sinks),
-            ..self
-        }
-    }
-    /// A contiguous cache with public counts.
-    pub fn contiguous(
-        k: &'a CudaSlice<T>,
-        v: &'a CudaSlice<T>,
-        seqlens_k: &'a CudaSlice<i32>,
-    ) -> Self {
-        KvCache {
-            k,
-            v,
-            seqlens_k,
-            block_table: None,
-            secret_lengths: false,
-            leftpad: None,
-            prefill_consistent: false,
-            sinks: None,
-        }
-    }
-    /// A paged cache with public counts.
-    pub fn paged(
-        k: &'a CudaSlice<T>,
-        v: &'a CudaSlice<T>,
-        seqlens_k: &'a CudaSlice<i32>,
-        block_table: &'a CudaSlice<i32>,
-        pages: Pages,
-    ) -> Self {
-        KvCache {
-            block_table: Some((block_table, pages)),
-            ..KvCache::contiguous(k, v, seqlens_k)
-        }
-    }
-    /// The same cache with its counts kept secret.
-    pub fn secret(self) -> Self {
-        KvCache {
-            secret_lengths: true,
-            ..self
-        }
-    }
-    /// The same cache with each sequence's keys starting at `leftpad[b]` (left padding).
-    pub fn leftpad(self, leftpad: &'a CudaSlice<i32>) -> Self {
-        KvCache {
-            leftpad: Some(leftpad),
-            ..self
-        }
-    }
-    /// The same cache, read in the prefill-consistent mode.
-    pub fn prefill_consistent(self) -> Self {
-        KvCache {
-            prefill_consistent: true,
-            ..self
-        }
-    }
-    /// One count per sequence of a batch of `batch`.
-    pub(crate) fn check_counts(&self, batch: usize) -> Result<()> {
-        if self.seqlens_k.len() != batch {
-            return Err(Error::invalid(
-                "seqlens_k",
-                format!("has {} entries, batch is {batch}", self.seqlens_k.len()),
-            ));
-        }
-        Ok(())
-    }
-    /// The plan's lengths mode for this cache.
-    pub fn lengths(&self) -> Lengths {
-        Lengths::KvCache {
-            secret: self.secret_lengths,
-            pages: self.block_table.map(|(_, pg)| pg),
-            prefill_consistent: self.prefill_consistent,
-        }
     }
 }

@@ -4,7 +4,8 @@
 
 use crate::error::{Error, Result};
 use crate::kernels::{
-    Variant, APPEND_SYMBOL, COMBINE_SYMBOL, FORWARD_SYMBOL, VARLEN_BUILD_SYMBOL, VARLEN_WORK_SYMBOL,
+    KernelBuild, Variant, APPEND_SYMBOL, COMBINE_SYMBOL, FORWARD_SYMBOL, VARLEN_BUILD_SYMBOL,
+    VARLEN_WORK_SYMBOL,
 };
 use crate::spec::DType;
 use cudarc::driver::{
@@ -62,7 +63,7 @@ pub(crate) fn probe_driver() -> Result<()> {
 pub struct Context {
     cuda: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    kernels: Mutex<HashMap<Variant, Arc<LoadedKernel>>>,
+    kernels: Mutex<HashMap<KernelBuild, Arc<LoadedKernel>>>,
     num_sms: usize,
 }
 
@@ -123,16 +124,17 @@ impl Context {
     }
 
     /// The loaded kernel for `variant`, compiling (through the disk cache) on first use.
-    pub(crate) fn kernel(&self, variant: Variant) -> Result<Arc<LoadedKernel>> {
+    pub(crate) fn kernel(&self, build: impl Into<KernelBuild>) -> Result<Arc<LoadedKernel>> {
+        let build = build.into();
         let mut map = self
             .kernels
             .lock()
             .map_err(|_| Error::Other("kernel cache lock poisoned".into()))?;
-        if let Some(k) = map.get(&variant) {
+        if let Some(k) = map.get(&build) {
             return Ok(k.clone());
         }
-        let k = Arc::new(LoadedKernel::load(&self.cuda, variant)?);
-        map.insert(variant, k.clone());
+        let k = Arc::new(LoadedKernel::load(&self.cuda, build)?);
+        map.insert(build, k.clone());
         Ok(k)
     }
 
@@ -213,13 +215,16 @@ pub struct LoadedKernel {
     /// Varlen variants' work-list builder (kernels/fc_varlen_build.cuh) and the device address
     /// of the module's `__constant__` work list.
     pub(crate) build: Option<(CudaFunction, u64)>,
+    /// What was compiled: `variant` below, or a timing-test build of it.
+    pub compiled: KernelBuild,
     pub variant: Variant,
     pub smem_bytes: usize,
 }
 
 impl LoadedKernel {
-    pub fn load(ctx: &Arc<CudaContext>, variant: Variant) -> Result<LoadedKernel> {
-        let cubin = variant.cubin()?;
+    pub fn load(ctx: &Arc<CudaContext>, compiled: KernelBuild) -> Result<LoadedKernel> {
+        let variant = compiled.variant;
+        let cubin = compiled.cubin()?;
         let module = ctx.load_module(cudarc::nvrtc::Ptx::from_binary(cubin))?;
         let function = module.load_function(FORWARD_SYMBOL)?;
         let combine = if variant.decode {
@@ -253,6 +258,7 @@ impl LoadedKernel {
             combine,
             append,
             build,
+            compiled,
             variant,
             smem_bytes,
         })

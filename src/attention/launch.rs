@@ -6,7 +6,7 @@ pub use super::device::LoadedKernel;
 use super::tensor_map;
 use crate::abi::KernelParams;
 use crate::error::{Error, Result};
-use crate::kernels::{TestBuild, Tile, Variant};
+use crate::kernels::{KernelBuild, TestBuild, Tile, Variant};
 use crate::knobs::PdlMode;
 use crate::spec::AttentionParams;
 pub use crate::spec::Lengths;
@@ -95,13 +95,13 @@ impl Schedule {
 /// call and the launch gap shrinks (−0.5 to −0.8 µs, 6–8% at the latency shapes); a grid that
 /// fills every SM gains nothing measurable (its successor's CTAs can only take an SM ours leave)
 /// and its A/B was within the run-to-run noise of ±3%, so it keeps the plain launch.
-fn programmatic_launch(variant: Variant, ctas: u32, num_sms: usize) -> bool {
+fn programmatic_launch(build: KernelBuild, ctas: u32, num_sms: usize) -> bool {
     let mode = crate::knobs::pdl();
-    pdl_rule(mode, variant, ctas, num_sms)
+    pdl_rule(mode, build, ctas, num_sms)
 }
 
-fn pdl_rule(mode: PdlMode, variant: Variant, ctas: u32, num_sms: usize) -> bool {
-    pdl_eligible(variant)
+fn pdl_rule(mode: PdlMode, build: KernelBuild, ctas: u32, num_sms: usize) -> bool {
+    pdl_eligible(build)
         && match mode {
             PdlMode::Never => false,
             PdlMode::Always => true,
@@ -113,11 +113,8 @@ fn pdl_rule(mode: PdlMode, variant: Variant, ctas: u32, num_sms: usize) -> bool 
 /// secret-length; varlen launches from its own module). Not decode and KV-cache builds (their
 /// main kernel signals its combine at the very top; not measured with the attribute yet), nor
 /// the leakage test's builds, whose timings assume a plain launch.
-fn pdl_eligible(variant: Variant) -> bool {
-    !variant.decode
-        && variant.leaky_control.is_none()
-        && !variant.floor_control
-        && !variant.cycle_timer
+fn pdl_eligible(build: KernelBuild) -> bool {
+    !build.variant.decode && build.test.is_shipped()
 }
 
 /// Buffers and element strides (q, k, v, o) a parameter block was built for.
@@ -154,8 +151,9 @@ impl Plan {
         build: TestBuild,
         own_workspace: bool,
     ) -> Result<Plan> {
-        let variant = crate::kernels::select::forward(&params, lengths, build, ctx.num_sms())?;
-        let kernel = ctx.kernel(variant)?;
+        let build = crate::kernels::select::forward(&params, lengths, build, ctx.num_sms())?;
+        let variant = build.variant;
+        let kernel = ctx.kernel(build)?;
         let tile = variant.tile();
         let schedule = Schedule::new(&params, &tile, ctx.num_sms())?;
         let decode = if variant.decode {
@@ -180,7 +178,7 @@ impl Plan {
             decode,
             own_workspace,
             lengths,
-            programmatic: programmatic_launch(variant, grid.0, ctx.num_sms()),
+            programmatic: programmatic_launch(build, grid.0, ctx.num_sms()),
             cached: Mutex::new(None),
         })
     }
@@ -204,9 +202,14 @@ impl Plan {
         self.kernel.variant
     }
 
+    /// The build launched: the variant, or one of the timing test's builds of it.
+    pub fn compiled(&self) -> KernelBuild {
+        self.kernel.compiled
+    }
+
     /// Device address and size in bytes of a global (`__constant__` or `__device__`) of the
     /// plan's module: how the leakage test's cycle timer is told where to write.
-    pub(crate) fn module_global(&self, name: &str) -> Result<(u64, usize)> {
+    pub fn module_global(&self, name: &str) -> Result<(u64, usize)> {
         use cudarc::driver::DevicePtr;
         let view = self.kernel.module.get_global(name, &self.stream)?;
         let len = view.len();
@@ -666,22 +669,22 @@ mod tests {
 
     #[test]
     fn programmatic_launch_only_for_shipped_prefill_builds() {
-        let prefill = Variant::basic(DType::Bf16, 64, true, 64);
+        let prefill = KernelBuild::from(Variant::basic(DType::Bf16, 64, true, 64));
         assert!(pdl_eligible(prefill));
         let timer = TestBuild {
             cycle_timer: true,
             ..TestBuild::default()
         };
-        assert!(!pdl_eligible(timer.apply(prefill)));
+        assert!(!pdl_eligible(timer.apply(prefill.variant)));
         let floor = TestBuild {
             floor_control: true,
             ..TestBuild::default()
         };
-        assert!(!pdl_eligible(floor.apply(prefill)));
-        let decode = Variant {
+        assert!(!pdl_eligible(floor.apply(prefill.variant)));
+        let decode = KernelBuild::from(Variant {
             decode: true,
-            ..prefill
-        };
+            ..prefill.variant
+        });
         assert!(!pdl_eligible(decode));
         // The shipped rule: grids that leave SMs idle only; the knob's two fixed settings.
         assert!(pdl_rule(PdlMode::SmallGrids, prefill, 64, 132));

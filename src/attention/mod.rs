@@ -2,6 +2,7 @@
 
 pub mod backward;
 pub mod backward_external;
+pub mod call;
 pub mod chunked;
 pub mod context;
 pub mod decode;
@@ -13,7 +14,8 @@ pub mod tensor_map;
 pub mod validate;
 pub mod varlen_secret;
 
-pub use context::{Context, Element, KvCache};
+pub use call::{Call, Keys, KvCache};
+pub use context::{Context, Element};
 pub use launch::Plan;
 // What a call is lives in `spec`; re-exported here, where callers have always found it.
 pub use crate::spec::params;

@@ -16,6 +16,7 @@
 //! the varlen builds to read a secret length per item (kernels/fc_config.cuh rules varlen and
 //! secret lengths apart today, and the work item has no sequence index).
 
+use crate::attention::call::{Call, Keys};
 use crate::attention::context::{Context, Element};
 use crate::attention::launch::varlen::{check_cu_seqlens, check_varlen_shapes};
 use crate::attention::validate;
@@ -143,6 +144,28 @@ impl Context {
     /// lengths nor on any tensor value.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_varlen_secret_len<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        k: &CudaSlice<T>,
+        v: &CudaSlice<T>,
+        cu_seqlens: &CudaSlice<i32>,
+        lengths: &CudaSlice<i32>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
+        let keys = Keys::VarlenSecretLen {
+            k,
+            v,
+            cu_seqlens,
+            lengths,
+        };
+        self.run(&Call::new(params, q, keys), out, lse)
+    }
+
+    /// Secret-length varlen ([`Keys::VarlenSecretLen`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn varlen_secret_len<T: Element>(
         &self,
         params: &AttentionParams,
         q: &CudaSlice<T>,

@@ -8,10 +8,12 @@
 //! * [`suites`]: the `seed` and `fa3` shape lists. [`varlen`]: the varlen suite.
 //! * [`record`]: the JSON schema (docs/bench-json.md). [`env`]: clocks, driver, commit, date.
 //! * [`report`]: result tables and the join with other implementations. [`plot`]: the PNG.
+//! * [`page`]: docs/performance.md from the records a manifest names.
 
 pub mod backward;
 pub mod device;
 pub mod env;
+pub mod page;
 pub mod phases;
 pub mod plot;
 pub mod record;

@@ -9,6 +9,7 @@ pub mod attn_varlen;
 pub mod audit;
 pub mod bench;
 pub mod leakage;
+pub mod perf_page;
 
 /// Prints an error the way every subcommand does and returns exit code `code`.
 pub fn fail(code: i32, e: impl std::fmt::Display) -> i32 {

@@ -23,6 +23,18 @@ pub fn base_options() -> Vec<String> {
     ]
 }
 
+/// A hash of everything a compile reads besides the compiler: options, source and headers. Under
+/// one NVRTC, equal keys give byte-identical cubins (`scripts/cubin-hashes.sh`'s fast mode).
+pub fn inputs_key(source: &str, headers: &[Header<'_>], options: &[String]) -> String {
+    let opts = options.join("\u{1f}");
+    let mut parts: Vec<&[u8]> = vec![b"flashcore-inputs-v1", opts.as_bytes(), source.as_bytes()];
+    for h in headers {
+        parts.push(h.name.as_bytes());
+        parts.push(h.source.as_bytes());
+    }
+    cache::key(&parts)
+}
+
 /// Compiles through the on-disk cache. The key covers source, headers, options, architecture and
 /// the NVRTC version, so any change to any of them compiles afresh.
 pub fn compile_cached(

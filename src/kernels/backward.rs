@@ -204,11 +204,12 @@ impl BwdVariant {
 
     /// The cubin (all three kernels), through the on-disk cache. Needs NVRTC, not a GPU.
     pub fn cubin(&self) -> Result<Vec<u8>> {
-        let headers: Vec<Header<'static>> = HEADERS
-            .iter()
-            .map(|(name, source)| Header { name, source })
-            .collect();
-        jit::compile_cached(&self.name(), SOURCE, &headers, &self.options())
+        jit::compile_cached(&self.name(), SOURCE, &headers(), &self.options())
+    }
+
+    /// The hash of this variant's compile inputs ([`jit::inputs_key`]); needs no NVRTC.
+    pub fn inputs_key(&self) -> String {
+        jit::inputs_key(SOURCE, &headers(), &self.options())
     }
 
     /// The deliberately leaky build (`FC_BWD_LEAKY_CONTROL=1`: each kernel loads from an
@@ -438,4 +439,11 @@ mod tests {
             );
         }
     }
+}
+
+fn headers() -> Vec<Header<'static>> {
+    HEADERS
+        .iter()
+        .map(|(name, source)| Header { name, source })
+        .collect()
 }

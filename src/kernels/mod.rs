@@ -130,16 +130,6 @@ pub struct Variant {
     /// Decode mode (`kernels/fc_decode.cuh`): GQA-packed 64-row tiles, the key range split over
     /// work units of a size fixed by Sk, partials merged by a second kernel ([`Variant::decode`]).
     pub decode: bool,
-    /// A deliberately leaky build for the timing test's power control; never shipped.
-    pub leaky_control: Option<LeakyControl>,
-    /// The timing test's hardware floor (`FC_FLOOR_CONTROL`, kernels/fc_instrument.cuh): the
-    /// softmax sees a public pattern instead of the scores; loads and GEMMs are the shipped
-    /// ones. Never shipped.
-    pub floor_control: bool,
-    /// The cycle timer (`FC_CYCLE_TIMER`, kernels/fc_instrument.cuh): each CTA writes its SM
-    /// clock and global-timer readings to a buffer the host names. Public-only, audited; never
-    /// shipped.
-    pub cycle_timer: bool,
     /// KV-cache decode with public key counts (`FC_KV_PUBLIC`): each sequence's count, read from
     /// device memory as public metadata, bounds its walk ([`Variant::kv_cache`]).
     pub kv_public: bool,
@@ -168,8 +158,14 @@ pub enum LeakyControl {
 /// floor, the cycle timer (the last two may be combined). The default is the shipped build.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct TestBuild {
+    /// A deliberately leaky build for the timing test's power control.
     pub leaky_control: Option<LeakyControl>,
+    /// The timing test's hardware floor (`FC_FLOOR_CONTROL`, kernels/fc_instrument.cuh): the
+    /// softmax sees a public pattern instead of the scores; loads and GEMMs are the shipped
+    /// ones.
     pub floor_control: bool,
+    /// The cycle timer (`FC_CYCLE_TIMER`, kernels/fc_instrument.cuh): each CTA writes its SM
+    /// clock and global-timer readings to a buffer the host names. Public-only, audited.
     pub cycle_timer: bool,
 }
 
@@ -177,38 +173,83 @@ impl TestBuild {
     pub fn is_shipped(&self) -> bool {
         *self == TestBuild::default()
     }
-    /// The variant a launch of `shipped` becomes in this build. Test builds never split keys
-    /// across a cluster (the controls and the timer know one CTA per tile).
-    pub fn apply(&self, shipped: Variant) -> Variant {
-        if self.is_shipped() {
-            return shipped;
+    /// What a launch of `shipped` compiles in this build. Test builds never split keys across
+    /// a cluster (the controls and the timer know one CTA per tile).
+    pub fn apply(&self, shipped: Variant) -> KernelBuild {
+        let variant = if self.is_shipped() {
+            shipped
+        } else {
+            Variant {
+                split: 1,
+                ..shipped
+            }
+        };
+        KernelBuild {
+            variant,
+            test: *self,
         }
-        Variant {
-            leaky_control: self.leaky_control,
-            floor_control: self.floor_control,
-            cycle_timer: self.cycle_timer,
-            split: 1,
-            ..shipped
+    }
+}
+
+/// What is compiled and loaded: a shipped [`Variant`], or one of the timing test's builds of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KernelBuild {
+    pub variant: Variant,
+    pub test: TestBuild,
+}
+
+impl From<Variant> for KernelBuild {
+    fn from(variant: Variant) -> KernelBuild {
+        KernelBuild {
+            variant,
+            test: TestBuild::default(),
         }
+    }
+}
+
+impl KernelBuild {
+    /// The variant's name, with the test build's suffixes (`_LEAKY_CONTROL1`, `_FLOOR`, `_CYCLES`).
+    pub fn name(&self) -> String {
+        let v = &self.variant;
+        let control = self
+            .test
+            .leaky_control
+            .map_or(String::new(), |c| format!("_LEAKY_CONTROL{}", c as u8));
+        let probes = format!(
+            "{}{}",
+            if self.test.floor_control {
+                "_FLOOR"
+            } else {
+                ""
+            },
+            if self.test.cycle_timer { "_CYCLES" } else { "" }
+        );
+        format!("{}{control}{probes}", v.stem()) + if v.softcap { "_softcap" } else { "" }
+    }
+
+    pub fn options(&self) -> Vec<String> {
+        self.variant.options_for(self.test)
+    }
+
+    /// The cubin, through the on-disk cache. Needs NVRTC, not a GPU.
+    pub fn cubin(&self) -> Result<Vec<u8>> {
+        jit::compile_cached(&self.name(), FORWARD_SOURCE, &headers(), &self.options())
     }
 }
 
 impl Variant {
     /// A stable, human-readable name, e.g. `fwd_bf16_d128_causal`.
     pub fn name(&self) -> String {
+        KernelBuild::from(*self).name()
+    }
+
+    /// The name up to the test-build and softcap suffixes.
+    fn stem(&self) -> String {
         let split = if self.split > 1 {
             format!("_split{}", self.split)
         } else {
             String::new()
         };
-        let control = self
-            .leaky_control
-            .map_or(String::new(), |c| format!("_LEAKY_CONTROL{}", c as u8));
-        let probes = format!(
-            "{}{}",
-            if self.floor_control { "_FLOOR" } else { "" },
-            if self.cycle_timer { "_CYCLES" } else { "" }
-        );
         let block_n = if self.block_n == 128 {
             String::new()
         } else {
@@ -224,14 +265,14 @@ impl Variant {
             split
         };
         format!(
-            "fwd_{}_d{}_{}_m{}{block_n}{}{split}{}{control}{probes}",
+            "fwd_{}_d{}_{}_m{}{block_n}{}{split}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
             self.block_m,
             if self.secret_len { "_slen" } else { "" },
             if self.varlen { "_varlen" } else { "" },
-        ) + if self.softcap { "_softcap" } else { "" }
+        )
     }
 
     /// A plain variant (no secret length, no split, not a control) with the given tile height.
@@ -245,9 +286,6 @@ impl Variant {
             secret_len: false,
             split: 1,
             decode: false,
-            leaky_control: None,
-            floor_control: false,
-            cycle_timer: false,
             kv_public: false,
             paged: false,
             varlen: false,
@@ -336,6 +374,12 @@ impl Variant {
     }
 
     pub fn options(&self) -> Vec<String> {
+        self.options_for(TestBuild::default())
+    }
+
+    /// The options of this variant in `test`'s build (the shipped build passes
+    /// `FC_LEAKY_CONTROL=0` and neither probe define, as it always has: same cache keys).
+    fn options_for(&self, test: TestBuild) -> Vec<String> {
         let t = self.tile();
         let mut o = jit::base_options();
         o.push(format!("-DFC_BLOCK_M={}", t.block_m));
@@ -349,7 +393,7 @@ impl Variant {
         o.push(format!("-DFC_SPLIT={}", self.split));
         o.push(format!(
             "-DFC_LEAKY_CONTROL={}",
-            self.leaky_control.map_or(0, |c| c as u8)
+            test.leaky_control.map_or(0, |c| c as u8)
         ));
         // Prefill tiles with two Q buffers (decode builds default to two).
         if !self.decode && t.q_buffers == 2 {
@@ -375,10 +419,10 @@ impl Variant {
             o.push("-DFC_SOFTCAP=1".into());
         }
         // Measurement builds only: shipped variants pass neither define (both default to 0).
-        if self.floor_control {
+        if test.floor_control {
             o.push("-DFC_FLOOR_CONTROL=1".into());
         }
-        if self.cycle_timer {
+        if test.cycle_timer {
             o.push("-DFC_CYCLE_TIMER=1".into());
         }
         o
@@ -386,7 +430,12 @@ impl Variant {
 
     /// The cubin, through the on-disk cache. Needs NVRTC, not a GPU.
     pub fn cubin(&self) -> Result<Vec<u8>> {
-        jit::compile_cached(&self.name(), FORWARD_SOURCE, &headers(), &self.options())
+        KernelBuild::from(*self).cubin()
+    }
+
+    /// The hash of this variant's compile inputs ([`jit::inputs_key`]); needs no NVRTC.
+    pub fn inputs_key(&self) -> String {
+        jit::inputs_key(FORWARD_SOURCE, &headers(), &self.options())
     }
 
     /// Ordinals of kernel parameters that hold secrets (none: secrets reach the kernel only

@@ -5,7 +5,7 @@
 //! and [`super::backward::shipped_bwd_variants`].
 
 use super::backward::BwdVariant;
-use super::{block_n_for, TestBuild, Variant};
+use super::{block_n_for, KernelBuild, TestBuild, Variant};
 use crate::error::{Error, Result};
 use crate::knobs::ForwardTiles;
 use crate::spec::{AttentionParams, DType, Lengths, MAX_SEQLEN_Q};
@@ -53,9 +53,6 @@ impl Variant {
             secret_len,
             split,
             decode: false,
-            leaky_control: None,
-            floor_control: false,
-            cycle_timer: false,
             kv_public: false,
             paged: false,
             varlen: false,
@@ -142,7 +139,7 @@ pub fn forward(
     lengths: Lengths,
     build: TestBuild,
     num_sms: usize,
-) -> Result<Variant> {
+) -> Result<KernelBuild> {
     let variant = match decode(params, lengths) {
         // The leakage test's builds time the prefill kernel.
         Some(v) if matches!(lengths, Lengths::KvCache { .. }) || build.is_shipped() => v,
@@ -189,8 +186,7 @@ pub fn forward(
     };
     // The leakage test's builds (power controls, hardware floor, cycle timer): the same
     // launch, a build that is never shipped.
-    let variant = build.apply(variant);
-    Ok(variant)
+    Ok(build.apply(variant))
 }
 
 /// The decode variant a call runs, or `None` for the prefill kernel: every KV-cache call

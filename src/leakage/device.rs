@@ -70,10 +70,10 @@ impl CycleTimer {
     /// `fc_timer_buf` at them.
     pub fn new(ctx: &Context, plan: &Plan, batch: usize) -> Result<CycleTimer> {
         let variant = plan.variant();
-        if !variant.cycle_timer {
+        if !plan.compiled().test.cycle_timer {
             return Err(Error::Other(format!(
                 "{} is not a cycle-timer build",
-                variant.name()
+                plan.compiled().name()
             )));
         }
         let ctas = plan.ctas() as usize;

@@ -161,7 +161,7 @@ impl ExternalContext {
         if let Some(k) = map.get(&key) {
             return Ok(k.clone());
         }
-        let k = Arc::new(LoadedKernel::load(self.ctx.cuda(), variant)?);
+        let k = Arc::new(LoadedKernel::load(self.ctx.cuda(), variant.into())?);
         map.insert(key, k.clone());
         Ok(k)
     }

@@ -32,6 +32,7 @@
 //! the pack (`tests/gpu_varlen.rs` checks the bits).
 
 use super::{KernelParams, LoadedKernel};
+use crate::attention::call::{Call, Keys};
 use crate::attention::device::{Context, Element};
 use crate::attention::{tensor_map, validate};
 use crate::error::{Error, Result};
@@ -677,6 +678,34 @@ impl Context {
         out: &mut CudaSlice<T>,
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
+        let keys = Keys::Varlen {
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+            seqused_k,
+            seqused_q,
+        };
+        let call = Call {
+            sinks,
+            ..Call::new(params, q, keys)
+        };
+        self.run(&call, out, lse)
+    }
+
+    /// Varlen with device offsets ([`Keys::Varlen`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::attention) fn varlen_device<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        [k, v]: [&CudaSlice<T>; 2],
+        [cu_seqlens_q, cu_seqlens_k]: [&CudaSlice<i32>; 2],
+        [seqused_k, seqused_q]: [Option<&CudaSlice<i32>>; 2],
+        sinks: Option<&CudaSlice<f32>>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
         validate::check_buffers_dtype(params, T::DTYPE)?;
         let (total_q, total_k) = check_varlen_shapes(
             params,
@@ -768,6 +797,31 @@ impl Context {
         q: &CudaSlice<T>,
         k: &CudaSlice<T>,
         v: &CudaSlice<T>,
+        [cu_seqlens_q, cu_seqlens_k]: [&[i32]; 2],
+        sinks: Option<&CudaSlice<f32>>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
+        let keys = Keys::VarlenHost {
+            k,
+            v,
+            cu_seqlens_q,
+            cu_seqlens_k,
+        };
+        let call = Call {
+            sinks,
+            ..Call::new(params, q, keys)
+        };
+        self.run(&call, out, lse)
+    }
+
+    /// Varlen with host offsets ([`Keys::VarlenHost`]).
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::attention) fn varlen_host<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        [k, v]: [&CudaSlice<T>; 2],
         [cu_seqlens_q, cu_seqlens_k]: [&[i32]; 2],
         sinks: Option<&CudaSlice<f32>>,
         out: &mut CudaSlice<T>,
