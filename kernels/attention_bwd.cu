@@ -66,8 +66,8 @@ extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_onepa
             mbar_init(&s.kv.empty[i], bw::CONSUMERS * 4);
         }
 #pragma unroll
-        for (int b = 0; b < bw::DQ_BUFS; ++b) {
-            mbar_init(&s.dq_full[b], bw::CONSUMERS * 4);
+        for (int b = 0; b < bw::DQ_BARS; ++b) {
+            mbar_init(&s.dq_full[b], bw::CONSUMERS / bw::DQ_SPLIT * 4);
             mbar_init(&s.dq_empty[b], 1);
         }
         fence_barrier_init();
@@ -78,11 +78,17 @@ extern "C" __global__ void __launch_bounds__(bw::THREADS, 1) flashcore_bwd_onepa
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(bw::PRODUCER_REGS));
         if (threadIdx.x == 0) {
             dkdv_producer(p, s.kv, n_block, blockIdx.y, blockIdx.z);
-        } else if (warp == 1) {
-            // The dQ writer (fc_bwd_onepass.cuh), over the consumers' tile sequence.
+        } else if (warp == 1 || (bw::DQ_WRITERS > 1 && warp == 3)) {
+            // The dQ writer (fc_bwd_onepass.cuh), over the consumers' tile sequence; core 4:
+            // warps 1 and 3, one per buffer.
             int first_m, end_m;
             dkdv_m_range(p, bwd_seq(p, blockIdx.z), n_block, first_m, end_m);
-            onepass_dq_writer(p, s.dq, s.dq_full, s.dq_empty, n_block, blockIdx.y, blockIdx.z, first_m, end_m);
+            if constexpr (bw::DQ_WRITERS > 1) {
+                onepass_dq_writer_split(p, s.dq, s.dq_full, s.dq_empty, warp / 2, n_block, blockIdx.y, blockIdx.z,
+                                        first_m, end_m);
+            } else {
+                onepass_dq_writer(p, s.dq, s.dq_full, s.dq_empty, n_block, blockIdx.y, blockIdx.z, first_m, end_m);
+            }
         } else if (FC_STAGE_STATS && threadIdx.x == 64) {
             dkdv_stats_loader(p, s.kv, n_block, blockIdx.y, blockIdx.z);
         }

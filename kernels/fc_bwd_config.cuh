@@ -22,7 +22,10 @@
 // wait after dK's issue covers dV and dQ); 2 = 1 plus dSᵀ to shared memory with stmatrix (four
 // 8×8 tiles per instruction) instead of 32-bit scalar stores; 3 = 2 plus a 2-stage (Q, dO) ring
 // whose freed 32 KiB hold a second fp32 dQ buffer, so the consumers run up to two tiles ahead of
-// the dQ writer's turn chain instead of one (bw::DQ_BUFS). The host's default: 3.
+// the dQ writer's turn chain instead of one (bw::DQ_BUFS); 4 = 3 with the dQ writer pipelined:
+// one writer warp per buffer, each serial over its own tiles (tile m+1's reduction is issued
+// while tile m's completes), and each consumer warpgroup's 16 KiB piece on its own full/empty
+// barriers and bulk operation (bw::DQ_WRITERS, bw::DQ_SPLIT). The host's default: 3.
 // Schedules only: every build computes the same values in the same order (the same bits).
 #ifndef FC_BWD_CORE
 #define FC_BWD_CORE 0

@@ -182,13 +182,13 @@ struct OnepassShared {
     uint16_t ds[2][bw::QCH][bw::KV_BN][64];
     float dq[bw::DQ_BUFS][bw::DQ_TILE];
     DkdvShared kv;
-    uint64_t dq_full[bw::DQ_BUFS], dq_empty[bw::DQ_BUFS];
+    uint64_t dq_full[bw::DQ_BARS], dq_empty[bw::DQ_BARS];  // per buffer (core 4: per piece)
 };
 
 // The one-pass block around `s` (a constant offset: nothing more held across the loop; the size
 // check shows the members are unpadded, so `kv` sits right after `ds` and `dq`).
 constexpr int ONEPASS_KV_OFFSET = 2 * bw::QCH * bw::KV_BN * 64 * 2 + bw::DQ_BUFS * bw::DQ_TILE * 4;
-static_assert(sizeof(OnepassShared) == ONEPASS_KV_OFFSET + sizeof(DkdvShared) + 16 * bw::DQ_BUFS,
+static_assert(sizeof(OnepassShared) == ONEPASS_KV_OFFSET + sizeof(DkdvShared) + 16 * bw::DQ_BARS,
               "OnepassShared is unpadded");
 // Opaque: addresses derived from it are rebuilt where used, not hoisted out of the loop (spills).
 FC_DEVICE OnepassShared& onepass_of(DkdvShared& s) {

@@ -105,6 +105,11 @@ constexpr int DQ_TILE = KV_BM * D;        // floats of one tile's accumulator
 constexpr int DQ_PIECE = 64 * 64;         // floats of one warpgroup's piece
 // Tile partials in flight between the consumers and the writer (core 3: two).
 constexpr int DQ_BUFS = FC_BWD_CORE >= 3 ? 2 : 1;
+// Core 4: one writer warp per buffer (buffer b's tiles are it ≡ b mod DQ_BUFS), and per buffer
+// one full/empty barrier pair and one bulk operation per consumer warpgroup's piece.
+constexpr int DQ_WRITERS = FC_BWD_CORE >= 4 ? DQ_BUFS : 1;
+constexpr int DQ_SPLIT = FC_BWD_CORE >= 4 ? CONSUMERS : 1;
+constexpr int DQ_BARS = DQ_BUFS * DQ_SPLIT;  // full (and empty) barriers
 #if FC_ONEPASS
 static_assert(DQ_TILE == CONSUMERS * DQ_PIECE, "two 64x64 pieces per streamed tile");
 #endif
@@ -148,6 +153,9 @@ FC_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "m
 FC_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
 // The group's global writes are complete.
 FC_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+// All but the newest N groups have read their shared-memory sources.
+template <int N>
+FC_DEVICE void bulk_wait_read_n() { asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory"); }
 FC_DEVICE void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
 
 // Warp 1 of the producer warpgroup: per tile, in the consumers' order, move the shared dQ partial
@@ -191,6 +199,67 @@ FC_DEVICE void onepass_dq_writer(const BwdParams& p, const float (*bufs)[bw::DQ_
                 // (red.release is itself the GPU-scope fence: a fence.acq_rel.gpu before it
                 // measured +9% at 2,16,8192,128 — PERF_NOTES, bwd1v3).
                 fence_proxy_async_global();
+                red_release_gpu_inc(flag);
+            }
+        }
+        __syncwarp();
+    }
+    if (OP_REDUCES && lane_id() == 0) bulk_wait_all();  // no bulk operation outlives the CTA
+}
+
+// Core 4: writer w (0 ≤ w < DQ_WRITERS, one warp each) moves the tiles it ≡ w (mod DQ_WRITERS),
+// i.e. buffer w's, with core 3's serial protocol per tile — so tile it + 1's reduction (the other
+// writer's) is in flight while tile it's completes, yet no release waits on another tile's turn
+// (a single writer that issued tile m+1 before releasing tile m would make each key block's
+// release of m wait for its predecessor's release of m+1: non-causal, a skew of one tile per key
+// block down the chain). Per tile: the turn (before the partial is ready: its L2 round trip
+// overlaps the consumers), then each warpgroup's piece as soon as that warpgroup has stored it,
+// one bulk group per piece, each piece's buffer freed once its group has read it, and the release
+// once both are complete. Every tile's adds are core 3's, in the same turn order: the same bits.
+FC_DEVICE void onepass_dq_writer_split(const BwdParams& p, const float (*bufs)[bw::DQ_TILE], uint64_t* fulls,
+                                       uint64_t* empties, int w, int n_block, int kv_head, int batch, int first_m,
+                                       int end_m) {
+    using namespace bw;
+    static_assert(FC_BWD_CORE < 4 || DQ_SPLIT == 2, "one bulk group per consumer warpgroup's piece");
+    const int per_head = end_m - first_m;
+    const int total = per_head * p.group;
+    const uint32_t src = smem_u32(bufs[w]);
+    uint64_t* full = &fulls[w * DQ_SPLIT];
+    uint64_t* empty = &empties[w * DQ_SPLIT];
+#pragma unroll 1
+    for (int it = w; it < total; it += DQ_WRITERS) {
+        if (lane_id() == 0) {
+            const int head = kv_head * p.group + it / per_head;
+            const int m_block = first_m + it % per_head;
+            const uint32_t phase = (it / DQ_WRITERS) & 1;  // the buffer's use
+            const int64_t bh = (int64_t)batch * p.heads_q + head;
+            const int rank = onepass_rank(p, n_block, m_block);
+            int* flag = reinterpret_cast<int*>(p.flags_ptr) + bh * p.kv_m_blocks + m_block;
+            float* dst = reinterpret_cast<float*>(p.dq_acc_ptr) + (bh * p.sq_pad + m_block * KV_BM) * D;
+            if (OP_ORDERED) {
+                while (ld_acquire_gpu(flag) != rank) {
+                }
+                fence_proxy_async_global();  // the predecessor's bulk writes before ours
+            }
+#pragma unroll
+            for (int pc = 0; pc < DQ_SPLIT; ++pc) {
+                mbar_wait(&full[pc], phase);
+                if (OP_REDUCES) {
+                    if (rank == 0) {
+                        bulk_store_f32(dst + pc * DQ_PIECE, src + pc * DQ_PIECE * 4, DQ_PIECE * 4);
+                    } else {
+                        bulk_reduce_add_f32(dst + pc * DQ_PIECE, src + pc * DQ_PIECE * 4, DQ_PIECE * 4);
+                    }
+                    bulk_commit();
+                }
+            }
+            if (OP_REDUCES) bulk_wait_read_n<1>();  // piece 0 read
+            mbar_arrive(&empty[0]);
+            if (OP_REDUCES) bulk_wait_read_n<0>();  // piece 1 read
+            mbar_arrive(&empty[1]);
+            if (OP_ORDERED) {
+                bulk_wait_all();
+                fence_proxy_async_global();  // as core 3: the bulk writes before the release
                 red_release_gpu_inc(flag);
             }
         }
@@ -293,13 +362,16 @@ FC_DEVICE void onepass_issue_dq(uint16_t (*ds)[bw::KV_BN][64], const uint16_t (*
 }
 
 // This warpgroup's finished piece of tile `it` into buffer it % DQ_BUFS once the writer has read
-// that buffer's previous tile, then one arrival per warp on the buffer's full barrier.
+// that buffer's previous tile (core 4: this piece of it), then one arrival per warp on the
+// buffer's full barrier (core 4: this warpgroup's).
 FC_DEVICE void onepass_put_dq(float (*bufs)[bw::DQ_TILE], uint64_t* fulls, uint64_t* empties, const float (&dq)[32],
                               int wg, int it) {
     using namespace bw;
     float* buf = bufs[it % DQ_BUFS];
-    uint64_t* full = &fulls[it % DQ_BUFS];
-    mbar_wait(&empties[it % DQ_BUFS], ((it / DQ_BUFS) & 1) ^ 1);
+    // Core 4: this warpgroup's own barriers of the buffer (DQ_SPLIT); else the buffer's.
+    const int bar = (it % DQ_BUFS) * DQ_SPLIT + (DQ_SPLIT > 1 ? wg : 0);
+    uint64_t* full = &fulls[bar];
+    mbar_wait(&empties[bar], ((it / DQ_BUFS) & 1) ^ 1);
     onepass_store_dq(buf + wg * bw::DQ_PIECE, dq, threadIdx.x % 128);
     fence_proxy_async_smem();
     __syncwarp();

@@ -93,11 +93,11 @@ pub fn bwd_op_diag() -> u8 {
     }
 }
 
-/// `FLASHCORE_BWD_CORE=0..3`, read on every call: the one-pass kernel's tile schedule (every one
+/// `FLASHCORE_BWD_CORE=0..4`, read on every call: the one-pass kernel's tile schedule (every one
 /// is shipped); `None` when unset or out of range (the measured default).
 pub fn bwd_core() -> Option<u8> {
     match std::env::var("FLASHCORE_BWD_CORE").map(|s| s.parse::<u8>()) {
-        Ok(Ok(c @ 0..=3)) => Some(c),
+        Ok(Ok(c @ 0..=4)) => Some(c),
         _ => None,
     }
 }

@@ -89,8 +89,9 @@ pub struct BwdVariant {
     pub diag: u8,
     /// The one pass's tile schedule (`FC_BWD_CORE`, kernels/fc_bwd_config.cuh): 0 = the first
     /// one-pass schedule; 1 = dQ's GEMM issued without draining dV's first; 2 = 1
-    /// plus dSᵀ stored with `stmatrix`; 3 = 2 plus a 2-stage (Q, dO) ring and two dQ buffers.
-    /// Same arithmetic in the same order: the same bits. 0 on
+    /// plus dSᵀ stored with `stmatrix`; 3 = 2 plus a 2-stage (Q, dO) ring and two dQ buffers;
+    /// 4 = 3 with one dQ writer warp per buffer and a bulk reduction per consumer warpgroup's
+    /// piece, each on its own barriers. Same arithmetic in the same order: the same bits. 0 on
     /// two-pass variants. `FLASHCORE_BWD_CORE` picks it ([`default_core`] otherwise).
     pub core: u8,
     /// A sliding window (`FC_WINDOW`: skips query tiles / key blocks outside it and
@@ -126,7 +127,7 @@ impl BwdVariant {
             } else {
                 "_lockstep"
             },
-            ["", "_core1", "_core2", "_core3"][self.core.min(3) as usize],
+            ["", "_core1", "_core2", "_core3", "_core4"][self.core.min(4) as usize],
             if self.window { "_window" } else { "" },
             if self.softcap { "_softcap" } else { "" },
             if self.varlen { "_varlen" } else { "" }
@@ -256,13 +257,14 @@ impl BwdVariant {
 
     /// Dynamic shared memory of the one-pass kernel: two dSᵀ tiles (16-bit, KV_BN × KV_BM) and
     /// [`BwdVariant::dq_bufs`] fp32 dQ partials (KV_BM × D) in front of the dK/dV kernel's
-    /// layout, two mbarriers per partial after.
+    /// layout, two mbarriers per partial after (core 4: per consumer warpgroup's piece of it).
     pub fn onepass_smem_bytes(&self) -> usize {
         let t = self.tiles();
+        let split = if self.onepass && self.core >= 4 { 2 } else { 1 };
         2 * t.kv_block_n * t.kv_block_m * 2
             + self.dq_bufs() * t.kv_block_m * self.head_dim * 4
             + self.dkdv_smem_bytes()
-            + self.dq_bufs() * 2 * 8
+            + self.dq_bufs() * split * 2 * 8
     }
 
     /// fp32 dQ partials in flight in the one-pass kernel (`bw::DQ_BUFS`): two from core 3.
@@ -309,8 +311,8 @@ impl BwdVariant {
     }
 }
 
-/// Every one-pass schedule that is shipped (and so audited): [`BwdVariant::core`] 0 to 3.
-pub const SHIPPED_CORES: [u8; 4] = [0, 1, 2, 3];
+/// Every one-pass schedule that is shipped (and so audited): [`BwdVariant::core`] 0 to 4.
+pub const SHIPPED_CORES: [u8; 5] = [0, 1, 2, 3, 4];
 
 /// Head dims the one-pass kernels serve (`FLASHCORE_BWD_ONEPASS=1`); the two-pass kernels serve
 /// every backward head dim (`validate::BACKWARD_HEAD_DIMS`).
