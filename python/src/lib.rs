@@ -274,10 +274,23 @@ fn attention(
     let c = call(
         dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths, kv, f,
     )?;
+    launch(py, device, stream, c)
+}
+
+/// Enqueues a built call on `stream` of device `device` (see [`attention`]).
+fn launch(py: Python<'_>, device: usize, stream: usize, c: ExternalCall) -> PyResult<()> {
     let ctx = context(device)?;
+    // A loaded kernel is enqueued holding the GIL, as torch enqueues its own: releasing it would
+    // hand it to any other Python thread for up to its switch interval (and costs host time).
+    // SAFETY: see `attention`'s doc; the call is validated inside.
+    if unsafe { ctx.attention_loaded(&c, stream as cudarc::driver::sys::CUstream) }
+        .map_err(to_py)?
+    {
+        return Ok(());
+    }
     // The first call of a shape may compile a kernel (NVRTC, seconds): let other threads run.
     py.detach(move || {
-        // SAFETY: see the function's doc; the call is validated again inside.
+        // SAFETY: see `attention`'s doc; the call is validated again inside.
         unsafe { ctx.attention(&c, stream as cudarc::driver::sys::CUstream) }
     })
     .map_err(to_py)
