@@ -95,12 +95,18 @@ def main():
         finally:
             kvcache.decode = one_pass
         rows.append(("flashcore without new k/v", per_call_us(fc_no_append, args.burst, args.samples)))
-        native = _launch._native.attention
-        _launch._native.attention = lambda *a, **kw: None
+        native = _launch._native.attention, _launch._native.attention_kv
+        _launch._native.attention = _launch._native.attention_kv = lambda *a, **kw: None
         try:
             rows.append(("flashcore, Python only (no native call)", per_call_us(fc, args.burst, args.samples)))
+            # The native call's argument conversion and checks, without the context, plan or driver:
+            # `_native.validate` of the call `attention_kv` makes (its full signature: a few more
+            # conversions than attention_kv's).
+            _launch._native.attention_kv = lambda dev, stream, *a: _launch._native.validate(
+                *a[:9], 0, *a[9:11], append=a[11])
+            rows.append(("flashcore, no launch (native checks only)", per_call_us(fc, args.burst, args.samples)))
         finally:
-            _launch._native.attention = native
+            _launch._native.attention, _launch._native.attention_kv = native
 
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}: decode B={b} cache={s} Hq={hq} Hkv={hkv} "
           f"D={d} {args.dtype}, new k/v of 1 row, {n} q buffer(s) in turn; median of {args.samples} bursts of "

@@ -48,7 +48,30 @@ def recorded(monkeypatch):
     monkeypatch.setattr(_launch, "current_stream", lambda index: 1234)
     monkeypatch.setattr(_launch, "_workspace", lambda n, dev, stream: scratch)
     monkeypatch.setattr(_launch._native, "attention", record)
+    monkeypatch.setattr(_launch._native, "attention_kv", as_attention(record))
     return calls
+
+
+def as_attention(record):
+    """`_native.attention_kv` recorded as the `_native.attention` call it stands for (python/src/lib.rs:
+    every argument it does not take at its default)."""
+
+    def attention_kv(device, stream, dtype, shape, causal, scale, q, k, v, out, lse, workspace, kv_lengths, append):
+        record(device, stream, dtype, shape, causal, scale, q, k, v, out, lse, workspace=workspace,
+               kv_lengths=kv_lengths, append=append)
+
+    return attention_kv
+
+
+def test_recorded_signatures_are_the_native_ones():
+    """The recorders above stand for the built module's functions: same parameters, same order."""
+    names = lambda f: list(inspect.signature(f).parameters)  # noqa: E731
+    assert names(_launch._native.attention) == names(_native_signature)
+    assert names(_launch._native.attention_kv) == names(as_attention(None))
+    # attention_kv's parameters are attention's, less those a plain KV-cache call leaves at default.
+    assert set(names(_native_signature)) - set(names(as_attention(None))) == {
+        "lengths", "kv_secret", "block_table", "page_size", "num_pages", "kv_prefill_consistent", "kv_starts",
+        "window", "softcap", "sinks"}
 
 
 def _checked_only(monkeypatch):

@@ -13,6 +13,7 @@ import torch
 
 import flashcore
 from flashcore import _launch, kvcache
+from test_cpu_decode_fast import as_attention
 
 BF = torch.bfloat16
 
@@ -76,6 +77,7 @@ def recorder(monkeypatch):
     monkeypatch.setattr(_launch, "current_stream", lambda index: 1234)
     monkeypatch.setattr(_launch, "_workspace", lambda n, dev, stream: scratch)
     monkeypatch.setattr(_launch._native, "attention", rec)
+    monkeypatch.setattr(_launch._native, "attention_kv", as_attention(rec))
     return rec
 
 
