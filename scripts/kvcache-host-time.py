@@ -7,7 +7,8 @@ Host time is the CPU time to enqueue a call: each sample times a burst of calls 
 back after a synchronisation, short enough that the launch queue never fills (so the GPU never
 holds the CPU back), then synchronises outside the timed region. The median over samples is
 reported per call, with the checked path's (the one-pass decode path turned off) and the
-Python-only share (the native call replaced by a no-op) beside it, and the same without new k/v.
+Python-only share (the native call replaced by a no-op) and the share before the launch (the
+native call's conversion and checks, `_native.validate`) beside it, and the same without new k/v.
 
     python scripts/kvcache-host-time.py                    # B=1, 32/8 heads, d128, 8k cache, bf16
     python scripts/kvcache-host-time.py --batch 8 --cache 4096 --heads 32 8 --dim 128 --rotate 1
@@ -39,6 +40,28 @@ def per_call_us(fn, burst, samples):
         times.append((t1 - t0) / burst * 1e6)
     torch.cuda.synchronize()
     return statistics.median(times)
+
+
+def stubbed(fn, mode, args):
+    """`per_call_us` of `fn` with the native launch functions replaced: by a no-op ("python"), or
+    by `_native.validate` of the same call ("checks": the argument conversion and the checks,
+    without the context, plan or driver; `validate` takes `attention`'s full signature, so a few
+    more conversions than `attention_kv`'s). Builds without `attention_kv` (before issue 42's
+    host-time work) launch through `attention` alone."""
+    native = _launch._native
+    saved = {name: getattr(native, name) for name in ("attention", "attention_kv") if hasattr(native, name)}
+    if mode == "python":
+        stubs = {"attention": lambda *a, **kw: None, "attention_kv": lambda *a: None}
+    else:
+        stubs = {"attention": lambda dev, stream, *a, **kw: native.validate(*a, **kw),
+                 "attention_kv": lambda dev, stream, *a: native.validate(*a[:9], 0, *a[9:11], append=a[11])}
+    for name in saved:
+        setattr(native, name, stubs[name])
+    try:
+        return per_call_us(fn, args.burst, args.samples)
+    finally:
+        for name, f in saved.items():
+            setattr(native, name, f)
 
 
 def main():
@@ -95,12 +118,9 @@ def main():
         finally:
             kvcache.decode = one_pass
         rows.append(("flashcore without new k/v", per_call_us(fc_no_append, args.burst, args.samples)))
-        native = _launch._native.attention
-        _launch._native.attention = lambda *a, **kw: None
-        try:
-            rows.append(("flashcore, Python only (no native call)", per_call_us(fc, args.burst, args.samples)))
-        finally:
-            _launch._native.attention = native
+        rows.append(("flashcore without new k/v, Python only", stubbed(fc_no_append, "python", args)))
+        rows.append(("flashcore, Python only (no native call)", stubbed(fc, "python", args)))
+        rows.append(("flashcore, no launch (native checks only)", stubbed(fc, "checks", args)))
 
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}: decode B={b} cache={s} Hq={hq} Hkv={hkv} "
           f"D={d} {args.dtype}, new k/v of 1 row, {n} q buffer(s) in turn; median of {args.samples} bursts of "

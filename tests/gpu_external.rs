@@ -416,3 +416,96 @@ fn fused_append_writes_the_rows_and_matches_append_then_attention() {
         "{err}"
     );
 }
+
+/// Issue 42 (host time): `ExternalContext::attention_loaded` launches only a call whose kernel a
+/// plan holds already — before that it returns `false` and writes nothing — with `attention`'s
+/// bits; and the tensor maps a plan keeps per buffer serve a decode loop that alternates q
+/// buffers and caches (layers) with each call's own bits, those of the same call made alone on
+/// a fresh context.
+#[test]
+fn loaded_calls_and_kept_tensor_maps_give_each_calls_own_bits() {
+    let Some(ctx) = common::gpu("loaded_calls_and_kept_tensor_maps_give_each_calls_own_bits")
+    else {
+        return;
+    };
+    let mut rng = common::rng_from(common::seed());
+    let (b, hq, hkv, cap, d) = (2usize, 8usize, 2usize, 320usize, 128usize);
+    let mut p = AttentionParams::new(b, hq, 1, d).seqlen_k(cap).causal(true);
+    p.heads_kv = hkv;
+    let row = hkv * d;
+    let qs: Vec<Vec<f16>> = (0..2).map(|_| common::randn(&mut rng, p.q_len())).collect();
+    let caches: Vec<(Vec<f16>, Vec<f16>)> = (0..2)
+        .map(|_| {
+            (
+                common::randn(&mut rng, b * cap * row),
+                common::randn(&mut rng, b * cap * row),
+            )
+        })
+        .collect();
+    let lens = [100i32, cap as i32];
+    let alone = |qi: usize, ci: usize| {
+        let fresh = ExternalContext::new(0).unwrap();
+        let (k, v) = &caches[ci];
+        kv_call(&ctx, &fresh, &p, &qs[qi], (k, v), None, &lens, None).out
+    };
+    let want: Vec<Vec<Vec<f16>>> = (0..2)
+        .map(|qi| (0..2).map(|ci| alone(qi, ci)).collect())
+        .collect();
+    assert!(want[0][0] != want[1][0] && want[0][0] != want[0][1]);
+
+    let stream = ctx.stream();
+    let dq: Vec<_> = qs.iter().map(|q| ctx.upload(q).unwrap()).collect();
+    let dc: Vec<_> = caches
+        .iter()
+        .map(|(k, v)| (ctx.upload(k).unwrap(), ctx.upload(v).unwrap()))
+        .collect();
+    let dlens = ctx.upload(&lens).unwrap();
+    let qst = Strides::contiguous(Layout::Bshd, 1, hq, d);
+    let kst = Strides::contiguous(Layout::Bshd, cap, hkv, d);
+    let t = |ptr, strides| DeviceTensor { ptr, strides };
+    // One call of q buffer `qi` over caches `ci` into a fresh NaN output: (launched, output).
+    let run = |ext: &ExternalContext, qi: usize, ci: usize, loaded_only: bool| {
+        let mut dout = ctx.upload(&vec![f16::NAN; p.q_len()]).unwrap();
+        let launched = {
+            let (qp, _g1) = dq[qi].device_ptr(stream);
+            let (kp, _g2) = dc[ci].0.device_ptr(stream);
+            let (vp, _g3) = dc[ci].1.device_ptr(stream);
+            let (lp, _g4) = dlens.device_ptr(stream);
+            let (op, _g5) = dout.device_ptr_mut(stream);
+            let call = ExternalCall::new(p.clone(), t(qp, qst), t(kp, kst), t(vp, kst), t(op, qst))
+                .kv_lengths(lp);
+            // SAFETY: live buffers of the call's extents, alive past the download below.
+            if loaded_only {
+                unsafe { ext.attention_loaded(&call, stream.cu_stream()) }.unwrap()
+            } else {
+                unsafe { ext.attention(&call, stream.cu_stream()) }.unwrap();
+                true
+            }
+        };
+        (launched, ctx.download(&dout).unwrap())
+    };
+    let same = |a: &[f16], b: &[f16]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+
+    let ext = ExternalContext::new(0).unwrap();
+    let (launched, out) = run(&ext, 0, 0, true);
+    assert!(!launched, "no plan yet: nothing is launched");
+    assert!(out.iter().all(|x| x.is_nan()), "and nothing is written");
+    let (_, out) = run(&ext, 0, 0, false);
+    assert!(same(&out, &want[0][0]));
+    let (launched, out) = run(&ext, 0, 0, true);
+    assert!(
+        launched && same(&out, &want[0][0]),
+        "a loaded kernel: attention's bits"
+    );
+    // q buffers and layers' caches in turn, through kept maps: each call's own bits.
+    for (i, &(qi, ci)) in [(1, 0), (0, 1), (1, 1), (0, 0), (1, 0), (0, 1), (1, 1)]
+        .iter()
+        .enumerate()
+    {
+        let (launched, out) = run(&ext, qi, ci, i % 2 == 0);
+        assert!(
+            launched && same(&out, &want[qi][ci]),
+            "call {i}: q {qi}, caches {ci}"
+        );
+    }
+}

@@ -30,14 +30,13 @@ def readable(t):
     return t if tma_ready(t) else t.contiguous()
 
 
-def current_stream(index):
-    """torch's current CUDA stream on device `index`, as the integer handle."""
-    if _raw_stream is not None:
-        return _raw_stream(index)  # what torch.compile's generated code calls: no Stream object
+def _stream_object(index):
     return torch.cuda.current_stream(index).cuda_stream
 
 
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+# torch's current CUDA stream on device `index`, as the integer handle: what torch.compile's
+# generated code calls (no Stream object, no Python frame), where this torch build has it.
+current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or _stream_object
 
 
 def _desc(t):
@@ -269,6 +268,8 @@ _Tensor = torch.Tensor
 _grad_enabled = torch.is_grad_enabled
 _is_compiling = torch.compiler.is_compiling
 _dispatch_mode = torch.utils._python_dispatch._get_current_dispatch_mode
+# The dispatch-mode stack's depth: nonzero exactly when `_dispatch_mode()` is not None (one C call).
+_dispatch_depth = torch._C._len_torch_dispatch_stack
 _CONTIGUOUS = torch.contiguous_format
 _F32 = torch.float32
 _I32 = torch.int32
@@ -369,22 +370,6 @@ def fast(q, k, v, causal, scale, bhsd, return_lse, gqa=True, top_left=False):
 
 
 _HEAD_DIMS = _checks.SUPPORTED_HEAD_DIMS
-_NO_WINDOW = (-1, -1)
-
-
-def _tma_desc(t, dev):
-    """(pointer, (batch, seq, head) strides) of a plain [B, S, H, D] CUDA tensor of device `dev`
-    that TMA (and the append's 16-byte copies) read in place, else None."""
-    if type(t) is not _Tensor or t.get_device() != dev:
-        return None
-    st = t.stride()
-    ptr = t.data_ptr()
-    if st[3] != 1 or ptr % 16:
-        return None
-    x, y, z = st[0], st[1], st[2]
-    if x <= 0 or y <= 0 or z <= 0 or x % 8 or y % 8 or z % 8:
-        return None
-    return ptr, (x, y, z)
 
 
 def decode(q, k_cache, v_cache, new, counts, causal, scale, return_lse):
@@ -399,11 +384,13 @@ def decode(q, k_cache, v_cache, new, counts, causal, scale, return_lse):
     not plain or breaks a rule: the caller then takes the checked path, which raises that rule's
     own error or copies what it must. Every call served here, the checked path serves with the
     same launch."""
+    # Host time is the point here (issue 42): each tensor's metadata is read once, with no Python
+    # frame per tensor, and nothing is computed that the native call does not take.
     t = _Tensor
     if type(q) is not t or type(k_cache) is not t or type(v_cache) is not t or type(counts) is not t:
         return None
     dev = q.get_device()
-    if dev < 0 or counts.get_device() != dev:
+    if dev < 0 or counts.get_device() != dev or k_cache.get_device() != dev or v_cache.get_device() != dev:
         return None
     dt = q.dtype
     tag = _DTYPES.get(dt)
@@ -411,19 +398,30 @@ def decode(q, k_cache, v_cache, new, counts, causal, scale, return_lse):
         return None
     if _grad_enabled() and (q.requires_grad or k_cache.requires_grad or v_cache.requires_grad):
         return None
-    if _is_compiling() or _dispatch_mode() is not None:
+    if _is_compiling() or _dispatch_depth():  # a dispatch mode on the stack: the checked path
         return None
-    qs, cs = q.shape, k_cache.shape
-    if len(qs) != 4 or len(cs) != 4 or v_cache.shape != cs:
+    cs = k_cache.shape
+    if v_cache.shape != cs:
         return None
-    b, sq, hq, d = qs
-    sk, hkv = cs[1], cs[2]
-    if cs[0] != b or cs[3] != d or counts.shape != (b,) or d not in _HEAD_DIMS:
+    try:
+        b, sq, hq, d = q.shape
+        cb, sk, hkv, cd = cs
+    except ValueError:  # not 4-D
+        return None
+    if cb != b or cd != d or counts.shape != (b,) or d not in _HEAD_DIMS:
         return None
     if not (b and sq and sk and hq and hkv) or hq % hkv or sq > _DECODE_MAX_SEQLEN_Q:
         return None
-    qd, kd, vd = _tma_desc(q, dev), _tma_desc(k_cache, dev), _tma_desc(v_cache, dev)
-    if qd is None or kd is None or vd is None:
+    # What TMA (and the append's 16-byte copies) read in place: a contiguous head dim, a 16-byte
+    # aligned base, positive (batch, seq, head) strides of 16-byte multiples.
+    q0, q1, q2, q3 = q.stride()
+    k0, k1, k2, k3 = k_cache.stride()
+    v0, v1, v2, v3 = v_cache.stride()
+    qp, kp, vp = q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr()
+    if q3 != 1 or k3 != 1 or v3 != 1 or (qp | kp | vp) & 15:
+        return None
+    if (q0 <= 0 or q1 <= 0 or q2 <= 0 or k0 <= 0 or k1 <= 0 or k2 <= 0 or v0 <= 0 or v1 <= 0 or v2 <= 0
+            or (q0 | q1 | q2 | k0 | k1 | k2 | v0 | v1 | v2) & 7):
         return None
     append = None
     if new is not None:
@@ -431,23 +429,45 @@ def decode(q, k_cache, v_cache, new, counts, causal, scale, return_lse):
         if type(k) is not t or type(v) is not t or k.dtype is not dt or v.dtype is not dt:
             return None
         ks = k.shape
-        if len(ks) != 4 or v.shape != ks or ks[0] != b or ks[2] != hkv or ks[3] != d or not ks[1]:
+        if v.shape != ks:
             return None
-        nk, nv = _tma_desc(k, dev), _tma_desc(v, dev)
-        if nk is None or nv is None:
+        try:
+            kb, rows, kh, kd = ks
+        except ValueError:  # not 4-D
             return None
-        append = (nk, nv, ks[1])
+        if kb != b or kh != hkv or kd != d or not rows or k.get_device() != dev or v.get_device() != dev:
+            return None
+        a0, a1, a2, a3 = k.stride()
+        c0, c1, c2, c3 = v.stride()
+        nkp, nvp = k.data_ptr(), v.data_ptr()
+        if a3 != 1 or c3 != 1 or (nkp | nvp) & 15:
+            return None
+        if a0 <= 0 or a1 <= 0 or a2 <= 0 or c0 <= 0 or c1 <= 0 or c2 <= 0 or (a0 | a1 | a2 | c0 | c1 | c2) & 7:
+            return None
+        append = ((nkp, (a0, a1, a2)), (nvp, (c0, c1, c2)), rows)
     if scale is not None:
         scale = _checks.check_scale(scale)  # raises what the checked path would, at this point
-    out = torch.empty_like(q, memory_format=_CONTIGUOUS)
+    # The output is contiguous [B, Sq, Hq, D] (every extent >= 1): strides (Sq·Hq·D, Hq·D, D, 1).
+    row = hq * d
+    ob = sq * row
+    # A q of exactly those strides is dense, so empty_like's default (preserve) format gives them
+    # too, without the keyword's parsing.
+    out = torch.empty_like(q) if q0 == ob and q1 == row and q2 == d else torch.empty_like(q, memory_format=_CONTIGUOUS)
     lse = torch.empty((b, hq, sq), dtype=_F32, device=out.device) if return_lse else None
     stream = current_stream(dev)
     shape = (b, sq, sk, hq, hkv, d)
-    ws, counts_after = _scratch(_workspace_bytes(tag, shape, causal, True), b, dev, stream, append is not None)
-    ot = out.stride()
-    # Every argument positionally, in the native signature's order (no keyword dictionary).
-    _native.attention(dev, stream, tag, shape, causal, scale, qd, kd, vd,
-                      (out.data_ptr(), (ot[0], ot[1], ot[2])), 0 if lse is None else lse.data_ptr(), 0, ws,
-                      counts.data_ptr(), False, 0, 0, 0, False, 0, _NO_WINDOW, 0.0, 0,
-                      None if append is None else append + (counts_after,))
+    # `_scratch`, inlined: the split partials, then (appending) the int32 [B] counts after them.
+    n = _workspace_bytes(tag, shape, causal, True)
+    if append is None:
+        ws = _workspace(n, dev, stream).data_ptr() if n else 0
+    else:
+        counts_at = (n + 15) // 16 * 16
+        ptr = _workspace(counts_at + 4 * b, dev, stream).data_ptr()
+        ws = ptr if n else 0
+        append = append + (ptr + counts_at,)
+    # `_native.attention` with only the arguments a plain KV-cache call sets (the others at their
+    # defaults), positionally: no keyword dictionary, ten fewer conversions.
+    _native.attention_kv(dev, stream, tag, shape, causal, scale, (qp, (q0, q1, q2)), (kp, (k0, k1, k2)),
+                         (vp, (v0, v1, v2)), (out.data_ptr(), (ob, row, d)), 0 if lse is None else lse.data_ptr(),
+                         ws, counts.data_ptr(), append)
     return out, lse

@@ -274,7 +274,7 @@ def flash_attn_with_kvcache(
     block_table=None,
     softmax_scale=None,
     causal=False,
-    window_size=(-1, -1),
+    window_size=NO_WINDOW,  # (-1, -1): the same object each call that leaves it out
     softcap=0.0,
     rotary_interleaved=True,
     alibi_slopes=None,
@@ -333,8 +333,9 @@ def flash_attn_with_kvcache(
             and cache_leftpad is None and rotary_cos is None and rotary_sin is None and cache_batch_idx is None
             and alibi_slopes is None and learnable_sink is None and not secret_lengths and cu_seqlens_q is None
             and max_seqlen_q is None and cu_seqlens_k_new is None and type(num_splits) is int and num_splits == 0
-            and (type(softcap) is float or type(softcap) is int) and softcap == 0 and type(window_size) is tuple
-            and window_size == NO_WINDOW and type(window_size[0]) is int and type(window_size[1]) is int):
+            and (type(softcap) is float or type(softcap) is int) and softcap == 0
+            and (window_size is NO_WINDOW or (type(window_size) is tuple and window_size == NO_WINDOW
+                                              and type(window_size[0]) is int and type(window_size[1]) is int))):
         r = decode(q, k_cache, v_cache, None if k is None else (k, v), cache_seqlens, bool(causal), softmax_scale,
                    bool(return_softmax_lse))
         if r is not None:

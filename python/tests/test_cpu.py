@@ -611,6 +611,11 @@ def fast_mock(monkeypatch):
     monkeypatch.setattr(_launch, "_Tensor", _OnGpu)
     monkeypatch.setattr(_launch, "current_stream", lambda index: 1234)
     monkeypatch.setattr(_launch._native, "attention", lambda *a: calls.append(a))
+
+    def attention_kv(*a):  # recorded as the `_native.attention` call it stands for, positionally
+        calls.append(a[:11] + (0,) + a[11:13] + (False, 0, 0, 0, False, 0, (-1, -1), 0.0, 0) + a[13:])
+
+    monkeypatch.setattr(_launch._native, "attention_kv", attention_kv)
     monkeypatch.setattr(_launch, "_workspace", lambda n, dev, stream: torch.empty(n, dtype=torch.uint8))
     return calls
 

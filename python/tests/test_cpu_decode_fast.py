@@ -43,11 +43,35 @@ def recorded(monkeypatch):
 
     scratch = torch.zeros(1 << 22, dtype=torch.uint8)
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))  # every other device rule
     monkeypatch.setattr(flashcore._checks, "check_tensor", check_tensor)
     monkeypatch.setattr(_launch, "current_stream", lambda index: 1234)
     monkeypatch.setattr(_launch, "_workspace", lambda n, dev, stream: scratch)
     monkeypatch.setattr(_launch._native, "attention", record)
+    monkeypatch.setattr(_launch._native, "attention_kv", as_attention(record))
     return calls
+
+
+def as_attention(record):
+    """`_native.attention_kv` recorded as the `_native.attention` call it stands for (python/src/lib.rs:
+    every argument it does not take at its default)."""
+
+    def attention_kv(device, stream, dtype, shape, causal, scale, q, k, v, out, lse, workspace, kv_lengths, append):
+        record(device, stream, dtype, shape, causal, scale, q, k, v, out, lse, workspace=workspace,
+               kv_lengths=kv_lengths, append=append)
+
+    return attention_kv
+
+
+def test_recorded_signatures_are_the_native_ones():
+    """The recorders above stand for the built module's functions: same parameters, same order."""
+    names = lambda f: list(inspect.signature(f).parameters)  # noqa: E731
+    assert names(_launch._native.attention) == names(_native_signature)
+    assert names(_launch._native.attention_kv) == names(as_attention(None))
+    # attention_kv's parameters are attention's, less those a plain KV-cache call leaves at default.
+    assert set(names(_native_signature)) - set(names(as_attention(None))) == {
+        "lengths", "kv_secret", "block_table", "page_size", "num_pages", "kv_prefill_consistent", "kv_starts",
+        "window", "softcap", "sinks"}
 
 
 def _checked_only(monkeypatch):
@@ -119,6 +143,54 @@ def test_one_pass_launches_what_the_checked_path_launches(recorded, monkeypatch,
         assert r.shape == r2.shape == q.shape and r.is_contiguous()
 
 
+
+
+def _fused(b=2, sq=1, hq=8, hkv=2, d=128, cap=64):
+    """q and one new row as views of one fused projection [B, Sq, Hq + 2·Hkv, D] (not contiguous,
+    read in place), over caches of `cap` rows."""
+    q, kc, vc, _, _, lens = _case(b=b, sq=sq, hq=hq, hkv=hkv, d=d, cap=cap, n=sq)
+    fused = torch.randn(b, sq, hq + 2 * hkv, d).to(q.dtype)
+    return fused[:, :, :hq], kc, vc, fused[:, :, hq:hq + hkv], fused[:, :, hq + hkv:], lens
+
+
+@pytest.mark.parametrize("layout", ["fused", "extent-1 strides", "b1"])
+@pytest.mark.parametrize("append", [True, False])
+def test_one_pass_serves_views_as_the_checked_path_does(recorded, monkeypatch, layout, append):
+    """q (and new rows) as views the kernels read in place: served in one pass, with the launch
+    the checked path makes, a contiguous output of the same strides, and the views' own
+    addresses and strides."""
+    if layout == "fused":
+        q, kc, vc, k, v, lens = _fused(sq=2)
+    else:
+        q, kc, vc, k, v, lens = _case(b=1)
+        if layout == "extent-1 strides":  # B = Sq = 1: those dims' strides are any
+            q = q.as_strided(q.shape, (8 * 999, 8 * 777, q.shape[3], 1))
+    if not append:
+        k = v = None
+    served, r = _call(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
+    assert served and len(recorded) == 1
+    fast = recorded.pop()
+    assert fast["q"] == (q.data_ptr(), q.stride()[:3])
+    if append:
+        assert fast["append"][:3] == ((k.data_ptr(), k.stride()[:3]), (v.data_ptr(), v.stride()[:3]), k.shape[1])
+    _checked_only(monkeypatch)
+    r2 = flashcore.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, causal=True)
+    assert _comparable(fast) == _comparable(recorded.pop())
+    assert r.stride() == r2.stride() == torch.empty(q.shape).stride() and fast["out"][1] == r.stride()[:3]
+
+
+def test_one_pass_declines_under_a_dispatch_mode(recorded):
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    q, kc, vc, k, v, lens = _case()
+    with Passthrough():
+        assert flashcore._launch.decode(q, kc, vc, (k, v), lens, False, None, False) is None
+    assert not recorded
+    assert flashcore._launch.decode(q, kc, vc, (k, v), lens, False, None, False) is not None
 
 
 def test_what_the_one_pass_path_declines(recorded):

@@ -13,6 +13,7 @@ import torch
 
 import flashcore
 from flashcore import _launch, kvcache
+from test_cpu_decode_fast import as_attention
 
 BF = torch.bfloat16
 
@@ -70,25 +71,34 @@ def recorder(monkeypatch):
         real_check(name, t)
 
     monkeypatch.setattr(torch.Tensor, "get_device", lambda self: 0)
+    # ... and as CUDA tensors to every other rule (the fused append's readiness of new rows).
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))
     monkeypatch.setattr(flashcore._checks, "check_tensor", check_tensor)
     monkeypatch.setattr(_launch, "current_stream", lambda index: 1234)
     monkeypatch.setattr(_launch, "_workspace", lambda n, dev, stream: scratch)
     monkeypatch.setattr(_launch._native, "attention", rec)
+    monkeypatch.setattr(_launch._native, "attention_kv", as_attention(rec))
     return rec
 
 
-def _inputs(rec, b=2, sq=1, hq=8, hkv=2, d=128, cap=64, n=1, pad=0, paged=False):
+def _inputs(rec, b=2, sq=1, hq=8, hkv=2, d=128, cap=64, n=1, pad=0, paged=False, qkv=False, q_strides=None):
     g = torch.Generator().manual_seed(0)
 
     def r(*s):
         return torch.randn(*s, generator=g).to(BF)
 
     q = r(b, sq, hq, d)
+    if q_strides is not None:  # q's own elements under other strides (those of its extent-1 dims)
+        q = q.as_strided(q.shape, q_strides)
+    new = dict(k=r(b, n, hkv, d), v=r(b, n, hkv, d))
+    if qkv:  # q and the new rows as views of one fused projection [B, Sq, Hq + 2·Hkv, D]
+        fused = r(b, sq, hq + 2 * hkv, d)
+        q, new = fused[:, :, :hq], dict(k=fused[:, :, hq:hq + hkv], v=fused[:, :, hq + hkv:])
     if paged:
         kc, vc = r(8, 16, hkv, d), r(8, 16, hkv, d)
     else:  # `pad`: rows of d + pad elements, so that a cache may not be readable in place
         kc, vc = r(b, cap, hkv, d + pad)[..., :d], r(b, cap, hkv, d + pad)[..., :d]
-    t = dict(q=q, kc=kc, vc=vc, k=r(b, n, hkv, d), v=r(b, n, hkv, d), lens=torch.tensor([3, 7][:b], dtype=torch.int32),
+    t = dict(q=q, kc=kc, vc=vc, k=new["k"], v=new["v"], lens=torch.tensor([3, 7][:b], dtype=torch.int32),
              table=torch.tensor([[5, 1, 7, 0], [2, 6, 3, 4]][:b], dtype=torch.int32),
              leftpad=torch.tensor([1, 2][:b], dtype=torch.int32), sink=torch.zeros(hq, dtype=BF))
     rec.named.clear()
@@ -122,6 +132,12 @@ CASES = [
     ("window", {}, dict(cache_seqlens="lens", window_size=(4, 0))),
     ("window list append", {}, dict(k="k", v="v", cache_seqlens="lens", window_size=[4, 0], causal=True)),
     ("no window as a list", {}, dict(k="k", v="v", cache_seqlens="lens", window_size=[-1, -1])),
+    ("no window as a new tuple", {}, dict(k="k", v="v", cache_seqlens="lens", window_size=tuple([-1, -1]))),
+    ("fused projection", dict(qkv=True, sq=2, n=2), dict(k="k", v="v", cache_seqlens="lens", causal=True)),
+    ("fused projection lse", dict(qkv=True), dict(k="k", v="v", cache_seqlens="lens", return_softmax_lse=True)),
+    ("q extent-1 strides", dict(b=1, q_strides=(8 * 999, 8 * 777, 128, 1)), dict(k="k", v="v", cache_seqlens="lens")),
+    ("q extent-1 strides plain", dict(b=1, q_strides=(8 * 999, 8 * 777, 128, 1)), dict(cache_seqlens="lens")),
+    ("q strides b1 contiguous", dict(b=1), dict(k="k", v="v", cache_seqlens="lens", causal=True)),
     ("softcap", {}, dict(k="k", v="v", cache_seqlens="lens", softcap=2.0)),
     ("sink bf16", {}, dict(k="k", v="v", cache_seqlens="lens", learnable_sink="sink")),
     ("caches not in place", dict(pad=4), dict(cache_seqlens="lens")),
@@ -169,7 +185,7 @@ def _run_case(rec, shape, kwargs):
         with torch.inference_mode():
             r = flashcore.flash_attn_with_kvcache(t["q"], t["kc"], t["vc"], **kw)
         out = r if isinstance(r, torch.Tensor) else r[0]
-        result["out"] = (tuple(out.shape), out.dtype, out.is_contiguous())
+        result["out"] = (tuple(out.shape), out.dtype, out.stride())
         result["lse"] = None if isinstance(r, torch.Tensor) else tuple(r[1].shape)
         result["caches"] = (_digest(t["kc"]), _digest(t["vc"]))
     except Exception as e:  # noqa: BLE001 — the error itself is what is compared

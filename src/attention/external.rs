@@ -423,6 +423,19 @@ impl ExternalContext {
     }
 
     fn plan(&self, p: &AttentionParams, lengths: Lengths) -> Result<Arc<Plan>> {
+        self.plan_made(p, lengths, true)
+            .map(|plan| plan.expect("made when missing"))
+    }
+
+    /// The plan of `p` and `lengths`: the one made before, else (`make`) a new one, loading its
+    /// kernel, or (not `make`) none — also while another thread holds the plans, which it may do
+    /// for a whole compilation.
+    fn plan_made(
+        &self,
+        p: &AttentionParams,
+        lengths: Lengths,
+        make: bool,
+    ) -> Result<Option<Arc<Plan>>> {
         let key = PlanKey {
             shape: [
                 p.batch, p.seqlen_q, p.seqlen_k, p.heads_q, p.heads_kv, p.head_dim,
@@ -434,12 +447,21 @@ impl ExternalContext {
             window: p.window,
             softcap_bits: p.softcap.to_bits(),
         };
-        let mut plans = self
-            .plans
-            .lock()
-            .map_err(|_| Error::Other("plan cache lock poisoned".into()))?;
+        let poisoned = || Error::Other("plan cache lock poisoned".into());
+        let mut plans = if make {
+            self.plans.lock().map_err(|_| poisoned())?
+        } else {
+            match self.plans.try_lock() {
+                Ok(plans) => plans,
+                Err(std::sync::TryLockError::WouldBlock) => return Ok(None),
+                Err(std::sync::TryLockError::Poisoned(_)) => return Err(poisoned()),
+            }
+        };
         if let Some(plan) = plans.get(&key) {
-            return Ok(plan.clone());
+            return Ok(Some(plan.clone()));
+        }
+        if !make {
+            return Ok(None);
         }
         let params = AttentionParams {
             layout: Layout::Bshd,
@@ -454,7 +476,7 @@ impl ExternalContext {
             plans.clear();
         }
         plans.insert(key, plan.clone());
-        Ok(plan)
+        Ok(Some(plan))
     }
 
     /// Loads (compiling through the disk cache on first use) the kernel `params` needs, without
@@ -489,6 +511,36 @@ impl ExternalContext {
     ///   kernel has finished on `stream`.
     /// - `out` and `lse` overlap neither each other nor any input.
     pub unsafe fn attention(&self, call: &ExternalCall, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: the caller's contract, as this function's.
+        unsafe { self.attention_made(call, stream, true) }.map(|_| ())
+    }
+
+    /// [`ExternalContext::attention`] where the kernel `call` needs is loaded already (an
+    /// earlier call or [`ExternalContext::prepare_lengths`] of its shape): `Ok(true)` once
+    /// enqueued. `Ok(false)`, having done nothing, where it is not, or while another thread
+    /// makes a plan: nothing here compiles, loads a module or waits for a compilation, so a
+    /// caller may hold a lock that a compilation should not block (Python's GIL) and make the
+    /// call that loads the kernel without that lock only then.
+    ///
+    /// # Safety
+    /// As for [`ExternalContext::attention`].
+    pub unsafe fn attention_loaded(
+        &self,
+        call: &ExternalCall,
+        stream: sys::CUstream,
+    ) -> Result<bool> {
+        // SAFETY: the caller's contract, as this function's.
+        unsafe { self.attention_made(call, stream, false) }
+    }
+
+    /// [`ExternalContext::attention`], making the plan if missing (`make`), else returning
+    /// `Ok(false)` where it is missing.
+    unsafe fn attention_made(
+        &self,
+        call: &ExternalCall,
+        stream: sys::CUstream,
+        make: bool,
+    ) -> Result<bool> {
         validate(call)?;
         let lengths = call.lengths_mode();
         // Make this device's primary context current for the launch, and give the thread back
@@ -505,7 +557,11 @@ impl ExternalContext {
             unsafe { cudarc::driver::result::ctx::set_current(cuda.cu_ctx()) }?;
             Some(restore)
         };
-        self.launch_current(call, lengths, stream)
+        let Some(plan) = self.plan_made(&call.params, lengths, make)? else {
+            return Ok(false);
+        };
+        // SAFETY: as above, `call` validated.
+        unsafe { self.launch_current(call, &plan, stream) }.map(|_| true)
     }
 
     /// The launch itself, with this device's context current.
@@ -515,11 +571,10 @@ impl ExternalContext {
     unsafe fn launch_current(
         &self,
         call: &ExternalCall,
-        lengths: Lengths,
+        plan: &Plan,
         stream: sys::CUstream,
     ) -> Result<()> {
         let p = &call.params;
-        let plan = self.plan(p, lengths)?;
         let hd = p.head_dim;
         let q_ext = [p.batch, p.seqlen_q, p.heads_q];
         let kv_ext = kv_extents(call);

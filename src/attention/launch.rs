@@ -120,6 +120,59 @@ fn pdl_eligible(build: KernelBuild) -> bool {
 /// Buffers and element strides (q, k, v, o) a parameter block was built for.
 type LaunchKey = ([u64; 10], [Strides; 4]);
 
+/// Which of a plan's tensor maps: q's, or a K/V one (K and V maps of a buffer are the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum MapOperand {
+    Q,
+    Kv,
+}
+
+/// Tensor maps kept per plan, at most this many (emptied when full): the K and V caches of a
+/// model's every layer and a few q buffers, ~80 KB.
+const MAX_MAPS: usize = 512;
+
+/// The tensor maps a plan has encoded, by operand and buffer (address, element strides). A map
+/// is a function of those and of the plan's shape, so one encoded for a buffer holds for every
+/// later call on it — a decode loop's per-layer caches, the q buffers its allocator hands out
+/// again — and encoding one (a driver call) is most of a parameter block's host time.
+struct MapCache<M> {
+    maps: std::collections::HashMap<(MapOperand, u64, Strides), M>,
+}
+
+impl<M: Copy> MapCache<M> {
+    fn new() -> Self {
+        MapCache {
+            maps: Default::default(),
+        }
+    }
+
+    /// The map of `operand` over `ptr` by `strides`: the kept one, else `encode`'s (kept).
+    fn get_or_encode(
+        &mut self,
+        operand: MapOperand,
+        ptr: u64,
+        strides: Strides,
+        encode: impl FnOnce() -> Result<M>,
+    ) -> Result<M> {
+        let key = (operand, ptr, strides);
+        if let Some(m) = self.maps.get(&key) {
+            return Ok(*m);
+        }
+        let m = encode()?;
+        if self.maps.len() >= MAX_MAPS {
+            self.maps.clear();
+        }
+        self.maps.insert(key, m);
+        Ok(m)
+    }
+}
+
+/// A plan's launch state: the parameter block of the last buffers seen, and the maps encoded.
+struct LaunchCache {
+    last: Option<(LaunchKey, Box<KernelParams>)>,
+    maps: MapCache<sys::CUtensorMap>,
+}
+
 /// Everything one shape needs to launch, prepared once: the loaded kernel, grid, and the
 /// parameter block of the last buffers seen (rebuilt only when the pointers change), so
 /// repeated launches on the same buffers do no host work but the launch itself.
@@ -140,7 +193,7 @@ pub struct Plan {
     lengths: Lengths,
     /// Launched as a programmatic dependent ([`programmatic_launch`]).
     programmatic: bool,
-    cached: Mutex<Option<(LaunchKey, Box<KernelParams>)>>,
+    cached: Mutex<LaunchCache>,
 }
 
 impl Plan {
@@ -179,7 +232,10 @@ impl Plan {
             own_workspace,
             lengths,
             programmatic: programmatic_launch(build, grid.0, ctx.num_sms()),
-            cached: Mutex::new(None),
+            cached: Mutex::new(LaunchCache {
+                last: None,
+                maps: MapCache::new(),
+            }),
         })
     }
 
@@ -237,7 +293,7 @@ impl Plan {
     fn build(
         &self,
         (ptrs, strides): LaunchKey,
-        maps: [Option<sys::CUtensorMap>; 3],
+        maps: &mut MapCache<sys::CUtensorMap>,
     ) -> Result<KernelParams> {
         let p = &self.params;
         let [q, k, v, o, lse, lens, ws, table, starts, sinks] = ptrs;
@@ -297,20 +353,18 @@ impl Plan {
         })
     }
 
-    /// The q, k, v tensor maps (most of a parameter block's host time: three driver calls).
-    /// The q, k, v tensor maps, each taken from `reuse` where given (the same pointer and strides
-    /// as the last call's) and encoded otherwise.
+    /// The q, k, v tensor maps (most of a parameter block's host time: three driver calls),
+    /// each taken from `maps` where this plan encoded it before, else encoded and kept there.
     fn encode_maps(
         &self,
         [q, k, v]: [u64; 3],
         [q_st, k_st, v_st]: [Strides; 3],
-        reuse: [Option<sys::CUtensorMap>; 3],
+        maps: &mut MapCache<sys::CUtensorMap>,
     ) -> Result<[sys::CUtensorMap; 3]> {
         let p = &self.params;
         let rows = self.tile.block_m as u32;
-        let q_map = match (reuse[0], self.decode) {
-            (Some(m), _) => m,
-            (None, Some(d)) => tensor_map::encode_packed(
+        let q_map = maps.get_or_encode(MapOperand::Q, q, q_st, || match self.decode {
+            Some(d) => tensor_map::encode_packed(
                 q,
                 p.dtype,
                 q_st,
@@ -320,24 +374,25 @@ impl Plan {
                 p.head_dim,
                 d.pack as u32,
                 rows,
-            )?,
-            (None, None) => tensor_map::encode(
+            ),
+            None => tensor_map::encode(
                 q, p.dtype, q_st, p.batch, p.seqlen_q, p.heads_q, p.head_dim, rows,
-            )?,
-        };
+            ),
+        })?;
         // A paged cache's K/V maps span the pool, one box per page a block spans.
         let (kv_batch, kv_seq) = match self.lengths.pages() {
             Some(pg) => (pg.num_pages, pg.page_size),
             None => (p.batch, p.seqlen_k),
         };
         let box_rows = self.kv_box_rows();
-        let kv = |reuse: Option<sys::CUtensorMap>, ptr, st| match reuse {
-            Some(m) => Ok(m),
-            None => tensor_map::encode(
-                ptr, p.dtype, st, kv_batch, kv_seq, p.heads_kv, p.head_dim, box_rows,
-            ),
+        let mut kv = |ptr, st| {
+            maps.get_or_encode(MapOperand::Kv, ptr, st, || {
+                tensor_map::encode(
+                    ptr, p.dtype, st, kv_batch, kv_seq, p.heads_kv, p.head_dim, box_rows,
+                )
+            })
         };
-        Ok([q_map, kv(reuse[1], k, k_st)?, kv(reuse[2], v, v_st)?])
+        Ok([q_map, kv(k, k_st)?, kv(v, v_st)?])
     }
 
     /// Rows per K/V TMA box: a whole block, or a page when pages are shorter.
@@ -531,23 +586,15 @@ impl Plan {
             .cached
             .lock()
             .map_err(|_| Error::Other("plan lock poisoned".into()))?;
-        let stale = !matches!(cached.as_ref(), Some((k, _)) if *k == key);
+        let cached = &mut *cached;
+        let stale = !matches!(cached.last.as_ref(), Some((k, _)) if *k == key);
         if stale {
             // A fresh output (or LSE, workspace) per call is the usual change, and in decode a
-            // fresh q over the same caches: each of the last block's q, k, v maps that still
-            // holds is kept, since encoding them is most of a rebuild.
-            let mut maps = [None; 3];
-            if let Some(((p, s), b)) = cached.as_ref() {
-                let last = [b.q_map, b.k_map, b.v_map];
-                for i in 0..3 {
-                    if p[i] == ptrs[i] && s[i] == strides[i] {
-                        maps[i] = Some(last[i]);
-                    }
-                }
-            }
-            *cached = Some((key, Box::new(self.build(key, maps)?)));
+            // fresh q over the same caches, or another layer's caches: each q, k, v map this
+            // plan encoded before is taken from `maps`, since encoding them is most of a rebuild.
+            cached.last = Some((key, Box::new(self.build(key, &mut cached.maps)?)));
         }
-        let block = cached.as_mut().map(|(_, b)| b).expect("filled above");
+        let block = cached.last.as_mut().map(|(_, b)| b).expect("filled above");
         let mut args: [*mut std::ffi::c_void; 1] =
             [(&mut **block) as *mut KernelParams as *mut std::ffi::c_void];
         // Programmatic dependent launch: the grid may be scheduled while the
@@ -666,6 +713,48 @@ impl Plan {
 mod tests {
     use super::*;
     use crate::attention::DType;
+
+    #[test]
+    fn map_cache_encodes_each_operand_and_buffer_once_and_stays_bounded() {
+        let mut cache = MapCache::<u64>::new();
+        let encoded = std::cell::Cell::new(0);
+        let st = |seq| Strides {
+            batch: 4096,
+            seq,
+            head: 128,
+        };
+        let get = |cache: &mut MapCache<u64>, op, ptr, s: Strides| {
+            cache
+                .get_or_encode(op, ptr, s, || {
+                    encoded.set(encoded.get() + 1);
+                    Ok(ptr ^ (s.seq as u64) ^ ((op == MapOperand::Q) as u64))
+                })
+                .unwrap()
+        };
+        let a = get(&mut cache, MapOperand::Q, 256, st(4096));
+        assert_eq!(get(&mut cache, MapOperand::Q, 256, st(4096)), a);
+        // Another operand, address or stride is another map.
+        get(&mut cache, MapOperand::Kv, 256, st(4096));
+        get(&mut cache, MapOperand::Q, 512, st(4096));
+        get(&mut cache, MapOperand::Q, 256, st(1024));
+        assert_eq!(encoded.get(), 4);
+        // Two buffers in turn (a decode loop's q): no encoding after the first of each.
+        for i in 0..10 {
+            get(&mut cache, MapOperand::Q, 256 + 256 * (i % 2), st(4096));
+        }
+        assert_eq!(encoded.get(), 4);
+        // An encoding error is returned and nothing is kept.
+        let err = cache.get_or_encode(MapOperand::Kv, 4096, st(8), || {
+            Err(Error::Other("no".into()))
+        });
+        assert!(err.is_err() && !cache.maps.contains_key(&(MapOperand::Kv, 4096, st(8))));
+        for ptr in 0..(2 * MAX_MAPS as u64) {
+            cache
+                .get_or_encode(MapOperand::Kv, ptr << 4, st(8), || Ok(ptr))
+                .unwrap();
+            assert!(cache.maps.len() <= MAX_MAPS);
+        }
+    }
 
     #[test]
     fn programmatic_launch_only_for_shipped_prefill_builds() {
