@@ -200,7 +200,7 @@ pub struct KvCache<'a, T> {
     /// Prefill-consistent: one work unit per query tile over the whole cache instead of splits,
     /// so a query row gets exactly the bits of that row of a causal prefill over the same keys
     /// (what RL rollouts need to match the training forward). Slower where the splits would
-    /// have filled the GPU (few sequences over long caches): BENCHMARKS.md "KV cache".
+    /// have filled the GPU (few sequences over long caches): docs/journal/benchmarks.md "KV cache".
     pub prefill_consistent: bool,
     /// Learnable attention sinks (fp32 `[heads_q]`, gpt-oss), as [`Context::attention_with_sinks`].
     pub sinks: Option<&'a CudaSlice<f32>>,
