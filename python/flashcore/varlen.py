@@ -14,7 +14,7 @@ offset into the pack). ``check_cu_seqlens`` checks them on demand (it reads them
 
 ``secret_lengths=`` (self-attention packs) keeps each sequence's true length within its public
 slot secret: the slots are gathered into a dense padded batch and the dense secret-length kernel
-runs over it (``_secret_len_varlen``; SECURITY.md, "Varlen with secret lengths").
+runs over it (``_secret_len_varlen``; docs/security.md, "Varlen with secret lengths").
 
 Each CUDA stream gets its own instance of the varlen kernel (the work list lives in the module's
 constant memory), loaded on the stream's first call. A first call inside a CUDA graph capture
@@ -244,7 +244,7 @@ def flash_attn_varlen_func(
     do not depend on its neighbours in the pack.
 
     ``secret_lengths`` (int32 ``[B]`` on q's device): **secret true lengths inside public slots**
-    (SECURITY.md). The pack is self-attention: pass the same tensor as ``cu_seqlens_q`` and
+    (docs/security.md). The pack is self-attention: pass the same tensor as ``cu_seqlens_q`` and
     ``cu_seqlens_k`` (its slots, public) and ``max_seqlen_q == max_seqlen_k`` (the slot bound);
     sequence b is the first ``secret_lengths[b]`` tokens of its slot ``cu_seqlens[b] ..
     cu_seqlens[b + 1]``, for queries and keys alike (0 ≤ length ≤ slot size; causal: query i sees

@@ -287,7 +287,7 @@ impl BwdVariant {
 
     /// What the audit is told about this variant's parameters: nothing is secret beyond device
     /// memory; the one-pass variants' turn counters (`BwdParams::flags_ptr`) are a public buffer
-    /// that the one-pass kernel writes with public values only (SECURITY.md); the varlen
+    /// that the one-pass kernel writes with public values only (docs/security.md); the varlen
     /// variants' `cu_seqlens_q`, `cu_seqlens_k` and `seqused_k` are public metadata (docs/design.md §1).
     pub fn declared(&self) -> crate::audit::Declared {
         use crate::abi as ab;
