@@ -236,6 +236,20 @@ pub fn forward_variants() -> Vec<Variant> {
     v
 }
 
+/// Sorted, without repeats: the head dims a set of families is built at.
+fn union(dims: impl Iterator<Item = &'static [usize]>) -> Vec<usize> {
+    let mut v: Vec<usize> = dims.flatten().copied().collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The head dims some forward family is built at, ascending: what a forward call may ask for, as
+/// the support matrix and the Python package (`flashcore.SUPPORTED_HEAD_DIMS`) state it.
+pub fn forward_head_dims() -> Vec<usize> {
+    union(FORWARD.iter().map(Family::head_dims))
+}
+
 /// One row of the backward table.
 #[derive(Debug, Clone, Copy)]
 pub struct BwdFamily {
@@ -333,6 +347,17 @@ impl BwdFamily {
     }
 }
 
+/// The head dims the backward families that `pick` keeps are built at, ascending (the Python
+/// package's `BACKWARD_HEAD_DIMS` keeps every family; its varlen and feature lists keep those rows).
+pub fn backward_head_dims(pick: impl Fn(&BwdFamily) -> bool) -> Vec<usize> {
+    union(
+        BACKWARD
+            .iter()
+            .filter(|f| pick(f))
+            .map(BwdFamily::head_dims),
+    )
+}
+
 /// Every backward variant the library can launch.
 pub fn backward_variants() -> Vec<BwdVariant> {
     let mut v = Vec::new();
@@ -361,11 +386,18 @@ pub fn support_matrix() -> String {
          `WRITE_SUPPORT_MATRIX=1 cargo test --release --test support_matrix`; the test fails when\n\
          this file and the table disagree. Every row is built for f16 and bf16; each build is\n\
          compiled, audited and launchable. Which build a call runs is decided in\n\
-         `src/kernels/select.rs`.\n\n\
-         ## Forward\n\n\
-         | Family | Head dims | Masks | Tile (query rows × keys) |\n\
-         |---|---|---|---|\n",
+         `src/kernels/select.rs`.\n\n",
     );
+    // The one place the docs state the head dims; the Python package reads the same table.
+    s += &format!(
+        "**Head dims:** {} (forward); {} (backward). In Python: `flashcore.SUPPORTED_HEAD_DIMS`,\n\
+         `flashcore.BACKWARD_HEAD_DIMS` (read from this table).\n\n",
+        head_dim_list(&forward_head_dims()),
+        head_dim_list(&backward_head_dims(|_| true))
+    );
+    s += "## Forward\n\n\
+          | Family | Head dims | Masks | Tile (query rows × keys) |\n\
+          |---|---|---|---|\n";
     for f in FORWARD {
         let keys = match f.block_n {
             Some(n) => n.to_string(),
