@@ -415,10 +415,12 @@ mod tests {
     #[test]
     fn shared_memory_fits_and_names_are_distinct() {
         let vs = shipped_bwd_variants();
-        // Per dtype and mask: four head dims × (ping-pong, lockstep, window, window+softcap,
-        // varlen, varlen+window, varlen+window+softcap), plus the one pass at d64 and d128 in
+        // Per dtype and mask: every head dim × (ping-pong, lockstep, window, window+softcap,
+        // varlen, varlen+window, varlen+window+softcap), plus the one pass at its head dims in
         // each shipped schedule.
-        assert_eq!(vs.len(), 2 * 2 * (4 * 7 + 2 * SHIPPED_CORES.len()));
+        let per_mask = crate::spec::BACKWARD_HEAD_DIMS.len() * 7
+            + ONEPASS_HEAD_DIMS.len() * SHIPPED_CORES.len();
+        assert_eq!(vs.len(), 2 * 2 * per_mask);
         let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), vs.len());
         for v in &vs {

@@ -1,9 +1,17 @@
 //! The shipped variants as one table of data: each row a family of builds, made for every dtype
 //! and for the head dims and masks it lists. The audit's shipped set, the selection's check that
 //! a knob asks for a shipped build, the kernel-build tests and the support matrix
-//! (`docs/support.md`, [`support_matrix`]) all read these rows; a new head dim is a change to
-//! `spec::SUPPORTED_HEAD_DIMS` (the rows built at every head dim follow) and to the tile and
-//! register rules it needs.
+//! (`docs/support.md`, [`support_matrix`]) all read these rows, and so do the Python package's
+//! head-dim lists ([`forward_head_dims`], [`backward_head_dims`]).
+//!
+//! A new head dim is a change to `spec::SUPPORTED_HEAD_DIMS` and `BACKWARD_HEAD_DIMS` (the rows
+//! built at every head dim follow, and with them selection, the audit's set, the test loops and
+//! the Python lists) and to the tile and register rules it needs: the backward's tiles on the
+//! host (`BwdVariant::tiles`), the CUDA configs' head-dim checks and register splits
+//! (`kernels/fc_config.cuh`, `kernels/fc_bwd_config.cuh`), any per-width load
+//! (`kernels/fc_bwd_preprocess.cuh`) and the P·V wgmma width (`scripts/gen_wgmma.py`, which
+//! writes `kernels/fc_wgmma_ops.cuh`); then `docs/support.md` is regenerated. No test or doc lists
+//! head dims by hand.
 
 use super::backward::{BwdVariant, ONEPASS_HEAD_DIMS, SHIPPED_CORES};
 use super::{block_n_for, Variant};
