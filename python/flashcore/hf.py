@@ -157,7 +157,7 @@ def _feature_reason(query, key, attention_mask, kwargs, mask_served):
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
             return "sliding_window"
-    # Training: the window/softcap backward builds exist at every head dim (branch bwdcombo).
+    # Training: the window/softcap backward builds exist at every head dim.
     return None
 
 

@@ -102,7 +102,7 @@ fn call(
     })
 }
 
-/// Issue 24's extras of a call: flash-attn's `window_size` (−1 unbounded), the softcap (0 off)
+/// The features of a call beyond the plain mask: flash-attn's `window_size` (−1 unbounded), the softcap (0 off)
 /// and the learnable sinks' device pointer (fp32 `[heads_q]`, 0 none).
 #[derive(Clone, Copy)]
 pub(crate) struct Features {
@@ -421,7 +421,7 @@ fn workspace_bytes(
     ))
 }
 
-/// A varlen call (issue 22): `shape` = (sequences, max_seqlen_q, max_seqlen_k, heads_q,
+/// A varlen call: `shape` = (sequences, max_seqlen_q, max_seqlen_k, heads_q,
 /// heads_kv, head_dim); q/out `[total_q, Hq, D]`, k/v `[total_k, Hkv, D]` given as (pointer,
 /// (0, seq stride, head stride)); `lse` fp32 `[Hq, total_q]` or 0; `cu_seqlens_*` i32 device
 /// pointers; `seqused_k`, `seqused_q` 0 for none; `workspace` of `varlen_workspace_bytes`.

@@ -324,8 +324,8 @@ pub use super::shipped_bwd_variants;
 mod tests {
     use super::*;
 
-    /// The one pass is the default at d128 causal (bwd1v3's measurements) and at long d128
-    /// non-causal and d64 causal calls (issue 40), and a call it
+    /// The one pass is the default at d128 causal and at long d128 non-causal and d64 causal
+    /// calls (as measured: docs/journal/perf-notes.md), and a call it
     /// does not serve — a window or softcap, at that shape class too — still gets the two passes
     /// by default instead of a refusal. (Reads `FLASHCORE_BWD_ONEPASS`: unset in the test suite.)
     #[test]

@@ -1,4 +1,4 @@
-//! The varlen backward (issues 22 + 23): dQ, dK, dV of [`Context::attention_varlen`] over packed
+//! The varlen backward: dQ, dK, dV of [`Context::attention_varlen`] over packed
 //! sequences — Q, dQ, O, dO `[total_q, heads_q, head_dim]`, K, V, dK, dV `[total_k, heads_kv,
 //! head_dim]`, `cu_seqlens_q` / `cu_seqlens_k` (i32 `[batch + 1]`, public metadata) and
 //! optionally `seqused_k` (i32 `[batch]`), the forward's LSE fp32 `[heads_q, total_q]`.
