@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Markdown table of a decode side-by-side (BENCHMARKS.md): flashcore's records beside
+"""Markdown table of a decode side-by-side (docs/journal/benchmarks.md): flashcore's records beside
 bench/sdpa.py's, with the K/V bytes each call reads, flashcore's KV bandwidth, the ratio to the
 best other implementation and, where flashcore is above 0.91x, the bandwidth 0.91x would take.
 

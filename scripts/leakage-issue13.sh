@@ -1,5 +1,5 @@
 #!/bin/bash
-# The recorded device run of issue 13 (SECURITY.md, "Latest leakage table"): every value class of
+# The recorded device run of issue 13 (docs/journal/leakage.md; summary in docs/security.md, "Measured on the H100"): every value class of
 # the shipped kernel measured four ways (queued time, cycle timer, hardware floor, the floor's
 # cycle timer) at 100 000 measurements each, the one-random self-check (all four builds) queued
 # and unqueued, both power controls (the skip-past-length one with the cycle timer: the timer's

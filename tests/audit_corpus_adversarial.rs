@@ -9,7 +9,7 @@
 //!   really in the compiled code, so a compiler change that optimises a case away is noticed
 //!   instead of passing silently.
 //!
-//! SECURITY.md explains, per case, why it is or is not a leak under the threat model.
+//! docs/security.md explains, per case, why it is or is not a leak under the threat model.
 //! Needs NVRTC and nvdisasm (`bash scripts/install-cuda-tools.sh`); fails, never skips, without.
 
 use flashcore::audit::{self, sass, KernelAudit, Rule};

@@ -459,7 +459,7 @@ fn a_file_without_a_cubin_inside_is_refused() {
 
 #[test]
 fn line_info_does_not_change_the_code() {
-    // SECURITY.md says so: the verdict of a -lineinfo build is the verdict of the plain build.
+    // docs/security.md says so: the verdict of a -lineinfo build is the verdict of the plain build.
     use flashcore::audit::{disassemble, source};
     let path = corpus(HEADERS);
     let src = std::fs::read_to_string(&path).unwrap();

@@ -366,6 +366,90 @@ fn bad_backward_input_is_rejected_before_launch() {
     assert!(got.iter().all(|x| x.to_f64() == 0.0));
 }
 
+/// The one backward entry point, `Context::run_backward`, on a `BackwardCall` gives the bits of
+/// `attention_backward` (a shorthand for it), and refuses before any launch what has no backward:
+/// sinks without their gradient buffer, secret lengths, KV caches.
+#[test]
+fn run_backward_is_what_the_methods_run() {
+    use flashcore::attention::{BackwardCall, Call, Grads, Keys, KvCache};
+    let Some(ctx) = gpu("run_backward_is_what_the_methods_run") else {
+        return;
+    };
+    let mut rng = rng_from(seed());
+    let mut p = AttentionParams::new(2, 4, 300, 64)
+        .causal(true)
+        .dtype(DType::Bf16);
+    p.heads_kv = 2;
+    let up = |x: &[half::bf16]| ctx.upload(x).unwrap();
+    let q = up(&randn(&mut rng, p.q_len()));
+    let k = up(&randn(&mut rng, p.kv_len()));
+    let v = up(&randn(&mut rng, p.kv_len()));
+    let d_o = up(&randn(&mut rng, p.q_len()));
+    let mut o = ctx.alloc::<half::bf16>(p.q_len()).unwrap();
+    let mut lse = ctx.alloc::<f32>(p.lse_len()).unwrap();
+    ctx.attention(&p, &q, &k, &v, &mut o, Some(&mut lse))
+        .unwrap();
+    let grads = |ctx: &Context| {
+        let z = |n| ctx.alloc::<half::bf16>(n).unwrap();
+        (z(p.q_len()), z(p.kv_len()), z(p.kv_len()))
+    };
+    let (mut dq, mut dk, mut dv) = grads(&ctx);
+    ctx.attention_backward(
+        &p,
+        &q,
+        &k,
+        &v,
+        &o,
+        Some(&lse),
+        &d_o,
+        &mut dq,
+        &mut dk,
+        &mut dv,
+    )
+    .unwrap();
+    let (mut dq2, mut dk2, mut dv2) = grads(&ctx);
+    let dense = Call::new(&p, &q, Keys::Dense { k: &k, v: &v });
+    let call = BackwardCall::new(dense, &o, Some(&lse), &d_o);
+    ctx.run_backward(&call, Grads::new(&mut dq2, &mut dk2, &mut dv2))
+        .unwrap();
+    for (a, b, name) in [(&dq, &dq2, "dq"), (&dk, &dk2, "dk"), (&dv, &dv2, "dv")] {
+        let (a, b): (Vec<half::bf16>, Vec<half::bf16>) =
+            (ctx.download(a).unwrap(), ctx.download(b).unwrap());
+        assert!(same_bits(&a, &b), "{name}: run_backward differs");
+    }
+    // Refusals, each before any launch (the outputs stay zero).
+    let (mut dq3, mut dk3, mut dv3) = grads(&ctx);
+    let sinks = ctx.alloc::<f32>(p.heads_q).unwrap();
+    let lengths = ctx.upload(&[300i32, 200]).unwrap();
+    let cache = KvCache::contiguous(&k, &v, &lengths);
+    let cases = [
+        (dense.sinks(&sinks), "dsink"),
+        (
+            Call::new(
+                &p,
+                &q,
+                Keys::SecretLen {
+                    k: &k,
+                    v: &v,
+                    lengths: &lengths,
+                },
+            ),
+            "secret lengths",
+        ),
+        (Call::new(&p, &q, Keys::KvCache(cache)), "KV cache"),
+    ];
+    for (forward, want) in cases {
+        let call = BackwardCall::new(forward, &o, Some(&lse), &d_o);
+        let e = ctx
+            .run_backward(&call, Grads::new(&mut dq3, &mut dk3, &mut dv3))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(want), "{e}");
+    }
+    let got: Vec<half::bf16> = ctx.download(&dq3).unwrap();
+    assert!(got.iter().all(|x| x.to_f64() == 0.0));
+}
+
 /// Timing report (not a gate): FLASHCORE_BWD_BENCH=1. Median of 10 backward calls on one plan,
 /// synchronised wall time, FLOPs 2.5 × the forward's (flash-attn's count).
 #[test]

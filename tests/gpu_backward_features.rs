@@ -2,7 +2,7 @@
 //! (both sides, left-only, right-only, with causal, GQA, Sq ≠ Sk, rows that see no key),
 //! softcap (± causal, GQA) and learnable sinks (with dsink), alone and combined, against the
 //! float64 reference gradients (`attention_backward_f64_sinks`; dsink's from the O the backward
-//! read), both dtypes and head dims 64, 96, 128 and 256; bitwise run-to-run determinism (dsink
+//! read), both dtypes and every head dim; bitwise run-to-run determinism (dsink
 //! included); bad sink buffers rejected before launch.
 //! Fresh random inputs each run (the seed is printed; FLASHCORE_SEED replays it); outputs are
 //! poisoned with NaN before each launch. Skips visibly without a GPU; fails under

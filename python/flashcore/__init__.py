@@ -25,8 +25,12 @@ from .kvcache import flash_attn_with_kvcache  # noqa: E402
 from . import varlen  # noqa: E402
 from . import varlen_autograd  # noqa: E402,F401
 from .varlen import flash_attn_varlen_func  # noqa: E402
+# The head dims the kernels are built at (forward; with a backward), read from the native variant
+# table that also generates docs/support.md.
+from ._checks import BACKWARD_HEAD_DIMS, SUPPORTED_HEAD_DIMS  # noqa: E402
 
 sdpa_backend.register()  # known to torch's registry; activated only by the user
 
 __version__ = "0.1.0"
-__all__ = ["attention", "flash_attn_func", "flash_attn_with_kvcache", "flash_attn_varlen_func", "varlen", "scaled_dot_product_attention", "prepare", "ops", "autograd", "sdpa_backend", "kvcache"]
+__all__ = ["attention", "flash_attn_func", "flash_attn_with_kvcache", "flash_attn_varlen_func", "varlen", "scaled_dot_product_attention", "prepare", "ops", "autograd", "sdpa_backend", "kvcache",
+           "SUPPORTED_HEAD_DIMS", "BACKWARD_HEAD_DIMS"]

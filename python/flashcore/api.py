@@ -28,8 +28,8 @@ def _call(q, k, v, causal, scale, bhsd, return_lse, lengths):
 
 def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=False, secret_lengths=None,
               window_size=(-1, -1), softcap=0.0, learnable_sink=None):
-    """Fused attention ``softmax(scale · q kᵀ + mask) v``, fp16/bf16, head dim 64, 96, 128 or 256
-    (differentiable at every one).
+    """Fused attention ``softmax(scale · q kᵀ + mask) v``, fp16/bf16, a head dim in
+    ``flashcore.SUPPORTED_HEAD_DIMS`` (differentiable at every one).
 
     `layout` "bshd" (flash-attn: [B, S, H, D], the default) or "bhsd" (SDPA: [B, H, S, D]). K and
     V may have fewer heads than Q (grouped-query attention: Hq a multiple of Hkv) and another
@@ -46,7 +46,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=Fa
 
     Dense calls: `window_size` (left, right) sliding window (−1 unbounded; causal
     means right = 0), `softcap` (0 off), `learnable_sink` [Hq] sinks — see `flash_attn_func`.
-    Differentiable at head dims 64, 96, 128 and 256 (the sink too, when it requires grad).
+    Differentiable at every head dim (the sink too, when it requires grad).
     """
     window = tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size
     if window != (-1, -1) or softcap != 0.0 or learnable_sink is not None:
@@ -87,8 +87,8 @@ def flash_attn_func(
     blocks outside the window are skipped. `softcap`: scores become softcap · tanh(scale · q·k /
     softcap) (Gemma 2). `learnable_sink` (FA4's name; [Hq], any float dtype, taken as fp32): one
     logit per query head joining every row's softmax denominator with no value row (gpt-oss).
-    These three are differentiable at head dims 64, 96, 128 and 256 (the sink's gradient too, when
-    it requires grad). What flash-attn offers and flashcore does not (dropout, ALiBi, attention
+    These three are differentiable at every head dim (the sink's gradient too, when it requires
+    grad). What flash-attn offers and flashcore does not (dropout, ALiBi, attention
     probabilities) raises ``ValueError``; `deterministic` is accepted (flashcore is always bitwise
     deterministic). Returns `out`, or `(out, lse)` when `return_lse`.
     """

@@ -11,8 +11,8 @@ Masks are built as for "sdpa" (transformers' ``sdpa_mask``), which leaves them o
 causal or full attention is exact; models whose own code adds the mask to its scores instead of
 calling an attention function (Bloom, ...: they support neither "sdpa" nor attention backends)
 get the additive mask they have under "eager" (``build_mask``). flashcore serves a call only
-when it understands every argument the model passed: no mask, no dropout, fp16/bf16, head dim
-64/96/128/256 (training too), an sm_90 GPU, and keyword arguments from an allow-list at
+when it understands every argument the model passed: no mask, no dropout, fp16/bf16, a head dim
+in ``flashcore.SUPPORTED_HEAD_DIMS`` (training too), an sm_90 GPU, and keyword arguments from an allow-list at
 values that change nothing flashcore computes — ``position_ids``, ``use_cache``,
 ``output_hidden_states``, ``output_router_logits``, ``num_items_in_batch``,
 ``encoder_hidden_states`` (any value), ``position_bias`` (None), ``output_attentions`` (false);
@@ -157,7 +157,7 @@ def _feature_reason(query, key, attention_mask, kwargs, mask_served):
     if window is not None:
         if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
             return "sliding_window"
-    # Training: the window/softcap backward builds exist at every head dim (branch bwdcombo).
+    # Training: the window/softcap backward builds exist at every head dim.
     return None
 
 

@@ -6,7 +6,7 @@ the same hook). Registered on import, never activated: after
 
 every ``F.scaled_dot_product_attention`` call that PyTorch sends to its flash backend runs on
 flashcore (``restore_flash_attention_impl()`` undoes it). Calls flashcore cannot serve — a head
-dim other than 64/96/128/256, dropout, or a GPU that is not sm_90 — run on PyTorch's memory-efficient
+dim outside ``flashcore.SUPPORTED_HEAD_DIMS``, dropout, or a GPU that is not sm_90 — run on PyTorch's memory-efficient
 kernel instead (exact semantics kept; counted in ``stats``). Never a wrong result.
 
 Training: the hook also serves the op's backward (``aten::_scaled_dot_product_flash_attention_backward``)

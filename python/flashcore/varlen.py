@@ -14,7 +14,7 @@ offset into the pack). ``check_cu_seqlens`` checks them on demand (it reads them
 
 ``secret_lengths=`` (self-attention packs) keeps each sequence's true length within its public
 slot secret: the slots are gathered into a dense padded batch and the dense secret-length kernel
-runs over it (``_secret_len_varlen``; SECURITY.md, "Varlen with secret lengths").
+runs over it (``_secret_len_varlen``; docs/security.md, "Varlen with secret lengths").
 
 Each CUDA stream gets its own instance of the varlen kernel (the work list lives in the module's
 constant memory), loaded on the stream's first call. A first call inside a CUDA graph capture
@@ -218,7 +218,7 @@ def flash_attn_varlen_func(
     secret_lengths=None,
 ):
     """flash-attn's ``flash_attn_varlen_func`` (inference): q ``[total_q, Hq, D]``, k and v
-    ``[total_k, Hkv, D]`` (GQA: Hq a multiple of Hkv), float16 or bfloat16, D 64, 96, 128 or 256;
+    ``[total_k, Hkv, D]`` (GQA: Hq a multiple of Hkv), float16 or bfloat16, D in ``flashcore.SUPPORTED_HEAD_DIMS``;
     ``cu_seqlens_q`` / ``cu_seqlens_k`` int32 ``[B + 1]`` on q's device; ``max_seqlen_q`` /
     ``max_seqlen_k`` Python ints bounding every sequence (the launch count derives from
     ``B · ceil(max_seqlen_q / 128)``). ``causal`` is bottom-right aligned per sequence (query i of
@@ -236,15 +236,15 @@ def flash_attn_varlen_func(
     skipped; `softcap` (scores softcap · tanh(scale · q·k / softcap)); `learnable_sink` (FA4's
     name; ``[Hq]``, any float dtype, taken as fp32: one logit per query head joins each row's
     softmax denominator, gpt-oss). Not supported (ValueError): dropout, ALiBi, a block table;
-    Training (``varlen_autograd``): gradients flow to q, k, v (head dims 64, 96, 128
-    and 256; with ``seqused_k`` / ``seqused_q``, a window, softcap and sinks too — the sink's
+    Training (``varlen_autograd``): gradients flow to q, k, v (every head dim;
+    with ``seqused_k`` / ``seqused_q``, a window, softcap and sinks too — the sink's
     gradient summed over the pack), with no host synchronisation; ``secret_lengths`` under grad
     raises RuntimeError (no backward for it yet). `deterministic` is
     accepted: flashcore is bitwise deterministic, and each sequence's bits (outputs and gradients)
     do not depend on its neighbours in the pack.
 
     ``secret_lengths`` (int32 ``[B]`` on q's device): **secret true lengths inside public slots**
-    (SECURITY.md). The pack is self-attention: pass the same tensor as ``cu_seqlens_q`` and
+    (docs/security.md). The pack is self-attention: pass the same tensor as ``cu_seqlens_q`` and
     ``cu_seqlens_k`` (its slots, public) and ``max_seqlen_q == max_seqlen_k`` (the slot bound);
     sequence b is the first ``secret_lengths[b]`` tokens of its slot ``cu_seqlens[b] ..
     cu_seqlens[b + 1]``, for queries and keys alike (0 ≤ length ≤ slot size; causal: query i sees

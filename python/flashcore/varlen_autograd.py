@@ -1,4 +1,4 @@
-"""Training through varlen (issues 22 + 23): the backward of ``torch.ops.flashcore.attention_varlen``.
+"""Training through varlen: the backward of ``torch.ops.flashcore.attention_varlen``.
 
 ``torch.library.register_autograd`` gives the varlen op a backward that saves q, k, v, the output,
 the log-sum-exp and the pack's metadata, and calls ``torch.ops.flashcore.attention_varlen_backward``

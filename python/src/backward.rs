@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 /// The pointers of one backward call that are not Q, K, V: (o, lse, d_o, dq, dk, dv, workspace).
 type Buffers = (u64, u64, u64, u64, u64, u64, u64);
 
-/// Issue 24's extras of a backward call: the forward's window, softcap and sinks (as
+/// A backward call's features: the forward's window, softcap and sinks (as
 /// [`Features`]), and the sinks' gradient buffer (fp32 `[heads_q]`, 0 without sinks).
 struct BwdFeatures {
     features: Features,
@@ -63,8 +63,8 @@ fn backward_call(
     })
 }
 
-/// Checks a backward call's shape, strides, alignment and LSE without touching a GPU. Issue 24:
-/// the forward's `window` (flash-attn's, −1 unbounded), `softcap` (0 off) and `sinks` (fp32
+/// Checks a backward call's shape, strides, alignment and LSE without touching a GPU. With
+/// features: the forward's `window` (flash-attn's, −1 unbounded), `softcap` (0 off) and `sinks` (fp32
 /// [Hq] pointer, 0 none), with `dsink` the sinks' gradient (fp32 [Hq], written; 0 without).
 #[pyfunction]
 #[pyo3(signature = (dtype, shape, causal, scale, bhsd, q, k, v, buffers, window=(-1, -1), softcap=0.0, sinks=0, dsink=0))]
@@ -151,7 +151,7 @@ pub fn backward_workspace_bytes(dtype: &str, shape: Shape, causal: bool) -> PyRe
     Ok(workspace_bytes(&params(dtype, shape, causal, None)?))
 }
 
-/// Enqueues the varlen backward (issues 22 + 23) on `stream`: packed q [total_q, Hq, D], k, v
+/// Enqueues the varlen backward on `stream`: packed q [total_q, Hq, D], k, v
 /// [total_k, Hkv, D] as (pointer, strides) with `totals` = (total_q, total_k); `buffers` as for
 /// `attention_backward` (O, dO, dQ packed like q, dK, dV like k, lse fp32 [Hq, total_q], the
 /// workspace `varlen_backward_workspace_bytes` bytes); `meta` = (cu_seqlens_q, cu_seqlens_k,

@@ -102,7 +102,7 @@ fn call(
     })
 }
 
-/// Issue 24's extras of a call: flash-attn's `window_size` (−1 unbounded), the softcap (0 off)
+/// The features of a call beyond the plain mask: flash-attn's `window_size` (−1 unbounded), the softcap (0 off)
 /// and the learnable sinks' device pointer (fp32 `[heads_q]`, 0 none).
 #[derive(Clone, Copy)]
 pub(crate) struct Features {
@@ -421,7 +421,7 @@ fn workspace_bytes(
     ))
 }
 
-/// A varlen call (issue 22): `shape` = (sequences, max_seqlen_q, max_seqlen_k, heads_q,
+/// A varlen call: `shape` = (sequences, max_seqlen_q, max_seqlen_k, heads_q,
 /// heads_kv, head_dim); q/out `[total_q, Hq, D]`, k/v `[total_k, Hkv, D]` given as (pointer,
 /// (0, seq stride, head stride)); `lse` fp32 `[Hq, total_q]` or 0; `cu_seqlens_*` i32 device
 /// pointers; `seqused_k`, `seqused_q` 0 for none; `workspace` of `varlen_workspace_bytes`.
@@ -611,24 +611,18 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
         "DECODE_MAX_SEQLEN_Q",
         flashcore::attention::decode::MAX_SEQLEN_Q,
     )?;
+    // The head dims from the variant table (the rows the support matrix lists): the Python checks
+    // and `flashcore.SUPPORTED_HEAD_DIMS` read these instead of keeping lists of their own.
+    use flashcore::kernels::table;
+    m.add("SUPPORTED_HEAD_DIMS", table::forward_head_dims())?;
+    m.add("BACKWARD_HEAD_DIMS", table::backward_head_dims(|_| true))?;
     m.add(
-        "SUPPORTED_HEAD_DIMS",
-        flashcore::attention::validate::SUPPORTED_HEAD_DIMS.to_vec(),
+        "VARLEN_BACKWARD_HEAD_DIMS",
+        table::backward_head_dims(|f| f.varlen),
     )?;
-    // The head dims each backward family is built at, from the variant table: the Python checks
-    // read these instead of keeping lists of their own.
-    let backward_dims = |pick: fn(&flashcore::kernels::table::BwdFamily) -> bool| {
-        let mut dims: Vec<usize> = flashcore::kernels::table::BACKWARD
-            .iter()
-            .filter(|f| pick(f))
-            .flat_map(|f| f.head_dims().iter().copied())
-            .collect();
-        dims.sort_unstable();
-        dims.dedup();
-        dims
-    };
-    m.add("BACKWARD_HEAD_DIMS", backward_dims(|_| true))?;
-    m.add("VARLEN_BACKWARD_HEAD_DIMS", backward_dims(|f| f.varlen))?;
-    m.add("FEATURE_BACKWARD_HEAD_DIMS", backward_dims(|f| f.window))?;
+    m.add(
+        "FEATURE_BACKWARD_HEAD_DIMS",
+        table::backward_head_dims(|f| f.window),
+    )?;
     Ok(())
 }

@@ -6,6 +6,7 @@ import copy
 import ctypes.util
 import inspect
 import os
+import re
 
 import pytest
 import torch
@@ -35,7 +36,13 @@ def test_op_is_registered_with_its_schema():
     schema = str(torch.ops.flashcore.attention.default._schema)
     assert schema.startswith("flashcore::attention(Tensor q, Tensor k, Tensor v, bool causal, float? scale")
     assert "-> (Tensor, Tensor)" in schema
-    assert _native.SUPPORTED_HEAD_DIMS == [64, 96, 128, 256]
+    # The package's head dims are the native variant table's (no list of its own), sorted; every
+    # backward head dim has a forward.
+    assert flashcore.SUPPORTED_HEAD_DIMS == tuple(_native.SUPPORTED_HEAD_DIMS)
+    assert flashcore.BACKWARD_HEAD_DIMS == tuple(_native.BACKWARD_HEAD_DIMS)
+    assert list(flashcore.SUPPORTED_HEAD_DIMS) == sorted(set(flashcore.SUPPORTED_HEAD_DIMS))
+    assert set(flashcore.BACKWARD_HEAD_DIMS) <= set(flashcore.SUPPORTED_HEAD_DIMS)
+    assert 80 not in flashcore.SUPPORTED_HEAD_DIMS  # the unsupported dim the tests use
 
 
 def test_nvrtc_from_the_torch_wheel_is_found():
@@ -935,11 +942,12 @@ def test_sdpa_backward_reads_bshd_memory_in_place(monkeypatch):
 
 
 def test_backward_head_dim_rule_names_the_served_dims():
-    # Branch bwdhd: every forward head dim has a backward; others are refused with the list.
+    # Every forward head dim has a backward; others are refused with the list.
     from flashcore import _checks
 
-    assert _checks.BACKWARD_HEAD_DIMS == (64, 96, 128, 256)
+    assert _checks.BACKWARD_HEAD_DIMS == flashcore.BACKWARD_HEAD_DIMS == flashcore.SUPPORTED_HEAD_DIMS
     for d in _checks.BACKWARD_HEAD_DIMS:
         _checks.check_backward_head_dim(d)
-    with pytest.raises(RuntimeError, match="head dim 80 has no backward pass.*64, 96, 128, 256"):
+    listed = re.escape(", ".join(map(str, flashcore.BACKWARD_HEAD_DIMS)))
+    with pytest.raises(RuntimeError, match=f"head dim 80 has no backward pass.*{listed}"):
         _checks.check_backward_head_dim(80)

@@ -11,6 +11,7 @@
 //!
 //! Every rule is checked on the host before anything is launched ([`check_backward`]).
 
+use super::call::{BackwardCall, Call, Grads, Keys};
 use super::context::{Context, Element};
 use super::{tensor_map, validate};
 use crate::abi::BwdKernelParams;
@@ -580,7 +581,8 @@ impl Context {
         dk: &mut CudaSlice<T>,
         dv: &mut CudaSlice<T>,
     ) -> Result<()> {
-        self.backward_checked(params, q, k, v, o, lse, d_o, dq, dk, dv, None)
+        let call = BackwardCall::new(Call::new(params, q, Keys::Dense { k, v }), o, lse, d_o);
+        self.run_backward(&call, Grads::new(dq, dk, dv))
     }
 
     /// As [`Context::attention_backward`] for a forward with learnable sinks
@@ -604,23 +606,16 @@ impl Context {
         dv: &mut CudaSlice<T>,
         dsink: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        self.backward_checked(
-            params,
-            q,
-            k,
-            v,
-            o,
-            lse,
-            d_o,
-            dq,
-            dk,
-            dv,
-            Some((sinks, dsink)),
-        )
+        let forward = Call::new(params, q, Keys::Dense { k, v }).sinks(sinks);
+        let call = BackwardCall::new(forward, o, lse, d_o);
+        self.run_backward(&call, Grads::new(dq, dk, dv).dsink(dsink))
     }
 
+    /// The dense backward ([`Context::run_backward`] with [`Keys::Dense`]): every rule checked,
+    /// then the plan's launches. `sinks` and `dsink` come together or not at all
+    /// ([`check_backward_sinks`]).
     #[allow(clippy::too_many_arguments)]
-    fn backward_checked<T: Element, U: Element>(
+    pub(crate) fn backward_checked<T: Element, U: Element>(
         &self,
         params: &AttentionParams,
         q: &CudaSlice<T>,
@@ -632,7 +627,8 @@ impl Context {
         dq: &mut CudaSlice<T>,
         dk: &mut CudaSlice<T>,
         dv: &mut CudaSlice<T>,
-        sinks: Option<(&CudaSlice<f32>, &mut CudaSlice<f32>)>,
+        sinks: Option<&CudaSlice<f32>>,
+        dsink: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
         let s = self.stream();
         let t = T::DTYPE;
@@ -658,15 +654,10 @@ impl Context {
             dv: (t, dv_len, dv_ptr),
         };
         check_backward(params, &bufs)?;
-        let (sinks_info, dsink_info, _g9, _g10) = match sinks {
-            Some((sk, ds)) => {
-                let (sp, g9) = sk.device_ptr(s);
-                let dl = ds.len();
-                let (dp, g10) = ds.device_ptr_mut(s);
-                (Some((sk.len(), sp)), Some((dl, dp)), Some(g9), Some(g10))
-            }
-            None => (None, None, None, None),
-        };
+        let sinks = sinks.map(|sk| (sk.len(), sk.device_ptr(s)));
+        let sinks_info = sinks.as_ref().map(|(len, (ptr, _))| (*len, *ptr));
+        let dsink = dsink.map(|ds| (ds.len(), ds.device_ptr_mut(s)));
+        let dsink_info = dsink.as_ref().map(|(len, (ptr, _))| (*len, *ptr));
         check_backward_sinks(params, sinks_info, dsink_info)?;
         let plan = self.plan_backward(params)?;
         let ptrs = BackwardPtrs {

@@ -1,5 +1,7 @@
 //! One description of a forward call on [`Context`] buffers, and its one entry point,
-//! [`Context::run`]. The `attention*` methods are shorthands that build a [`Call`] and run it.
+//! [`Context::run`]; the backward of that call is the same description with the forward's
+//! output and the output gradient ([`BackwardCall`]), run by [`Context::run_backward`]. The
+//! `attention*` methods are shorthands that build a [`Call`] or a [`BackwardCall`] and run it.
 //!
 //! ```no_run
 //! use flashcore::attention::{AttentionParams, Call, Context, Keys};
@@ -166,6 +168,145 @@ impl Context {
     }
 }
 
+/// The backward of one forward call: that call's description (`forward`: params, q, keys and
+/// sinks), the output `o` and log-sum-exp `lse` it wrote, and the output gradient `d_o` (q's
+/// shape). Dense keys ([`Keys::Dense`], every buffer contiguous in `params.layout`) and packed
+/// sequences with device offsets ([`Keys::Varlen`], `lse` fp32 `[heads_q, total_q]`) have a
+/// backward; the other kinds of keys are refused.
+///
+/// ```no_run
+/// use flashcore::attention::{AttentionParams, BackwardCall, Call, Context, Grads, Keys};
+/// # use cudarc::driver::CudaSlice; use half::f16;
+/// # fn demo(ctx: &Context, q: &CudaSlice<f16>, k: &CudaSlice<f16>, v: &CudaSlice<f16>,
+/// #         o: &CudaSlice<f16>, lse: &CudaSlice<f32>, d_o: &CudaSlice<f16>,
+/// #         dq: &mut CudaSlice<f16>, dk: &mut CudaSlice<f16>, dv: &mut CudaSlice<f16>)
+/// #         -> flashcore::Result<()> {
+/// let p = AttentionParams::new(2, 8, 1024, 64).causal(true);
+/// let forward = Call::new(&p, q, Keys::Dense { k, v });
+/// ctx.run_backward(&BackwardCall::new(forward, o, Some(lse), d_o), Grads::new(dq, dk, dv))?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Copy)]
+pub struct BackwardCall<'a, T, U = T> {
+    pub forward: Call<'a, T>,
+    pub o: &'a CudaSlice<T>,
+    /// The forward's log-sum-exp (fp32): required; `None` is refused with the rule.
+    pub lse: Option<&'a CudaSlice<f32>>,
+    pub d_o: &'a CudaSlice<U>,
+}
+
+impl<'a, T, U> BackwardCall<'a, T, U> {
+    pub fn new(
+        forward: Call<'a, T>,
+        o: &'a CudaSlice<T>,
+        lse: Option<&'a CudaSlice<f32>>,
+        d_o: &'a CudaSlice<U>,
+    ) -> Self {
+        BackwardCall {
+            forward,
+            o,
+            lse,
+            d_o,
+        }
+    }
+}
+
+/// What a backward call writes: `dq` (q's shape), `dk` and `dv` (k's; GQA: summed over each K/V
+/// head's query heads) and, for a forward with sinks, their gradient `dsink` (fp32 `[heads_q]`).
+pub struct Grads<'a, T> {
+    pub dq: &'a mut CudaSlice<T>,
+    pub dk: &'a mut CudaSlice<T>,
+    pub dv: &'a mut CudaSlice<T>,
+    pub dsink: Option<&'a mut CudaSlice<f32>>,
+}
+
+impl<'a, T> Grads<'a, T> {
+    pub fn new(
+        dq: &'a mut CudaSlice<T>,
+        dk: &'a mut CudaSlice<T>,
+        dv: &'a mut CudaSlice<T>,
+    ) -> Self {
+        Grads {
+            dq,
+            dk,
+            dv,
+            dsink: None,
+        }
+    }
+
+    /// The same gradients with the sinks' gradient written into `dsink`.
+    pub fn dsink(self, dsink: &'a mut CudaSlice<f32>) -> Self {
+        Grads {
+            dsink: Some(dsink),
+            ..self
+        }
+    }
+}
+
+impl Context {
+    /// Runs the backward `call` on this context's stream: dQ, dK, dV (and dsink) of the forward
+    /// it describes, bitwise deterministic and batch-invariant. Every rule is checked before the
+    /// launch: a wrong dtype (`d_o` included), a wrong length, a missing `lse`, or sinks without
+    /// `dsink` (or the reverse) is an [`Error::InvalidArgument`] naming the argument.
+    pub fn run_backward<T: Element, U: Element>(
+        &self,
+        call: &BackwardCall<'_, T, U>,
+        grads: Grads<'_, T>,
+    ) -> Result<()> {
+        let f = &call.forward;
+        let (p, q, o, d_o) = (f.params, f.q, call.o, call.d_o);
+        let Grads { dq, dk, dv, dsink } = grads;
+        let no_backward = |what: &str| {
+            Err(Error::invalid(
+                "keys",
+                format!("{what} have no backward pass"),
+            ))
+        };
+        match f.keys {
+            Keys::Dense { k, v } => {
+                self.backward_checked(p, q, k, v, o, call.lse, d_o, dq, dk, dv, f.sinks, dsink)
+            }
+            Keys::Varlen {
+                k,
+                v,
+                cu_seqlens_q,
+                cu_seqlens_k,
+                seqused_k,
+                seqused_q,
+            } => {
+                let lse = call.lse.ok_or_else(|| {
+                    Error::invalid(
+                        "lse",
+                        "the backward needs the forward's log-sum-exp (f32 [heads_q, total_q]): \
+                         pass the `lse` the forward wrote",
+                    )
+                })?;
+                self.varlen_backward_checked(
+                    p,
+                    [q, k, v],
+                    [cu_seqlens_q, cu_seqlens_k],
+                    [seqused_k, seqused_q],
+                    o,
+                    d_o,
+                    lse,
+                    f.sinks,
+                    dsink,
+                    [dq, dk, dv],
+                )
+            }
+            Keys::SecretLen { .. } | Keys::VarlenSecretLen { .. } => {
+                no_backward("calls with secret lengths")
+            }
+            Keys::KvCache(_) | Keys::KvChunked { .. } => no_backward("calls over a KV cache"),
+            Keys::VarlenHost { .. } => Err(Error::invalid(
+                "keys",
+                "the varlen backward reads the offsets on the device: describe the call with \
+                 `Keys::Varlen`",
+            )),
+        }
+    }
+}
+
 /// A cache's sinks come from the cache or from the call, not both.
 fn with_sinks<'a, T>(
     cache: KvCache<'a, T>,
@@ -200,7 +341,7 @@ pub struct KvCache<'a, T> {
     /// Prefill-consistent: one work unit per query tile over the whole cache instead of splits,
     /// so a query row gets exactly the bits of that row of a causal prefill over the same keys
     /// (what RL rollouts need to match the training forward). Slower where the splits would
-    /// have filled the GPU (few sequences over long caches): BENCHMARKS.md "KV cache".
+    /// have filled the GPU (few sequences over long caches): docs/journal/benchmarks.md "KV cache".
     pub prefill_consistent: bool,
     /// Learnable attention sinks (fp32 `[heads_q]`, gpt-oss), as [`Context::attention_with_sinks`].
     pub sinks: Option<&'a CudaSlice<f32>>,

@@ -7,7 +7,7 @@
 //! bounds.
 //!
 //! The counts and the block table address the rows written, so they are public metadata here in
-//! every KV-cache kind (SECURITY.md): the audit declares both pointers of the append kernel's
+//! every KV-cache kind (docs/security.md): the audit declares both pointers of the append kernel's
 //! parameter block public and proves that the K/V values reach no address or branch.
 
 use crate::abi::AppendParams;

@@ -14,7 +14,7 @@ pub mod tensor_map;
 pub mod validate;
 pub mod varlen_secret;
 
-pub use call::{Call, Keys, KvCache};
+pub use call::{BackwardCall, Call, Grads, Keys, KvCache};
 pub use context::{Context, Element};
 pub use launch::Plan;
 // What a call is lives in `spec`; re-exported here, where callers have always found it.

@@ -6,7 +6,7 @@
 //! Built from parts that exist, with no kernel of its own: the slots are gathered into a dense
 //! padded batch `[batch, max_seqlen, heads, head_dim]` (zeros past each slot), the dense
 //! secret-length kernel runs over it with the secret lengths (it walks `max_seqlen` and masks by
-//! select, SECURITY.md), and each slot's rows are copied back into the packed output. Every
+//! select, docs/security.md), and each slot's rows are copied back into the packed output. Every
 //! gather and scatter is a device-to-device copy whose address and size come from `cu_seqlens`
 //! alone; no copy, launch or host branch reads a length. The cost is that of the dense padded
 //! batch (`batch × max_seqlen`), whatever the slots' and the lengths' sizes.

@@ -56,7 +56,7 @@
 //! the taint analysis ([`Provenance::writes_public`]); any write of a secret (or at a secret
 //! address, or under a secret guard) makes every read of X secret: such a buffer is not metadata.
 //!
-//! **What this does not prove** (SECURITY.md, "Metadata"): that the offset stays inside X (an
+//! **What this does not prove** (docs/security.md, "Metadata"): that the offset stays inside X (an
 //! out-of-range block-table entry or index, or an offset that reaches another buffer, reads
 //! whatever lies there, as public); that no other pointer aliases X (a pointer parameter equal to
 //! X, or stored in memory by the host, is not X's derivation here); that nobody else (the host,

@@ -349,8 +349,8 @@ pub fn render(dir: &str, suites: &[(SuiteEntry, Vec<Record>)]) -> String {
         "One table per suite, each from the newest side-by-side run named in \
          `{dir}/current.json`; every figure is a median read from the JSON records there \
          (schema: [bench-json.md](bench-json.md)). The older runs and what each optimisation \
-         predicted and measured are in the journals [BENCHMARKS.md](../BENCHMARKS.md) and \
-         [PERF_NOTES.md](../PERF_NOTES.md).\n"
+         predicted and measured are in the journals [benchmarks](journal/benchmarks.md) and \
+         [perf-notes](journal/perf-notes.md).\n"
     );
     let _ = writeln!(
         s,

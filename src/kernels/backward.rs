@@ -287,7 +287,7 @@ impl BwdVariant {
 
     /// What the audit is told about this variant's parameters: nothing is secret beyond device
     /// memory; the one-pass variants' turn counters (`BwdParams::flags_ptr`) are a public buffer
-    /// that the one-pass kernel writes with public values only (SECURITY.md); the varlen
+    /// that the one-pass kernel writes with public values only (docs/security.md); the varlen
     /// variants' `cu_seqlens_q`, `cu_seqlens_k` and `seqused_k` are public metadata (docs/design.md §1).
     pub fn declared(&self) -> crate::audit::Declared {
         use crate::abi as ab;
@@ -324,8 +324,8 @@ pub use super::shipped_bwd_variants;
 mod tests {
     use super::*;
 
-    /// The one pass is the default at d128 causal (bwd1v3's measurements) and at long d128
-    /// non-causal and d64 causal calls (issue 40), and a call it
+    /// The one pass is the default at d128 causal and at long d128 non-causal and d64 causal
+    /// calls (as measured: docs/journal/perf-notes.md), and a call it
     /// does not serve — a window or softcap, at that shape class too — still gets the two passes
     /// by default instead of a refusal. (Reads `FLASHCORE_BWD_ONEPASS`: unset in the test suite.)
     #[test]
@@ -415,10 +415,12 @@ mod tests {
     #[test]
     fn shared_memory_fits_and_names_are_distinct() {
         let vs = shipped_bwd_variants();
-        // Per dtype and mask: four head dims × (ping-pong, lockstep, window, window+softcap,
-        // varlen, varlen+window, varlen+window+softcap), plus the one pass at d64 and d128 in
+        // Per dtype and mask: every head dim × (ping-pong, lockstep, window, window+softcap,
+        // varlen, varlen+window, varlen+window+softcap), plus the one pass at its head dims in
         // each shipped schedule.
-        assert_eq!(vs.len(), 2 * 2 * (4 * 7 + 2 * SHIPPED_CORES.len()));
+        let per_mask = crate::spec::BACKWARD_HEAD_DIMS.len() * 7
+            + ONEPASS_HEAD_DIMS.len() * SHIPPED_CORES.len();
+        assert_eq!(vs.len(), 2 * 2 * per_mask);
         let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), vs.len());
         for v in &vs {

@@ -119,9 +119,9 @@ impl Variant {
     }
 }
 
-/// Key-range split across a cluster: measured on the H100 (PERF_NOTES.md, step 4) to be no
-/// faster than one CTA per query tile at any shape tried (1,8,512,64: 8.9 µs unsplit vs 9.0 / 14.0
-/// µs split 2 / 4, graph replay), because each CTA's fixed latency dominates and clusters of 4
+/// Key-range split across a cluster: measured on the H100 (docs/journal/perf-notes.md, step 4) to
+/// be no faster than one CTA per query tile at any shape tried (1,8,512,64: 8.9 µs unsplit vs 9.0 /
+/// 14.0 µs split 2 / 4, graph replay), because each CTA's fixed latency dominates and clusters of 4
 /// cannot all be resident at one CTA per SM. So no shape splits by default; `FLASHCORE_SPLIT=2|4`
 /// forces it for measurement. Whatever the rule, it may depend on the key length only — never on
 /// the batch — so a sequence's output bits do not depend on the batch it is launched in.
@@ -319,13 +319,13 @@ pub fn backward_call_len(
     }
 }
 
-/// Whether a call runs the one-pass kernels by default, by measurement (PERF_NOTES.md: branches
-/// bwd1v3 and `bwd`): d128 causal at every length, where the turn order matches the order in
-/// which key blocks reach a query tile; d128 non-causal and d64 causal once both sequences are at
-/// least [`ONEPASS_MIN_LEN`] long (schedule 3 took 5–7% less time than the two passes at 4096 and
-/// 8192, d128 non-causal and d64 causal; at 2048 it ties at d128 and loses at d64).
-/// Elsewhere the two passes measured faster or were not measured. Calls the one pass does not
-/// serve (windows, softcap, varlen) run the two passes whatever this says.
+/// Whether a call runs the one-pass kernels by default, by measurement (docs/journal/perf-notes.md:
+/// branches bwd1v3 and `bwd`): d128 causal at every length, where the turn order matches the order
+/// in which key blocks reach a query tile; d128 non-causal and d64 causal once both sequences are
+/// at least [`ONEPASS_MIN_LEN`] long (schedule 3 took 5–7% less time than the two passes at 4096
+/// and 8192, d128 non-causal and d64 causal; at 2048 it ties at d128 and loses at d64). Elsewhere
+/// the two passes measured faster or were not measured. Calls the one pass does not serve (windows,
+/// softcap, varlen) run the two passes whatever this says.
 pub fn default_onepass(head_dim: usize, causal: bool, min_len: usize) -> bool {
     match (head_dim, causal) {
         (128, true) => true,

@@ -1,9 +1,17 @@
 //! The shipped variants as one table of data: each row a family of builds, made for every dtype
 //! and for the head dims and masks it lists. The audit's shipped set, the selection's check that
 //! a knob asks for a shipped build, the kernel-build tests and the support matrix
-//! (`docs/support.md`, [`support_matrix`]) all read these rows; a new head dim is a change to
-//! `spec::SUPPORTED_HEAD_DIMS` (the rows built at every head dim follow) and to the tile and
-//! register rules it needs.
+//! (`docs/support.md`, [`support_matrix`]) all read these rows, and so do the Python package's
+//! head-dim lists ([`forward_head_dims`], [`backward_head_dims`]).
+//!
+//! A new head dim is a change to `spec::SUPPORTED_HEAD_DIMS` and `BACKWARD_HEAD_DIMS` (the rows
+//! built at every head dim follow, and with them selection, the audit's set, the test loops and
+//! the Python lists) and to the tile and register rules it needs: the backward's tiles on the
+//! host (`BwdVariant::tiles`), the CUDA configs' head-dim checks and register splits
+//! (`kernels/fc_config.cuh`, `kernels/fc_bwd_config.cuh`), any per-width load
+//! (`kernels/fc_bwd_preprocess.cuh`) and the P·V wgmma width (`scripts/gen_wgmma.py`, which
+//! writes `kernels/fc_wgmma_ops.cuh`); then `docs/support.md` is regenerated. No test or doc lists
+//! head dims by hand.
 
 use super::backward::{BwdVariant, ONEPASS_HEAD_DIMS, SHIPPED_CORES};
 use super::{block_n_for, Variant};
@@ -236,6 +244,20 @@ pub fn forward_variants() -> Vec<Variant> {
     v
 }
 
+/// Sorted, without repeats: the head dims a set of families is built at.
+fn union(dims: impl Iterator<Item = &'static [usize]>) -> Vec<usize> {
+    let mut v: Vec<usize> = dims.flatten().copied().collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// The head dims some forward family is built at, ascending: what a forward call may ask for, as
+/// the support matrix and the Python package (`flashcore.SUPPORTED_HEAD_DIMS`) state it.
+pub fn forward_head_dims() -> Vec<usize> {
+    union(FORWARD.iter().map(Family::head_dims))
+}
+
 /// One row of the backward table.
 #[derive(Debug, Clone, Copy)]
 pub struct BwdFamily {
@@ -333,6 +355,17 @@ impl BwdFamily {
     }
 }
 
+/// The head dims the backward families that `pick` keeps are built at, ascending (the Python
+/// package's `BACKWARD_HEAD_DIMS` keeps every family; its varlen and feature lists keep those rows).
+pub fn backward_head_dims(pick: impl Fn(&BwdFamily) -> bool) -> Vec<usize> {
+    union(
+        BACKWARD
+            .iter()
+            .filter(|f| pick(f))
+            .map(BwdFamily::head_dims),
+    )
+}
+
 /// Every backward variant the library can launch.
 pub fn backward_variants() -> Vec<BwdVariant> {
     let mut v = Vec::new();
@@ -361,11 +394,18 @@ pub fn support_matrix() -> String {
          `WRITE_SUPPORT_MATRIX=1 cargo test --release --test support_matrix`; the test fails when\n\
          this file and the table disagree. Every row is built for f16 and bf16; each build is\n\
          compiled, audited and launchable. Which build a call runs is decided in\n\
-         `src/kernels/select.rs`.\n\n\
-         ## Forward\n\n\
-         | Family | Head dims | Masks | Tile (query rows × keys) |\n\
-         |---|---|---|---|\n",
+         `src/kernels/select.rs`.\n\n",
     );
+    // The one place the docs state the head dims; the Python package reads the same table.
+    s += &format!(
+        "**Head dims:** {} (forward); {} (backward). In Python: `flashcore.SUPPORTED_HEAD_DIMS`,\n\
+         `flashcore.BACKWARD_HEAD_DIMS` (read from this table).\n\n",
+        head_dim_list(&forward_head_dims()),
+        head_dim_list(&backward_head_dims(|_| true))
+    );
+    s += "## Forward\n\n\
+          | Family | Head dims | Masks | Tile (query rows × keys) |\n\
+          |---|---|---|---|\n";
     for f in FORWARD {
         let keys = match f.block_n {
             Some(n) => n.to_string(),

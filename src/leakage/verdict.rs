@@ -123,12 +123,12 @@ impl Attribution {
                  on this machine moving and multiplying these values takes data-dependent cycles \
                  (memory waits counted in a data-dependent SM clock), which any kernel that reads \
                  them shows; a physical residual, not this kernel's control flow (see \
-                 SECURITY.md for what a deployer can do)"
+                 docs/security.md for what a deployer can do)"
             }
             Attribution::WithinFloor => {
                 "the cycle counts agree; the time differs no more than a kernel that keeps every \
                  secret out of its softmax: a physical residual of moving these values through \
-                 memory and the tensor cores (see SECURITY.md for what a deployer can do)"
+                 memory and the tensor cores (see docs/security.md for what a deployer can do)"
             }
             Attribution::AboveFloor => {
                 "the cycle counts pass but the time differs more than the hardware floor's: a \

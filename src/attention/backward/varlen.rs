@@ -1,4 +1,4 @@
-//! The varlen backward (issues 22 + 23): dQ, dK, dV of [`Context::attention_varlen`] over packed
+//! The varlen backward: dQ, dK, dV of [`Context::attention_varlen`] over packed
 //! sequences — Q, dQ, O, dO `[total_q, heads_q, head_dim]`, K, V, dK, dV `[total_k, heads_kv,
 //! head_dim]`, `cu_seqlens_q` / `cu_seqlens_k` (i32 `[batch + 1]`, public metadata) and
 //! optionally `seqused_k` (i32 `[batch]`), the forward's LSE fp32 `[heads_q, total_q]`.
@@ -19,6 +19,7 @@ use super::{
     check_backward_params, launch_with_block, padded_rows, workspace_layout, BackwardPlan,
     BwdKernelParams, InputStrides,
 };
+use crate::attention::call::{BackwardCall, Call, Grads, Keys};
 use crate::attention::context::{Context, Element};
 use crate::attention::external::{self, DeviceTensor, ExternalContext};
 use crate::attention::launch::varlen::{check_cu_seqlens, check_meta_len, check_varlen_shapes};
@@ -325,16 +326,9 @@ impl Context {
         dk: &mut CudaSlice<T>,
         dv: &mut CudaSlice<T>,
     ) -> Result<()> {
-        self.varlen_backward_checked(
-            params,
-            [q, k, v],
-            [cu_seqlens_q, cu_seqlens_k],
-            seqused,
-            [o, d_o],
-            lse,
-            None,
-            [dq, dk, dv],
-        )
+        let keys = varlen_keys(k, v, [cu_seqlens_q, cu_seqlens_k], seqused);
+        let call = BackwardCall::new(Call::new(params, q, keys), o, Some(lse), d_o);
+        self.run_backward(&call, Grads::new(dq, dk, dv))
     }
 
     /// As [`Context::attention_varlen_backward`] for a varlen forward with learnable sinks
@@ -360,31 +354,40 @@ impl Context {
         dv: &mut CudaSlice<T>,
         dsink: &mut CudaSlice<f32>,
     ) -> Result<()> {
-        self.varlen_backward_checked(
-            params,
-            [q, k, v],
-            [cu_seqlens_q, cu_seqlens_k],
-            seqused,
-            [o, d_o],
-            lse,
-            Some((sinks, dsink)),
-            [dq, dk, dv],
-        )
+        let keys = varlen_keys(k, v, [cu_seqlens_q, cu_seqlens_k], seqused);
+        let call = BackwardCall::new(Call::new(params, q, keys).sinks(sinks), o, Some(lse), d_o);
+        self.run_backward(&call, Grads::new(dq, dk, dv).dsink(dsink))
     }
 
+    /// The varlen backward ([`Context::run_backward`] with [`Keys::Varlen`]): every rule checked
+    /// (the offsets downloaded once), then the plan's launches. `sinks` and `dsink` come together
+    /// or not at all.
     #[allow(clippy::too_many_arguments)]
-    fn varlen_backward_checked<T: Element>(
+    pub(crate) fn varlen_backward_checked<T: Element, U: Element>(
         &self,
         params: &AttentionParams,
         [q, k, v]: [&CudaSlice<T>; 3],
         [cu_seqlens_q, cu_seqlens_k]: [&CudaSlice<i32>; 2],
         [seqused_k, seqused_q]: [Option<&CudaSlice<i32>>; 2],
-        [o, d_o]: [&CudaSlice<T>; 2],
+        o: &CudaSlice<T>,
+        d_o: &CudaSlice<U>,
         lse: &CudaSlice<f32>,
-        sinks: Option<(&CudaSlice<f32>, &mut CudaSlice<f32>)>,
+        sinks: Option<&CudaSlice<f32>>,
+        dsink: Option<&mut CudaSlice<f32>>,
         [dq, dk, dv]: [&mut CudaSlice<T>; 3],
     ) -> Result<()> {
         validate::check_buffers_dtype(params, T::DTYPE)?;
+        if U::DTYPE != params.dtype {
+            // Reached only through `run_backward` with a `d_o` of another element type.
+            return Err(Error::invalid(
+                "d_o",
+                format!(
+                    "holds {} but the call's dtype is {}",
+                    U::DTYPE.name(),
+                    params.dtype.name()
+                ),
+            ));
+        }
         check_varlen_backward_params(params)?;
         let (total_q, total_k) = check_varlen_shapes(
             params,
@@ -450,15 +453,10 @@ impl Context {
         let (dq_ptr, _g9) = dq.device_ptr_mut(s);
         let (dk_ptr, _g10) = dk.device_ptr_mut(s);
         let (dv_ptr, _g11) = dv.device_ptr_mut(s);
-        let (sinks_info, dsink_info, _g12, _g13) = match sinks {
-            Some((sk, ds)) => {
-                let (sl, dl) = (sk.len(), ds.len());
-                let (a, g1) = sk.device_ptr(s);
-                let (b, g2) = ds.device_ptr_mut(s);
-                (Some((sl, a)), Some((dl, b)), Some(g1), Some(g2))
-            }
-            None => (None, None, None, None),
-        };
+        let sinks = sinks.map(|sk| (sk.len(), sk.device_ptr(s)));
+        let sinks_info = sinks.as_ref().map(|(len, (ptr, _))| (*len, *ptr));
+        let dsink = dsink.map(|ds| (ds.len(), ds.device_ptr_mut(s)));
+        let dsink_info = dsink.as_ref().map(|(len, (ptr, _))| (*len, *ptr));
         super::check_backward_sinks(params, sinks_info, dsink_info)?;
         let ptrs = VarlenPtrs {
             q: q_ptr,
@@ -497,6 +495,24 @@ impl Context {
         // SAFETY: every buffer's dtype and length was checked against the packed shape, the
         // metadata's values against the pack.
         unsafe { plan.launch_varlen_on(&ptrs, input, &meta, ws, s.cu_stream()) }
+    }
+}
+
+/// The forward's keys of a varlen call with device offsets, as the varlen backward methods take
+/// them.
+fn varlen_keys<'a, T>(
+    k: &'a CudaSlice<T>,
+    v: &'a CudaSlice<T>,
+    [cu_seqlens_q, cu_seqlens_k]: [&'a CudaSlice<i32>; 2],
+    [seqused_k, seqused_q]: [Option<&'a CudaSlice<i32>>; 2],
+) -> Keys<'a, T> {
+    Keys::Varlen {
+        k,
+        v,
+        cu_seqlens_q,
+        cu_seqlens_k,
+        seqused_k,
+        seqused_q,
     }
 }
 
