@@ -384,7 +384,7 @@ def decode(q, k_cache, v_cache, new, counts, causal, scale, return_lse):
     not plain or breaks a rule: the caller then takes the checked path, which raises that rule's
     own error or copies what it must. Every call served here, the checked path serves with the
     same launch."""
-    # Host time is the point here (issue 42): each tensor's metadata is read once, with no Python
+    # Host time is the point here: each tensor's metadata is read once, with no Python
     # frame per tensor, and nothing is computed that the native call does not take.
     t = _Tensor
     if type(q) is not t or type(k_cache) is not t or type(v_cache) is not t or type(counts) is not t:

@@ -174,7 +174,7 @@ impl BwdVariant {
             kv_block_n: KV_BLOCK_N,
             // Softcap at d64 streams 64-row tiles too: at 128 its tanh temporaries spill.
             kv_block_m: if d64 && !self.softcap { 128 } else { 64 },
-            // Core 3 (issue 40): two stages, the freed 32 KiB holding a second dQ buffer.
+            // Core 3: two stages, the freed 32 KiB holding a second dQ buffer.
             kv_stages: if self.onepass && self.core >= 3 { 2 } else { 3 },
             q_block_m: Q_BLOCK_M,
             q_block_n: 128,

@@ -8,15 +8,15 @@
 # About 3.5–4 minutes on an H100 at 1,8,512,64: 100 000 measurements take ~5 s per build, and
 # each build's measurement is capped at --budget-s (a capped one says "(budget)" in its n column).
 #
-#   bash scripts/leakage-issue13.sh [FLASHCORE_BINARY] [OUTPUT_DIR]
+#   bash scripts/leakage-runs.sh [FLASHCORE_BINARY] [OUTPUT_DIR]
 #
 # Writes log.txt and one JSON file (schema flashcore-leakage, version 3) per command into
-# OUTPUT_DIR (default: $OUT, else ./leakage-issue13). Needs a GPU; kernels compile at first use
+# OUTPUT_DIR (default: $OUT, else ./leakage-runs). Needs a GPU; kernels compile at first use
 # (NVRTC). Exit status: 0 when every step ran (whatever its verdict: see each step's rc= line),
 # 2 when a step could not measure (rc 2: usage, device or too few measurements).
 set -u
 B=${1:-target/release/flashcore}
-D=${2:-${OUT:-leakage-issue13}}
+D=${2:-${OUT:-leakage-runs}}
 mkdir -p "$D"
 exec > >(tee -a "$D/log.txt") 2>&1
 date -u
