@@ -280,7 +280,7 @@ fn attention(
 /// [`attention`] for the plain KV-cache call (`_launch.decode`'s: a contiguous cache, public
 /// counts `kv_lengths`, fused new rows `append` or none, nothing else), with only the arguments
 /// that call sets: the same launch as `attention` with every other argument at its default, for
-/// ten fewer conversions per call (issue 42: host time).
+/// ten fewer conversions per call (host time).
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 fn attention_kv(
