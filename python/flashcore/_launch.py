@@ -112,21 +112,41 @@ def _scratch(n, batch, dev, stream, append):
     return (ptr if n else 0), (ptr + counts_at if append else 0)
 
 
-def launch(q, k, v, out, lse, lengths, causal, scale, bhsd=False, window=(-1, -1), softcap=0.0, sinks=None):
-    """O = attention(q, k, v) into `out`. All four tensors are in [B, S, H, D] index order (or
-    all four [B, H, S, D] with `bhsd`), with any strides (inputs that TMA cannot read in place
-    are copied); `lse` is an fp32 contiguous [B, Hq, Sq] tensor or None; `lengths` int32 [B] or
-    None (secret-length prefill). `window` flash-attn's (left, right) (−1 unbounded), `softcap`
-    (0 off), `sinks` an fp32 contiguous [Hq] tensor or None. (KV-cache calls: `launch_kv`.)"""
-    b, sq, sk, hq, hkv, d = _dims(q, k, bhsd)
-    q, qd = _in_desc(q, bhsd)
-    k, kd = _in_desc(k, bhsd)
-    v, vd = _in_desc(v, bhsd)
+class Call:
+    """One checked dense forward call, built once where its arguments are checked and read by
+    `launch`: q, k, v (all [B, S, H, D], or all [B, H, S, D] with `bhsd`, any strides), `causal`
+    and `return_lse` (bools), `scale` (checked, or None for 1/sqrt(D)), `lengths` (int32 [B] or
+    None: secret-length prefill), `window` flash-attn's (left, right) (−1 unbounded), `softcap`
+    (0 off), `sinks` (fp32 contiguous [Hq] or None). (KV-cache calls: `kvcache.KvCall`.)"""
+
+    __slots__ = ("q", "k", "v", "causal", "scale", "bhsd", "return_lse", "lengths", "window", "softcap", "sinks")
+
+    def __init__(self, q, k, v, causal, scale, bhsd, return_lse, lengths, window=(-1, -1), softcap=0.0, sinks=None):
+        self.q, self.k, self.v = q, k, v
+        self.causal, self.scale, self.bhsd, self.return_lse, self.lengths = causal, scale, bhsd, return_lse, lengths
+        self.window, self.softcap, self.sinks = window, softcap, sinks
+
+    def bhs(self):
+        """(batch, heads_q, seqlen_q) of q."""
+        s = self.q.shape
+        return (s[0], s[1], s[2]) if self.bhsd else (s[0], s[2], s[1])
+
+
+def launch(call, out, lse):
+    """O = attention of a checked dense call (`Call`) into `out`, in q's index order ([B, S, H, D],
+    or [B, H, S, D] with `call.bhsd`), any strides; inputs that TMA cannot read in place are
+    copied. `lse` is an fp32 contiguous [B, Hq, Sq] tensor or None. (KV-cache calls:
+    `launch_kv`.)"""
+    bhsd, lengths = call.bhsd, call.lengths
+    b, sq, sk, hq, hkv, d = _dims(call.q, call.k, bhsd)
+    q, qd = _in_desc(call.q, bhsd)
+    k, kd = _in_desc(call.k, bhsd)
+    v, vd = _in_desc(call.v, bhsd)
     dev = q.get_device()
     stream = current_stream(dev)
     dtype = _DTYPES[q.dtype]
     shape = (b, sq, sk, hq, hkv, d)
-    causal = bool(causal)
+    causal = bool(call.causal)
     n = 0
     if sq <= _DECODE_MAX_SEQLEN_Q and lengths is None:
         # Decode mode's split partials (most decode shapes need some; prefill never does).
@@ -138,7 +158,7 @@ def launch(q, k, v, out, lse, lengths, causal, scale, bhsd=False, window=(-1, -1
         dtype,
         shape,
         causal,
-        scale,
+        call.scale,
         qd,
         kd,
         vd,
@@ -147,7 +167,7 @@ def launch(q, k, v, out, lse, lengths, causal, scale, bhsd=False, window=(-1, -1
         lengths.data_ptr() if lengths is not None else 0,
         ws,
         0,
-        **_features(window, softcap, sinks),
+        **_features(call.window, call.softcap, call.sinks),
     )
 
 

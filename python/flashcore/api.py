@@ -3,15 +3,18 @@
 import torch
 
 from . import _checks
+from ._launch import Call
 from ._launch import fast as _fast
 from ._launch import prepare as _prepare
 from . import ops
 
 
-def _call(q, k, v, causal, scale, bhsd, return_lse, lengths):
-    """The op on checked arguments: straight to its body in plain eager mode, through the
-    dispatcher (torch.ops.flashcore.attention) whenever torch is tracing or faking tensors or
-    autograd records the call — then with the log-sum-exp, which the backward needs."""
+def _call(call):
+    """The op on a checked call (`_launch.Call`, no window, softcap or sinks): straight to its body
+    in plain eager mode, through the dispatcher (torch.ops.flashcore.attention) whenever torch is
+    tracing or faking tensors or autograd records the call — then with the log-sum-exp, which the
+    backward needs."""
+    q, k, v, lengths = call.q, call.k, call.v, call.lengths
     if _checks.needs_grad(q, k, v):
         _checks.check_backward_head_dim(q.shape[-1])
         if lengths is not None:
@@ -19,11 +22,10 @@ def _call(q, k, v, causal, scale, bhsd, return_lse, lengths):
                 "flashcore: secret_lengths has no backward pass: call it under torch.no_grad() or "
                 "torch.inference_mode(), or .detach() the inputs"
             )
-        return ops.attention_op(q, k, v, causal, scale, bhsd, True, lengths)
+        return ops.attention_op(q, k, v, call.causal, call.scale, call.bhsd, True, lengths)
     if ops.eager(q, k, v, lengths):
-        b, h, s = (q.shape[0], q.shape[1], q.shape[2]) if bhsd else (q.shape[0], q.shape[2], q.shape[1])
-        return ops.run(q, k, v, causal, scale, bhsd, return_lse, lengths, (b, h, s))
-    return ops.attention_op(q, k, v, causal, scale, bhsd, return_lse, lengths)
+        return ops.run(call)
+    return ops.attention_op(q, k, v, call.causal, call.scale, call.bhsd, call.return_lse, lengths)
 
 
 def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=False, secret_lengths=None,
@@ -59,7 +61,7 @@ def attention(q, k, v, *, causal=False, scale=None, layout="bshd", return_lse=Fa
     b, sq, sk, hq, hkv, d = _checks.split_shape(q, k, v, layout)
     scale = _checks.check_scale(scale)
     _checks.check_lengths(secret_lengths, q, b, sq, sk)
-    out, lse = _call(q, k, v, bool(causal), scale, layout == "bhsd", bool(return_lse), secret_lengths)
+    out, lse = _call(Call(q, k, v, bool(causal), scale, layout == "bhsd", bool(return_lse), secret_lengths))
     return (out, lse) if return_lse else out
 
 
@@ -145,13 +147,13 @@ def top_left(q, k, v, causal, scale, bhsd):
     seq = 2 if bhsd else 1
     sq, sk = q.shape[seq], k.shape[seq]
     if not causal or sq == sk:
-        return _call(q, k, v, causal, scale, bhsd, False, None)[0]
+        return _call(Call(q, k, v, causal, scale, bhsd, False, None))[0]
     if sq < sk:
         # Keys past Sq are invisible to every query: the square causal problem on the first Sq keys.
-        return _call(q, k.narrow(seq, 0, sq), v.narrow(seq, 0, sq), True, scale, bhsd, False, None)[0]
+        return _call(Call(q, k.narrow(seq, 0, sq), v.narrow(seq, 0, sq), True, scale, bhsd, False, None))[0]
     # Sq > Sk: queries 0..Sk-1 form the square causal problem; queries from Sk on see every key.
-    head = _call(q.narrow(seq, 0, sk), k, v, True, scale, bhsd, False, None)[0]
-    tail = _call(q.narrow(seq, sk, sq - sk), k, v, False, scale, bhsd, False, None)[0]
+    head = _call(Call(q.narrow(seq, 0, sk), k, v, True, scale, bhsd, False, None))[0]
+    tail = _call(Call(q.narrow(seq, sk, sq - sk), k, v, False, scale, bhsd, False, None))[0]
     return torch.cat([head, tail], dim=seq)
 
 
@@ -184,11 +186,10 @@ def _attention_features(q, k, v, causal, scale, layout, return_lse, lengths, win
         return (out, lse) if return_lse else out
     sinks = _checks.sinks_f32(sinks)
     window, softcap, sinks = _checks.check_features(window, softcap, sinks, q, hq, lengths)
-    bhsd = layout == "bhsd"
+    call = Call(q, k, v, bool(causal), scale, layout == "bhsd", bool(return_lse), lengths, window, softcap, sinks)
     if ops.eager(q, k, v, lengths, sinks):
-        out, lse = ops.run(q, k, v, bool(causal), scale, bhsd, bool(return_lse), lengths, (b, hq, sq),
-                           (window, softcap, sinks))
+        out, lse = ops.run(call)
     else:
-        out, lse = ops.attention_op(q, k, v, bool(causal), scale, bhsd, bool(return_lse), lengths, window[0],
+        out, lse = ops.attention_op(q, k, v, call.causal, scale, call.bhsd, call.return_lse, lengths, window[0],
                                     window[1], softcap, sinks)
     return (out, lse) if return_lse else out

@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import _checks
-from ._launch import launch
+from ._launch import Call, launch
 
 
 def _layout(bhsd):
@@ -46,22 +46,17 @@ def attention_op(
     b, sq, sk, hq, hkv, d = _checks.split_shape(q, k, v, _layout(bhsd))
     scale = _checks.check_scale(scale)
     _checks.check_lengths(lengths, q, b, sq, sk)
-    feats = _checks.check_features((window_left, window_right), softcap, sinks, q, hq, lengths)
-    out, lse = run(q, k, v, causal, scale, bhsd, return_lse, lengths, (b, hq, sq), feats)
+    window, softcap, sinks = _checks.check_features((window_left, window_right), softcap, sinks, q, hq, lengths)
+    out, lse = run(Call(q, k, v, causal, scale, bhsd, return_lse, lengths, window, softcap, sinks))
     return out, lse if return_lse else _no_lse(q)
 
 
-def run(q, k, v, causal, scale, bhsd, return_lse, lengths, bhs, feats=None):
-    """The op's body, on arguments already checked; `bhs` = (batch, heads_q, seqlen_q); `feats`
-    (window, softcap, sinks) as `_checks.check_features` returns them, or None. Returns (out,
-    lse), lse None unless `return_lse`."""
-    b, hq, sq = bhs
-    out, lse = _outputs(q, return_lse, hq, sq, b)
-    if feats is None:
-        launch(q, k, v, out, lse, lengths, causal, scale, bhsd=bhsd)
-    else:
-        window, softcap, sinks = feats
-        launch(q, k, v, out, lse, lengths, causal, scale, bhsd=bhsd, window=window, softcap=softcap, sinks=sinks)
+def run(call):
+    """The op's body on a checked call (`_launch.Call`). Returns (out, lse), lse None unless
+    `call.return_lse`."""
+    b, hq, sq = call.bhs()
+    out, lse = _outputs(call.q, call.return_lse, hq, sq, b)
+    launch(call, out, lse)
     return out, lse
 
 

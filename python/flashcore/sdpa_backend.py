@@ -17,7 +17,7 @@ forward fell back gets its gradients from an fp32 recomputation (``_fallback_bac
 import torch
 
 from . import _checks
-from ._launch import dense, fast, launch, launch_backward
+from ._launch import Call, dense, fast, launch, launch_backward
 
 NAME = "flashcore"
 
@@ -99,7 +99,7 @@ def _flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return_deb
         # The output has the query's memory layout, as PyTorch's own kernel (and its meta function) give.
         out = torch.empty_like(query)
         lse = torch.empty((b, hq, sq), dtype=torch.float32, device=query.device)
-        launch(query, key, value, out, lse, None, is_causal, _checks.check_scale(scale), bhsd=True)
+        launch(Call(query, key, value, is_causal, _checks.check_scale(scale), True, True, None), out, lse)
     else:
         stats["fallback"] += 1
         out, lse = _fallback(query, key, value, dropout_p, is_causal, scale)

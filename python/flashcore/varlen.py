@@ -121,19 +121,40 @@ def _shape(b, max_q, max_k, hq, hkv, d):
     return (b, max(max_q, 1), max(max_k, 1), hq, hkv, d)
 
 
-def _launch(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, return_lse, seqused_q=None,
-            window=(-1, -1), softcap=0.0, sinks=None):
-    b, hq, hkv, d = _check(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, seqused_q)
-    window, softcap, sinks = _checks.check_features(window, softcap, sinks, q, hq)
-    out, lse = _outputs(q, return_lse, seqused_q is not None)
+class VarlenCall:
+    """One checked varlen forward call, built once where its arguments are checked and read by
+    `_run`: packed q, k, v; the pack's metadata `cu_q`, `cu_k`, `seqused_k`, `seqused_q`, `max_q`,
+    `max_k`; `causal`, `scale` (checked, or None), `return_lse`; `window`, `softcap`, `sinks` as
+    `_checks.check_features` returns them; `dims` (B, Hq, Hkv, D) as `_check` returns them."""
+
+    __slots__ = ("q", "k", "v", "cu_q", "cu_k", "seqused_k", "seqused_q", "max_q", "max_k", "causal", "scale",
+                 "return_lse", "window", "softcap", "sinks", "dims")
+
+    def __init__(self, q, k, v, cu_q, cu_k, seqused_k, seqused_q, max_q, max_k, causal, scale, return_lse, window,
+                 softcap, sinks, dims):
+        self.q, self.k, self.v = q, k, v
+        self.cu_q, self.cu_k, self.seqused_k, self.seqused_q, self.max_q, self.max_k = (
+            cu_q, cu_k, seqused_k, seqused_q, max_q, max_k)
+        self.causal, self.scale, self.return_lse = causal, scale, return_lse
+        self.window, self.softcap, self.sinks, self.dims = window, softcap, sinks, dims
+
+
+def _run(call):
+    """The op's body on a checked call (`VarlenCall`): its outputs, and the one native call.
+    Returns (out, lse)."""
+    b, hq, hkv, d = call.dims
+    q, k, v = call.q, call.k, call.v
+    window, softcap, sinks, seqused_k, seqused_q = call.window, call.softcap, call.sinks, call.seqused_k, call.seqused_q
+    out, lse = _outputs(q, call.return_lse, seqused_q is not None)
     if q.shape[0] == 0 or b == 0:
         return out, lse
     q, k, v = _readable(q), _readable(k), _readable(v)
     dev = q.get_device()
     stream = current_stream(dev)
     dtype = _DTYPES[q.dtype]
-    shape = _shape(b, max_q, max_k, hq, hkv, d)
-    n = _native.varlen_workspace_bytes(dtype, shape, bool(causal))
+    shape = _shape(b, call.max_q, call.max_k, hq, hkv, d)
+    causal = bool(call.causal)
+    n = _native.varlen_workspace_bytes(dtype, shape, causal)
     feats = {}
     if window != (-1, -1):
         feats["window"] = window
@@ -145,10 +166,10 @@ def _launch(q, k, v, cu_q, cu_k, seqused_k, max_q, max_k, causal, scale, return_
     k_ptr = k.data_ptr() if k.numel() else ws.data_ptr()  # no key anywhere: never read
     v_ptr = v.data_ptr() if v.numel() else ws.data_ptr()
     _native.attention_varlen(
-        dev, stream, dtype, shape, bool(causal), scale,
+        dev, stream, dtype, shape, causal, call.scale,
         _desc(q), (k_ptr, _desc(k)[1]), (v_ptr, _desc(v)[1]), _desc(out),
-        (q.shape[0], k.shape[0]), lse.data_ptr() if return_lse else 0,
-        (cu_q.data_ptr(), cu_k.data_ptr(), seqused_k.data_ptr() if seqused_k is not None else 0,
+        (q.shape[0], k.shape[0]), lse.data_ptr() if call.return_lse else 0,
+        (call.cu_q.data_ptr(), call.cu_k.data_ptr(), seqused_k.data_ptr() if seqused_k is not None else 0,
          seqused_q.data_ptr() if seqused_q is not None else 0),
         ws.data_ptr(),
         **feats,
@@ -180,8 +201,11 @@ def attention_varlen_op(
     rows that belong to no sequence's used queries read 0 (lse −inf). A sliding window
     (flash-attn's window_size, −1 unbounded; per sequence, bottom-right aligned to its counts), a
     softcap (0 off) and learnable sinks (fp32 [Hq], or None)."""
-    return _launch(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal,
-                   _checks.check_scale(scale), return_lse, seqused_q, (window_left, window_right), softcap, sinks)
+    scale = _checks.check_scale(scale)
+    dims = _check(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, seqused_q)
+    window, softcap, sinks = _checks.check_features((window_left, window_right), softcap, sinks, q, dims[1])
+    return _run(VarlenCall(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, seqused_q, max_seqlen_q, max_seqlen_k,
+                           causal, scale, return_lse, window, softcap, sinks, dims))
 
 
 @attention_varlen_op.register_fake

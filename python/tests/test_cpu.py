@@ -227,11 +227,11 @@ def test_sdpa_backend_handles_every_argument_of_the_aten_op(monkeypatch):
     # is_causal and scale: passed to the launch.
     launches = []
     monkeypatch.setattr(flashcore.sdpa_backend, "_fallback_reason", lambda *a: None)
-    monkeypatch.setattr(flashcore.sdpa_backend, "launch", lambda *a, **kw: launches.append((a, kw)))
+    monkeypatch.setattr(flashcore.sdpa_backend, "launch", lambda call, out, lse: launches.append(call))
     flashcore.sdpa_backend._flash_forward(q, q, q, 0.0, True, False, scale=0.25)
     flashcore.sdpa_backend._flash_forward(q, q, q)
-    assert [a[6:] for a, _ in launches] == [(True, 0.25), (False, None)]
-    assert all(kw == {"bhsd": True} for _, kw in launches)  # SDPA's [B, H, S, D] tensors
+    assert [(c.causal, c.scale) for c in launches] == [(True, 0.25), (False, None)]
+    assert all(c.bhsd for c in launches)  # SDPA's [B, H, S, D] tensors
 
 
 def test_sdpa_rejects_what_it_does_not_do(fake):
@@ -644,7 +644,7 @@ def test_fast_path_launches_what_the_checked_path_does(fast_mock, bhsd, sq, sk, 
     # The checked path's launch on the same tensors: identical but for the fresh buffers.
     out2 = torch.empty(q.shape, dtype=q.dtype)
     lse2 = torch.empty(2, hq, sq, dtype=torch.float32)
-    _launch.launch(q, k, v, out2, lse2, None, True, 0.5, bhsd=bhsd)
+    _launch.launch(_launch.Call(q, k, v, True, 0.5, bhsd, True, None), out2, lse2)
     a, b = fast_mock
     assert a[:9] == b[:9] and a[9][1] == b[9][1] and a[11] == b[11] == 0 and a[13] == b[13] == 0
     assert (a[12] == 0) == (b[12] == 0)  # a workspace exactly when the checked path gives one
@@ -827,8 +827,8 @@ def test_backward_of_secret_lengths_called_through_the_op(mock_launch, mock_back
 def test_opcheck_forward_and_backward_ops(mock_launch, monkeypatch):
     # The launches replaced by deterministic stand-ins on CPU tensors: opcheck's schema, fake,
     # autograd-registration and AOT-dispatch tests see the ops as on a GPU.
-    def launch(q, k, v, out, lse, lengths, causal, scale, bhsd=False, **kw):
-        out.copy_(q * 0.5)
+    def launch(call, out, lse):
+        out.copy_(call.q * 0.5)
         if lse is not None:
             lse.fill_(1.0)
 
