@@ -89,7 +89,7 @@ impl Schedule {
 }
 
 /// When the forward kernel is launched as a programmatic dependent of the previous kernel in its
-/// stream ([`Plan::launch_on`]; PERF_NOTES, branch `pdl`). `FLASHCORE_PDL` (read once per
+/// stream ([`Plan::launch_on`]; the performance journal). `FLASHCORE_PDL` (read once per
 /// process): `0` never, `1` every eligible launch, unset (or anything else) the shipped rule —
 /// only grids that leave SMs idle. There the next call's CTAs park on the idle SMs under this
 /// call and the launch gap shrinks (−0.5 to −0.8 µs, 6–8% at the latency shapes); a grid that

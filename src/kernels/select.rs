@@ -319,8 +319,8 @@ pub fn backward_call_len(
     }
 }
 
-/// Whether a call runs the one-pass kernels by default, by measurement (docs/journal/perf-notes.md:
-/// branches bwd1v3 and `bwd`): d128 causal at every length, where the turn order matches the order
+/// Whether a call runs the one-pass kernels by default, by measurement (the performance journal,
+/// docs/journal/perf-notes.md): d128 causal at every length, where the turn order matches the order
 /// in which key blocks reach a query tile; d128 non-causal and d64 causal once both sequences are
 /// at least [`ONEPASS_MIN_LEN`] long (schedule 3 took 5–7% less time than the two passes at 4096
 /// and 8192, d128 non-causal and d64 causal; at 2048 it ties at d128 and loses at d64). Elsewhere
@@ -338,7 +338,7 @@ pub fn default_onepass(head_dim: usize, causal: bool, min_len: usize) -> bool {
 /// ([`default_onepass`]): the shortest length measured faster (4096; 2048 ties or loses).
 pub const ONEPASS_MIN_LEN: usize = 4096;
 
-/// The one pass's default tile schedule ([`BwdVariant::core`]; PERF_NOTES, branch `bwd`):
+/// The one pass's default tile schedule ([`BwdVariant::core`]; the performance journal):
 /// schedule 3, the fastest or tied at each of the backward suite's shapes in one-pass mode.
 pub fn default_core() -> u8 {
     3
