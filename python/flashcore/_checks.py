@@ -253,9 +253,9 @@ def check_features(window, softcap, sinks, q, hq, lengths=None):
 
 
 def features(window_size, softcap, learnable_sink, q, hq):
-    """The public entry points' window, softcap and sink arguments as the ops take them: window_size as a
-    tuple, the sink as fp32 contiguous, all checked (`check_features`). Returns (window,
-    softcap, sinks)."""
+    """The public entry points' window, softcap and sink arguments as the ops take them:
+    window_size as a tuple, the sink as fp32 contiguous, all checked (`check_features`). Returns
+    (window, softcap, sinks)."""
     window = tuple(window_size) if isinstance(window_size, (tuple, list)) else window_size
     return check_features(window, softcap, sinks_f32(learnable_sink), q, hq)
 
