@@ -86,6 +86,7 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
             softmax.init();
             // No visible key in this range (causal, Sq > Sk; or a split's empty share): O = 0,
             // LSE = −inf, and the producer loaded nothing for this tile.
+            const int q_buf = kv.count > 0 ? q_load % QBUF : -1;
             if (kv.count > 0) {
                 mainloop<FC_SOFTCAP != 0>(c, o, softmax, kv, q_load);
                 FC_PHASE_MARK(FC_PHASE_LOOP, 128);
@@ -100,10 +101,12 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
             combine_split(p, s, t, key_limit);
             cluster_sync();  // no CTA leaves while others still read its shared memory
 #else
-            epilogue(c, o, softmax);
+            epilogue(c, o, softmax, q_buf);
 #endif
         }
     }
+    // O's tensor stores complete before the CTA exits.
+    if (kStoreTma && p.o_tma && lane == 0) bulk_wait_group();
 }
 
 #if FC_SPLIT > 1

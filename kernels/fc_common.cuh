@@ -94,5 +94,11 @@ FC_DEVICE void st_shared_v4(uint32_t addr, const uint32_t (&v)[4]) {
 }
 
 // Hardware thread/warp indices, uniform per warp where it matters.
+// n / d for 0 <= n < 2^31 from the host's multiplier and shift for d (mul = 0: d = 1): a
+// multiply-high and a shift where an integer division is a ~20-instruction sequence.
+FC_DEVICE int fast_div(int n, uint32_t mul, int shift) {
+    return mul == 0 ? n : (int)(__umulhi((uint32_t)n, mul) >> shift);
+}
+
 FC_DEVICE int warp_id_in_block() { return threadIdx.x / 32; }
 FC_DEVICE int lane_id() { return threadIdx.x % 32; }

@@ -139,6 +139,15 @@ struct Params {
     int32_t window_right;    // r' = r + keys − Sq; unbounded sides come as Sq + Sk (host-clamped)
     float softcap_in;        // softcap: s ← softcap_out · tanh(s · softcap_in) on raw scores, with
     float softcap_out;       // softcap_in = scale / cap, softcap_out = cap / scale; 0: no softcap
+    // The scheduler's divisions by units_per_head and heads_q (fast_div, host-computed; public).
+    uint32_t units_per_head_mul;
+    int32_t units_per_head_shift;
+    uint32_t heads_q_mul;
+    int32_t heads_q_shift;
+    // 1: O leaves through o_map (fc_epilogue.cuh's TMA-store path: builds with kStoreTma, O
+    // 16-byte aligned), 0: through 16- or 4-byte stores from registers. Public.
+    int32_t o_tma;
+    TensorMap o_map;  // O's 4-D map (dim, seq, head, batch), box SW_ELEMS × 16 rows (one warp's)
 };
 
 struct Shared {

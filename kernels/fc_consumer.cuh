@@ -17,6 +17,11 @@
 // lower bound is secret or always present), nor in softcap or d256 builds (it spilled there).
 constexpr bool kTurnChain = !(cfg::D > 128 && (FC_VARLEN || FC_SOFTCAP));
 constexpr bool kMaskSplit = !FC_SECRET_LEN && !FC_DECODE && !FC_SOFTCAP && cfg::D <= 128;
+// Builds whose epilogue may stage O in the tile's own Q rows and store it with TMA
+// (fc_epilogue.cuh): dense prefill tiles with two Q buffers (the next tile's Q loads into the
+// other one, so this one can wait for the store) and 128-byte rows. At runtime p.o_tma decides
+// (O 16-byte aligned); the tile then keeps its Q buffer until the store has read it.
+constexpr bool kStoreTma = !FC_DECODE && !FC_VARLEN && cfg::SPLIT == 1 && cfg::QBUF == 2 && cfg::SW_ELEMS == 64;
 
 // One consumer warpgroup's view of one tile.
 struct Consumer {
@@ -358,8 +363,9 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     }
 
     // Every Q Kᵀ of this tile is complete (the last iteration waited for all GEMMs): the producer
-    // may load the next tile's Q while this warpgroup finishes the last P V and the epilogue.
-    c.release(&s.q_empty[q_load % QBUF]);
+    // may load the next tile's Q while this warpgroup finishes the last P V and the epilogue —
+    // unless the epilogue stages O in these rows (it releases them itself).
+    if (!(kStoreTma && p.o_tma)) c.release(&s.q_empty[q_load % QBUF]);
 
     const int last = ring_stage(c.g0 + n_blocks - 1);
     mbar_wait(&s.v_full[last], ring_phase(c.g0 + n_blocks - 1));

@@ -5,6 +5,7 @@
 #pragma once
 #include "fc_consumer.cuh"
 #include "fc_cluster.cuh"
+#include "fc_tma.cuh"
 
 FC_DEVICE float lse_of(float m_raw, float total, float scale) {
     const float m = select_f(m_raw == neg_inf(), 0.0f, m_raw);
@@ -91,7 +92,55 @@ FC_DEVICE void store_row_vec(uint16_t* row_out, const float (&o)[cfg::D / 2], in
     }
 }
 
-FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const OnlineSoftmax<cfg::BN>& softmax) {
+// The TMA-store path (kStoreTma builds, p.o_tma): this warp's 16 rows of O, normalised and
+// packed, go into its own 16 rows of the tile's Q buffer (Q is dead: every Q Kᵀ is complete) with
+// `stmatrix`, in the 128-byte-swizzled layout a TMA load of Q writes, and one lane stores them
+// through o_map (rows past Sq are not written: the map's bounds). It waits only until the store
+// has read the rows, then releases the Q buffer to the producer. Fewer instructions than the
+// stores from registers (no quad transposes, no per-row addresses), and the global writes
+// complete asynchronously.
+FC_DEVICE void store_o_tma(const Consumer& c, const float (&o)[cfg::D / 2], const float (&inv)[2], int q_buf) {
+    using namespace cfg;
+    const Params& p = c.p;
+    const int lane = c.lane;
+    const int warp_row = c.row0 - lane / 4 - (FC_DECODE ? 0 : c.m_block * BM);  // the warp's first row in the tile
+    const uint32_t rows = c.q_base + (warp_row - c.wg * 64) * ROW_BYTES;  // its first row, chunk 0
+    // stmatrix .x4 of 16 columns: matrices (rows 0–7, 8–15) × (columns 8j, 8j + 8); lane l gives
+    // the address of row l % 8 of matrix l / 8. Its 16-byte unit sits at (unit ^ row % 8).
+    const int mat = lane / 8;
+    const int r = (mat % 2) * 8 + lane % 8;
+#pragma unroll
+    for (int jj = 0; jj < D / 16; ++jj) {
+        const int j = 2 * jj;
+        uint32_t v[4];
+        v[0] = pack_elem2(o[4 * j] * inv[0], o[4 * j + 1] * inv[0]);
+        v[1] = pack_elem2(o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]);
+        v[2] = pack_elem2(o[4 * j + 4] * inv[0], o[4 * j + 5] * inv[0]);
+        v[3] = pack_elem2(o[4 * j + 6] * inv[1], o[4 * j + 7] * inv[1]);
+        const int blk = j + mat / 2;  // the 8-column block this lane addresses
+        const uint32_t addr = rows + (blk / 8) * (BM * ROW_BYTES) + r * ROW_BYTES + ((blk % 8) ^ (r % 8)) * 16;
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v[0]),
+                     "r"(v[1]), "r"(v[2]), "r"(v[3])
+                     : "memory");
+    }
+    fence_proxy_async_smem();  // the generic stores, before the async proxy's reads
+    __syncwarp();
+    if (lane == 0) {
+        const int row = c.m_block * BM + warp_row;
+#pragma unroll
+        for (int ch = 0; ch < CHUNKS; ++ch) {
+            tma_store_4d(&p.o_map, rows + ch * (BM * ROW_BYTES), ch * SW_ELEMS, row, c.head, c.batch);
+        }
+        bulk_commit_group();
+        bulk_wait_group_read();
+    }
+    c.release(&c.s.q_empty[q_buf]);
+}
+
+// `q_buf`: the Q buffer this tile loaded (kStoreTma builds), −1 when it loaded none (a fully
+// masked tile).
+FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const OnlineSoftmax<cfg::BN>& softmax,
+                        int q_buf) {
     using namespace cfg;
     const Params& p = c.p;
     float total[2];
@@ -109,6 +158,23 @@ FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const O
     // 176-key builds: at 240 registers the transpose spills there (long sequences only, where the
     // epilogue is a small share of a tile).
     const bool vec = !LONG_KEYS && ((p.o_ptr | (uint64_t)(p.o_stride_b | p.o_stride_s | p.o_stride_h) << 1) & 15) == 0;
+    if (kStoreTma && p.o_tma && q_buf >= 0) {  // public: the build, O's alignment, the walk's length
+        float inv[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int row = c.row0 + 8 * h;
+            const RowNorm n = row_norm(p.sinks_ptr, c.head, p.scale_log2, p.scale, softmax.row_max[h], total[h],
+                                       !FC_SECRET_LEN || row < c.key_limit);
+            inv[h] = n.inv;
+            if (row < rows_q && p.lse_ptr != 0 && (c.lane % 4) == 0) {
+                float* lse_out = reinterpret_cast<float*>(p.lse_ptr) +
+                                 ((int64_t)c.batch * p.heads_q + c.head) * p.seqlen_q + row_base + row;
+                *lse_out = n.lse;
+            }
+        }
+        store_o_tma(c, o, inv, q_buf);
+        return;
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int row = c.row0 + 8 * h;

@@ -74,7 +74,7 @@ struct Scheduler {
 
     FC_DEVICE int tiles_in_unit(int unit) const {
         if (FC_DECODE || !p.pair_tiles) return 1;
-        const int j = unit % p.units_per_head;
+        const int j = unit - fast_div(unit, p.units_per_head_mul, p.units_per_head_shift) * p.units_per_head;
         return (p.num_m_blocks - 1 - j) == j ? 1 : 2;  // odd tile count: the middle tile is alone
     }
 
@@ -102,8 +102,9 @@ struct Scheduler {
 #if FC_VARLEN
         // Varlen: unit = item · heads + head; item i is entry 1 + i of the work list (sequence
         // by sequence, heaviest first; entry 0 is the header).
-        const int item = 1 + unit / p.heads_q;
-        t.head = unit % p.heads_q;
+        const int per_head = fast_div(unit, p.heads_q_mul, p.heads_q_shift);
+        const int item = 1 + per_head;
+        t.head = unit - per_head * p.heads_q;
         t.batch = 0;
         t.m_block = 0;
         const int4 w = fc_varlen_work[item];
@@ -113,10 +114,11 @@ struct Scheduler {
         t.len_k = w.w;
         return t;
 #endif
-        const int j = unit % p.units_per_head;
-        const int hb = unit / p.units_per_head;
-        t.head = hb % p.heads_q;
-        t.batch = hb / p.heads_q;
+        // Multiply-high and shift (fast_div), not integer divisions: every warp runs this per tile.
+        const int hb = fast_div(unit, p.units_per_head_mul, p.units_per_head_shift);
+        const int j = unit - hb * p.units_per_head;
+        t.batch = fast_div(hb, p.heads_q_mul, p.heads_q_shift);
+        t.head = hb - t.batch * p.heads_q;
         if (p.pair_tiles) {
             t.m_block = k == 0 ? p.num_m_blocks - 1 - j : j;
         } else {

@@ -46,16 +46,62 @@ pub(crate) struct KernelParams {
     pub(crate) window_right: i32,
     pub(crate) softcap_in: f32,
     pub(crate) softcap_out: f32,
+    pub(crate) units_per_head_mul: u32,
+    pub(crate) units_per_head_shift: i32,
+    pub(crate) heads_q_mul: u32,
+    pub(crate) heads_q_shift: i32,
+    pub(crate) o_tma: i32,
+    pub(crate) o_map: sys::CUtensorMap,
 }
 
-// The device's `Params` ends at byte 568 (576 with its 64-byte alignment); cudarc's CUtensorMap is
-// 128-aligned, so this mirror pads to 640. The launch copies the kernel's declared size: the
+/// `n / d` as `umulhi(n, mul) >> shift` for every `0 <= n < 2^31` (`mul` = 0 stands for d = 1):
+/// the scheduler's per-tile divisions by public counts, without the integer-division sequence.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FastDiv {
+    pub(crate) mul: u32,
+    pub(crate) shift: i32,
+}
+
+impl FastDiv {
+    /// The multiplier and shift for divisor `d` (1 ≤ d < 2^31): shift = ⌈log2 d⌉ − 1 and
+    /// mul = ⌈2^(32 + shift) / d⌉, below 2^32, whose rounding error stays under one for n < 2^31.
+    pub(crate) fn new(d: u32) -> FastDiv {
+        debug_assert!((1..1 << 31).contains(&d), "divisor out of range");
+        let d = d.clamp(1, (1 << 31) - 1);
+        if d == 1 {
+            return FastDiv { mul: 0, shift: 0 };
+        }
+        let shift = 31 - (d - 1).leading_zeros(); // ⌈log2 d⌉ − 1, since d ≥ 2
+        let p = 32 + shift;
+        let mul = (1u64 << p).div_ceil(d as u64);
+        FastDiv {
+            mul: mul as u32,
+            shift: shift as i32,
+        }
+    }
+
+    /// What the device computes (kernels/fc_common.cuh `fast_div`).
+    #[cfg(test)]
+    pub(crate) fn div(self, n: u32) -> u32 {
+        if self.mul == 0 {
+            n
+        } else {
+            ((n as u64 * self.mul as u64) >> 32) as u32 >> self.shift
+        }
+    }
+}
+
+// The device's `Params` is 768 bytes (o_map at 640, 64-byte aligned); cudarc's CUtensorMap is
+// 128-aligned, which puts it at 640 here too. The launch copies the kernel's declared size: the
 // offsets are what must agree.
 const _: () = assert!(std::mem::offset_of!(KernelParams, table_ptr) == 512);
 const _: () = assert!(std::mem::offset_of!(KernelParams, box_rows) == 532);
 const _: () = assert!(std::mem::offset_of!(KernelParams, starts_ptr) == 536);
 const _: () = assert!(std::mem::offset_of!(KernelParams, sinks_ptr) == 544);
 const _: () = assert!(std::mem::offset_of!(KernelParams, softcap_out) == 564);
+const _: () = assert!(std::mem::offset_of!(KernelParams, heads_q_mul) == 576);
+const _: () = assert!(std::mem::offset_of!(KernelParams, o_map) == 640);
+const _: () = assert!(std::mem::size_of::<KernelParams>() == 768);
 
 /// Byte offsets in the parameter block of the pointers to public metadata: the key counts of
 /// `FC_KV_PUBLIC` builds and the block table of `FC_PAGED` ones. The audit treats what is read
@@ -209,7 +255,7 @@ mod tests {
             let (size, align) = match ty {
                 "TensorMap" => (128, 64),
                 "uint64_t" | "int64_t" => (8, 8),
-                "int32_t" | "float" => (4, 4),
+                "int32_t" | "uint32_t" | "float" => (4, 4),
                 other => panic!("{name}: type `{other}` not known to this test"),
             };
             for n in names.split(',') {
@@ -245,7 +291,8 @@ mod tests {
             group, scale_log2, scale, num_m_blocks, units_per_head, num_units, pair_tiles,
             ws_o_ptr, ws_ml_ptr, pack, pack_shift, split_blocks, num_splits, table_ptr,
             table_stride, num_pages, page_shift, box_rows, starts_ptr, sinks_ptr, window_left,
-            window_right, softcap_in, softcap_out);
+            window_right, softcap_in, softcap_out, units_per_head_mul, units_per_head_shift,
+            heads_q_mul, heads_q_shift, o_tma, o_map);
         check("Params", include_str!("../kernels/fc_config.cuh"), rust);
     }
 
@@ -286,6 +333,45 @@ mod tests {
             include_str!("../kernels/fc_decode.cuh"),
             rust,
         );
+    }
+
+    #[test]
+    fn fast_division_is_exact_below_2_pow_31() {
+        let edges = |d: u32| {
+            let mut v = vec![0, 1, d - 1, d, d + 1, (1 << 31) - 1, (1 << 31) - 2];
+            for k in [2u64, 3, 1000, 65_535, 65_536, (1u64 << 31) / d as u64] {
+                for e in [-1i64, 0, 1] {
+                    let n = k as i64 * d as i64 + e;
+                    if (0..1i64 << 31).contains(&n) {
+                        v.push(n as u32);
+                    }
+                }
+            }
+            v
+        };
+        let mut divisors: Vec<u32> = (1..=5000).collect();
+        divisors.extend([
+            65_535,
+            65_536,
+            65_537,
+            1 << 20,
+            (1 << 30) + 1,
+            (1 << 31) - 1,
+        ]);
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for d in divisors {
+            let f = FastDiv::new(d);
+            for n in edges(d) {
+                assert_eq!(f.div(n), n / d, "{n} / {d}");
+            }
+            for _ in 0..200 {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let n = (state >> 33) as u32; // below 2^31
+                assert_eq!(f.div(n), n / d, "{n} / {d}");
+            }
+        }
     }
 
     #[test]

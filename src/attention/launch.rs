@@ -4,7 +4,7 @@ use super::decode::{self, CombineParams, DecodeSchedule, COMBINE_THREADS};
 use super::device::Context;
 pub use super::device::LoadedKernel;
 use super::tensor_map;
-use crate::abi::KernelParams;
+use crate::abi::{FastDiv, KernelParams};
 use crate::error::{Error, Result};
 use crate::kernels::{KernelBuild, TestBuild, Tile, Variant};
 use crate::knobs::PdlMode;
@@ -125,6 +125,7 @@ type LaunchKey = ([u64; 10], [Strides; 4]);
 enum MapOperand {
     Q,
     Kv,
+    O,
 }
 
 /// Tensor maps kept per plan, at most this many (emptied when full): the K and V caches of a
@@ -306,6 +307,9 @@ impl Plan {
         let scale = p.softmax_scale();
         let (window_left, window_right, softcap_in, softcap_out) =
             feature_fields(p, p.seqlen_q, p.seqlen_k);
+        let o_map = self.encode_o_map(o, o_st, maps);
+        let uph = FastDiv::new(self.schedule.units_per_head.max(1) as u32);
+        let hq = FastDiv::new(p.heads_q as u32);
         Ok(KernelParams {
             q_map,
             k_map,
@@ -350,7 +354,45 @@ impl Plan {
             window_right,
             softcap_in,
             softcap_out,
+            units_per_head_mul: uph.mul,
+            units_per_head_shift: uph.shift,
+            heads_q_mul: hq.mul,
+            heads_q_shift: hq.shift,
+            o_tma: o_map.is_some() as i32,
+            // SAFETY: a tensor map is plain bytes; the kernel reads it only when o_tma is 1.
+            o_map: o_map.unwrap_or(unsafe { std::mem::zeroed() }),
         })
+    }
+
+    /// O's tensor map (box: one warp's 16 rows) for builds whose epilogue stores O with TMA
+    /// (kernels/fc_epilogue.cuh, `kStoreTma`: dense prefill tiles with two Q buffers and 128-byte
+    /// rows), when O's address and strides are 16-byte aligned; `None` keeps the stores from
+    /// registers. A public choice: the build and O's layout.
+    fn encode_o_map(
+        &self,
+        o: u64,
+        o_st: Strides,
+        maps: &mut MapCache<sys::CUtensorMap>,
+    ) -> Option<sys::CUtensorMap> {
+        let p = &self.params;
+        let build = self.decode.is_none()
+            && self.tile.split == 1
+            && self.tile.q_buffers == 2
+            && tensor_map::swizzle_elems(p.head_dim) == tensor_map::SWIZZLE_ELEMS;
+        let elem = p.dtype.size() as i64;
+        let aligned = o % 16 == 0
+            && [o_st.batch, o_st.seq, o_st.head]
+                .iter()
+                .all(|s| (s * elem) % 16 == 0);
+        if !(build && aligned) {
+            return None;
+        }
+        maps.get_or_encode(MapOperand::O, o, o_st, || {
+            tensor_map::encode(
+                o, p.dtype, o_st, p.batch, p.seqlen_q, p.heads_q, p.head_dim, 16,
+            )
+        })
+        .ok()
     }
 
     /// The q, k, v tensor maps (most of a parameter block's host time: three driver calls),

@@ -32,6 +32,7 @@
 //! the pack (`tests/gpu_varlen.rs` checks the bits).
 
 use super::{KernelParams, LoadedKernel};
+use crate::abi::FastDiv;
 use crate::attention::call::{Call, Keys};
 use crate::attention::device::{Context, Element};
 use crate::attention::{tensor_map, validate};
@@ -461,6 +462,7 @@ unsafe fn launch_chunk(
     // the unbounded sides use the pack's totals.
     let (window_left, window_right, softcap_in, softcap_out) =
         super::feature_fields(p, total_q, total_k);
+    let hq = FastDiv::new(p.heads_q as u32);
     let mut block = Box::new(KernelParams {
         q_map,
         k_map,
@@ -499,6 +501,13 @@ unsafe fn launch_chunk(
         window_right,
         softcap_in,
         softcap_out,
+        units_per_head_mul: 0,
+        units_per_head_shift: 0,
+        heads_q_mul: hq.mul,
+        heads_q_shift: hq.shift,
+        o_tma: 0,
+        // SAFETY: a tensor map is plain bytes; the kernel reads it only when o_tma is 1.
+        o_map: unsafe { std::mem::zeroed() },
     });
     let grid = (units.min(target.num_sms.max(1) as u128) as u32, 1, 1);
     let mut args: [*mut std::ffi::c_void; 1] =
