@@ -59,7 +59,9 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
     int q_load = 0;  // Q tiles consumed so far
     const int end_unit = sched.end_unit();
     if constexpr (kTurnChain) seed_turns(wg);
-    for (int unit = sched.first_unit(); unit < end_unit; unit += sched.unit_step()) {
+    int n = 0;  // units taken (the dynamic order's hand-over)
+    for (int unit = consumer_next_unit(p, s, n++, sched.first_unit()); unit < end_unit;
+         unit = consumer_next_unit(p, s, n++, unit + sched.unit_step())) {
         const int tiles = sched.tiles_in_unit(unit);
         for (int k = 0; k < tiles; ++k) {
             const Tile t = sched.tile(unit, k);
@@ -156,6 +158,11 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
             mbar_init(&s.v_full[i], 1);
             mbar_init(&s.k_empty[i], cfg::CONSUMERS * 4);
             mbar_init(&s.v_empty[i], cfg::CONSUMERS * 4);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            mbar_init(&s.unit_full[i], 1);
+            mbar_init(&s.unit_empty[i], cfg::CONSUMERS * 4);
         }
         fence_barrier_init();
     }

@@ -55,7 +55,9 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
     int g = 0;       // K/V blocks streamed so far (ring position)
     int q_load = 0;  // Q tiles loaded so far
     const int end_unit = sched.end_unit();
-    for (int unit = sched.first_unit(); unit < end_unit; unit += sched.unit_step()) {
+    int n = 0;  // units taken (the dynamic order's hand-over)
+    for (int unit = producer_next_unit(p, s, n++, sched.first_unit()); unit < end_unit;
+         unit = producer_next_unit(p, s, n++, unit + sched.unit_step())) {
         const int tiles = sched.tiles_in_unit(unit);
         for (int k = 0; k < tiles; ++k) {
             const Tile t = sched.tile(unit, k);
@@ -116,4 +118,5 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
             }
         }
     }
+    release_counter(p);
 }

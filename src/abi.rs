@@ -52,6 +52,12 @@ pub(crate) struct KernelParams {
     pub(crate) heads_q_shift: i32,
     pub(crate) o_tma: i32,
     pub(crate) o_map: sys::CUtensorMap,
+    pub(crate) tile_counter: u64,
+    pub(crate) section_heads: i32,
+    pub(crate) section_heads_mul: u32,
+    pub(crate) section_heads_shift: i32,
+    pub(crate) section_units_mul: u32,
+    pub(crate) section_units_shift: i32,
 }
 
 /// `n / d` as `umulhi(n, mul) >> shift` for every `0 <= n < 2^31` (`mul` = 0 stands for d = 1):
@@ -91,8 +97,9 @@ impl FastDiv {
     }
 }
 
-// The device's `Params` is 768 bytes (o_map at 640, 64-byte aligned); cudarc's CUtensorMap is
-// 128-aligned, which puts it at 640 here too. The launch copies the kernel's declared size: the
+// The device's `Params` is 832 bytes (o_map at 640, 64-byte aligned; 796 used); cudarc's
+// CUtensorMap is 128-aligned, which puts it at 640 here too and pads this mirror to 896. The
+// launch copies the kernel's declared size: the offsets are what must agree. The launch copies the kernel's declared size: the
 // offsets are what must agree.
 const _: () = assert!(std::mem::offset_of!(KernelParams, table_ptr) == 512);
 const _: () = assert!(std::mem::offset_of!(KernelParams, box_rows) == 532);
@@ -101,13 +108,16 @@ const _: () = assert!(std::mem::offset_of!(KernelParams, sinks_ptr) == 544);
 const _: () = assert!(std::mem::offset_of!(KernelParams, softcap_out) == 564);
 const _: () = assert!(std::mem::offset_of!(KernelParams, heads_q_mul) == 576);
 const _: () = assert!(std::mem::offset_of!(KernelParams, o_map) == 640);
-const _: () = assert!(std::mem::size_of::<KernelParams>() == 768);
+const _: () = assert!(std::mem::offset_of!(KernelParams, section_units_shift) == 792);
 
 /// Byte offsets in the parameter block of the pointers to public metadata: the key counts of
 /// `FC_KV_PUBLIC` builds and the block table of `FC_PAGED` ones. The audit treats what is read
 /// through them as public (docs/design.md §1, `Variant::declared` in `kernels`).
 pub const LENS_FIELD: u32 = std::mem::offset_of!(KernelParams, lens_ptr) as u32;
 pub const TABLE_FIELD: u32 = std::mem::offset_of!(KernelParams, table_ptr) as u32;
+/// Byte offset of the dynamic order's tile counter (declared public to the audit for the prefill
+/// builds that may take it: written only with public values, read by atomic adds).
+pub const COUNTER_FIELD: u32 = std::mem::offset_of!(KernelParams, tile_counter) as u32;
 
 /// The append kernel's parameter block (`AppendParams` in kernels/fc_kv_append.cuh).
 #[repr(C)]
@@ -292,7 +302,8 @@ mod tests {
             ws_o_ptr, ws_ml_ptr, pack, pack_shift, split_blocks, num_splits, table_ptr,
             table_stride, num_pages, page_shift, box_rows, starts_ptr, sinks_ptr, window_left,
             window_right, softcap_in, softcap_out, units_per_head_mul, units_per_head_shift,
-            heads_q_mul, heads_q_shift, o_tma, o_map);
+            heads_q_mul, heads_q_shift, o_tma, o_map, tile_counter, section_heads,
+            section_heads_mul, section_heads_shift, section_units_mul, section_units_shift);
         check("Params", include_str!("../kernels/fc_config.cuh"), rust);
     }
 

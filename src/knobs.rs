@@ -35,6 +35,13 @@ pub fn forward_tiles() -> ForwardTiles {
     }
 }
 
+/// `FLASHCORE_TILE_ORDER`, read on every call: `static` keeps causal prefill in the static
+/// order (heavy and light tiles paired, a fixed round-robin) where the dynamic order (tiles
+/// heaviest first from a counter) would run. Either order gives the same bits.
+pub fn static_tile_order() -> bool {
+    std::env::var("FLASHCORE_TILE_ORDER").as_deref() == Ok("static")
+}
+
 /// `FLASHCORE_DECODE_SPLIT=N` (1–4096), read once per process: decode's split size fixed at N
 /// key blocks whatever Sk is (it changes the bits against the default rule, never their batch
 /// invariance).

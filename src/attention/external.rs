@@ -617,7 +617,7 @@ impl ExternalContext {
             unsafe { plan.launch_append(&mut ap, stream)? };
         }
         // SAFETY: the caller's contract above; shapes, alignment and strides validated.
-        unsafe { plan.launch_on(ptrs, strides, stream) }
+        unsafe { plan.launch_on(ptrs, 0, strides, stream) }
     }
 }
 

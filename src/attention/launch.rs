@@ -54,6 +54,39 @@ pub struct Schedule {
     /// CTAs launched: one per SM at most (each takes every gridDim-th unit); split mode launches
     /// one cluster per unit.
     pub ctas: u32,
+    /// The dynamic order's sections, where a launch may take it: causal prefill with at least as
+    /// many tile pairs as SMs (the grid is then full in either order).
+    pub dynamic: Option<DynamicOrder>,
+}
+
+/// The dynamic order (kernels/fc_scheduler.cuh): one unit per tile, taken from a counter,
+/// heaviest first within sections of `section_heads` (batch, head) pairs, so the light tiles fill
+/// the tail where the static pairs leave the last wave part-empty (a block-count model puts
+/// static pairs ~3% over the ideal makespan, this order 0.0–0.5%). Public: shapes only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DynamicOrder {
+    pub units: i32,
+    pub section_heads: i32,
+}
+
+impl DynamicOrder {
+    /// Of the divisors of batch · heads_q, the largest whose section's K/V (its K/V heads) fits
+    /// `L2_SHARE` bytes: the CTAs at work share a section's keys in L2.
+    fn new(params: &AttentionParams, m_blocks: usize) -> DynamicOrder {
+        const L2_SHARE: usize = 24 << 20;
+        let pairs = params.batch * params.heads_q;
+        let group = (params.heads_q / params.heads_kv.max(1)).max(1);
+        let kv_head_bytes = params.seqlen_k * params.head_dim * 2 * 2;
+        let fits = |s: usize| s.div_ceil(group) * kv_head_bytes <= L2_SHARE;
+        let section_heads = (1..=pairs)
+            .filter(|&s| pairs % s == 0 && (s == 1 || fits(s)))
+            .max()
+            .unwrap_or(1);
+        DynamicOrder {
+            units: (pairs * m_blocks) as i32,
+            section_heads: section_heads as i32,
+        }
+    }
 }
 
 impl Schedule {
@@ -78,12 +111,15 @@ impl Schedule {
                 "too many query tiles: batch · heads · ceil(seqlen_q / 128) must fit in an i32",
             ));
         }
+        let dynamic = (pair_tiles && units >= num_sms as u128)
+            .then(|| DynamicOrder::new(params, m_blocks));
         Ok(Schedule {
             m_blocks: m_blocks as i32,
             pair_tiles,
             units_per_head: units_per_head as i32,
             units: units as i32,
             ctas: ctas as u32,
+            dynamic,
         })
     }
 }
@@ -118,7 +154,7 @@ fn pdl_eligible(build: KernelBuild) -> bool {
 }
 
 /// Buffers and element strides (q, k, v, o) a parameter block was built for.
-type LaunchKey = ([u64; 10], [Strides; 4]);
+type LaunchKey = ([u64; 11], [Strides; 4]);
 
 /// Which of a plan's tensor maps: q's, or a K/V one (K and V maps of a buffer are the same).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -191,6 +227,9 @@ pub struct Plan {
     /// stream capture, where an allocation becomes a graph node that blocks relaunching the
     /// graph — and not at all for plans of external calls, which bring their own.
     own_workspace: Option<CudaSlice<u8>>,
+    /// The dynamic order's counter for launches on the context's own stream (zero, and left zero
+    /// by every launch), where the schedule and the build allow that order.
+    own_counter: Option<CudaSlice<u32>>,
     lengths: Lengths,
     /// Launched as a programmatic dependent ([`programmatic_launch`]).
     programmatic: bool,
@@ -217,8 +256,18 @@ impl Plan {
         };
         let grid = (decode.map_or(schedule.ctas, |d| d.ctas), 1, 1);
         let ws_bytes = decode.map_or(0, |d| d.workspace_bytes(&params));
-        let own_workspace = if own_workspace && ws_bytes > 0 {
+        let own_buffers = own_workspace;
+        let own_workspace = if own_buffers && ws_bytes > 0 {
             Some(ctx.alloc::<u8>(ws_bytes)?)
+        } else {
+            None
+        };
+        let schedule = Schedule {
+            dynamic: schedule.dynamic.filter(|_| variant.dynamic_order() && decode.is_none()),
+            ..schedule
+        };
+        let own_counter = if own_buffers && schedule.dynamic.is_some() {
+            Some(ctx.alloc::<u32>(2)?)
         } else {
             None
         };
@@ -231,6 +280,7 @@ impl Plan {
             schedule,
             decode,
             own_workspace,
+            own_counter,
             lengths,
             programmatic: programmatic_launch(build, grid.0, ctx.num_sms()),
             cached: Mutex::new(LaunchCache {
@@ -297,7 +347,7 @@ impl Plan {
         maps: &mut MapCache<sys::CUtensorMap>,
     ) -> Result<KernelParams> {
         let p = &self.params;
-        let [q, k, v, o, lse, lens, ws, table, starts, sinks] = ptrs;
+        let [q, k, v, o, lse, lens, ws, table, starts, sinks, counter] = ptrs;
         let [q_st, k_st, v_st, o_st] = strides;
         let (ws_o_ptr, ws_ml_ptr) = self.decode.map_or((0, 0), |d| d.workspace_parts(p, ws));
         let [q_map, k_map, v_map] = self.encode_maps([q, k, v], [q_st, k_st, v_st], maps)?;
@@ -308,7 +358,20 @@ impl Plan {
         let (window_left, window_right, softcap_in, softcap_out) =
             feature_fields(p, p.seqlen_q, p.seqlen_k);
         let o_map = self.encode_o_map(o, o_st, maps);
-        let uph = FastDiv::new(self.schedule.units_per_head.max(1) as u32);
+        // The dynamic order: one unit per tile from the counter (same grid: see Schedule).
+        let dynamic = self.schedule.dynamic.filter(|_| counter != 0);
+        let (units_per_head, units, pair_tiles) = match dynamic {
+            Some(d) => (self.schedule.m_blocks, d.units, false),
+            None => (
+                self.schedule.units_per_head,
+                self.schedule.units,
+                self.schedule.pair_tiles,
+            ),
+        };
+        let section_heads = dynamic.map_or(1, |d| d.section_heads);
+        let sec = FastDiv::new(section_heads as u32);
+        let sec_units = FastDiv::new((section_heads * self.schedule.m_blocks.max(1)) as u32);
+        let uph = FastDiv::new(units_per_head.max(1) as u32);
         let hq = FastDiv::new(p.heads_q as u32);
         Ok(KernelParams {
             q_map,
@@ -330,9 +393,9 @@ impl Plan {
             num_m_blocks: self
                 .decode
                 .map_or(self.schedule.m_blocks, |d| d.m_blocks as i32),
-            units_per_head: self.schedule.units_per_head,
-            num_units: self.decode.map_or(self.schedule.units, |d| d.units as i32),
-            pair_tiles: (self.schedule.pair_tiles && self.decode.is_none()) as i32,
+            units_per_head,
+            num_units: self.decode.map_or(units, |d| d.units as i32),
+            pair_tiles: (pair_tiles && self.decode.is_none()) as i32,
             ws_o_ptr,
             ws_ml_ptr,
             pack: self.decode.map_or(1, |d| d.pack as i32),
@@ -361,6 +424,12 @@ impl Plan {
             o_tma: o_map.is_some() as i32,
             // SAFETY: a tensor map is plain bytes; the kernel reads it only when o_tma is 1.
             o_map: o_map.unwrap_or(unsafe { std::mem::zeroed() }),
+            tile_counter: if dynamic.is_some() { counter } else { 0 },
+            section_heads,
+            section_heads_mul: sec.mul,
+            section_heads_shift: sec.shift,
+            section_units_mul: sec_units.mul,
+            section_units_shift: sec_units.shift,
         })
     }
 
@@ -583,8 +652,13 @@ impl Plan {
             .own_workspace
             .as_ref()
             .map_or(0, |w| w.device_ptr(&self.stream).0);
+        let counter = self
+            .own_counter
+            .as_ref()
+            .map_or(0, |c| c.device_ptr(&self.stream).0);
         self.launch_on(
             [q, k, v, o, lse, lens, ws, table, starts, sinks],
+            counter,
             strides,
             self.stream.cu_stream(),
         )
@@ -599,12 +673,20 @@ impl Plan {
     /// workspace [`Plan::workspace_bytes`] long and used by no other launch in flight, and
     /// `stream` a live stream of this plan's context; strides checked by
     /// [`super::external::validate`].
+    /// `counter`: the dynamic order's counter (u32 [2], zero, left zero by the launch; used by
+    /// no launch in flight on another stream), or 0 for the static order.
     pub(crate) unsafe fn launch_on(
         &self,
         ptrs: [u64; 10],
+        counter: u64,
         strides: [Strides; 4],
         stream: sys::CUstream,
     ) -> Result<()> {
+        let counter = if self.schedule.dynamic.is_some() && !crate::knobs::static_tile_order() {
+            counter
+        } else {
+            0
+        };
         if ptrs[9] != 0 && self.lengths == Lengths::SecretPadded {
             return Err(Error::invalid(
                 "sinks",
@@ -623,7 +705,10 @@ impl Plan {
                 "this decode call splits its keys and needs a workspace of Plan::workspace_bytes() bytes",
             ));
         }
-        let key = (ptrs, strides);
+        let mut all = [0u64; 11];
+        all[..10].copy_from_slice(&ptrs);
+        all[10] = counter;
+        let key = (all, strides);
         let mut cached = self
             .cached
             .lock()

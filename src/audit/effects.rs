@@ -163,10 +163,12 @@ pub fn external_call(e: &mut Effects) {
 /// A global read of a public buffer (block table, `cache_seqlens`, ...): what it loads is not a
 /// taint source; the value takes the taint of its address and guard (so a secret address still
 /// gives a secret value, besides the rule-2 finding at the read). `LDGSTS` then copies public
-/// bytes into shared memory.
+/// bytes into shared memory. An atomic's returned value (a tile counter's ticket) takes the
+/// taint of its address, guard and operands.
 pub fn public_read(e: &mut Effects) {
     match e.class {
-        Some(Class::Load(Space::Global | Space::Generic)) => {
+        Some(Class::Load(Space::Global | Space::Generic))
+        | Some(Class::Atomic(Space::Global | Space::Generic)) => {
             e.intrinsic = false;
             // A generic address based on a global buffer's pointer is not shared or local.
             e.reads_smem = false;

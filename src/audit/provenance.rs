@@ -578,6 +578,15 @@ fn global_read_operand<'a>(step: &Step<'a>) -> Option<&'a Operand> {
     let mems: Vec<&Operand> = step.insn.operands.iter().filter(|o| o.is_mem()).collect();
     match step.class {
         Class::Load(Space::Global | Space::Generic) => mems.first().copied(),
+        // An atomic that returns the old value reads the cell too (a tile counter's ticket).
+        Class::Atomic(Space::Global | Space::Generic)
+            if operands_with(step, Role::DestReg)
+                .first()
+                .and_then(|&k| step.insn.operands[k].as_reg())
+                .is_some_and(|r| loc(r.reg).is_some()) =>
+        {
+            mems.first().copied()
+        }
         Class::AsyncToShared if step.insn.op() == "LDGSTS" => mems
             .iter()
             .copied()
@@ -1090,6 +1099,27 @@ mod tests {
              /*0020*/ @PT MOV R4, R2 ;\n",
         );
         assert_eq!((v[r(2)], v[r(3)], v[r(4)]), (Lo(0), Hi(0), Lo(0)));
+    }
+
+    #[test]
+    fn an_atomic_on_the_buffer_reads_it() {
+        let pr = run("/*0000*/ LDC.64 R2, c[0x0][0x210] ;\n\
+             /*0010*/ ATOMG.E.ADD.STRONG.GPU PT, R3, desc[UR6][R2.64], R5 ;\n\
+             /*0020*/ LDC.64 R4, c[0x0][0x210] ;\n\
+             /*0030*/ ATOMG.E.EXCH.STRONG.GPU PT, RZ, desc[UR6][R4.64], RZ ;\n\
+             /*0040*/ EXIT ;\n");
+        assert_eq!(pr.reads[1], Some(0), "a ticket: the atomic's old value");
+        assert_eq!(pr.reads[3], None, "no value returned: a write only");
+        assert_eq!(pr.writes[0], vec![1, 3]);
+        let pr = run("/*0000*/ S2R R7, SR_LANEID ;\n\
+             /*0010*/ VOTEU.ANY UR4, UPT, PT ;\n\
+             /*0020*/ LDC.64 R2, c[0x0][0x210] ;\n\
+             /*0030*/ FLO.U32 R4, UR4 ;\n\
+             /*0040*/ POPC R5, UR4 ;\n\
+             /*0050*/ ISETP.EQ.U32.AND P1, PT, R4, R7, PT ;\n\
+             /*0060*/ @P1 ATOMG.E.ADD.STRONG.GPU PT, R3, desc[UR6][R2.64], R5 ;\n\
+             /*0070*/ EXIT ;\n");
+        assert_eq!(pr.reads[6], Some(0), "under a guard, warp-aggregated");
     }
 
     #[test]

@@ -100,7 +100,8 @@ impl Tile {
     pub fn smem_bytes(&self, head_dim: usize) -> usize {
         let q = self.q_buffers * self.block_m * head_dim * 2;
         let kv = 2 * self.stages * self.block_n * head_dim * 2;
-        let barriers = (2 * self.q_buffers + 4 * self.stages) * 8;
+        // + the dynamic order's two unit slots and their four barriers.
+        let barriers = (2 * self.q_buffers + 4 * self.stages + 4) * 8 + 2 * 4;
         let anchor = 128 * self.consumers * 4;
         // Split mode parks an fp32 partial (O, max, sum) per query row for the cluster combine.
         let partial = if self.split > 1 {
@@ -448,6 +449,13 @@ impl Variant {
     /// parameters and, for the forward kernel of a decode variant without secret lengths, the
     /// pointers to public KV-cache metadata (`cache_seqlens`, the block table: docs/design.md §1).
     /// Everything else read from device memory stays secret.
+    /// Whether this build may take its tiles in the dynamic order (kernels/fc_scheduler.cuh,
+    /// `kDynamicOrder`: dense prefill without a cluster split); the host passes a counter for
+    /// causal shapes with more tile pairs than SMs.
+    pub fn dynamic_order(&self) -> bool {
+        !self.decode && !self.varlen && self.split == 1
+    }
+
     pub fn declared(&self, kernel: &str) -> crate::audit::Declared {
         use crate::abi::{LENS_FIELD, TABLE_FIELD};
         let mut public_fields = Vec::new();
@@ -463,6 +471,9 @@ impl Variant {
             }
             if self.paged {
                 public_fields.push((0, TABLE_FIELD));
+            }
+            if self.dynamic_order() {
+                public_fields.push((0, crate::abi::COUNTER_FIELD));
             }
         }
         if kernel == VARLEN_BUILD_SYMBOL && self.varlen {

@@ -235,3 +235,47 @@ extern "C" __global__ void pb_turn_counter_secret(int* turns, const float* part,
     __syncthreads();
     if (threadIdx.x == 0) pb_release_add(turns + tile, 1 + (__float_as_int(x) & 1));
 }
+
+// The tile counter's ticket, as the forward kernel takes it: one `atom` from one thread (the
+// compiler's warp-aggregated atomicAdd hands the result round the warp with a shuffle, which
+// the provenance analysis reads flow-insensitively).
+__device__ unsigned pb_ticket(unsigned* p, unsigned v) {
+    unsigned r;
+    asm volatile("atom.global.add.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "r"(v) : "memory");
+    return r;
+}
+
+// (n) A tile counter (the forward's dynamic order, kernels/fc_scheduler.cuh): each CTA takes
+// tickets with an atomic add until one is past the end, computes that tile at addresses built
+// from the ticket, and the last CTA to finish sets the counter back to zero. Written only with
+// public values at public addresses, so the tickets are public: clean with `counter` public;
+// without, the tickets are secret (rule 1 at the loop's branch, rule 2 at the addresses).
+extern "C" __global__ void pb_tile_counter(unsigned* counter, const float* in, float* out, int tiles) {
+    __shared__ int ticket;
+    for (;;) {
+        if (threadIdx.x == 0) ticket = (int)pb_ticket(counter, 1u);
+        __syncthreads();
+        const int t = ticket;
+        __syncthreads();
+        if (t >= tiles) break;
+        out[(long long)t * blockDim.x + threadIdx.x] = in[(long long)t * blockDim.x + threadIdx.x] * 2.0f;
+    }
+    if (threadIdx.x == 0 && pb_ticket(counter + 1, 1u) == gridDim.x - 1) {
+        atomicExch(counter, 0u);
+        atomicExch(counter + 1, 0u);
+    }
+}
+
+// (o) The same with an increment derived from the data: the counter is no longer public, so
+// even declared public its tickets are secret.
+extern "C" __global__ void pb_tile_counter_secret(unsigned* counter, const float* in, float* out, int tiles) {
+    __shared__ int ticket;
+    for (;;) {
+        if (threadIdx.x == 0) ticket = (int)pb_ticket(counter, 1u + (__float_as_uint(in[0]) & 1u));
+        __syncthreads();
+        const int t = ticket;
+        __syncthreads();
+        if (t >= tiles) break;
+        out[(long long)t * blockDim.x + threadIdx.x] = in[(long long)t * blockDim.x + threadIdx.x] * 2.0f;
+    }
+}

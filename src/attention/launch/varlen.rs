@@ -508,6 +508,12 @@ unsafe fn launch_chunk(
         o_tma: 0,
         // SAFETY: a tensor map is plain bytes; the kernel reads it only when o_tma is 1.
         o_map: unsafe { std::mem::zeroed() },
+        tile_counter: 0,
+        section_heads: 1,
+        section_heads_mul: 0,
+        section_heads_shift: 0,
+        section_units_mul: 0,
+        section_units_shift: 0,
     });
     let grid = (units.min(target.num_sms.max(1) as u128) as u32, 1, 1);
     let mut args: [*mut std::ffi::c_void; 1] =
