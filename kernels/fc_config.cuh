@@ -148,10 +148,12 @@ struct Params {
     // 16-byte aligned), 0: through 16- or 4-byte stores from registers. Public.
     int32_t o_tma;
     TensorMap o_map;  // O's 4-D map (dim, seq, head, batch), box SW_ELEMS × 16 rows (one warp's)
-    // The dynamic order (fc_scheduler.cuh, causal prefill): u32 [2] (next unit, CTAs done), zero
-    // at launch and left zero by the launch; public state. 0: the static order.
+    // The dynamic order (fc_scheduler.cuh, causal prefill): u32 [2 + 2 · gridDim] (next unit, CTAs
+    // done — zero at launch and left zero by the launch — then each CTA's two hand-over slots);
+    // public state. Only an atomic's address: the order
+    // is chosen by section_heads, so no value derives from the pointer.
     uint64_t tile_counter;
-    int32_t section_heads;        // (batch, head) pairs per section of the dynamic order
+    int32_t section_heads;        // (batch, head) pairs per section of the dynamic order; 0: static
     uint32_t section_heads_mul;   // fast_div by section_heads
     int32_t section_heads_shift;
     uint32_t section_units_mul;   // fast_div by section_heads · num_m_blocks
@@ -166,7 +168,6 @@ struct Shared {
     uint64_t k_full[cfg::STAGES], v_full[cfg::STAGES];
     uint64_t k_empty[cfg::STAGES], v_empty[cfg::STAGES];
     uint64_t unit_full[2], unit_empty[2];  // the dynamic order's hand-over (fc_scheduler.cuh)
-    int32_t unit_slot[2];
     float anchor[128 * cfg::CONSUMERS];  // write-only scheduling anchor (see Consumer::iteration)
 #if FC_SPLIT > 1
     // This CTA's partial result over its key range, read by the whole cluster when combining.

@@ -56,8 +56,8 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
     int q_load = 0;  // Q tiles loaded so far
     const int end_unit = sched.end_unit();
     int n = 0;  // units taken (the dynamic order's hand-over)
-    for (int unit = producer_next_unit(p, s, n++, sched.first_unit()); unit < end_unit;
-         unit = producer_next_unit(p, s, n++, unit + sched.unit_step())) {
+    for (int unit = producer_next_unit(p, s, n++, sched.first_unit(), end_unit); unit < end_unit;
+         unit = producer_next_unit(p, s, n++, unit + sched.unit_step(), end_unit)) {
         const int tiles = sched.tiles_in_unit(unit);
         for (int k = 0; k < tiles; ++k) {
             const Tile t = sched.tile(unit, k);
@@ -118,5 +118,4 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
             }
         }
     }
-    release_counter(p);
 }

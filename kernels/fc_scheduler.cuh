@@ -119,7 +119,7 @@ struct Scheduler {
         t.len_k = w.w;
         return t;
 #endif
-        if (kDynamicOrder && p.tile_counter != 0) {  // the dynamic order (public: a parameter)
+        if (kDynamicOrder && p.section_heads != 0) {  // the dynamic order (public: a parameter)
             // Sections of section_heads (batch, head) pairs; inside one, tiles heaviest first
             // (the last query block first), the section's heads side by side: the CTAs running
             // at once share a few heads' K/V in L2, and the light tiles come last.
@@ -147,12 +147,19 @@ struct Scheduler {
     }
 };
 
-// One thread's atomics on the counter, in PTX: the compiler's warp-aggregated atomicAdd would
-// hand the result round the warp with a shuffle, which the audit's provenance analysis reads
-// flow-insensitively (the ticket would look derived from any pointer that register ever held).
-FC_DEVICE uint32_t atom_add_u32(uint64_t addr, uint32_t v) {
+// One thread's ticket: an increment that wraps at 2^31 − 1 (never reached: a launch takes
+// fewer tickets). Not an add: ptxas turns an add of a constant (or an increment without a wrap)
+// into a warp-aggregated atomic whose result goes round the warp by a shuffle, which the audit's
+// provenance analysis cannot tell from the pointer the same register held on other lanes.
+FC_DEVICE uint32_t atom_ticket(uint64_t addr) {
     uint32_t r;
-    asm volatile("atom.global.add.u32 %0, [%1], %2;" : "=r"(r) : "l"(addr), "r"(v) : "memory");
+    asm volatile("atom.global.inc.u32 %0, [%1], %2;" : "=r"(r) : "l"(addr), "r"(0x7fffffffu) : "memory");
+    return r;
+}
+// The same on the second word (the CTAs done), addressed as an offset of the counter's pointer.
+FC_DEVICE uint32_t atom_ticket_done(uint64_t addr) {
+    uint32_t r;
+    asm volatile("atom.global.inc.u32 %0, [%1+4], %2;" : "=r"(r) : "l"(addr), "r"(0x7fffffffu) : "memory");
     return r;
 }
 FC_DEVICE void atom_exch_u32(uint64_t addr, uint32_t v) {
@@ -160,39 +167,44 @@ FC_DEVICE void atom_exch_u32(uint64_t addr, uint32_t v) {
     asm volatile("atom.global.exch.b32 %0, [%1], %2;" : "=r"(r) : "l"(addr), "r"(v) : "memory");
 }
 
-// The dynamic order's hand-over (p.tile_counter != 0; causal prefill, no cluster split). The
+// The dynamic order's hand-over (p.section_heads != 0; causal prefill, no cluster split). The
 // producer thread takes each next unit from the launch's counter (an atomic add: which CTA gets
 // which tile depends on timing only, never on data, and a tile's bits never depend on its CTA)
 // and hands it to the consumer warps through a two-slot ring in shared memory; the unit past the
 // end ends everyone's walk. In the static order each role computes its units itself.
-FC_DEVICE int producer_next_unit(const Params& p, Shared& s, int n, int static_unit) {
-    if (!kDynamicOrder || p.tile_counter == 0) return static_unit;
-    const int u = (int)atom_add_u32(p.tile_counter, 1u);
+// This CTA's hand-over slot `slot` (0, 1) in the counter's buffer, after its two words: global
+// memory the audit proves public (written only with tickets, at addresses from the block index),
+// where a slot in shared memory would be read as secret (the audit keeps shared memory as one
+// cell, and O and the scores pass through it).
+FC_DEVICE uint64_t unit_slot_addr(const Params& p, int slot) {
+    return p.tile_counter + 8 + (uint64_t)(2 * blockIdx.x + slot) * 4;
+}
+
+FC_DEVICE int producer_next_unit(const Params& p, Shared& s, int n, int static_unit, int end_unit) {
+    if (!kDynamicOrder || p.section_heads == 0) return static_unit;
+    const int u = (int)atom_ticket(p.tile_counter);
     const int slot = n % 2;
     mbar_wait(&s.unit_empty[slot], ((n / 2) & 1) ^ 1);
-    s.unit_slot[slot] = u;
-    mbar_arrive(&s.unit_full[slot]);
+    asm volatile("st.relaxed.cta.global.u32 [%0], %1;" ::"l"(unit_slot_addr(p, slot)), "r"(u) : "memory");
+    mbar_arrive(&s.unit_full[slot]);  // release: the slot's store before the consumers' reads
+    // This CTA's last ticket: the launch's last CTA to get here leaves the counter zero for the
+    // next launch on it (every CTA has taken its last ticket by then).
+    if (u >= end_unit && atom_ticket_done(p.tile_counter) == gridDim.x - 1) {
+        atom_exch_u32(p.tile_counter, 0u);
+        atom_exch_u32(p.tile_counter + 4, 0u);
+    }
     return u;
 }
 
 FC_DEVICE int consumer_next_unit(const Params& p, Shared& s, int n, int static_unit) {
-    if (!kDynamicOrder || p.tile_counter == 0) return static_unit;
+    if (!kDynamicOrder || p.section_heads == 0) return static_unit;
     const int slot = n % 2;
     mbar_wait(&s.unit_full[slot], (n / 2) & 1);
-    const int u = *reinterpret_cast<volatile int32_t*>(&s.unit_slot[slot]);
+    int u;
+    asm volatile("ld.relaxed.cta.global.u32 %0, [%1];" : "=r"(u) : "l"(unit_slot_addr(p, slot)) : "memory");
     __syncwarp();
     if (lane_id() == 0) mbar_arrive(&s.unit_empty[slot]);
     return u;
-}
-
-// After the producer's last unit: the launch's last CTA to get here leaves the counter zero for
-// the next launch on it (every CTA has taken its last unit by then).
-FC_DEVICE void release_counter(const Params& p) {
-    if (!kDynamicOrder || p.tile_counter == 0) return;
-    if (atom_add_u32(p.tile_counter + 4, 1u) == gridDim.x - 1) {
-        atom_exch_u32(p.tile_counter, 0u);
-        atom_exch_u32(p.tile_counter + 4, 0u);
-    }
 }
 
 // Rows of query tile `m_block` (positions in decode mode): [first, last], clamped to Sq.

@@ -708,3 +708,41 @@ fn a_turn_counter_written_with_secret_values_is_not_public() {
     assert_eq!((v[0].0, v[0].1.as_str()), (Rule::ControlFlow, "BRA"));
     assert_eq!(chain_start(&a.findings[0]), b.unproven_loads[0]);
 }
+
+/// (n) A tile counter: tickets from an atomic increment (the old value is a read of the buffer),
+/// the counter set back to zero by the last CTA. Written only with public values at public
+/// addresses, so the tickets are public and the addresses built from them are clean; undeclared,
+/// the tickets are secret (the loop's branch and the tile's addresses are findings).
+#[test]
+fn a_tile_counter_gives_public_tickets() {
+    let k = "pb_tile_counter";
+    let a = audit(k, &["counter"]);
+    clean(&a);
+    let b = only_buffer(&a);
+    assert!(b.public_writes, "{b:#?}");
+    assert!(b.unproven_loads.is_empty(), "{b:#?}");
+    assert_eq!(b.public_loads.len(), 2, "the two tickets: {b:#?}");
+    for &i in &b.public_loads {
+        assert!(insn_at(k, i).op().starts_with("ATOMG"), "{b:#?}");
+    }
+    assert_eq!(b.writes.len(), 4, "two increments, two resets: {b:#?}");
+    let a = audit(k, &[]);
+    let v = verdicts(&a);
+    assert!(
+        v.iter().any(|f| f.0 == Rule::ControlFlow) && v.iter().any(|f| f.0 == Rule::MemoryAddress),
+        "{v:?}"
+    );
+}
+
+/// (o) The same counter incremented by a value derived from the data: declared public or not,
+/// its tickets are secret.
+#[test]
+fn a_tile_counter_written_with_secret_values_is_not_public() {
+    let k = "pb_tile_counter_secret";
+    let a = audit(k, &["counter"]);
+    let b = only_buffer(&a);
+    assert!(!b.public_writes, "{b:#?}");
+    assert!(b.public_loads.is_empty(), "{b:#?}");
+    assert_eq!(b.unproven_loads.len(), 1, "the ticket, demoted: {b:#?}");
+    assert!(!verdicts(&a).is_empty());
+}

@@ -40,7 +40,10 @@ fn case<T: Element>(ctx: &flashcore::attention::Context, p: &AttentionParams) {
                     *out0 == bits(&got.out),
                     "{p:?}: output bits differ between the {o0} and the {order} order"
                 );
-                assert!(*lse0 == lse, "{p:?}: LSE bits differ between {o0} and {order}");
+                assert!(
+                    *lse0 == lse,
+                    "{p:?}: LSE bits differ between {o0} and {order}"
+                );
             }
         }
     }

@@ -1120,6 +1120,13 @@ mod tests {
              /*0060*/ @P1 ATOMG.E.ADD.STRONG.GPU PT, R3, desc[UR6][R2.64], R5 ;\n\
              /*0070*/ EXIT ;\n");
         assert_eq!(pr.reads[6], Some(0), "under a guard, warp-aggregated");
+        let pr = run("/*0000*/ LDC.64 R2, c[0x0][0x210] ;\n\
+             /*0010*/ UIADD3 UR8, UP0, UR6, 0x280b0, URZ ;\n\
+             /*0020*/ IMAD.MOV.U32 R4, RZ, RZ, 0x1 ;\n\
+             /*0030*/ IMAD.MOV.U32 R5, RZ, RZ, 0x7fffffff ;\n\
+             /*0040*/ ATOMG.E.INC.STRONG.GPU PT, R0, desc[UR26][R2.64], R5 ;\n\
+             /*0050*/ EXIT ;\n");
+        assert_eq!(pr.reads[4], Some(0), "an increment");
     }
 
     #[test]

@@ -100,8 +100,8 @@ impl Tile {
     pub fn smem_bytes(&self, head_dim: usize) -> usize {
         let q = self.q_buffers * self.block_m * head_dim * 2;
         let kv = 2 * self.stages * self.block_n * head_dim * 2;
-        // + the dynamic order's two unit slots and their four barriers.
-        let barriers = (2 * self.q_buffers + 4 * self.stages + 4) * 8 + 2 * 4;
+        // + the dynamic order's four hand-over barriers.
+        let barriers = (2 * self.q_buffers + 4 * self.stages + 4) * 8;
         let anchor = 128 * self.consumers * 4;
         // Split mode parks an fp32 partial (O, max, sum) per query row for the cluster combine.
         let partial = if self.split > 1 {

@@ -241,7 +241,7 @@ extern "C" __global__ void pb_turn_counter_secret(int* turns, const float* part,
 // the provenance analysis reads flow-insensitively).
 __device__ unsigned pb_ticket(unsigned* p, unsigned v) {
     unsigned r;
-    asm volatile("atom.global.add.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "r"(v) : "memory");
+    asm volatile("atom.global.inc.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "r"(v) : "memory");
     return r;
 }
 
@@ -253,14 +253,14 @@ __device__ unsigned pb_ticket(unsigned* p, unsigned v) {
 extern "C" __global__ void pb_tile_counter(unsigned* counter, const float* in, float* out, int tiles) {
     __shared__ int ticket;
     for (;;) {
-        if (threadIdx.x == 0) ticket = (int)pb_ticket(counter, 1u);
+        if (threadIdx.x == 0) ticket = (int)pb_ticket(counter, 0x7fffffffu);
         __syncthreads();
         const int t = ticket;
         __syncthreads();
         if (t >= tiles) break;
         out[(long long)t * blockDim.x + threadIdx.x] = in[(long long)t * blockDim.x + threadIdx.x] * 2.0f;
     }
-    if (threadIdx.x == 0 && pb_ticket(counter + 1, 1u) == gridDim.x - 1) {
+    if (threadIdx.x == 0 && pb_ticket(counter + 1, 0x7fffffffu) == gridDim.x - 1) {
         atomicExch(counter, 0u);
         atomicExch(counter + 1, 0u);
     }
@@ -271,7 +271,7 @@ extern "C" __global__ void pb_tile_counter(unsigned* counter, const float* in, f
 extern "C" __global__ void pb_tile_counter_secret(unsigned* counter, const float* in, float* out, int tiles) {
     __shared__ int ticket;
     for (;;) {
-        if (threadIdx.x == 0) ticket = (int)pb_ticket(counter, 1u + (__float_as_uint(in[0]) & 1u));
+        if (threadIdx.x == 0) ticket = (int)pb_ticket(counter, 0x7ffffffeu | (__float_as_uint(in[0]) & 1u));
         __syncthreads();
         const int t = ticket;
         __syncthreads();

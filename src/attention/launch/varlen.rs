@@ -509,7 +509,7 @@ unsafe fn launch_chunk(
         // SAFETY: a tensor map is plain bytes; the kernel reads it only when o_tma is 1.
         o_map: unsafe { std::mem::zeroed() },
         tile_counter: 0,
-        section_heads: 1,
+        section_heads: 0,
         section_heads_mul: 0,
         section_heads_shift: 0,
         section_units_mul: 0,
