@@ -87,6 +87,29 @@ def _workspace(n, dev, stream):
     return w
 
 
+# Tile counters of the dynamic order (causal prefill takes its tiles heaviest first from one),
+# kept per (device, stream): zero, and left zero by every launch, so one per stream serves every
+# eager call there. While a CUDA graph is captured, each call takes a fresh zeroed one from
+# torch's allocator (the zeroing is captured with it).
+_counters = {}
+_counter_words = {}
+
+
+def _tile_counter(dev, stream):
+    """The address of a tile counter for one call on `stream` of device `dev`."""
+    capturing = _capturing()
+    c = None if capturing else _counters.get((dev, stream))
+    if c is None:
+        words = _counter_words.get(dev)
+        if words is None:
+            sms = torch.cuda.get_device_properties(dev).multi_processor_count
+            words = _counter_words[dev] = _native.tile_counter_words(sms)
+        c = torch.zeros(words, dtype=torch.int32, device=torch.device("cuda", dev))
+        if not capturing:
+            _counters[(dev, stream)] = c
+    return c.data_ptr()
+
+
 # What torch.cuda.is_current_stream_capturing calls, without its Python frame.
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or torch.cuda.is_current_stream_capturing
 
@@ -132,6 +155,11 @@ class Call:
         return (s[0], s[1], s[2]) if self.bhsd else (s[0], s[2], s[1])
 
 
+# The shortest causal query length that may take the dynamic tile order (8 query tiles of 128
+# rows: the library's rule); shorter calls pass no counter.
+_DYNAMIC_MIN_SEQLEN_Q = 1024
+
+
 def launch(call, out, lse):
     """O = attention of a checked dense call (`Call`) into `out`, in q's index order ([B, S, H, D],
     or [B, H, S, D] with `call.bhsd`), any strides; inputs that TMA cannot read in place are
@@ -152,6 +180,10 @@ def launch(call, out, lse):
         # Decode mode's split partials (most decode shapes need some; prefill never does).
         n = _workspace_bytes(dtype, shape, causal, False)
     ws, _ = _scratch(n, b, dev, stream, False)
+    extra = _features(call.window, call.softcap, call.sinks)
+    if causal and sq >= _DYNAMIC_MIN_SEQLEN_Q:
+        # Long causal prefill may take the dynamic tile order (the library decides by the shape).
+        extra["tile_counter"] = _tile_counter(dev, stream)
     _native.attention(
         dev,
         stream,
@@ -167,7 +199,7 @@ def launch(call, out, lse):
         lengths.data_ptr() if lengths is not None else 0,
         ws,
         0,
-        **_features(call.window, call.softcap, call.sinks),
+        **extra,
     )
 
 

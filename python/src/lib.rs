@@ -228,7 +228,7 @@ fn validate(
 /// device memory covering what the strides reach; the Python package guarantees that by
 /// passing tensors it holds until the op returns (the stream orders their reuse).
 #[pyfunction]
-#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false, kv_starts=0, window=(-1, -1), softcap=0.0, sinks=0, append=None))]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0, kv_lengths=0, kv_secret=false, block_table=0, page_size=0, num_pages=0, kv_prefill_consistent=false, kv_starts=0, window=(-1, -1), softcap=0.0, sinks=0, append=None, tile_counter=0))]
 #[allow(clippy::too_many_arguments)]
 fn attention(
     py: Python<'_>,
@@ -256,6 +256,7 @@ fn attention(
     softcap: f64,
     sinks: u64,
     append: Option<(PyTensor, PyTensor, usize, u64)>,
+    tile_counter: u64,
 ) -> PyResult<()> {
     let kv = KvArgs {
         secret: kv_secret,
@@ -273,8 +274,16 @@ fn attention(
     };
     let c = call(
         dtype, shape, causal, scale, q, k, v, out, lse, lengths, workspace, kv_lengths, kv, f,
-    )?;
+    )?
+    .tile_counter(tile_counter);
     launch(py, device, stream, c)
+}
+
+/// u32 words of the dynamic tile order's counter (`attention`'s `tile_counter`) on a device of
+/// `num_sms` SMs.
+#[pyfunction]
+fn tile_counter_words(num_sms: usize) -> usize {
+    external::tile_counter_words(num_sms)
 }
 
 /// [`attention`] for the plain KV-cache call (`_launch.decode`'s: a contiguous cache, public
@@ -592,6 +601,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(validate, m)?)?;
     m.add_function(wrap_pyfunction!(attention, m)?)?;
     m.add_function(wrap_pyfunction!(attention_kv, m)?)?;
+    m.add_function(wrap_pyfunction!(tile_counter_words, m)?)?;
     m.add_function(wrap_pyfunction!(prepare, m)?)?;
     m.add_function(wrap_pyfunction!(device_info, m)?)?;
     m.add_function(wrap_pyfunction!(workspace_bytes, m)?)?;

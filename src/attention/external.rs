@@ -86,6 +86,18 @@ pub struct ExternalCall {
     /// Learnable attention sinks (gpt-oss): fp32 `[heads_q]`, contiguous, one logit per query
     /// head added to each row's softmax denominator (no value row); secret. 0 for none.
     pub sinks: u64,
+    /// The dynamic tile order's counter for causal prefill (kernels/fc_scheduler.cuh): at least
+    /// [`tile_counter_words`] u32s, 8-byte aligned, its first two words zero (every launch leaves
+    /// them zero), used by no other launch that may run at the same time (one per stream, as for
+    /// the workspace). 0: the static order. Calls whose shape does not take the dynamic order
+    /// ignore it.
+    pub tile_counter: u64,
+}
+
+/// The u32 words a tile counter ([`ExternalCall::tile_counter`]) needs on a device of
+/// `num_sms` SMs.
+pub fn tile_counter_words(num_sms: usize) -> usize {
+    super::launch::DynamicOrder::counter_words(num_sms as u32)
 }
 
 impl ExternalCall {
@@ -113,7 +125,13 @@ impl ExternalCall {
             workspace: 0,
             append: None,
             sinks: 0,
+            tile_counter: 0,
         }
+    }
+    /// The dynamic tile order's counter ([`ExternalCall::tile_counter`]).
+    pub fn tile_counter(mut self, ptr: u64) -> Self {
+        self.tile_counter = ptr;
+        self
     }
     /// Append new K/V rows at each sequence's count before the attention (flash-attn's
     /// `flash_attn_with_kvcache(k=, v=)`).
@@ -314,6 +332,15 @@ pub fn validate(call: &ExternalCall) -> Result<()> {
                 "device address is not 4-byte aligned",
             ));
         }
+    }
+    if call.tile_counter % 8 != 0 {
+        return Err(Error::invalid(
+            "tile_counter",
+            format!(
+                "device address {:#x} is not 8-byte aligned",
+                call.tile_counter
+            ),
+        ));
     }
     if call.workspace % 16 != 0 {
         return Err(Error::invalid(
@@ -617,7 +644,7 @@ impl ExternalContext {
             unsafe { plan.launch_append(&mut ap, stream)? };
         }
         // SAFETY: the caller's contract above; shapes, alignment and strides validated.
-        unsafe { plan.launch_on(ptrs, 0, strides, stream) }
+        unsafe { plan.launch_on(ptrs, call.tile_counter, strides, stream) }
     }
 }
 
@@ -708,6 +735,15 @@ mod tests {
         let (arg, r) = rule_of(validate(&long).unwrap_err());
         assert_eq!(arg, "seqlen_q");
         assert!(r.contains("at most 16"), "{r}");
+    }
+
+    #[test]
+    fn rejects_a_misaligned_tile_counter() {
+        let c = call(AttentionParams::new(2, 4, 2048, 64).causal(true)).tile_counter(0x50004);
+        let (arg, r) = rule_of(validate(&c).unwrap_err());
+        assert_eq!(arg, "tile_counter");
+        assert!(r.contains("8-byte aligned"), "{r}");
+        assert!(validate(&c.tile_counter(0x50008)).is_ok());
     }
 
     #[test]
