@@ -57,9 +57,14 @@ struct KvRange {
     int lead;  // blocks masked by a window's left edge, visited last (kv_block)
 };
 
-// Builds that may take their units in the dynamic order (dense prefill without a cluster
-// split; the host passes a counter only for causal shapes with more tiles than SMs).
-constexpr bool kDynamicOrder = !FC_DECODE && !FC_VARLEN && cfg::SPLIT == 1;
+// Builds that may take their units in the dynamic order (FC_DYN_ORDER: causal dense prefill
+// builds the host's table picks — Variant::dynamic_order; the host passes a counter only for
+// shapes with more tile pairs than SMs and at least 8 query tiles per head).
+#ifndef FC_DYN_ORDER
+#define FC_DYN_ORDER 0
+#endif
+static_assert(!FC_DYN_ORDER || (!FC_DECODE && !FC_VARLEN && FC_SPLIT == 1), "dense prefill only");
+constexpr bool kDynamicOrder = FC_DYN_ORDER != 0;
 
 struct Scheduler {
     const Params& p;

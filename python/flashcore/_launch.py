@@ -402,22 +402,13 @@ def fast(q, k, v, causal, scale, bhsd, return_lse, gqa=True, top_left=False):
     n = _workspace_bytes(tag, shape, causal, False) if sq <= _DECODE_MAX_SEQLEN_Q else 0
     ws, _ = _scratch(n, b, dev, stream, False)
     ot = out.stride()
-    _native.attention(
-        dev,
-        stream,
-        tag,
-        shape,
-        causal,
-        scale,
-        qd,
-        kd,
-        vd,
-        (out.data_ptr(), (ot[0], ot[2], ot[1]) if bhsd else (ot[0], ot[1], ot[2])),
-        lse.data_ptr() if lse is not None else 0,
-        0,
-        ws,
-        0,
-    )
+    o_desc = (out.data_ptr(), (ot[0], ot[2], ot[1]) if bhsd else (ot[0], ot[1], ot[2]))
+    o_lse = lse.data_ptr() if lse is not None else 0
+    if causal and sq >= _DYNAMIC_MIN_SEQLEN_Q:  # as `launch`
+        _native.attention(dev, stream, tag, shape, causal, scale, qd, kd, vd, o_desc, o_lse, 0, ws, 0,
+                          tile_counter=_tile_counter(dev, stream))
+    else:
+        _native.attention(dev, stream, tag, shape, causal, scale, qd, kd, vd, o_desc, o_lse, 0, ws, 0)
     return out, lse
 
 

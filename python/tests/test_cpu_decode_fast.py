@@ -16,7 +16,7 @@ F16, BF16 = torch.float16, torch.bfloat16
 
 def _native_signature(device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0,
                       kv_lengths=0, kv_secret=False, block_table=0, page_size=0, num_pages=0,
-                      kv_prefill_consistent=False, kv_starts=0, window=(-1, -1), softcap=0.0, sinks=0, append=None):
+                      kv_prefill_consistent=False, kv_starts=0, window=(-1, -1), softcap=0.0, sinks=0, append=None, tile_counter=0):
     """`_native.attention`'s signature (python/src/lib.rs), to compare calls however they pass
     their arguments."""
 
@@ -71,7 +71,7 @@ def test_recorded_signatures_are_the_native_ones():
     # attention_kv's parameters are attention's, less those a plain KV-cache call leaves at default.
     assert set(names(_native_signature)) - set(names(as_attention(None))) == {
         "lengths", "kv_secret", "block_table", "page_size", "num_pages", "kv_prefill_consistent", "kv_starts",
-        "window", "softcap", "sinks"}
+        "window", "softcap", "sinks", "tile_counter"}
 
 
 def _checked_only(monkeypatch):

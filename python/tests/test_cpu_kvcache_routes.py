@@ -20,7 +20,7 @@ BF = torch.bfloat16
 
 def _native_signature(device, stream, dtype, shape, causal, scale, q, k, v, out, lse=0, lengths=0, workspace=0,
                       kv_lengths=0, kv_secret=False, block_table=0, page_size=0, num_pages=0,
-                      kv_prefill_consistent=False, kv_starts=0, window=(-1, -1), softcap=0.0, sinks=0, append=None):
+                      kv_prefill_consistent=False, kv_starts=0, window=(-1, -1), softcap=0.0, sinks=0, append=None, tile_counter=0):
     """`_native.attention`'s signature (python/src/lib.rs)."""
 
 
@@ -53,6 +53,12 @@ class Recorder:
             kd, vd, rows, cnt = d["append"]
             d["append"] = ((self.name(kd[0]), tuple(kd[1])), (self.name(vd[0]), tuple(vd[1])), rows, self.name(cnt))
         d["window"] = tuple(d["window"])
+        # The dynamic tile order's counter (long causal prefill only): recorded when passed, so
+        # the records of every other call keep their pinned form.
+        if d["tile_counter"] == 0:
+            del d["tile_counter"]
+        else:
+            d["tile_counter"] = "counter"
         self.calls.append(d)
 
 
