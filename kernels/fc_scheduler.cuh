@@ -66,6 +66,11 @@ struct KvRange {
 static_assert(!FC_DYN_ORDER || (!FC_DECODE && !FC_VARLEN && FC_SPLIT == 1), "dense prefill only");
 constexpr bool kDynamicOrder = FC_DYN_ORDER != 0;
 
+// Tile coordinates by fast_div, except in the d256 softcap builds: there the multipliers' live
+// registers beside the 128-register O made ptxas spill (the audit's gate), where the integer
+// divisions did not.
+constexpr bool kFastTileDiv = !(cfg::D > 128 && FC_SOFTCAP);
+
 struct Scheduler {
     const Params& p;
 
@@ -84,7 +89,8 @@ struct Scheduler {
 
     FC_DEVICE int tiles_in_unit(int unit) const {
         if (FC_DECODE || !p.pair_tiles) return 1;
-        const int j = unit - fast_div(unit, p.units_per_head_mul, p.units_per_head_shift) * p.units_per_head;
+        const int j = kFastTileDiv ? unit - fast_div(unit, p.units_per_head_mul, p.units_per_head_shift) * p.units_per_head
+                                   : unit % p.units_per_head;
         return (p.num_m_blocks - 1 - j) == j ? 1 : 2;  // odd tile count: the middle tile is alone
     }
 
@@ -139,6 +145,14 @@ struct Scheduler {
             return t;
         }
         // Multiply-high and shift (fast_div), not integer divisions: every warp runs this per tile.
+        if constexpr (!kFastTileDiv) {
+            const int hb = unit / p.units_per_head;
+            t.head = hb % p.heads_q;
+            t.batch = hb / p.heads_q;
+            const int j = unit % p.units_per_head;
+            t.m_block = p.pair_tiles ? (k == 0 ? p.num_m_blocks - 1 - j : j) : (FC_CAUSAL ? p.num_m_blocks - 1 - j : j);
+            return t;
+        }
         const int hb = fast_div(unit, p.units_per_head_mul, p.units_per_head_shift);
         const int j = unit - hb * p.units_per_head;
         t.batch = fast_div(hb, p.heads_q_mul, p.heads_q_shift);
