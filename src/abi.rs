@@ -46,16 +46,28 @@ pub(crate) struct KernelParams {
     pub(crate) window_right: i32,
     pub(crate) softcap_in: f32,
     pub(crate) softcap_out: f32,
+    pub(crate) page_size: i32,
+    pub(crate) page_mul: u32,
+    pub(crate) page_div_shift: i32,
+    pub(crate) gather: i32,
+    pub(crate) k_ptr: u64,
+    pub(crate) v_ptr: u64,
+    pub(crate) k_stride: [i64; 3],
+    pub(crate) v_stride: [i64; 3],
 }
 
-// The device's `Params` ends at byte 568 (576 with its 64-byte alignment); cudarc's CUtensorMap is
-// 128-aligned, so this mirror pads to 640. The launch copies the kernel's declared size: the
+// The device's `Params` ends at byte 648 (704 with its 64-byte alignment); cudarc's CUtensorMap is
+// 128-aligned, so this mirror pads to 768. The launch copies the kernel's declared size: the
 // offsets are what must agree.
 const _: () = assert!(std::mem::offset_of!(KernelParams, table_ptr) == 512);
 const _: () = assert!(std::mem::offset_of!(KernelParams, box_rows) == 532);
 const _: () = assert!(std::mem::offset_of!(KernelParams, starts_ptr) == 536);
 const _: () = assert!(std::mem::offset_of!(KernelParams, sinks_ptr) == 544);
 const _: () = assert!(std::mem::offset_of!(KernelParams, softcap_out) == 564);
+const _: () = assert!(std::mem::offset_of!(KernelParams, page_size) == 568);
+const _: () = assert!(std::mem::offset_of!(KernelParams, gather) == 580);
+const _: () = assert!(std::mem::offset_of!(KernelParams, k_ptr) == 584);
+const _: () = assert!(std::mem::offset_of!(KernelParams, v_stride) == 624);
 
 /// Byte offsets in the parameter block of the pointers to public metadata: the key counts of
 /// `FC_KV_PUBLIC` builds and the block table of `FC_PAGED` ones. The audit treats what is read
@@ -83,9 +95,11 @@ pub(crate) struct AppendParams {
     pub heads_kv: i32,
     pub head_dim: i32,
     pub capacity: i32,
-    pub page_shift: i32,
+    pub page_size: i32,
     pub table_stride: i32,
     pub num_pages: i32,
+    pub page_mul: u32,
+    pub page_div_shift: i32,
 }
 
 /// Offsets of the two public metadata pointers in `AppendParams`, for the audit.
@@ -209,7 +223,7 @@ mod tests {
             let (size, align) = match ty {
                 "TensorMap" => (128, 64),
                 "uint64_t" | "int64_t" => (8, 8),
-                "int32_t" | "float" => (4, 4),
+                "int32_t" | "uint32_t" | "float" => (4, 4),
                 other => panic!("{name}: type `{other}` not known to this test"),
             };
             for n in names.split(',') {
@@ -245,7 +259,8 @@ mod tests {
             group, scale_log2, scale, num_m_blocks, units_per_head, num_units, pair_tiles,
             ws_o_ptr, ws_ml_ptr, pack, pack_shift, split_blocks, num_splits, table_ptr,
             table_stride, num_pages, page_shift, box_rows, starts_ptr, sinks_ptr, window_left,
-            window_right, softcap_in, softcap_out);
+            window_right, softcap_in, softcap_out, page_size, page_mul, page_div_shift, gather,
+            k_ptr, v_ptr, k_stride, v_stride);
         check("Params", include_str!("../kernels/fc_config.cuh"), rust);
     }
 
@@ -268,7 +283,8 @@ mod tests {
     fn append_params_match_the_kernel_field_by_field() {
         let rust = offsets!(AppendParams: k_new, v_new, k_cache, v_cache, seqlens_ptr, table_ptr,
             counts_ptr, k_new_stride, v_new_stride, k_cache_stride, v_cache_stride, batch, rows,
-            heads_kv, head_dim, capacity, page_shift, table_stride, num_pages);
+            heads_kv, head_dim, capacity, page_size, table_stride, num_pages, page_mul,
+            page_div_shift);
         check(
             "AppendParams",
             include_str!("../kernels/fc_kv_append.cuh"),
