@@ -33,7 +33,7 @@ pub struct DecodeConfig {
     /// The counts are secret (the shipped secret-count build), or public (the walk ends at each
     /// count: the comparison that must leak).
     pub secret_counts: bool,
-    /// A paged cache of pages of this many rows (a power of two ≥ 16 dividing the capacity).
+    /// A paged cache of pages of this many rows (any size ≥ 1 dividing the capacity).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub page_size: Option<usize>,
     /// The block table's order: a fixed random permutation of the pool (true) or the identity.
