@@ -52,11 +52,16 @@ impl DecodeConfig {
     }
 
     /// The paged cache's geometry for `p`: one pool of `batch · capacity / page_size` pages
-    /// (every sequence's capacity backed by its own pages).
+    /// (every sequence's capacity backed by its own pages; none for a page of no row, which
+    /// [`DecodeConfig::validate`]'s page check refuses).
     pub fn pages(&self, p: &AttentionParams) -> Option<Pages> {
         self.page_size.map(|page_size| Pages {
             page_size,
-            num_pages: p.batch * p.seqlen_k.div_ceil(page_size),
+            num_pages: if page_size == 0 {
+                0
+            } else {
+                p.batch * p.seqlen_k.div_ceil(page_size)
+            },
         })
     }
 
