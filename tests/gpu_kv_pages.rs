@@ -102,6 +102,7 @@ fn paged<T: Element>(
 }
 
 /// One KV-cache call (no append), paged when `table` is given; returns (out, lse).
+#[allow(clippy::too_many_arguments)]
 fn run<T: Element>(
     ctx: &Context,
     p: &AttentionParams,
@@ -379,7 +380,15 @@ fn bad_page_sizes_and_tables_are_errors_before_launch() {
         ctx.upload(&pool).unwrap(),
     );
     let dl = ctx.upload(&[20i32, 49]).unwrap();
-    let cases: [(usize, usize, Vec<i32>, AttentionParams, &str, &str); 4] = [
+    type Case = (
+        usize,
+        usize,
+        Vec<i32>,
+        AttentionParams,
+        &'static str,
+        &'static str,
+    );
+    let cases: [Case; 4] = [
         (0, 16, vec![0; 14], p.clone(), "page_size", "at least 1 row"),
         (
             7,
