@@ -190,7 +190,7 @@ extern "C" __global__ void FC_CLUSTER_DIMS __launch_bounds__(cfg::THREADS, 1)
     // the producer's reduced register budget.
     if (warp < 4) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(cfg::PRODUCER_REGS));
-        if (threadIdx.x == 0) producer(p, s);
+        if (threadIdx.x < PRODUCER_THREADS) producer(p, s);  // fc_producer.cuh
 #if FC_SPLIT > 1
         cluster_sync();  // partials are parked (see consumer())
         cluster_sync();  // the combine is done

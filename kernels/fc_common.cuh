@@ -23,6 +23,13 @@ FC_DEVICE uint32_t smem_u32(const void* p) {
     return r;
 }
 
+// n / d for 0 <= n, d < 2^31 by a multiply and a shift the host computed for d (a page size:
+// public): `mul` = floor(2^32 · (2^shift − d) / d) + 1 with shift = ceil(log2 d) (`page_divisor`
+// in src/attention/launch.rs, which tests the identity). A fixed sequence: no slow path.
+FC_DEVICE int page_div(int n, uint32_t mul, int shift) {
+    return (int)((__umulhi((uint32_t)n, mul) + (uint32_t)n) >> shift);
+}
+
 FC_DEVICE float neg_inf() { return __int_as_float(0xff800000); }
 
 // 2^x on the SFU (MUFU.EX2): fixed latency, no data-dependent path; exp2(-inf) = 0.

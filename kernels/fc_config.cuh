@@ -158,6 +158,17 @@ struct Params {
     int32_t section_heads_shift;
     uint32_t section_units_mul;   // fast_div by section_heads · num_m_blocks
     int32_t section_units_shift;
+    // Paged caches of any page size (FC_PAGED, fc_producer.cuh): pages that are a power of two of
+    // at least 16 rows load as TMA boxes (page_shift, box_rows above; gather = 0); any other
+    // page size is gathered row by row with cp.async (gather = 1) from the pools' addresses and
+    // element strides. All public metadata; zero in other builds.
+    int32_t page_size;       // rows per page
+    uint32_t page_mul;       // page_div(n, page_mul, page_div_shift) = n / page_size
+    int32_t page_div_shift;
+    int32_t gather;          // 1: cp.async gather; 0: TMA boxes
+    uint64_t k_ptr, v_ptr;   // the pools [num_pages, page_size, Hkv, D]
+    int64_t k_stride[3];     // (page, row, head), in elements
+    int64_t v_stride[3];
 };
 
 struct Shared {

@@ -11,7 +11,7 @@
 #pragma once
 #include "fc_common.cuh"
 
-// Must match `AppendParams` in src/attention/kv_append.rs.
+// Must match `AppendParams` in src/abi.rs.
 struct AppendParams {
     uint64_t k_new, v_new;      // [B, rows, Hkv, D] by the strides below (elements)
     uint64_t k_cache, v_cache;  // [B, capacity, Hkv, D], or pools [pages, page size, Hkv, D]
@@ -21,7 +21,9 @@ struct AppendParams {
     int64_t k_new_stride[3], v_new_stride[3];      // (batch, seq, head)
     int64_t k_cache_stride[3], v_cache_stride[3];  // (batch or page, row, head)
     int32_t batch, rows, heads_kv, head_dim;
-    int32_t capacity, page_shift, table_stride, num_pages;
+    int32_t capacity, page_size, table_stride, num_pages;
+    uint32_t page_mul;  // page_div(r, page_mul, page_div_shift) = r / page_size (any page size)
+    int32_t page_div_shift;
 };
 
 constexpr int APPEND_THREADS = 256;
@@ -48,8 +50,9 @@ FC_DEVICE void append_rows(const AppendParams& p) {
     int64_t slot = b, row = r;
     if (p.table_ptr != 0) {
         const int32_t* table = reinterpret_cast<const int32_t*>(p.table_ptr);
-        slot = min(max(table[b * p.table_stride + (r >> p.page_shift)], 0), p.num_pages - 1);
-        row = r & ((1 << p.page_shift) - 1);
+        const int q = page_div(r, p.page_mul, p.page_div_shift);  // r < capacity: q < table_stride
+        slot = min(max(table[b * p.table_stride + q], 0), p.num_pages - 1);
+        row = r - q * p.page_size;
     }
     const uint16_t* kn = reinterpret_cast<const uint16_t*>(p.k_new) + b * p.k_new_stride[0] +
                          i * p.k_new_stride[1] + h * p.k_new_stride[2] + col;

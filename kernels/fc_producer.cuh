@@ -1,7 +1,9 @@
 // The producer: one thread of warpgroup 0 streams every tile of this CTA through TMA — Q into
 // its buffer (once the consumers' last Q Kᵀ of the previous tile is done), K and V into the
 // STAGES-deep ring. The ring runs on across tiles, so the next tile's first K/V blocks load
-// while the consumers finish this one (the point of the persistent grid).
+// while the consumers finish this one (the point of the persistent grid). Paged builds enter
+// with the whole warpgroup (PRODUCER_THREADS): pages of any other size than a power of two of
+// at least 16 rows are gathered by all 128 threads; otherwise threads 1–127 leave at once.
 #pragma once
 #include "fc_scheduler.cuh"
 #include "fc_mbarrier.cuh"
@@ -45,9 +47,71 @@ FC_DEVICE void load_kv_block(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][cfg::SW_ELEMS
         }
     }
 }
+
+// Pages of any other size (1, 7, 48, 100, …): the producer warpgroup's 128 threads copy each
+// key's row in 16-byte pieces with cp.async into the layout a TMA load gives (the same 64- or
+// 128-byte swizzle, applied to the shared address as the hardware does), so the consumers read
+// either alike. Key `key`'s page is table[key / page_size] (the slot clamped into the table's row,
+// the entry into the pool, as above) and its row key mod page_size, in [0, page_size) whatever
+// the clamp: every address stays inside the pool. Only public values reach an address: the
+// table's entries, indices, strides and pointers.
+constexpr int GATHER_BAR = 15;                        // named barrier of the producer warpgroup
+constexpr int ROW_PIECES = cfg::D / 8;                // 16-byte pieces in one key's row
+constexpr int ATOM_PIECES = cfg::ROW_BYTES / 16;      // pieces per swizzled row (8 or 4)
+constexpr uint32_t SWIZZLE = cfg::ROW_BYTES / 16 - 1;  // 128-byte swizzle: 7; 64-byte: 3
+constexpr int GATHER_STEPS = cfg::BN * ROW_PIECES / 128;
+static_assert(cfg::BN * ROW_PIECES % 128 == 0, "whole gather steps");
+
+FC_DEVICE void cp_async_16(uint32_t dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+
+// Arrive on `bar` once this thread's earlier cp.async copies have landed. The arrival is counted
+// ahead (pending count + 1 now, − 1 on completion), so the barrier's one expected arrival stays
+// the producer's plain arrive (gather_kv_block).
+FC_DEVICE void cp_async_arrive(uint64_t* bar) {
+    asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+// One K or V block of BN keys gathered by the 128 producer threads (`tid`), completing `bar`'s
+// phase once every copy has landed: each thread's completion is tracked by the barrier, then
+// (after all 128 have registered theirs) thread 0 gives the phase's one expected arrival.
+FC_DEVICE void gather_kv_block(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][cfg::SW_ELEMS], uint64_t pool,
+                               const int64_t (&stride)[3], uint64_t* bar, const Params& p, int batch,
+                               int key_row, int kv_head, int tid) {
+    const int32_t* table = reinterpret_cast<const int32_t*>(p.table_ptr) + (int64_t)batch * p.table_stride;
+    const uint16_t* base = reinterpret_cast<const uint16_t*>(pool) + kv_head * stride[2];
+#pragma unroll 4
+    for (int n = 0; n < GATHER_STEPS; ++n) {
+        const int i = tid + 128 * n;
+        const int r = i / ROW_PIECES;  // the block's row (a key); consecutive threads: one row
+        const int piece = i % ROW_PIECES;
+        const int key = key_row + r;
+        const int q = page_div(key, p.page_mul, p.page_div_shift);
+        const int in_page = key - q * p.page_size;
+        const int page = min(max(table[min(q, p.table_stride - 1)], 0), p.num_pages - 1);
+        const uint16_t* src = base + page * stride[0] + in_page * stride[1] + piece * 8;
+        uint32_t d = smem_u32(&dst[piece / ATOM_PIECES][r][0]) + (piece % ATOM_PIECES) * 16;
+        d ^= ((d >> 7) & SWIZZLE) << 4;  // TMA's swizzle: address bits [4, 7) ^= bits [7, 10)
+        cp_async_16(d, src);
+    }
+    cp_async_arrive(bar);
+    named_bar_sync(GATHER_BAR, 128);  // every thread's copies are tracked by the barrier
+    if (tid == 0) mbar_arrive(bar);
+}
 #endif
 
+// Threads of warpgroup 0 that enter the producer (attention_fwd.cu).
+constexpr int PRODUCER_THREADS = FC_PAGED ? 128 : 1;
+
 FC_DEVICE void producer(const Params& p, Shared& s) {
+#if FC_PAGED
+    const int tid = threadIdx.x;  // 0 to 127
+    if (!p.gather && tid != 0) return;  // TMA boxes: one thread issues everything
+    const bool lead = tid == 0;
+#else
+    constexpr bool lead = true;
+#endif
     const Scheduler sched{p};
     tma_prefetch_desc(&p.q_map);
     tma_prefetch_desc(&p.k_map);
@@ -66,6 +130,7 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
             const int kv_head = t.head / p.group;
             const int qb = q_load % cfg::QBUF;
             mbar_wait(&s.q_empty[qb], ((q_load / cfg::QBUF) & 1) ^ 1);
+            if (lead) {
             mbar_arrive_expect_tx(&s.q_full[qb], cfg::Q_BYTES);
 #pragma unroll
             for (int c = 0; c < cfg::CHUNKS; ++c) {
@@ -81,12 +146,20 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
                 tma_load_4d(&s.q[qb][c][0][0], &p.q_map, &s.q_full[qb], c * cfg::SW_ELEMS, t.m_block * cfg::BM, t.head, t.batch);
 #endif
             }
+            }
             ++q_load;
             for (int it = 0; it < kv.count; ++it, ++g) {
                 const int stage = ring_stage(g);
                 const uint32_t phase = ring_phase(g);
                 const int key_row = kv_block(kv, it) * cfg::BN;
 #if FC_PAGED
+                if (p.gather) {
+                    mbar_wait(&s.k_empty[stage], phase ^ 1);
+                    gather_kv_block(s.k[stage], p.k_ptr, p.k_stride, &s.k_full[stage], p, t.batch, key_row, kv_head, tid);
+                    mbar_wait(&s.v_empty[stage], phase ^ 1);
+                    gather_kv_block(s.v[stage], p.v_ptr, p.v_stride, &s.v_full[stage], p, t.batch, key_row, kv_head, tid);
+                    continue;
+                }
                 const BlockPages bp = block_pages(p, t.batch, key_row);
                 mbar_wait(&s.k_empty[stage], phase ^ 1);
                 mbar_arrive_expect_tx(&s.k_full[stage], cfg::KV_BYTES);

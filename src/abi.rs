@@ -58,6 +58,14 @@ pub(crate) struct KernelParams {
     pub(crate) section_heads_shift: i32,
     pub(crate) section_units_mul: u32,
     pub(crate) section_units_shift: i32,
+    pub(crate) page_size: i32,
+    pub(crate) page_mul: u32,
+    pub(crate) page_div_shift: i32,
+    pub(crate) gather: i32,
+    pub(crate) k_ptr: u64,
+    pub(crate) v_ptr: u64,
+    pub(crate) k_stride: [i64; 3],
+    pub(crate) v_stride: [i64; 3],
 }
 
 /// `n / d` as `umulhi(n, mul) >> shift` for every `0 <= n < 2^31` (`mul` = 0 stands for d = 1):
@@ -97,9 +105,9 @@ impl FastDiv {
     }
 }
 
-// The device's `Params` is 832 bytes (o_map at 640, 64-byte aligned; 796 used); cudarc's
-// CUtensorMap is 128-aligned, which puts it at 640 here too and pads this mirror to 896. The
-// launch copies the kernel's declared size: the offsets are what must agree. The launch copies the kernel's declared size: the
+// The device's `Params` is 896 bytes (o_map at 640, 64-byte aligned; 880 used); cudarc's
+// CUtensorMap is 128-aligned, which puts it at 640 here too. The launch copies the kernel's
+// declared size: the
 // offsets are what must agree.
 const _: () = assert!(std::mem::offset_of!(KernelParams, table_ptr) == 512);
 const _: () = assert!(std::mem::offset_of!(KernelParams, box_rows) == 532);
@@ -109,6 +117,11 @@ const _: () = assert!(std::mem::offset_of!(KernelParams, softcap_out) == 564);
 const _: () = assert!(std::mem::offset_of!(KernelParams, heads_q_mul) == 576);
 const _: () = assert!(std::mem::offset_of!(KernelParams, o_map) == 640);
 const _: () = assert!(std::mem::offset_of!(KernelParams, section_units_shift) == 792);
+const _: () = assert!(std::mem::offset_of!(KernelParams, page_size) == 796);
+const _: () = assert!(std::mem::offset_of!(KernelParams, gather) == 808);
+const _: () = assert!(std::mem::offset_of!(KernelParams, k_ptr) == 816);
+const _: () = assert!(std::mem::offset_of!(KernelParams, v_stride) == 856);
+const _: () = assert!(std::mem::size_of::<KernelParams>() == 896);
 
 /// Byte offsets in the parameter block of the pointers to public metadata: the key counts of
 /// `FC_KV_PUBLIC` builds and the block table of `FC_PAGED` ones. The audit treats what is read
@@ -139,9 +152,11 @@ pub(crate) struct AppendParams {
     pub heads_kv: i32,
     pub head_dim: i32,
     pub capacity: i32,
-    pub page_shift: i32,
+    pub page_size: i32,
     pub table_stride: i32,
     pub num_pages: i32,
+    pub page_mul: u32,
+    pub page_div_shift: i32,
 }
 
 /// Offsets of the two public metadata pointers in `AppendParams`, for the audit.
@@ -303,7 +318,8 @@ mod tests {
             table_stride, num_pages, page_shift, box_rows, starts_ptr, sinks_ptr, window_left,
             window_right, softcap_in, softcap_out, units_per_head_mul, units_per_head_shift,
             heads_q_mul, heads_q_shift, o_tma, o_map, tile_counter, section_heads,
-            section_heads_mul, section_heads_shift, section_units_mul, section_units_shift);
+            section_heads_mul, section_heads_shift, section_units_mul, section_units_shift,
+            page_size, page_mul, page_div_shift, gather, k_ptr, v_ptr, k_stride, v_stride);
         check("Params", include_str!("../kernels/fc_config.cuh"), rust);
     }
 
@@ -326,7 +342,8 @@ mod tests {
     fn append_params_match_the_kernel_field_by_field() {
         let rust = offsets!(AppendParams: k_new, v_new, k_cache, v_cache, seqlens_ptr, table_ptr,
             counts_ptr, k_new_stride, v_new_stride, k_cache_stride, v_cache_stride, batch, rows,
-            heads_kv, head_dim, capacity, page_shift, table_stride, num_pages);
+            heads_kv, head_dim, capacity, page_size, table_stride, num_pages, page_mul,
+            page_div_shift);
         check(
             "AppendParams",
             include_str!("../kernels/fc_kv_append.cuh"),

@@ -138,6 +138,16 @@ pub fn read_kv_input(path: &Path) -> Result<KvInput> {
                 page_size: rows,
                 num_pages: bc,
             };
+            if rows < crate::spec::MIN_PAGE_SIZE {
+                return Err(bad(
+                    path,
+                    format!(
+                        "page_size: `k_cache` {:?} with a block table is a pool of pages of {rows} rows; a page holds at least {} row",
+                        kc.shape,
+                        crate::spec::MIN_PAGE_SIZE
+                    ),
+                ));
+            }
             let cap = t.shape[1].checked_mul(rows).ok_or_else(|| {
                 bad(
                     path,

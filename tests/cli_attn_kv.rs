@@ -8,6 +8,7 @@ use flashcore::attention::AttentionParams;
 use flashcore::reference;
 use flashcore::tensor_io::read_file;
 use half::bf16;
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use safetensors::tensor::TensorView;
 use safetensors::Dtype;
@@ -183,8 +184,12 @@ fn bad_kv_inputs_are_errors_with_the_reason() {
             write(
                 dir.path(),
                 &c,
-                // A block table makes the caches pools of 40-row pages: not a power of two.
-                vec![("block_table", Dtype::I32, vec![B, 1], vec![0; 4 * B])],
+                // A block table over pools of pages of no row.
+                vec![
+                    ("k_cache", Dtype::BF16, vec![B, 0, HKV, D], vec![]),
+                    ("v_cache", Dtype::BF16, vec![B, 0, HKV, D], vec![]),
+                    ("block_table", Dtype::I32, vec![B, 1], vec![0; 4 * B]),
+                ],
                 &[],
             ),
             &[],
@@ -288,27 +293,35 @@ fn gpu_matches_cpu() {
     assert_eq!(g["k_cache"].data.to_f64(), w["k_cache"].data.to_f64());
 }
 
-/// The same case as pools of 16-row pages in shuffled order behind a block table (capacity 48,
-/// spare pages of noise): on the CPU the output equals the contiguous input's bit for bit, and
-/// the appended rows land in the right pages; on a GPU (when present) it matches the CPU.
+/// The same case as pools of pages in shuffled order behind a block table (spare pages of noise),
+/// for page sizes of 1, 7, 16 and 40 rows (capacities 40, 42, 48, 40): on the CPU the output
+/// equals the contiguous input's bit for bit, and the appended rows land in the right pages; on
+/// a GPU (when present) it matches the CPU.
 #[test]
 fn paged_input_matches_contiguous() {
-    const PAGE: usize = 16;
-    const SLOTS: usize = 3;
+    for page in [1usize, 7, 16, 40] {
+        paged_input_matches_contiguous_with(page);
+    }
+}
+
+fn paged_input_matches_contiguous_with(page: usize) {
+    let slots = CAP.div_ceil(page);
     let dir = tempfile::tempdir().unwrap();
     let c = case(11);
     let row = HKV * D;
-    let mut r = rand::rngs::StdRng::seed_from_u64(12);
-    let pages = B * SLOTS + 2;
-    let table: Vec<i32> = vec![4, 9, 1, 0, 7, 10, 3, 8, 5];
+    let mut r = rand::rngs::StdRng::seed_from_u64(12 + page as u64);
+    let pages = B * slots + 2;
+    let mut order: Vec<i32> = (0..pages as i32).collect();
+    order.shuffle(&mut r);
+    let table: Vec<i32> = order[..B * slots].to_vec();
     let (mut pk, mut pv) = (
-        bf16s(&mut r, pages * PAGE * row),
-        bf16s(&mut r, pages * PAGE * row),
+        bf16s(&mut r, pages * page * row),
+        bf16s(&mut r, pages * page * row),
     );
     for b in 0..B {
         for t in 0..CAP {
-            let page = table[b * SLOTS + t / PAGE] as usize;
-            let dst = (page * PAGE + t % PAGE) * row;
+            let pg = table[b * slots + t / page] as usize;
+            let dst = (pg * page + t % page) * row;
             let src = (b * CAP + t) * row;
             pk[dst..dst + row].copy_from_slice(&c.kc[src..src + row]);
             pv[dst..dst + row].copy_from_slice(&c.vc[src..src + row]);
@@ -322,16 +335,16 @@ fn paged_input_matches_contiguous() {
             (
                 "k_cache",
                 Dtype::BF16,
-                vec![pages, PAGE, HKV, D],
+                vec![pages, page, HKV, D],
                 bytes_of(&pk),
             ),
             (
                 "v_cache",
                 Dtype::BF16,
-                vec![pages, PAGE, HKV, D],
+                vec![pages, page, HKV, D],
                 bytes_of(&pv),
             ),
-            ("block_table", Dtype::I32, vec![B, SLOTS], tbytes),
+            ("block_table", Dtype::I32, vec![B, slots], tbytes),
         ],
         &[],
     );
@@ -350,7 +363,7 @@ fn paged_input_matches_contiguous() {
             args.push("--cpu");
         }
         let (code, stdout, stderr) = common::flashcore(&args);
-        assert_eq!(code, 0, "{stdout}\n{stderr}");
+        assert_eq!(code, 0, "page {page}: {stdout}\n{stderr}");
         read_file(&out).unwrap()
     };
     let p_cpu = run_to(&paged, "paged_cpu.safetensors", true);
@@ -358,9 +371,9 @@ fn paged_input_matches_contiguous() {
     assert_eq!(
         p_cpu["out"].data.to_f64(),
         c_cpu["out"].data.to_f64(),
-        "paged vs contiguous output"
+        "page {page}: paged vs contiguous output"
     );
-    assert_eq!(p_cpu["k_cache"].shape, vec![pages, PAGE, HKV, D]);
+    assert_eq!(p_cpu["k_cache"].shape, vec![pages, page, HKV, D]);
     // The appended rows, read back through the table.
     let (got, want) = (
         p_cpu["k_cache"].data.to_f64(),
@@ -368,17 +381,25 @@ fn paged_input_matches_contiguous() {
     );
     for b in 0..B {
         for t in 0..CAP {
-            let page = table[b * SLOTS + t / PAGE] as usize;
-            let g = (page * PAGE + t % PAGE) * row;
+            let pg = table[b * slots + t / page] as usize;
+            let g = (pg * page + t % page) * row;
             let w = (b * CAP + t) * row;
-            assert_eq!(&got[g..g + row], &want[w..w + row], "sequence {b} row {t}");
+            assert_eq!(
+                &got[g..g + row],
+                &want[w..w + row],
+                "page {page}: sequence {b} row {t}"
+            );
         }
     }
     if common::gpu("paged_input_matches_contiguous (GPU part)").is_some() {
         let p_gpu = run_to(&paged, "paged_gpu.safetensors", false);
         let err = reference::rel_l2(&p_gpu["out"].data.to_f64(), &p_cpu["out"].data.to_f64());
-        assert!(err < 1e-2, "paged GPU vs CPU: {err:.2e}");
-        assert_eq!(p_gpu["k_cache"].data.to_f64(), got, "paged GPU append");
+        assert!(err < 1e-2, "page {page}: paged GPU vs CPU: {err:.2e}");
+        assert_eq!(
+            p_gpu["k_cache"].data.to_f64(),
+            got,
+            "page {page}: paged GPU append"
+        );
     }
 }
 

@@ -598,6 +598,23 @@ fn kv_cache_append_and_bad_inputs() {
             &[20, 20],
             false,
         ),
+        "seqlen_k",
+    ); // a capacity of 64 is no whole number of 24-row pages
+    expect(
+        run(
+            &ctx,
+            &p,
+            &q,
+            &paged(
+                table.clone(),
+                Pages {
+                    page_size: 0,
+                    num_pages: 18,
+                },
+            ),
+            &[20, 20],
+            false,
+        ),
         "page_size",
     );
     expect(
@@ -615,9 +632,9 @@ fn kv_cache_append_and_bad_inputs() {
             &[20, 20],
             false,
         ),
-        "page_size",
-    );
-    // Secret counts: the table is walked whole, so every entry must be inside the pool.
+        "block_table",
+    ); // 8-row pages need 8 entries per sequence: the table is too short
+       // Secret counts: the table is walked whole, so every entry must be inside the pool.
     expect(
         run(
             &ctx,

@@ -68,7 +68,8 @@ fn decode_usage_errors_exit_2() {
     usage_error(&with(&["--class", "zeros"]), "in decode mode");
     usage_error(&with(&["--seqlen-q", "17"]), "at most 16");
     usage_error(&with(&["--kv-heads", "3"]), "heads_kv");
-    usage_error(&with(&["--page-size", "24"]), "power of two");
+    usage_error(&with(&["--page-size", "0"]), "at least 1 row");
+    usage_error(&with(&["--page-size", "24"]), "512 is not a multiple of 24");
     usage_error(
         &with(&["--seqlen", "500", "--page-size", "64"]),
         "not a multiple of 64",

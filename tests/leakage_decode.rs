@@ -175,14 +175,22 @@ fn decode_shape_errors_before_any_device() {
     refused(&["--decode", "--secret-len", "--kv-heads", "3"], "heads_kv");
     refused(&["--decode", "--secret-len", "--kv-heads", "0"], "heads_kv");
     refused(&["--decode", "--secret-len", "--headdim", "80"], "head_dim");
+    // Any page size of at least one row that divides the capacity (512 by default).
     refused(
         &["--decode", "--secret-len", "--page-size", "24"],
-        "power of two",
+        "512 is not a multiple of 24",
     );
     refused(
-        &["--decode", "--secret-len", "--page-size", "8"],
-        "at least 16",
+        &["--decode", "--secret-len", "--page-size", "0"],
+        "at least 1 row",
     );
+    for page in ["1", "8", "128"] {
+        let c = cfg_of(&["--decode", "--secret-len", "--page-size", page]);
+        assert_eq!(
+            c.decode.as_ref().and_then(|d| d.page_size),
+            page.parse().ok()
+        );
+    }
     refused(
         &[
             "--decode",

@@ -441,6 +441,12 @@ impl KvCacheSpec {
                 if tb != b {
                     return Err(err(format!("block_table: {tb} rows for a batch of {b}")));
                 }
+                if c1 < decode::MIN_PAGE_SIZE {
+                    return Err(err(format!(
+                        "k_cache: a pool of pages of {c1} rows; a page_size of at least {} row",
+                        decode::MIN_PAGE_SIZE
+                    )));
+                }
                 let pg = Pages {
                     page_size: c1,
                     num_pages: c0,

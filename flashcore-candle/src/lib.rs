@@ -210,7 +210,7 @@ fn run_varlen(
 /// - `q`: `[batch, seqlen_q ≤ 16, heads_q, head_dim]`.
 /// - `k_cache`, `v_cache`: `[batch, capacity, heads_kv, head_dim]`; or, with `block_table`
 ///   (u32/i32 `[batch, pages_per_seq]`), page pools `[num_pages, page_size, heads_kv,
-///   head_dim]` (page_size a power of two ≥ 16; capacity = pages_per_seq · page_size). They are
+///   head_dim]` (any page_size ≥ 1; capacity = pages_per_seq · page_size). They are
 ///   read (and written, with `k`/`v`) in place, so their layout must already suit TMA.
 /// - `k`, `v`: optional new rows `[batch, n, heads_kv, head_dim]`, written **in place** into the
 ///   caches at rows `cache_seqlens[b] ..` before the attention (rows past the capacity are

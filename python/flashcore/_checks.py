@@ -279,7 +279,8 @@ def sinks_f32_grad(sinks):
 
 def check_block_table(block_table, b, pool, device):
     """A paged KV cache's block table: int32 ``[B, max_pages]`` on `device`, over a pool
-    ``[num_pages, page_size, Hkv, D]`` whose page size is a power of two of at least 16 rows."""
+    ``[num_pages, page_size, Hkv, D]`` with pages of any size of at least one row (powers of two
+    of at least 16 rows load as TMA boxes, other sizes are gathered row by row: the same bits)."""
     if not isinstance(block_table, torch.Tensor) or block_table.dtype != torch.int32:
         raise TypeError("flashcore: block_table must be an int32 tensor")
     if block_table.dim() != 2 or block_table.shape[0] != b or block_table.device != device:
@@ -288,5 +289,5 @@ def check_block_table(block_table, b, pool, device):
             f"got {tuple(block_table.shape)} on {block_table.device}"
         )
     page = pool.shape[1] if pool.dim() == 4 else 0
-    if page < 16 or page & (page - 1):
-        raise ValueError(f"flashcore: the page size must be a power of two of at least 16 rows, got {page}")
+    if page < 1 or page >= 2**31:
+        raise ValueError(f"flashcore: the page size must be at least 1 row and below 2^31, got {page}")

@@ -290,8 +290,9 @@ def flash_attn_with_kvcache(
     """flash-attn's ``flash_attn_with_kvcache`` on [B, S, H, D] tensors (inference).
 
     `k_cache`, `v_cache`: [B, S_cache, Hkv, D], contiguous enough for TMA; or with `block_table`
-    (int32 [B, max_pages]) page pools [num_pages, page_size, Hkv, D], page_size a power of two
-    of at least 16 (capacity max_pages · page_size). `k`, `v` (optional,
+    (int32 [B, max_pages]) page pools [num_pages, page_size, Hkv, D], any page_size ≥ 1
+    (capacity max_pages · page_size; SGLang's 1 and vLLM's 16 alike, with the same output bits
+    as the contiguous cache). `k`, `v` (optional,
     [B, n, Hkv, D]): written into the caches in place at rows ``cache_seqlens[b] ..`` (the caller
     keeps n within the capacity). `cache_seqlens`: int or int32 [B] (None: the caches are full).
     Attention then runs over the first ``cache_seqlens[b] + n`` rows; with `causal`, q's Sq

@@ -536,9 +536,14 @@ def test_kvcache_paged_fake_shapes_and_bad_tables(fake):
         flashcore.flash_attn_with_kvcache(q, pool, pool, cache_seqlens=3, block_table=table.long())
     with pytest.raises(ValueError, match=r"\[B, max_pages\]"):
         flashcore.flash_attn_with_kvcache(q, pool, pool, cache_seqlens=3, block_table=table[:1])
-    odd = cuda(10, 24, 2, 64, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="power of two"):
-        flashcore.flash_attn_with_kvcache(q, odd, odd, cache_seqlens=3, block_table=table)
+    # Any page size of at least one row (SGLang's 1, odd sizes, non-powers of two).
+    for page in (1, 7, 24, 48):
+        odd = cuda(10, page, 2, 64, dtype=torch.bfloat16)
+        out = flashcore.flash_attn_with_kvcache(q, odd, odd, cache_seqlens=3, block_table=table)
+        assert out.shape == q.shape
+    empty = cuda(10, 0, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="page size must be at least 1 row"):
+        flashcore.flash_attn_with_kvcache(q, empty, empty, cache_seqlens=0, block_table=table)
 
 
 def test_kvcache_op_fake_shapes_and_append(fake):

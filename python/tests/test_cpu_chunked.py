@@ -176,6 +176,6 @@ def test_chunk_errors(fake):
     with pytest.raises(ValueError, match="block_table must be \\[B, max_pages\\]"):
         flashcore.flash_attn_with_kvcache(q, cuda(8, 16, 8, 64), cuda(8, 16, 8, 64), cache_seqlens=lens,
                                           block_table=table[:1])
-    with pytest.raises(ValueError, match="page size must be a power of two"):
-        flashcore.flash_attn_with_kvcache(q, cuda(8, 24, 8, 64), cuda(8, 24, 8, 64), cache_seqlens=lens,
+    with pytest.raises(ValueError, match="page size must be at least 1 row"):
+        flashcore.flash_attn_with_kvcache(q, cuda(8, 0, 8, 64), cuda(8, 0, 8, 64), cache_seqlens=lens,
                                           block_table=table)

@@ -560,13 +560,14 @@ def test_flash_attn_with_kvcache_fused_append_every_path(dtype):
     assert torch.equal(kc6, kc4) and torch.equal(static_out, plain)
 
 
-@pytest.mark.parametrize("page", [16, 64, 256])
+@pytest.mark.parametrize("page", [1, 7, 16, 64, 256])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_flash_attn_with_kvcache_paged_and_secret(page, dtype):
     """A paged cache (shuffled pages, spare pages of noise) gives the contiguous cache's bits, the
     append lands in the right pages, and secret counts stay within the float64 bounds; under
-    torch.compile and a CUDA graph too."""
-    b, cap, hq, hkv, d, sq = 3, 1024, 8, 2, 128, 1
+    torch.compile and a CUDA graph too. Any page size: 1 and 7 rows are gathered, powers of two
+    from 16 load as TMA boxes."""
+    b, cap, hq, hkv, d, sq = 3, 1792, 8, 2, 128, 1  # 1792 = 7 · 256
     kc, vc = randn(b, cap, hkv, d, dtype=dtype), randn(b, cap, hkv, d, dtype=dtype)
     q, k, v = randn(b, sq, hq, d, dtype=dtype), randn(b, sq, hkv, d, dtype=dtype), randn(b, sq, hkv, d, dtype=dtype)
     lens = torch.tensor([0, 300, cap - sq], dtype=torch.int32, device="cuda")

@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::kernels::Tile;
 use crate::spec::AttentionParams;
 use crate::spec::Lengths;
-pub use crate::spec::{Pages, MAX_SEQLEN_Q, MIN_PAGE_SIZE};
+pub use crate::spec::{Pages, MAX_SEQLEN_Q, MIN_PAGE_SIZE, TMA_PAGE_SIZE};
 
 pub use crate::kernels::select::decode as variant_for;
 

@@ -440,6 +440,23 @@ impl Plan {
             section_heads_shift: sec.shift,
             section_units_mul: sec_units.mul,
             section_units_shift: sec_units.shift,
+            // Any page size: the gathered load's fields (fc_producer.cuh), zero unless paged.
+            page_size: pages.map_or(0, |pg| pg.page_size as i32),
+            page_mul: pages.map_or(0, |pg| pg.divisor().0),
+            page_div_shift: pages.map_or(0, |pg| pg.divisor().1),
+            gather: pages.is_some_and(|pg| !pg.tma_boxes()) as i32,
+            k_ptr: if pages.is_some() { k } else { 0 },
+            v_ptr: if pages.is_some() { v } else { 0 },
+            k_stride: if pages.is_some() {
+                k_st.as_array()
+            } else {
+                [0; 3]
+            },
+            v_stride: if pages.is_some() {
+                v_st.as_array()
+            } else {
+                [0; 3]
+            },
         })
     }
 

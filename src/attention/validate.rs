@@ -126,16 +126,17 @@ pub fn check_kv_cache(p: &AttentionParams) -> Result<()> {
     Ok(())
 }
 
-/// A paged cache's geometry against the shape: pages of a power-of-two size of at least 16
-/// rows, a capacity (`seqlen_k`) that is a whole number of pages, a pool the kernel can index
-/// in i32, and the bshd layout (pools are `[num_pages, page_size, heads_kv, head_dim]`).
+/// A paged cache's geometry against the shape: pages of at least one row (any size: powers of
+/// two of at least 16 rows load as TMA boxes, others are gathered), a capacity (`seqlen_k`) that
+/// is a whole number of pages, a pool the kernel can index in i32, and the bshd layout (pools
+/// are `[num_pages, page_size, heads_kv, head_dim]`).
 pub fn check_pages(p: &AttentionParams, pages: &Pages) -> Result<()> {
     let min = MIN_PAGE_SIZE;
-    if pages.page_size < min || !pages.page_size.is_power_of_two() {
+    if pages.page_size < min || pages.page_size > i32::MAX as usize {
         return Err(Error::invalid(
             "page_size",
             format!(
-                "must be a power of two of at least {min} rows, got {}",
+                "must be at least {min} row and below 2^31, got {}",
                 pages.page_size
             ),
         ));
@@ -521,12 +522,31 @@ mod tests {
             page_size,
             num_pages,
         };
-        check_pages(&p, &pages(16, 4)).unwrap();
+        // Any page size dividing the capacity: powers of two (TMA boxes) and others (gathered).
+        for page in [1, 2, 4, 8, 16, 32, 64] {
+            check_pages(&p, &pages(page, 4)).unwrap();
+        }
+        let p21 = AttentionParams::new(2, 2, 1, 64).seqlen_k(21);
+        for page in [1, 3, 7, 21] {
+            check_pages(&p21, &pages(page, 4)).unwrap();
+        }
         let cases = [
-            (p.clone(), pages(8, 4), "page_size", "power of two"),
-            (p.clone(), pages(24, 4), "page_size", "power of two"),
-            (p.clone(), pages(0, 4), "page_size", "power of two"),
+            (p.clone(), pages(0, 4), "page_size", "at least 1 row"),
+            (p.clone(), pages(1 << 31, 4), "page_size", "below 2^31"),
             (p.clone(), pages(128, 4), "seqlen_k", "not a multiple"),
+            (p.clone(), pages(24, 4), "seqlen_k", "not a multiple"),
+            (
+                p.clone(),
+                pages(7, 4),
+                "seqlen_k",
+                "64 is not a multiple of 7",
+            ),
+            (
+                p21.clone(),
+                pages(2, 4),
+                "seqlen_k",
+                "21 is not a multiple of 2",
+            ),
             (p.clone(), pages(16, 0), "num_pages", "1 to 2^31 - 1"),
             (p.clone(), pages(16, 1 << 31), "num_pages", "1 to 2^31 - 1"),
             (

@@ -14,6 +14,7 @@ pub mod loc;
 pub mod provenance;
 pub mod public;
 pub mod report;
+pub mod roles;
 pub mod rules;
 pub mod sass;
 pub mod select;

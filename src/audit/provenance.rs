@@ -40,6 +40,19 @@
 //! loads, spills and reloads, shuffles) gives `May`, so an unknown derivation is never a public
 //! buffer: the load stays secret (fail safe).
 //!
+//! **Reads of public buffers.** A value loaded from memory may derive from any pointer ever
+//! stored there (flow-insensitively, one cell per space). A read proven to be of public buffer X
+//! while the kernel never writes X gives a value that derives from no pointer: X holds what the
+//! host put there (a pointer the host stored is already outside what this proves, below). The
+//! analysis assumes no buffer written, and is redone with a buffer written as soon as it finds
+//! a write of it.
+//!
+//! **Other lanes.** A shuffle or vote reads registers of other lanes of its warp, which need
+//! not be at the same instruction: their sources are read flow-insensitively, as whatever the
+//! register holds anywhere in the kernel — except in blocks that a warp split puts on the other
+//! side from the reader's ([`super::roles`]: `if (threadIdx.x < 128)` in a warp-specialised
+//! kernel), which no lane of the reader's warp ever runs.
+//!
 //! **Joins.** At a CFG merge a register keeps `Lo(X)`/`Hi(X)`/`Carry(X)` only when every
 //! incoming path has the same; otherwise it becomes `May` of the union. A write under a guard
 //! leaves the join of the old and new value (plus the fact "under this guard, the new value",
@@ -245,6 +258,8 @@ struct Step<'a> {
     e: &'a Effects,
     /// A plain guarded `BRA` to a labelled target: (guard, negated, target index).
     branch: Option<(usize, bool, usize)>,
+    /// The warp-role class of its block (an index into [`Shared::ever`]).
+    role: usize,
 }
 
 /// The guarded `@P BRA target` of `insn`, if it is one: taken exactly when the guard holds.
@@ -274,7 +289,13 @@ fn assume(st: &mut State, g: usize, neg: bool) {
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Shared {
     cells: Cells,
-    ever: Vec<u64>,
+    /// Per warp-role class, per location: the public pointers any lane's register may hold in
+    /// that class's blocks.
+    ever: Vec<Vec<u64>>,
+    /// Per class: the classes whose blocks lanes of one warp may run besides it (itself too).
+    peers: Vec<Vec<usize>>,
+    /// Public buffers this round takes as written by the kernel (bit per buffer).
+    written: u64,
 }
 
 /// The provenance of every operand an instruction reads, as seen under its guard.
@@ -400,7 +421,14 @@ fn outputs(step: &Step, rd: &Reader, sh: &Shared) -> Outputs {
         }
     }
     let c = sh.cells;
+    // A read proven to be of a public buffer the kernel does not write: what it gives was put
+    // there by the host before the launch, and derives from no pointer of this kernel (pointers
+    // the host stores in memory are outside what this analysis proves; see the module notes).
+    let unwritten_public = global_read_operand(step)
+        .and_then(|o| address(o, rd).0)
+        .is_some_and(|x| sh.written >> x & 1 == 0);
     match step.class {
+        Class::Load(Space::Global | Space::Generic) if unwritten_public => may = 0,
         Class::Load(Space::Global) | Class::Atomic(Space::Global) => may = c.global,
         // Every register operand is taken as a destination, coordinates included.
         Class::Texture => may |= c.global,
@@ -412,7 +440,9 @@ fn outputs(step: &Step, rd: &Reader, sh: &Shared) -> Outputs {
         Class::Gmma => may |= c.shared,
         Class::BarrierResult => may |= c.barrier,
         Class::Collective | Class::Shuffle => {
-            may |= e.srcs.iter().fold(0, |s, &l| s | sh.ever[l]);
+            for &c in &sh.peers[step.role] {
+                may |= e.srcs.iter().fold(0, |s, &l| s | sh.ever[c][l]);
+            }
         }
         _ => {}
     }
@@ -764,8 +794,41 @@ pub fn analyze(
             roles,
             e,
             branch: guarded_branch(sec, insn, e),
+            role: 0,
         });
     }
+    // Warp-role classes: blocks with the same sides of every warp split.
+    let warp_roles = super::roles::analyze(sec, cfg, effects);
+    let mut class_sides: Vec<Vec<Option<bool>>> = Vec::new();
+    let mut class_block: Vec<usize> = Vec::new();
+    let mut class_of = vec![0usize; cfg.blocks.len()];
+    for (b, c) in class_of.iter_mut().enumerate() {
+        let sides = warp_roles.sides(b).to_vec();
+        *c = match class_sides.iter().position(|x| *x == sides) {
+            Some(k) => k,
+            None => {
+                class_sides.push(sides);
+                class_block.push(b);
+                class_sides.len() - 1
+            }
+        };
+    }
+    if class_sides.is_empty() {
+        class_block.push(0);
+        class_sides.push(Vec::new());
+    }
+    for (i, step) in steps.iter_mut().enumerate() {
+        step.role = cfg.block_of.get(i).map_or(0, |&b| class_of[b]);
+    }
+    let peers: Vec<Vec<usize>> = (0..class_sides.len())
+        .map(|a| {
+            (0..class_sides.len())
+                .filter(|&b| {
+                    cfg.blocks.is_empty() || warp_roles.compatible(class_block[a], class_block[b])
+                })
+                .collect()
+        })
+        .collect();
     // Registers other lanes hand over (shuffle data, collective inputs): read flow-insensitively.
     let mut tracked: Vec<usize> = steps
         .iter()
@@ -774,12 +837,41 @@ pub fn analyze(
         .collect();
     tracked.sort_unstable();
     tracked.dedup();
+    // Buffers the kernel may write: none at first; a round that finds a write of one it assumed
+    // unwritten is redone with it written (what a read of it gives: see `outputs`).
+    let mut written = 0u64;
+    loop {
+        let out = rounds(&steps, cfg, slots, &tracked, &peers, written, n, nbuf);
+        let now = (0..nbuf)
+            .filter(|&x| !out.writes[x].is_empty())
+            .fold(0u64, |s, x| s | 1 << x);
+        if now & !written == 0 {
+            return Ok(out);
+        }
+        written |= now;
+    }
+}
+
+/// The fixed point and the findings of one assumption about which buffers are `written`.
+#[allow(clippy::too_many_arguments)]
+fn rounds(
+    steps: &[Step],
+    cfg: &Cfg,
+    slots: &Slots,
+    tracked: &[usize],
+    peers: &[Vec<usize>],
+    written: u64,
+    n: usize,
+    nbuf: usize,
+) -> Provenance {
     let mut sh = Shared {
         cells: Cells::default(),
-        ever: vec![0; NLOC],
+        ever: vec![vec![0; NLOC]; peers.len()],
+        peers: peers.to_vec(),
+        written,
     };
     let block_in = loop {
-        let (block_in, next) = fixed_point(&steps, cfg, &sh, slots, &tracked);
+        let (block_in, next) = fixed_point(steps, cfg, &sh, slots, tracked);
         if next == sh {
             break block_in;
         }
@@ -821,7 +913,7 @@ pub fn analyze(
             transfer(step, &mut st, &sh, slots);
         }
     }
-    Ok(out)
+    out
 }
 
 fn fixed_point(
@@ -864,7 +956,7 @@ fn fixed_point(
             cell_writes(step, &rd, &mut next.cells);
             transfer(step, &mut s, sh, slots);
             for &l in tracked {
-                next.ever[l] |= s.v[l].set();
+                next.ever[step.role][l] |= s.v[l].set();
             }
         }
         // A guarded branch is taken exactly when its guard holds, and falls through when not.
@@ -926,7 +1018,9 @@ mod tests {
         let effects = taint::section_effects(&sec, &Secrets::default()).unwrap();
         let sh = Shared {
             cells: Cells::default(),
-            ever: vec![0; NLOC],
+            ever: vec![vec![0; NLOC]],
+            peers: vec![vec![0]],
+            written: 0,
         };
         let mut st = State::entry();
         for (insn, e) in sec.insns.iter().zip(&effects) {
@@ -937,6 +1031,7 @@ mod tests {
                 roles,
                 e,
                 branch: None,
+                role: 0,
             };
             transfer(&step, &mut st, &sh, &slots());
         }
@@ -948,6 +1043,77 @@ mod tests {
         let g = cfg::build(&sec);
         let effects = taint::section_effects(&sec, &Secrets::default()).unwrap();
         analyze(&sec, &g, &effects, &slots()).unwrap()
+    }
+
+    /// A warp-specialised kernel: warps 0–3 (`threadIdx.x < 128`) hold buffer 0's pointer in
+    /// R8:R9; the other warps shuffle R9 and store through an address made from what they got.
+    /// Only lanes of the reader's warp reach its shuffle, and none of them ever runs the other
+    /// side: no write of buffer 0. The same split on a thread index that does not cut between
+    /// warps (16), or on a register that may not be the thread index, is no warp split: the
+    /// shuffle may read the pointer, and the store is a write of buffer 0.
+    #[test]
+    fn a_warp_split_keeps_one_sides_registers_from_the_others_shuffles() {
+        let body = |split: &str| {
+            format!(
+                "/*0000*/ S2R R0, SR_TID.X ;\n\
+                 {split}\n\
+                 /*0020*/ @P0 BRA `(.L_x_1) ;\n\
+                 /*0030*/ LDC.64 R8, c[0x0][0x210] ;\n\
+                 /*0040*/ LDG.E R6, desc[UR4][R8.64] ;\n\
+                 /*0050*/ EXIT ;\n\
+.L_x_1:\n\
+                 /*0060*/ LDC.64 R2, c[0x0][0x218] ;\n\
+                 /*0070*/ MOV R9, RZ ;\n\
+                 /*0080*/ SHFL.BFLY PT, R10, R9, 0x1, 0x1f ;\n\
+                 /*0090*/ IMAD.WIDE R4, R10, 0x4, R2 ;\n\
+                 /*00a0*/ STG.E desc[UR4][R4.64], RZ ;\n\
+                 /*00b0*/ EXIT ;\n"
+            )
+        };
+        let warps = run(&body("/*0010*/ ISETP.GE.U32.AND P0, PT, R0, 0x80, PT ;"));
+        assert!(warps.writes[0].is_empty(), "{:?}", warps.writes[0]);
+        assert_eq!(warps.reads[4], Some(0));
+        let below = run(&body("/*0010*/ ISETP.GT.AND P0, PT, R0, 0x7f, PT ;"));
+        assert!(below.writes[0].is_empty(), "GT 127 cuts between warps too");
+        let lanes = run(&body("/*0010*/ ISETP.GE.U32.AND P0, PT, R0, 0x10, PT ;"));
+        assert_eq!(
+            lanes.writes[0],
+            vec![10],
+            "lanes 0–15 and 16–31 share a warp"
+        );
+        let moved = run(&body(
+            "/*0008*/ IADD3 R0, R0, 0x10, RZ ;\n/*0010*/ ISETP.GE.U32.AND P0, PT, R0, 0x80, PT ;",
+        ));
+        assert_eq!(
+            moved.writes[0],
+            vec![11],
+            "R0 is no longer the thread index"
+        );
+    }
+
+    /// A read proven to be of a public buffer the kernel never writes gives a value that derives
+    /// from no pointer, even when memory holds one (here the buffer's own pointer, stored into
+    /// K's memory): an address made from it is no write of the buffer. Once the kernel writes
+    /// the buffer, what it reads may be that pointer again.
+    #[test]
+    fn reads_of_an_unwritten_public_buffer_derive_from_no_pointer() {
+        let body = |extra: &str| {
+            format!(
+                "/*0000*/ LDC.64 R2, c[0x0][0x210] ;\n\
+                 /*0010*/ LDC.64 R4, c[0x0][0x218] ;\n\
+                 /*0020*/ STG.E.64 desc[UR4][R4.64], R2 ;\n\
+                 {extra}\n\
+                 /*0030*/ LDG.E R6, desc[UR4][R2.64] ;\n\
+                 /*0040*/ IMAD.WIDE R8, R6, 0x4, R4 ;\n\
+                 /*0050*/ STG.E desc[UR4][R8.64], RZ ;\n\
+                 /*0060*/ EXIT ;\n"
+            )
+        };
+        let clean = run(&body(""));
+        assert_eq!(clean.reads[3], Some(0));
+        assert!(clean.writes[0].is_empty(), "{:?}", clean.writes[0]);
+        let written = run(&body("/*0028*/ STG.E desc[UR4][R2.64], RZ ;"));
+        assert_eq!(written.writes[0], vec![3, 6]);
     }
 
     fn r(i: usize) -> usize {

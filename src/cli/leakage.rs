@@ -121,7 +121,8 @@ pub struct LeakageArgs {
     /// — a deliberately leaky comparison, which the test must fail.
     #[arg(long)]
     pub public_counts: bool,
-    /// Decode mode: a paged cache of pages of N rows (a power of two ≥ 16 dividing --seqlen);
+    /// Decode mode: a paged cache of pages of N rows (any N ≥ 1 dividing --seqlen; powers of two
+    /// ≥ 16 load as TMA boxes, other sizes are gathered row by row);
     /// K and V are pools of batch · S / N pages read through a block table (public, fixed).
     #[arg(long, value_name = "N")]
     pub page_size: Option<usize>,

@@ -33,7 +33,7 @@ pub struct DecodeConfig {
     /// The counts are secret (the shipped secret-count build), or public (the walk ends at each
     /// count: the comparison that must leak).
     pub secret_counts: bool,
-    /// A paged cache of pages of this many rows (a power of two ≥ 16 dividing the capacity).
+    /// A paged cache of pages of this many rows (any size ≥ 1 dividing the capacity).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub page_size: Option<usize>,
     /// The block table's order: a fixed random permutation of the pool (true) or the identity.
@@ -52,11 +52,16 @@ impl DecodeConfig {
     }
 
     /// The paged cache's geometry for `p`: one pool of `batch · capacity / page_size` pages
-    /// (every sequence's capacity backed by its own pages).
+    /// (every sequence's capacity backed by its own pages; none for a page of no row, which
+    /// [`DecodeConfig::validate`]'s page check refuses).
     pub fn pages(&self, p: &AttentionParams) -> Option<Pages> {
         self.page_size.map(|page_size| Pages {
             page_size,
-            num_pages: p.batch * p.seqlen_k.div_ceil(page_size),
+            num_pages: if page_size == 0 {
+                0
+            } else {
+                p.batch * p.seqlen_k.div_ceil(page_size)
+            },
         })
     }
 

@@ -58,7 +58,9 @@ pub struct DeviceTensor {
 /// row length times `page_size`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Pages {
-    /// Rows per page: a power of two, at least [`MIN_PAGE_SIZE`].
+    /// Rows per page: any size of at least [`MIN_PAGE_SIZE`] (one row). Powers of two of at
+    /// least [`TMA_PAGE_SIZE`] rows load as TMA boxes; other sizes are gathered row by row
+    /// (the same bits, see [`Pages::tma_boxes`]).
     pub page_size: usize,
     pub num_pages: usize,
 }
@@ -69,6 +71,24 @@ impl Pages {
         self.num_pages * self.page_size * p.heads_kv * p.head_dim
     }
 
+    /// Whether the kernel loads this cache's K/V blocks as TMA boxes of `min(page_size,
+    /// block)` rows (page sizes that are powers of two of at least [`TMA_PAGE_SIZE`] rows); any
+    /// other page size is gathered row by row with `cp.async` into the same shared layout, so
+    /// the output bits are the same either way. Public: a function of the page size alone.
+    pub fn tma_boxes(&self) -> bool {
+        self.page_size >= TMA_PAGE_SIZE && self.page_size.is_power_of_two()
+    }
+
+    /// The kernels' division by the page size (`page_div` in kernels/fc_common.cuh): `(mul,
+    /// shift)` with `n / page_size == (mulhi(n, mul) + n) >> shift` for every `0 ≤ n < 2^31`
+    /// (`mul = ⌊2^32 · (2^shift − d) / d⌋ + 1`, `shift = ⌈log2 d⌉`). Page sizes below 2^31.
+    pub fn divisor(&self) -> (u32, i32) {
+        let d = self.page_size as u64;
+        let shift = d.next_power_of_two().trailing_zeros() as u64;
+        let mul = (((1u64 << 32) * ((1u64 << shift) - d)) / d + 1) as u32;
+        (mul, shift as i32)
+    }
+
     /// The pool row holding sequence `b`'s cache row `r`, through `table` (`[batch, seqlen_k /
     /// page_size]`, entries already checked against the pool).
     pub fn pool_row(&self, table: &[i32], seqlen_k: usize, b: usize, r: usize) -> usize {
@@ -77,8 +97,12 @@ impl Pages {
     }
 }
 
-/// The smallest page: one TMA box of 16 rows keeps the 128-byte swizzle of a whole block.
-pub const MIN_PAGE_SIZE: usize = 16;
+/// The smallest page: one row (SGLang's default page size).
+pub const MIN_PAGE_SIZE: usize = 1;
+
+/// The smallest page loaded as TMA boxes: one box of 16 rows keeps the 128-byte swizzle of a
+/// whole block. Smaller pages, and pages whose size is not a power of two, are gathered.
+pub const TMA_PAGE_SIZE: usize = 16;
 
 /// What the per-sequence lengths buffer of a plan means.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -142,6 +166,52 @@ impl Lengths {
         match self {
             Lengths::KvCache { pages, .. } => pages,
             _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod page_tests {
+    use super::*;
+
+    fn pages(page_size: usize) -> Pages {
+        Pages {
+            page_size,
+            num_pages: 1,
+        }
+    }
+
+    /// The kernels' multiply-shift division (`page_div`, evaluated here as the device does in
+    /// 32-bit arithmetic) equals integer division for every page size tried, over small keys
+    /// exhaustively and across the whole i32 range by steps.
+    #[test]
+    fn divisor_divides_like_the_kernels() {
+        let dev = |n: u32, (mul, shift): (u32, i32)| {
+            let hi = ((n as u64 * mul as u64) >> 32) as u32;
+            (hi.wrapping_add(n)) >> shift
+        };
+        let sizes = (1..=300usize).chain([1000, 4095, 4096, 4097, 65537, 1 << 20, (1 << 30) + 7]);
+        for d in sizes {
+            let dv = pages(d).divisor();
+            for n in (0u32..20_000).chain((0..2000u32).map(|i| i * 1_073_741 + i)) {
+                let n = n.min(i32::MAX as u32);
+                assert_eq!(dev(n, dv) as usize, n as usize / d, "{n} / {d}");
+            }
+            assert_eq!(
+                dev(i32::MAX as u32, dv) as usize,
+                i32::MAX as usize / d,
+                "max / {d}"
+            );
+        }
+    }
+
+    #[test]
+    fn tma_boxes_only_for_powers_of_two_of_16_rows_or_more() {
+        for d in [16, 32, 64, 128, 256, 1024] {
+            assert!(pages(d).tma_boxes(), "{d}");
+        }
+        for d in [1, 2, 4, 7, 8, 15, 24, 48, 100, 384] {
+            assert!(!pages(d).tma_boxes(), "{d}");
         }
     }
 }

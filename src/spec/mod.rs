@@ -6,6 +6,6 @@ pub mod buffers;
 pub mod limits;
 pub mod params;
 
-pub use buffers::{DeviceTensor, Lengths, Pages, Strides, MIN_PAGE_SIZE};
+pub use buffers::{DeviceTensor, Lengths, Pages, Strides, MIN_PAGE_SIZE, TMA_PAGE_SIZE};
 pub use limits::{BACKWARD_HEAD_DIMS, MAX_SEQLEN_Q, SUPPORTED_HEAD_DIMS, TENSOR_ALIGN};
 pub use params::{AttentionParams, DType, Layout, Window};

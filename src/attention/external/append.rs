@@ -84,8 +84,10 @@ pub(crate) fn params(
         heads_kv: p.heads_kv as i32,
         head_dim: p.head_dim as i32,
         capacity: p.seqlen_k as i32,
-        page_shift: pages.map_or(0, |pg| pg.page_size.trailing_zeros() as i32),
+        page_size: pages.map_or(0, |pg| pg.page_size as i32),
         table_stride: pages.map_or(0, |pg| (p.seqlen_k / pg.page_size) as i32),
         num_pages: pages.map_or(0, |pg| pg.num_pages as i32),
+        page_mul: pages.map_or(0, |pg| pg.divisor().0),
+        page_div_shift: pages.map_or(0, |pg| pg.divisor().1),
     }
 }

@@ -514,6 +514,14 @@ unsafe fn launch_chunk(
         section_heads_shift: 0,
         section_units_mul: 0,
         section_units_shift: 0,
+        page_size: 0,
+        page_mul: 0,
+        page_div_shift: 0,
+        gather: 0,
+        k_ptr: 0,
+        v_ptr: 0,
+        k_stride: [0; 3],
+        v_stride: [0; 3],
     });
     let grid = (units.min(target.num_sms.max(1) as u128) as u32, 1, 1);
     let mut args: [*mut std::ffi::c_void; 1] =
