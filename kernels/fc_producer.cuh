@@ -103,6 +103,8 @@ FC_DEVICE void gather_kv_block(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][cfg::SW_ELE
 
 // Threads of warpgroup 0 that enter the producer (attention_fwd.cu).
 constexpr int PRODUCER_THREADS = FC_PAGED ? 128 : 1;
+// The dynamic order's tickets are taken by the producer: one thread, one ticket per unit.
+static_assert(!kDynamicOrder || PRODUCER_THREADS == 1, "one thread takes the tickets");
 
 FC_DEVICE void producer(const Params& p, Shared& s) {
 #if FC_PAGED
