@@ -94,7 +94,7 @@ pub struct ExternalCall {
     pub tile_counter: u64,
 }
 
-/// The u32 words a tile counter ([`ExternalCall::tile_counter`]) needs on a device of
+/// The u32 words a tile counter ([`ExternalCall::tile_counter()`]) needs on a device of
 /// `num_sms` SMs.
 pub fn tile_counter_words(num_sms: usize) -> usize {
     super::launch::DynamicOrder::counter_words(num_sms as u32)
@@ -128,7 +128,7 @@ impl ExternalCall {
             tile_counter: 0,
         }
     }
-    /// The dynamic tile order's counter ([`ExternalCall::tile_counter`]).
+    /// The dynamic tile order's counter ([`ExternalCall::tile_counter()`]).
     pub fn tile_counter(mut self, ptr: u64) -> Self {
         self.tile_counter = ptr;
         self
