@@ -128,7 +128,7 @@ impl ExternalCall {
             tile_counter: 0,
         }
     }
-    /// The dynamic tile order's counter ([`ExternalCall::tile_counter()`]).
+    /// The dynamic tile order's counter (see the `tile_counter` field).
     pub fn tile_counter(mut self, ptr: u64) -> Self {
         self.tile_counter = ptr;
         self
