@@ -11,7 +11,7 @@
 //! - all three stay clean and spill-free on the other tile shapes;
 //! - neither is ever shipped, and the queued-timing wait kernel audits clean and reads no data.
 
-use flashcore::audit::{audit_cubin, disassemble, KernelAudit};
+use flashcore::audit::{audit_cubin, audit_cubin_with, disassemble, KernelAudit};
 use flashcore::kernels::{shipped_variants, KernelBuild, TestBuild, Variant};
 use flashcore::DType;
 
@@ -23,8 +23,10 @@ fn build(v: impl Into<KernelBuild>) -> (Vec<u8>, String, KernelAudit) {
     let v = v.into();
     let cubin = v.cubin().unwrap_or_else(|e| panic!("{}: {e}", v.name()));
     let listing = disassemble(&cubin).unwrap_or_else(|e| panic!("{e}"));
-    let secret = v.variant.secret_params();
-    let mut audits = audit_cubin(&cubin, &secret).unwrap_or_else(|e| panic!("{e}"));
+    // With the variant's declarations (its secret parameters, and public buffers such as the
+    // dynamic tile order's counter), as the shipped audit does.
+    let mut audits = audit_cubin_with(&cubin, &v.variant.declared(flashcore::kernels::FORWARD_SYMBOL))
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(audits.len(), 1, "{}: one kernel", v.name());
     (cubin, listing, audits.remove(0))
 }
