@@ -25,8 +25,11 @@ fn build(v: impl Into<KernelBuild>) -> (Vec<u8>, String, KernelAudit) {
     let listing = disassemble(&cubin).unwrap_or_else(|e| panic!("{e}"));
     // With the variant's declarations (its secret parameters, and public buffers such as the
     // dynamic tile order's counter), as the shipped audit does.
-    let mut audits = audit_cubin_with(&cubin, &v.variant.declared(flashcore::kernels::FORWARD_SYMBOL))
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut audits = audit_cubin_with(
+        &cubin,
+        &v.variant.declared(flashcore::kernels::FORWARD_SYMBOL),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(audits.len(), 1, "{}: one kernel", v.name());
     (cubin, listing, audits.remove(0))
 }

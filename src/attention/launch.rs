@@ -117,7 +117,7 @@ impl Schedule {
                 "too many query tiles: batch · heads · ceil(seqlen_q / 128) must fit in an i32",
             ));
         }
-        // Measured (performance journal, sixteenth session): 2–8% faster at d64 causal from
+        // Measured (performance journal, the dynamic tile order): 2–8% faster at d64 causal from
         // S = 1k, even at d128, 2–3% slower at 4 tiles per head (S = 512).
         let dynamic = (pair_tiles && units >= num_sms as u128 && m_blocks >= 8)
             .then(|| DynamicOrder::new(params, m_blocks));
