@@ -122,10 +122,6 @@ fn decode_head_dims_96_256_match_reference() {
     );
 }
 
-fn bits<T: Element>(x: &[T]) -> Vec<u64> {
-    x.iter().map(|v| v.to_f64().to_bits()).collect()
-}
-
 /// One sequence's output rows out of a batched [B, Sq, Hq, D] output.
 fn rows_of<T: Copy>(out: &[T], p: &AttentionParams, b: usize) -> Vec<T> {
     let n = p.seqlen_q * p.heads_q * p.head_dim;

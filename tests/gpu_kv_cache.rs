@@ -10,10 +10,6 @@ use flashcore::attention::{AttentionParams, Context, DType, Element, KvCache, La
 use rand::seq::SliceRandom;
 use rand::Rng;
 
-fn bits<T: Element>(x: &[T]) -> Vec<u64> {
-    x.iter().map(|v| v.to_f64().to_bits()).collect()
-}
-
 #[allow(clippy::too_many_arguments)]
 fn params(
     dtype: DType,

@@ -17,10 +17,6 @@ use rand::Rng;
 const CAP: usize = 5376;
 const PAGES: [usize; 6] = [1, 7, 16, 48, 64, 256];
 
-fn bits<T: Element>(x: &[T]) -> Vec<u64> {
-    x.iter().map(|v| v.to_f64().to_bits()).collect()
-}
-
 fn f64s<T: Element>(x: &[T]) -> Vec<f64> {
     x.iter().map(|v| v.to_f64()).collect()
 }

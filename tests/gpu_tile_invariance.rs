@@ -8,10 +8,6 @@ mod common;
 use common::*;
 use flashcore::attention::{AttentionParams, DType, Element};
 
-fn bits<T: Element>(x: &[T]) -> Vec<u64> {
-    x.iter().map(|v| v.to_f64().to_bits()).collect()
-}
-
 fn case<T: Element>(ctx: &flashcore::attention::Context, p: &AttentionParams, heights: &[usize]) {
     let mut rng = rng_from(seed());
     let q: Vec<T> = randn(&mut rng, p.q_len());

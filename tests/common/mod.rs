@@ -271,3 +271,8 @@ pub fn randn_data(r: &mut impl Rng, n: usize, dtype: DType) -> flashcore::tensor
         DType::Bf16 => TensorData::Bf16(x.map(half::bf16::from_f32).collect()),
     }
 }
+
+/// The exact bits of a result, element by element (for bitwise comparisons).
+pub fn bits<T: Element>(x: &[T]) -> Vec<u64> {
+    x.iter().map(|v| v.to_f64().to_bits()).collect()
+}
