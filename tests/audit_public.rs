@@ -744,5 +744,9 @@ fn a_tile_counter_written_with_secret_values_is_not_public() {
     assert!(!b.public_writes, "{b:#?}");
     assert!(b.public_loads.is_empty(), "{b:#?}");
     assert_eq!(b.unproven_loads.len(), 1, "the ticket, demoted: {b:#?}");
+    assert!(
+        insn_at(k, b.unproven_loads[0]).op().starts_with("ATOMG"),
+        "{b:#?}"
+    );
     assert!(!verdicts(&a).is_empty());
 }
