@@ -72,7 +72,10 @@ constexpr int QBUF = FC_QBUF;
 static_assert(QBUF == 1 || QBUF == 2, "one or two Q buffers");
 static_assert(BM == 64 * CONSUMERS, "each consumer warpgroup owns 64 query rows");
 // 176 keys: FA3's d128 non-causal tile (fewer, longer key blocks per row; PERF_NOTES, fwdperf).
-static_assert(BN == 64 || BN == 128 || (BN == 176 && D == 128 && CONSUMERS <= 2 && !FC_CAUSAL && !FC_DECODE),
+// 80 keys: the d256 prefill tile of FA3 and FA4 (an S GEMM reading less shared memory per FLOP
+// than 64 keys; its 40-register S fits beside the 128-register O at 240 registers).
+static_assert(BN == 64 || BN == 128 || (BN == 176 && D == 128 && CONSUMERS <= 2 && !FC_CAUSAL && !FC_DECODE) ||
+                  (BN == 80 && D == 256 && CONSUMERS <= 2 && !FC_DECODE),
               "wgmma N for S = Q K^T");
 constexpr int SPLIT = FC_SPLIT;             // CTAs per cluster sharing one query tile's keys
 static_assert(SPLIT == 1 || (BM % SPLIT == 0 && (BM / SPLIT) * D % (4 * 128) == 0), "combine tiling");
@@ -90,10 +93,12 @@ constexpr int GROUP_BYTES = 8 * ROW_BYTES;  // one 8-row swizzle atom (the descr
 constexpr bool WIDE_CONSUMERS = D > 128 && CONSUMERS == 2 && FC_VARLEN && FC_SOFTCAP;
 // 176-key tiles hold an 88-register S and 44 of P beside the 64 of O: 240/24 as well.
 constexpr bool LONG_KEYS = BN == 176;
+// d256 on 80-key blocks: S 40 + P 20 beside the 128 of O; at 232 ptxas spilled (PERF_NOTES).
+constexpr bool KEYS80 = BN == 80;
 constexpr int PRODUCER_REGS =
-    LONG_KEYS ? 24 : CONSUMERS <= 2 ? (D > 128 && CONSUMERS == 2 ? (WIDE_CONSUMERS ? 24 : 40) : 56) : 32;
+    LONG_KEYS || KEYS80 ? 24 : CONSUMERS <= 2 ? (D > 128 && CONSUMERS == 2 ? (WIDE_CONSUMERS ? 24 : 40) : 56) : 32;
 constexpr int CONSUMER_REGS =
-    LONG_KEYS ? 240 : CONSUMERS == 1 ? 240 : CONSUMERS == 2 ? (D > 128 ? (WIDE_CONSUMERS ? 240 : 232) : 224) : 160;  // 1: light 64-row tiles
+    LONG_KEYS || KEYS80 ? 240 : CONSUMERS == 1 ? 240 : CONSUMERS == 2 ? (D > 128 ? (WIDE_CONSUMERS ? 240 : 232) : 224) : 160;  // 1: light 64-row tiles
 static_assert(128 * PRODUCER_REGS + 128 * CONSUMERS * CONSUMER_REGS <= 65536, "register file");
 constexpr uint32_t Q_BYTES = BM * D * 2;
 constexpr uint32_t KV_BYTES = BN * D * 2;

@@ -6,7 +6,7 @@
 #include "fc_scheduler.cuh"
 #include "fc_mbarrier.cuh"
 #include "fc_wgmma.cuh"
-#include "fc_wgmma_n176.cuh"
+#include "fc_wgmma_keys.cuh"
 #include "fc_softmax.cuh"
 #include "fc_instrument.cuh"
 

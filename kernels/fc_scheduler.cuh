@@ -88,7 +88,9 @@ struct Scheduler {
     }
 
     FC_DEVICE int tiles_in_unit(int unit) const {
-        if (FC_DECODE || !p.pair_tiles) return 1;
+        // Only causal builds pair tiles (the host's Schedule): one tile per unit elsewhere, known
+        // at compile time, so no tile count stays live across the tile's loop.
+        if (FC_DECODE || !FC_CAUSAL || !p.pair_tiles) return 1;
         const int j = kFastTileDiv ? unit - fast_div(unit, p.units_per_head_mul, p.units_per_head_shift) * p.units_per_head
                                    : unit % p.units_per_head;
         return (p.num_m_blocks - 1 - j) == j ? 1 : 2;  // odd tile count: the middle tile is alone

@@ -96,10 +96,16 @@ impl DynamicOrder {
 }
 
 impl Schedule {
-    pub fn new(params: &AttentionParams, tile: &Tile, num_sms: usize) -> Result<Schedule> {
+    /// `causal`: the build's mask (only causal builds walk two tiles per unit).
+    pub fn new(
+        params: &AttentionParams,
+        tile: &Tile,
+        causal: bool,
+        num_sms: usize,
+    ) -> Result<Schedule> {
         let m_blocks = params.seqlen_q.div_ceil(tile.block_m);
         let tiles = m_blocks as u128 * params.heads_q as u128 * params.batch as u128;
-        let pair_tiles = params.causal && tile.split == 1 && tiles > num_sms as u128;
+        let pair_tiles = causal && tile.split == 1 && tiles > num_sms as u128;
         let units_per_head = if pair_tiles {
             m_blocks.div_ceil(2)
         } else {
@@ -256,7 +262,7 @@ impl Plan {
         let variant = build.variant;
         let kernel = ctx.kernel(build)?;
         let tile = variant.tile();
-        let schedule = Schedule::new(&params, &tile, ctx.num_sms())?;
+        let schedule = Schedule::new(&params, &tile, variant.causal, ctx.num_sms())?;
         let decode = if variant.decode {
             Some(DecodeSchedule::new(&params, &tile, ctx.num_sms(), lengths)?)
         } else {

@@ -50,7 +50,7 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_tma.cuh",
     "fc_wgmma.cuh",
     "fc_wgmma_ops.cuh",
-    "fc_wgmma_n176.cuh",
+    "fc_wgmma_keys.cuh",
     "fc_softmax.cuh",
     "fc_cluster.cuh",
     "fc_instrument.cuh",

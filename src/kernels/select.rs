@@ -38,9 +38,14 @@ impl Variant {
         // d128 non-causal with at least 4096 keys: 176-key blocks, as FA3 (PERF_NOTES, branch
         // fwdperf: −2 to −4% at 4k–16k, flat below). A rule of Sk alone, never of the batch, so
         // the light-tile rule keeps it (64-row tiles on 176 keys) and bits stay batch-invariant.
+        // d256 non-causal with at least 1024 keys: 80-key blocks, as FA3 and FA4 (PERF_NOTES, "d256
+        // on 80-key blocks": −3 to −8% at most shapes from 1k; +2% at 512, where the last block is
+        // 40% masked).
         let block_n = if head_dim == 128 && !causal && !secret_len && split == 1 && seqlen_k >= 4096
         {
             176
+        } else if head_dim == 256 && !causal && !secret_len && split == 1 && seqlen_k >= 1024 {
+            80
         } else {
             block_n_for(head_dim)
         };
@@ -357,7 +362,7 @@ pub fn backward_varlen(params: &AttentionParams, onepass: Option<bool>) -> Resul
 }
 
 /// Tuning knobs for measurements: `FLASHCORE_SPLIT=1|2|4` (d64), `FLASHCORE_BLOCK_M=64|128|192`
-/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|128|176` (176: d128 non-causal) override the shape rule. Each is public and
+/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|80|128|176` (80: d256 non-causal, 176: d128 non-causal) override the shape rule. Each is public and
 /// deterministic: it changes which kernel runs, never what it computes. Values outside these
 /// sets are ignored, and so is any combination that is not a shipped (audited) variant: the
 /// knobs never run a kernel `flashcore audit` has not checked.
@@ -382,7 +387,7 @@ fn with_knobs(shape_rule: Variant, knobs: ForwardTiles) -> Variant {
         Some(192) if d64 && variant.split == 1 && !variant.secret_len => variant.block_m = 192,
         _ => {}
     }
-    if let Some(n @ (64 | 128 | 176)) = block_n {
+    if let Some(n @ (64 | 80 | 128 | 176)) = block_n {
         variant.block_n = n;
     }
     if super::shipped_variants().contains(&variant) {

@@ -197,6 +197,22 @@ pub const FORWARD: &[Family] = &[
         block_n: Some(176),
         ..PREFILL
     },
+    // d256 non-causal: 80-key blocks, in 128-row and light 64-row tiles.
+    Family {
+        name: "prefill, light 64-row tiles, 80-key blocks",
+        head_dims: HeadDims::Only(&[256]),
+        masks: Masks::FullOnly,
+        block_m: 64,
+        block_n: Some(80),
+        ..PREFILL
+    },
+    Family {
+        name: "prefill, 80-key blocks",
+        head_dims: HeadDims::Only(&[256]),
+        masks: Masks::FullOnly,
+        block_n: Some(80),
+        ..PREFILL
+    },
 ];
 
 impl Family {
