@@ -59,7 +59,8 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
     int q_load = 0;  // Q tiles consumed so far
     const int end_unit = sched.end_unit();
     if constexpr (kTurnChain) seed_turns(wg);
-    int n = 0;  // units taken (the dynamic order's hand-over)
+    int n = 0;          // units taken (the dynamic order's hand-over)
+    int stored_q = -1;  // the Q buffer the last O store still reads (kStoreTma builds)
     for (int unit = consumer_next_unit(p, s, n++, sched.first_unit()); unit < end_unit;
          unit = consumer_next_unit(p, s, n++, unit + sched.unit_step())) {
         const int tiles = sched.tiles_in_unit(unit);
@@ -90,7 +91,8 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
             // LSE = −inf, and the producer loaded nothing for this tile.
             const int q_buf = kv.count > 0 ? q_load % QBUF : -1;
             if (kv.count > 0) {
-                mainloop<FC_SOFTCAP != 0>(c, o, softmax, kv, q_load);
+                mainloop<FC_SOFTCAP != 0>(c, o, softmax, kv, q_load, stored_q);
+                stored_q = -1;
                 FC_PHASE_MARK(FC_PHASE_LOOP, 128);
                 g += kv.count;
                 ++q_load;
@@ -103,7 +105,8 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
             combine_split(p, s, t, key_limit);
             cluster_sync();  // no CTA leaves while others still read its shared memory
 #else
-            epilogue(c, o, softmax, q_buf);
+            const int left = epilogue(c, o, softmax, q_buf);
+            if (left >= 0) stored_q = left;
 #endif
         }
     }

@@ -254,6 +254,16 @@ struct Consumer {
         if (lane == 0) mbar_arrive(bar);
     }
 
+    // The Q buffer the previous tile's O left through (kStoreTma builds; −1: none): released once
+    // that TMA store has read it. Called after this tile's first Q Kᵀ is issued, so the store's
+    // read overlaps the tile boundary instead of holding the warp in the epilogue; the producer
+    // needs the buffer only for the tile after this one.
+    FC_DEVICE void release_stored_q(int buf) const {
+        if (buf < 0) return;  // public: the previous tile's path
+        if (lane == 0) bulk_wait_group_read();
+        release(&s.q_empty[buf]);
+    }
+
     // One main-loop step for block `it`: issue S_it = Q K_itᵀ and O += P_{it-1} V_{it-1}; run the
     // softmax of S_it while the PV GEMM is still on the tensor cores; then rescale O.
     // kMask: 0 no mask, 1 the row's upper bound only (no lower bound: has_lower_bound() is
@@ -313,11 +323,12 @@ FC_DEVICE void seed_turns(int wg) {
 }
 
 // The tile's main loop: block 0 (S, softmax), then unmasked and masked blocks, then the last
-// P V. `q_load` counts the Q tiles this CTA loaded before this one (the q_full parity). kCap:
-// softcap the scores (FC_SOFTCAP builds).
+// P V. `q_load` counts the Q tiles this CTA loaded before this one (the q_full parity);
+// `stored_q`: the Q buffer the previous tile's O store still holds (−1: none). kCap: softcap the
+// scores (FC_SOFTCAP builds).
 template <bool kCap>
 FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax<cfg::BN>& softmax, KvRange kv,
-                        int q_load) {
+                        int q_load, int stored_q) {
     using namespace cfg;
     const int n_blocks = kv.count;
     const int wg = c.wg;
@@ -340,6 +351,7 @@ FC_DEVICE void mainloop(const Consumer& c, float (&o)[cfg::D / 2], OnlineSoftmax
     c.issue_qk(sacc, stage0);
     wgmma_commit();
     c.pass_turn(n_blocks == 1);
+    if constexpr (kStoreTma) c.release_stored_q(stored_q);
     wgmma_wait<0>();
     fence_regs(sacc);
     FC_PHASE_MARK(FC_PHASE_S0, 128);

@@ -95,10 +95,10 @@ FC_DEVICE void store_row_vec(uint16_t* row_out, const float (&o)[cfg::D / 2], in
 // The TMA-store path (kStoreTma builds, p.o_tma): this warp's 16 rows of O, normalised and
 // packed, go into its own 16 rows of the tile's Q buffer (Q is dead: every Q Kᵀ is complete) with
 // `stmatrix`, in the 128-byte-swizzled layout a TMA load of Q writes, and one lane stores them
-// through o_map (rows past Sq are not written: the map's bounds). It waits only until the store
-// has read the rows, then releases the Q buffer to the producer. Fewer instructions than the
-// stores from registers (no quad transposes, no per-row addresses), and the global writes
-// complete asynchronously.
+// through o_map (rows past Sq are not written: the map's bounds). It does not wait for the store:
+// the next tile's main loop releases the Q buffer once the store has read it
+// (Consumer::release_stored_q). Fewer instructions than the stores from registers (no quad
+// transposes, no per-row addresses), and the global writes complete asynchronously.
 FC_DEVICE void store_o_tma(const Consumer& c, const float (&o)[cfg::D / 2], const float (&inv)[2], int q_buf) {
     using namespace cfg;
     const Params& p = c.p;
@@ -132,15 +132,14 @@ FC_DEVICE void store_o_tma(const Consumer& c, const float (&o)[cfg::D / 2], cons
             tma_store_4d(&p.o_map, rows + ch * (BM * ROW_BYTES), ch * SW_ELEMS, row, c.head, c.batch);
         }
         bulk_commit_group();
-        bulk_wait_group_read();
     }
-    c.release(&c.s.q_empty[q_buf]);
 }
 
 // `q_buf`: the Q buffer this tile loaded (kStoreTma builds), −1 when it loaded none (a fully
-// masked tile).
-FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const OnlineSoftmax<cfg::BN>& softmax,
-                        int q_buf) {
+// masked tile). Returns the Q buffer O went out through, still to be released once its store has
+// read it (Consumer::release_stored_q), or −1.
+FC_DEVICE int epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const OnlineSoftmax<cfg::BN>& softmax,
+                       int q_buf) {
     using namespace cfg;
     const Params& p = c.p;
     float total[2];
@@ -173,7 +172,7 @@ FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const O
             }
         }
         store_o_tma(c, o, inv, q_buf);
-        return;
+        return q_buf;
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -195,6 +194,7 @@ FC_DEVICE void epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const O
             }
         }
     }
+    return -1;
 }
 
 // Split mode: park the unnormalised partial (O, max, sum) in shared memory for the combine.
