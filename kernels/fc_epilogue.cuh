@@ -99,7 +99,7 @@ FC_DEVICE void store_row_vec(uint16_t* row_out, const float (&o)[cfg::D / 2], in
 // the next tile's main loop releases the Q buffer once the store has read it
 // (Consumer::release_stored_q). Fewer instructions than the stores from registers (no quad
 // transposes, no per-row addresses), and the global writes complete asynchronously.
-FC_DEVICE void store_o_tma(const Consumer& c, const float (&o)[cfg::D / 2], const float (&inv)[2], int q_buf) {
+FC_DEVICE void store_o_tma(const Consumer& c, const float (&o)[cfg::D / 2], const float (&inv)[2]) {
     using namespace cfg;
     const Params& p = c.p;
     const int lane = c.lane;
@@ -171,7 +171,7 @@ FC_DEVICE int epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const On
                 *lse_out = n.lse;
             }
         }
-        store_o_tma(c, o, inv, q_buf);
+        store_o_tma(c, o, inv);
         return q_buf;
     }
 #pragma unroll
