@@ -71,6 +71,12 @@ constexpr bool kDynamicOrder = FC_DYN_ORDER != 0;
 // divisions did not.
 constexpr bool kFastTileDiv = !(cfg::D > 128 && FC_SOFTCAP);
 
+// Only causal builds pair tiles (the host's Schedule): one tile per unit elsewhere, known at
+// compile time, so no tile count stays live across the tile's loop (the d256 80-key builds
+// spilled it). Not in the d256 softcap builds, whose register assignment spilled with the
+// shorter code.
+constexpr bool kOneTilePerUnit = FC_DECODE || (!FC_CAUSAL && !(cfg::D > 128 && FC_SOFTCAP));
+
 struct Scheduler {
     const Params& p;
 
@@ -88,9 +94,7 @@ struct Scheduler {
     }
 
     FC_DEVICE int tiles_in_unit(int unit) const {
-        // Only causal builds pair tiles (the host's Schedule): one tile per unit elsewhere, known
-        // at compile time, so no tile count stays live across the tile's loop.
-        if (FC_DECODE || !FC_CAUSAL || !p.pair_tiles) return 1;
+        if (kOneTilePerUnit || !p.pair_tiles) return 1;
         const int j = kFastTileDiv ? unit - fast_div(unit, p.units_per_head_mul, p.units_per_head_shift) * p.units_per_head
                                    : unit % p.units_per_head;
         return (p.num_m_blocks - 1 - j) == j ? 1 : 2;  // odd tile count: the middle tile is alone
