@@ -750,3 +750,56 @@ fn a_tile_counter_written_with_secret_values_is_not_public() {
     );
     assert!(!verdicts(&a).is_empty());
 }
+
+/// (p) The tile counter's pointer also stored, as data, into another buffer (as an output
+/// written from a shuffle may carry another lane's copy of it in the forward kernel): global
+/// memory holds a value derived from the pointer, but a ticket reads only what is written through
+/// the counter's pointer, so the tickets stay public and the tile's stores are no writes of it.
+#[test]
+fn a_pointer_stored_elsewhere_does_not_reach_the_tickets() {
+    let k = "pb_tile_counter_pointer_elsewhere";
+    let a = audit(k, &["counter"]);
+    clean(&a);
+    let b = only_buffer(&a);
+    assert!(b.public_writes, "{b:#?}");
+    assert!(b.unproven_loads.is_empty(), "{b:#?}");
+    assert_eq!(b.public_loads.len(), 1, "the ticket: {b:#?}");
+    assert!(
+        insn_at(k, b.public_loads[0]).op().starts_with("ATOMG"),
+        "{b:#?}"
+    );
+    assert_eq!(b.writes, b.public_loads, "the increment only: {b:#?}");
+}
+
+/// (q) The same pointer stored into the counter's own buffer: a ticket may be that pointer, so
+/// the output stores at addresses built from the tickets may write the counter, with data: the
+/// counter is not public, the ticket is demoted and the loop's exit and the tile's addresses are
+/// findings.
+#[test]
+fn a_pointer_stored_into_the_counter_reaches_the_tickets() {
+    let k = "pb_tile_counter_pointer_inside";
+    let a = audit(k, &["counter"]);
+    let b = only_buffer(&a);
+    assert!(!b.public_writes, "{b:#?}");
+    assert!(b.public_loads.is_empty(), "{b:#?}");
+    assert_eq!(
+        b.writes
+            .iter()
+            .filter(|&&i| insn_at(k, i).op() == "STG")
+            .count(),
+        2,
+        "the pointer's store and the output's store write the counter: {b:#?}"
+    );
+    let ticket = b
+        .unproven_loads
+        .iter()
+        .copied()
+        .find(|&i| insn_at(k, i).op().starts_with("ATOMG"))
+        .unwrap_or_else(|| panic!("the ticket, demoted: {b:#?}"));
+    let v = verdicts(&a);
+    assert!(
+        v.iter().any(|f| f.0 == Rule::ControlFlow) && v.iter().any(|f| f.0 == Rule::MemoryAddress),
+        "{v:?}"
+    );
+    assert!(a.findings.iter().all(|f| chain_start(f) == ticket), "{v:?}");
+}

@@ -155,10 +155,11 @@ class Call:
         return (s[0], s[1], s[2]) if self.bhsd else (s[0], s[2], s[1])
 
 
-# Calls that may take the dynamic tile order (the library's rule: causal, d64, at least 8 query
-# tiles of 128 rows): only they pass a counter (a capture zeroes a fresh one per call).
+# Calls that may take the dynamic tile order (the library's rule: causal, d64, d96 or d128, at
+# least 8 query tiles of 128 rows): only they pass a counter (a capture zeroes a fresh one per
+# call). The library ignores it where the build it picks has no dynamic order.
 _DYNAMIC_MIN_SEQLEN_Q = 1024
-_DYNAMIC_HEAD_DIM = 64
+_DYNAMIC_HEAD_DIMS = frozenset({64, 96, 128})
 
 
 def launch(call, out, lse):
@@ -182,7 +183,7 @@ def launch(call, out, lse):
         n = _workspace_bytes(dtype, shape, causal, False)
     ws, _ = _scratch(n, b, dev, stream, False)
     extra = _features(call.window, call.softcap, call.sinks)
-    if causal and sq >= _DYNAMIC_MIN_SEQLEN_Q and d == _DYNAMIC_HEAD_DIM:
+    if causal and sq >= _DYNAMIC_MIN_SEQLEN_Q and d in _DYNAMIC_HEAD_DIMS:
         # Long causal prefill may take the dynamic tile order (the library decides by the shape).
         extra["tile_counter"] = _tile_counter(dev, stream)
     _native.attention(
@@ -405,7 +406,7 @@ def fast(q, k, v, causal, scale, bhsd, return_lse, gqa=True, top_left=False):
     ot = out.stride()
     o_desc = (out.data_ptr(), (ot[0], ot[2], ot[1]) if bhsd else (ot[0], ot[1], ot[2]))
     o_lse = lse.data_ptr() if lse is not None else 0
-    if causal and sq >= _DYNAMIC_MIN_SEQLEN_Q and d == _DYNAMIC_HEAD_DIM:  # as `launch`
+    if causal and sq >= _DYNAMIC_MIN_SEQLEN_Q and d in _DYNAMIC_HEAD_DIMS:  # as `launch`
         _native.attention(dev, stream, tag, shape, causal, scale, qd, kd, vd, o_desc, o_lse, 0, ws, 0,
                           tile_counter=_tile_counter(dev, stream))
     else:

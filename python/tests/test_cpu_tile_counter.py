@@ -1,6 +1,7 @@
-"""Long causal d64 prefill passes the dynamic tile order's counter; nothing else does. The counter is
-kept per (device, stream) and reused, zeroed once, outside a CUDA graph capture, and fresh per
-call while one is captured. No GPU: CPU tensors pose as device 0's and native calls are recorded."""
+"""Long causal prefill at d64, d96 and d128 passes the dynamic tile order's counter; nothing else
+does. The counter is kept per (device, stream) and reused, zeroed once, outside a CUDA graph
+capture, and fresh per call while one is captured. No GPU: CPU tensors pose as device 0's and
+native calls are recorded."""
 
 import pytest
 import torch
@@ -27,9 +28,10 @@ def counter(monkeypatch):
 @pytest.mark.parametrize(
     "sq, causal, d, passed",
     [(1024, True, 64, True), (2048, True, 64, True), (1000, True, 64, False), (1024, False, 64, False),
-     (16, True, 64, False), (2048, True, 128, False)],
+     (16, True, 64, False), (2048, True, 128, True), (1024, True, 96, True), (2048, False, 128, False),
+     (1000, True, 128, False), (2048, True, 256, False)],
 )
-def test_only_long_causal_d64_prefill_passes_a_counter(rec, counter, sq, causal, d, passed):  # noqa: F811
+def test_only_long_causal_prefill_of_the_dynamic_head_dims_passes_a_counter(rec, counter, sq, causal, d, passed):  # noqa: F811
     a = _dense(b=1, sq=sq, sk=sq, hq=2, hkv=2, d=d)
     flashcore.flash_attn_func(a["q"], a["k"], a["v"], causal=causal)
     assert len(rec.calls) == 1

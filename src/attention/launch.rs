@@ -123,8 +123,9 @@ impl Schedule {
                 "too many query tiles: batch · heads · ceil(seqlen_q / 128) must fit in an i32",
             ));
         }
-        // Measured (performance journal, the dynamic tile order): 2–8% faster at d64 causal from
-        // S = 1k, even at d128, 2–3% slower at 4 tiles per head (S = 512).
+        // Measured (performance journal, the dynamic tile order): 2–6% faster at d64 causal from
+        // S = 1k, 1–2% at d128 and d256, 2–3% slower at 4 tiles per head (S = 512). Only builds
+        // with the order compiled in take it (Variant::dynamic_order; Plan::new filters).
         let dynamic = (pair_tiles && units >= num_sms as u128 && m_blocks >= 8)
             .then(|| DynamicOrder::new(params, m_blocks));
         Ok(Schedule {

@@ -582,7 +582,9 @@ mod tests {
         check_kv_metadata(&p, &[0, 32], None, false).unwrap();
         // Secret counts are not checked against the capacity (the kernel clamps them).
         check_kv_metadata(&p, &[-1, 99], None, true).unwrap();
-        let cases: [(&[i32], &[i32], bool, &str, &str); 8] = [
+        // (counts, table, secret, the argument named, part of the message)
+        type Case<'a> = (&'a [i32], &'a [i32], bool, &'a str, &'a str);
+        let cases: [Case; 8] = [
             (&[5], &[0, 1, 2, 3], false, "seqlens_k", "batch is 2"),
             (&[5, 6, 7], &[0, 1, 2, 3], false, "seqlens_k", "batch is 2"),
             (&[-1, 5], &[0, 1, 2, 3], false, "seqlens_k", "outside [0"),

@@ -45,7 +45,12 @@
 //! while the kernel never writes X gives a value that derives from no pointer: X holds what the
 //! host put there (a pointer the host stored is already outside what this proves, below). The
 //! analysis assumes no buffer written, and is redone with a buffer written as soon as it finds
-//! a write of it.
+//! a write of it. A read (or an atomic's old value) proven to be of a written X gives what X's
+//! own cell holds: the values of every write whose address may derive from X's pointer (the
+//! writes above), flow-insensitively — not the whole global cell, which other writes fill too
+//! (an output written from a shuffle that may read another lane's copy of X's pointer). Since
+//! every write that may reach X feeds X's cell, this relies on nothing the global cell did not:
+//! only on the caller's contract below (no other pointer aliases X, offsets stay inside it).
 //!
 //! **Other lanes.** A shuffle or vote reads registers of other lanes of its warp, which need
 //! not be at the same instruction: their sources are read flow-insensitively, as whatever the
@@ -162,12 +167,24 @@ impl Slots {
 }
 
 /// Memory cells, flow-insensitive: which public pointers a value stored there may derive from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Cells {
     global: u64,
     shared: u64,
     local: u64,
     barrier: u64,
+    /// Per public buffer: what the writes that may reach it (a write whose address may derive
+    /// from its pointer) store there; a part of `global`, read by the reads proven to be of it.
+    buffers: Vec<u64>,
+}
+
+impl Cells {
+    fn new(nbuf: usize) -> Cells {
+        Cells {
+            buffers: vec![0; nbuf],
+            ..Default::default()
+        }
+    }
 }
 
 /// A register's provenance under a guard (see the module comment, "Joins").
@@ -420,15 +437,26 @@ fn outputs(step: &Step, rd: &Reader, sh: &Shared) -> Outputs {
             may |= rd.operand_set(o);
         }
     }
-    let c = sh.cells;
-    // A read proven to be of a public buffer the kernel does not write: what it gives was put
-    // there by the host before the launch, and derives from no pointer of this kernel (pointers
-    // the host stores in memory are outside what this analysis proves; see the module notes).
-    let unwritten_public = global_read_operand(step)
-        .and_then(|o| address(o, rd).0)
-        .is_some_and(|x| sh.written >> x & 1 == 0);
+    let c = &sh.cells;
+    // A read (or an atomic's old value) proven to be of public buffer X: what X holds. Put
+    // there by the host before the launch, it derives from no pointer of this kernel (pointers
+    // the host stores in memory are outside what this analysis proves; see the module notes);
+    // once the kernel writes X, it may also be whatever those writes stored (X's own cell).
+    let proven = global_read_operand(step).and_then(|o| address(o, rd).0);
+    let public_read = proven.map(|x| {
+        if sh.written >> x & 1 == 0 {
+            0
+        } else {
+            c.buffers[x as usize]
+        }
+    });
     match step.class {
-        Class::Load(Space::Global | Space::Generic) if unwritten_public => may = 0,
+        Class::Load(Space::Global | Space::Generic)
+        | Class::Atomic(Space::Global | Space::Generic)
+            if public_read.is_some() =>
+        {
+            may = public_read.unwrap_or(0)
+        }
         Class::Load(Space::Global) | Class::Atomic(Space::Global) => may = c.global,
         // Every register operand is taken as a destination, coordinates included.
         Class::Texture => may |= c.global,
@@ -686,12 +714,16 @@ fn write_locs(step: &Step) -> Option<Vec<usize>> {
     }
 }
 
-/// Data flowing into memory cells (stores, copies, reductions, calls): the new cells.
+/// Data flowing into memory cells (stores, copies, reductions, calls): the new cells. What
+/// reaches global memory also reaches the cell of every public buffer the write's address (or
+/// a call's arguments) may derive from.
 fn cell_writes(step: &Step, rd: &Reader, c: &mut Cells) {
     let insn = step.insn;
     if never_runs(insn) {
         return;
     }
+    let global_before = c.global;
+    let mut to_global = 0u64;
     // The values stored: source operands outside the brackets, as wide as the access.
     let width = mem_width(insn);
     let data = || -> u64 {
@@ -713,9 +745,9 @@ fn cell_writes(step: &Step, rd: &Reader, c: &mut Cells) {
         Class::Store(sp) | Class::Atomic(sp) => {
             let d = data();
             match sp {
-                Space::Global => c.global |= d,
+                Space::Global => to_global |= d,
                 Space::Generic => {
-                    c.global |= d;
+                    to_global |= d;
                     c.shared |= d;
                     c.local |= d;
                 }
@@ -724,8 +756,20 @@ fn cell_writes(step: &Step, rd: &Reader, c: &mut Cells) {
                 Space::Constant => {}
             }
         }
-        Class::AsyncToShared => c.shared |= c.global,
-        Class::AsyncFromShared => c.global |= c.shared,
+        // A bulk copy may run either way (`write_locs`): what shared memory holds may reach
+        // a buffer its address derives from.
+        Class::AsyncToShared => {
+            c.shared |= c.global;
+            to_global_buffers(step, rd, c, c.shared);
+        }
+        Class::AsyncFromShared => to_global |= c.shared,
+        // A surface write: its register operands may be the data.
+        Class::Texture => to_global_buffers(
+            step,
+            rd,
+            c,
+            step.e.srcs.iter().fold(0, |s, &l| s | rd.loc(l).set()),
+        ),
         Class::Barrier if step.e.writes_barrier_result => {
             c.barrier |= step.e.srcs.iter().fold(0, |s, &l| s | rd.loc(l).set())
         }
@@ -733,9 +777,26 @@ fn cell_writes(step: &Step, rd: &Reader, c: &mut Cells) {
     }
     if step.e.external_call {
         let args = step.e.srcs.iter().fold(0, |s, &l| s | rd.loc(l).set());
-        c.global |= args | c.local;
+        to_global |= args | c.local;
         c.shared |= args;
         c.local |= args;
+    }
+    c.global = global_before | to_global;
+    to_global_buffers(step, rd, c, to_global);
+}
+
+/// Adds `data` to the cell of every public buffer that `step` may write (`write_locs`: its
+/// address, or a call's arguments, may derive from the buffer's pointer).
+fn to_global_buffers(step: &Step, rd: &Reader, c: &mut Cells, data: u64) {
+    let Some(ls) = write_locs(step) else { return };
+    let mut may = ls.iter().fold(0, |s, &l| s | rd.st.v[l].set());
+    if step.e.external_call {
+        may |= c.local;
+    }
+    for (x, cell) in c.buffers.iter_mut().enumerate() {
+        if may >> x & 1 == 1 {
+            *cell |= data;
+        }
     }
 }
 
@@ -865,7 +926,7 @@ fn rounds(
     nbuf: usize,
 ) -> Provenance {
     let mut sh = Shared {
-        cells: Cells::default(),
+        cells: Cells::new(nbuf),
         ever: vec![vec![0; NLOC]; peers.len()],
         peers: peers.to_vec(),
         written,
@@ -1094,7 +1155,8 @@ mod tests {
     /// A read proven to be of a public buffer the kernel never writes gives a value that derives
     /// from no pointer, even when memory holds one (here the buffer's own pointer, stored into
     /// K's memory): an address made from it is no write of the buffer. Once the kernel writes
-    /// the buffer, what it reads may be that pointer again.
+    /// the buffer, the read gives what is written through the buffer's pointer: a zero leaves it
+    /// derived from no pointer, the pointer itself makes it the pointer again.
     #[test]
     fn reads_of_an_unwritten_public_buffer_derive_from_no_pointer() {
         let body = |extra: &str| {
@@ -1113,7 +1175,37 @@ mod tests {
         assert_eq!(clean.reads[3], Some(0));
         assert!(clean.writes[0].is_empty(), "{:?}", clean.writes[0]);
         let written = run(&body("/*0028*/ STG.E desc[UR4][R2.64], RZ ;"));
-        assert_eq!(written.writes[0], vec![3, 6]);
+        assert_eq!(written.writes[0], vec![3]);
+        let pointer = run(&body("/*0028*/ STG.E desc[UR4][R2.64+0x8], R2 ;"));
+        assert_eq!(pointer.writes[0], vec![3, 6]);
+    }
+
+    /// The forward kernel's tile counter: a ticket is an atomic's old value (a read of the
+    /// buffer, which the atomic writes), and a tile's address is built from it. A shuffle of a
+    /// register that holds the counter's pointer elsewhere puts a value derived from it into
+    /// K's memory (as an output written from a shuffle does); the ticket, reading only what is
+    /// written through the counter's pointer, stays derived from no pointer, and the tile's
+    /// store is no write of the counter. The same value stored through the counter's pointer
+    /// reaches the ticket, and the tile's store may write the counter.
+    #[test]
+    fn a_ticket_reads_only_what_is_written_through_its_buffer() {
+        let body = |to: &str| {
+            format!(
+                "/*0000*/ LDC.64 R2, c[0x0][0x210] ;\n\
+                 /*0010*/ LDC.64 R4, c[0x0][0x218] ;\n\
+                 /*0020*/ SHFL.BFLY PT, R6, R3, 0x1, 0x1f ;\n\
+                 /*0030*/ STG.E desc[UR4][{to}], R6 ;\n\
+                 /*0040*/ ATOMG.E.INC.STRONG.GPU PT, R7, desc[UR4][R2.64], R8 ;\n\
+                 /*0050*/ IMAD.WIDE R10, R7, 0x4, R4 ;\n\
+                 /*0060*/ STG.E desc[UR4][R10.64], RZ ;\n\
+                 /*0070*/ EXIT ;\n"
+            )
+        };
+        let elsewhere = run(&body("R4.64"));
+        assert_eq!(elsewhere.reads[4], Some(0), "the ticket reads the counter");
+        assert_eq!(elsewhere.writes[0], vec![4], "the increment only");
+        let inside = run(&body("R2.64+0x8"));
+        assert_eq!(inside.writes[0], vec![3, 4, 6]);
     }
 
     fn r(i: usize) -> usize {

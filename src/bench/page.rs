@@ -195,9 +195,13 @@ fn is_ours(implementation: &str) -> bool {
     implementation.starts_with(FLASHCORE)
 }
 
+/// One row of a table: its key, flashcore's record, each column's median (µs), and the fastest
+/// other implementation (name, median µs) where there is one.
+type Row = (RowKey, Record, Vec<Option<f64>>, Option<(String, f64)>);
+
 struct Table {
     columns: Vec<String>,
-    rows: Vec<(RowKey, Record, Vec<Option<f64>>, Option<(String, f64)>)>,
+    rows: Vec<Row>,
 }
 
 fn in_suite(r: &Record, suite: &str) -> bool {

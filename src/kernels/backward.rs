@@ -320,6 +320,13 @@ pub const ONEPASS_HEAD_DIMS: [usize; 2] = [64, 128];
 
 pub use super::shipped_bwd_variants;
 
+fn headers() -> Vec<Header<'static>> {
+    HEADERS
+        .iter()
+        .map(|(name, source)| Header { name, source })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -443,11 +450,4 @@ mod tests {
             );
         }
     }
-}
-
-fn headers() -> Vec<Header<'static>> {
-    HEADERS
-        .iter()
-        .map(|(name, source)| Header { name, source })
-        .collect()
 }

@@ -449,24 +449,27 @@ impl Variant {
         Vec::new()
     }
 
-    /// What the audit is told about kernel `kernel` of this variant's cubin: its secret
-    /// parameters and, for the forward kernel of a decode variant without secret lengths, the
-    /// pointers to public KV-cache metadata (`cache_seqlens`, the block table: docs/design.md §1).
-    /// Everything else read from device memory stays secret.
     /// Whether this build may take its tiles in the dynamic order (kernels/fc_scheduler.cuh,
     /// `FC_DYN_ORDER`); the host passes a counter for shapes with more tile pairs than SMs and at
-    /// least 8 query tiles per head. The causal d64 prefill builds of 128 rows: measured 2–6%
-    /// faster from S = 1k (d128 and d256: 1–2%, not yet built with it).
+    /// least 8 query tiles per head. The causal prefill builds of 128 rows and 128-key blocks at
+    /// d64, d96 and d128, with public or secret lengths: measured 2–6% faster from S = 1k at d64,
+    /// 1–2% at d128 (d96 and secret lengths not measured). Not the 192-row d64 builds nor d256,
+    /// whose consumers spill with it (the audit's gate), nor split, decode or varlen builds.
     pub fn dynamic_order(&self) -> bool {
         !self.decode
             && !self.varlen
             && self.split == 1
             && self.causal
-            && self.head_dim == 64
+            && matches!(self.head_dim, 64 | 96 | 128)
             && self.block_m == 128
-            && !self.secret_len
+            && self.block_n == 128
     }
 
+    /// What the audit is told about kernel `kernel` of this variant's cubin: its secret
+    /// parameters and, for the forward kernel of a decode variant without secret lengths, the
+    /// pointers to public KV-cache metadata (`cache_seqlens`, the block table: docs/design.md §1),
+    /// and for a build with the dynamic order its tile counter. Everything else read from device
+    /// memory stays secret.
     pub fn declared(&self, kernel: &str) -> crate::audit::Declared {
         use crate::abi::{LENS_FIELD, TABLE_FIELD};
         let mut public_fields = Vec::new();

@@ -279,3 +279,41 @@ extern "C" __global__ void pb_tile_counter_secret(unsigned* counter, const float
         out[(long long)t * blockDim.x + threadIdx.x] = in[(long long)t * blockDim.x + threadIdx.x] * 2.0f;
     }
 }
+
+// (p) The tile counter of (n), with its pointer also stored, as data, into another buffer (`log`):
+// global memory then holds a value derived from the counter's pointer, as it does in the forward
+// kernel where an output written from a shuffle may carry another lane's copy of the pointer.
+// A ticket reads only the counter, which holds only what is written through its pointer (the
+// tickets themselves and zeros): still public, and the tile's addresses are no writes of the
+// counter. Clean with `counter` public.
+extern "C" __global__ void pb_tile_counter_pointer_elsewhere(unsigned* counter, const float* in, float* out,
+                                                             unsigned long long* log, int tiles) {
+    __shared__ int ticket;
+    if (blockIdx.x == 0 && threadIdx.x == 0) log[0] = (unsigned long long)counter;
+    for (;;) {
+        if (threadIdx.x == 0) ticket = (int)pb_ticket(counter, 0x7fffffffu);
+        __syncthreads();
+        const int t = ticket;
+        __syncthreads();
+        if (t >= tiles) break;
+        out[(long long)t * blockDim.x + threadIdx.x] = in[(long long)t * blockDim.x + threadIdx.x] * 2.0f;
+    }
+}
+
+// (q) The same pointer stored into the counter's own buffer (a slot after its two words): a
+// ticket may then be that pointer, the output stores at addresses built from the tickets may
+// write the counter, and they store data: the counter is not public, declared or not.
+extern "C" __global__ void pb_tile_counter_pointer_inside(unsigned* counter, const float* in, float* out,
+                                                          int tiles) {
+    __shared__ int ticket;
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+        *reinterpret_cast<unsigned long long*>(counter + 2) = (unsigned long long)counter;
+    for (;;) {
+        if (threadIdx.x == 0) ticket = (int)pb_ticket(counter, 0x7fffffffu);
+        __syncthreads();
+        const int t = ticket;
+        __syncthreads();
+        if (t >= tiles) break;
+        out[(long long)t * blockDim.x + threadIdx.x] = in[(long long)t * blockDim.x + threadIdx.x] * 2.0f;
+    }
+}
