@@ -115,7 +115,7 @@ fn takes_the_dynamic_order(p: &AttentionParams, secret: bool) -> bool {
     let v = select::forward(p, lengths, TestBuild::default(), SMS)
         .unwrap_or_else(|e| panic!("{p:?}: {e}"))
         .variant;
-    let s = Schedule::new(p, &v.tile(), SMS).unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    let s = Schedule::new(p, &v.tile(), v.causal, SMS).unwrap_or_else(|e| panic!("{p:?}: {e}"));
     v.dynamic_order() && s.dynamic.is_some()
 }
 
