@@ -12,6 +12,7 @@
 // reads are public because every write to it is a public value at a public address.
 #pragma once
 #include "fc_bwd_config.cuh"
+#include "fc_tma.cuh"
 
 // Measurement only, never shipped (BwdVariant::diag): 1 = no turn wait (reductions in arrival
 // order: nondeterministic), 2 = no wait and no reductions (dQ wrong), 3 = also no dQ GEMM, 4 =
@@ -148,11 +149,6 @@ FC_DEVICE void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
                  : "memory");
 }
 
-FC_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-// The group has read its shared-memory source (the buffer may be rewritten).
-FC_DEVICE void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); }
-// The group's global writes are complete.
-FC_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 // All but the newest N groups have read their shared-memory sources.
 template <int N>
 FC_DEVICE void bulk_wait_read_n() { asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory"); }
@@ -189,12 +185,12 @@ FC_DEVICE void onepass_dq_writer(const BwdParams& p, const float (*bufs)[bw::DQ_
                 } else {
                     bulk_reduce_add_f32(dst, smem_u32(buf), DQ_TILE * 4);
                 }
-                bulk_commit();
-                bulk_wait_read();
+                bulk_commit_group();
+                bulk_wait_group_read();
             }
             mbar_arrive(empty);
             if (OP_ORDERED) {
-                bulk_wait_all();
+                bulk_wait_group();
                 // The bulk writes are complete; the proxy fence orders them before the release
                 // (red.release is itself the GPU-scope fence: a fence.acq_rel.gpu before it
                 // measured +9% at 2,16,8192,128 — PERF_NOTES, bwd1v3).
@@ -204,7 +200,7 @@ FC_DEVICE void onepass_dq_writer(const BwdParams& p, const float (*bufs)[bw::DQ_
         }
         __syncwarp();
     }
-    if (OP_REDUCES && lane_id() == 0) bulk_wait_all();  // no bulk operation outlives the CTA
+    if (OP_REDUCES && lane_id() == 0) bulk_wait_group();  // no bulk operation outlives the CTA
 }
 
 // Core 4: writer w (0 ≤ w < DQ_WRITERS, one warp each) moves the tiles it ≡ w (mod DQ_WRITERS),
@@ -250,7 +246,7 @@ FC_DEVICE void onepass_dq_writer_split(const BwdParams& p, const float (*bufs)[b
                     } else {
                         bulk_reduce_add_f32(dst + pc * DQ_PIECE, src + pc * DQ_PIECE * 4, DQ_PIECE * 4);
                     }
-                    bulk_commit();
+                    bulk_commit_group();
                 }
             }
             if (OP_REDUCES) bulk_wait_read_n<1>();  // piece 0 read
@@ -258,14 +254,14 @@ FC_DEVICE void onepass_dq_writer_split(const BwdParams& p, const float (*bufs)[b
             if (OP_REDUCES) bulk_wait_read_n<0>();  // piece 1 read
             mbar_arrive(&empty[1]);
             if (OP_ORDERED) {
-                bulk_wait_all();
+                bulk_wait_group();
                 fence_proxy_async_global();  // as core 3: the bulk writes before the release
                 red_release_gpu_inc(flag);
             }
         }
         __syncwarp();
     }
-    if (OP_REDUCES && lane_id() == 0) bulk_wait_all();  // no bulk operation outlives the CTA
+    if (OP_REDUCES && lane_id() == 0) bulk_wait_group();  // no bulk operation outlives the CTA
 }
 
 // This thread's 16-bit dSᵀ fragments (the A operand of dK += dSᵀ Q: rows = its two keys, k-slice
