@@ -39,8 +39,8 @@ impl Variant {
         // fwdperf: −2 to −4% at 4k–16k, flat below). A rule of Sk alone, never of the batch, so
         // the light-tile rule keeps it (64-row tiles on 176 keys) and bits stay batch-invariant.
         // d256 non-causal with at least 1024 keys: 80-key blocks, as FA3 and FA4 (PERF_NOTES, "d256
-        // on 80-key blocks": −3 to −8% at most shapes from 1k; +2% at 512, where the last block is
-        // 40% masked).
+        // on 80-key blocks": −2.6 to −3.7% from 1k; +2% at 512, where the last block is 40%
+        // masked).
         let block_n = if head_dim == 128 && !causal && !secret_len && split == 1 && seqlen_k >= 4096
         {
             176
@@ -362,10 +362,11 @@ pub fn backward_varlen(params: &AttentionParams, onepass: Option<bool>) -> Resul
 }
 
 /// Tuning knobs for measurements: `FLASHCORE_SPLIT=1|2|4` (d64), `FLASHCORE_BLOCK_M=64|128|192`
-/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|80|128|176` (80: d256 non-causal, 176: d128 non-causal) override the shape rule. Each is public and
-/// deterministic: it changes which kernel runs, never what it computes. Values outside these
-/// sets are ignored, and so is any combination that is not a shipped (audited) variant: the
-/// knobs never run a kernel `flashcore audit` has not checked.
+/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|80|128|176` (80: d256 non-causal, 176: d128
+/// non-causal) override the shape rule. Each is public and deterministic: it changes which kernel
+/// runs, never what it computes. Values outside these sets are ignored, and so is any combination
+/// that is not a shipped (audited) variant: the knobs never run a kernel `flashcore audit` has not
+/// checked.
 fn with_knobs(shape_rule: Variant, knobs: ForwardTiles) -> Variant {
     let ForwardTiles {
         split,
