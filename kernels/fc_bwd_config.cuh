@@ -195,17 +195,18 @@ FC_DEVICE float bwd_leak(float x, float secret, const float* base) {
 
 // The descriptor of a K-major operand's k16 step kk in a [CHUNKS][rows][SW_ELEMS] tile (the
 // score GEMMs' A and B): chunk kk / K_STEPS, 32 bytes per step inside the swizzled row.
+// The tile's descriptor is built once and each step advances it (wgmma_desc_advance).
 FC_DEVICE uint64_t bwd_desc_k(uint32_t base, int rows, int kk) {
     using namespace bw;
     const uint32_t off = (kk / K_STEPS) * (rows * ROW_BYTES) + (kk % K_STEPS) * 32;
-    return wgmma_desc_rows<ROW_BYTES>(base + off, 16, GROUP_BYTES);
+    return wgmma_desc_advance(wgmma_desc_rows<ROW_BYTES>(base, 16, GROUP_BYTES), off);
 }
 
 // The descriptor of an MN-major B operand's k16 step kk (rows kk·16.. of a [CHUNKS][rows]
 // [SW_ELEMS] tile, N across the chunks): the dK, dV and dQ GEMMs' transposed B.
 FC_DEVICE uint64_t bwd_desc_t(uint32_t base, int rows, int kk) {
     using namespace bw;
-    return wgmma_desc_rows<ROW_BYTES>(base + kk * 16 * ROW_BYTES, rows * ROW_BYTES, GROUP_BYTES);
+    return wgmma_desc_advance(wgmma_desc_rows<ROW_BYTES>(base, rows * ROW_BYTES, GROUP_BYTES), kk * 16 * ROW_BYTES);
 }
 
 // At d256 the 64-bit descriptors of a tile that stays put for the whole loop (the dK/dV kernel's

@@ -347,8 +347,8 @@ FC_DEVICE void onepass_issue_dq(uint16_t (*ds)[bw::KV_BN][64], const uint16_t (*
 #if OP_DQ_GEMM
 #pragma unroll
     for (int kk = 0; kk < KV_BN / 16; ++kk) {
-        wgmma_ss_tt_m64n64k16(dq, wgmma_desc_sw128(a_base + kk * 16 * ROW_BYTES, KV_BN * ROW_BYTES, 1024),
-                              wgmma_desc_sw128(b_base + kk * 16 * ROW_BYTES, KV_BN * ROW_BYTES, 1024), kk > 0);
+        wgmma_ss_tt_m64n64k16(dq, wgmma_desc_advance(wgmma_desc_sw128(a_base, KV_BN * ROW_BYTES, 1024), kk * 16 * ROW_BYTES),
+                              wgmma_desc_advance(wgmma_desc_sw128(b_base, KV_BN * ROW_BYTES, 1024), kk * 16 * ROW_BYTES), kk > 0);
     }
 #else
     (void)a_base;

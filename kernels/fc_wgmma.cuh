@@ -27,6 +27,16 @@ FC_DEVICE uint64_t wgmma_desc_rows(uint32_t smem_addr, uint32_t lbo, uint32_t sb
     return ROW_BYTES == 128 ? wgmma_desc_sw128(smem_addr, lbo, sbo) : wgmma_desc_sw64(smem_addr, lbo, sbo);
 }
 
+// `desc` moved `bytes` further into shared memory: the start-address field (bits 0–13, the
+// address / 16) plus bytes / 16, on the low word only. Exact while the moved address stays below
+// 256 KiB (every shared-memory address of a CTA on sm_90: at most 228 KiB), so the field never
+// carries into the next. With `bytes` a constant this is one 32-bit add per k-step, where
+// rebuilding the descriptor from the address masks and shifts it again each time.
+FC_DEVICE uint64_t wgmma_desc_advance(uint64_t desc, uint32_t bytes) {
+    const uint32_t lo = (uint32_t)desc + (bytes >> 4);
+    return (desc & 0xFFFFFFFF00000000ull) | lo;
+}
+
 FC_DEVICE void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
 FC_DEVICE void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
