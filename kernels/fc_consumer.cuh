@@ -18,10 +18,12 @@
 constexpr bool kTurnChain = !(cfg::D > 128 && (FC_VARLEN || FC_SOFTCAP));
 constexpr bool kMaskSplit = !FC_SECRET_LEN && !FC_DECODE && !FC_SOFTCAP && cfg::D <= 128;
 // Builds whose epilogue may stage O in the tile's own Q rows and store it with TMA
-// (fc_epilogue.cuh): dense prefill tiles with two Q buffers (the next tile's Q loads into the
-// other one, so this one can wait for the store) and 128-byte rows. At runtime p.o_tma decides
-// (O 16-byte aligned); the tile then keeps its Q buffer until the store has read it.
-constexpr bool kStoreTma = !FC_DECODE && !FC_VARLEN && cfg::SPLIT == 1 && cfg::QBUF == 2 && cfg::SW_ELEMS == 64;
+// (fc_epilogue.cuh): prefill tiles (dense or varlen) with two Q buffers (the next tile's Q
+// loads into the other one, so this one can wait for the store) and 128-byte rows. At runtime
+// p.o_tma decides (O 16-byte aligned); the tile then keeps its Q buffer until the store has read
+// it. Not in varlen softcap builds: at d128 the staging spilled there.
+constexpr bool kStoreTma =
+    !FC_DECODE && !(FC_VARLEN && FC_SOFTCAP) && cfg::SPLIT == 1 && cfg::QBUF == 2 && cfg::SW_ELEMS == 64;
 
 // One consumer warpgroup's view of one tile.
 struct Consumer {

@@ -126,7 +126,11 @@ FC_DEVICE void store_o_tma(const Consumer& c, const float (&o)[cfg::D / 2], cons
     fence_proxy_async_smem();  // the generic stores, before the async proxy's reads
     __syncwarp();
     if (lane == 0) {
+#if FC_VARLEN
+        const int row = c.q_start + c.m_block * BM + warp_row;  // the pack's row (map: batch extent 1)
+#else
         const int row = c.m_block * BM + warp_row;
+#endif
 #pragma unroll
         for (int ch = 0; ch < CHUNKS; ++ch) {
             tma_store_4d(&p.o_map, rows + ch * (BM * ROW_BYTES), ch * SW_ELEMS, row, c.head, c.batch);
@@ -157,7 +161,18 @@ FC_DEVICE int epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const On
     // 176-key builds: at 240 registers the transpose spills there (long sequences only, where the
     // epilogue is a small share of a tile).
     const bool vec = !LONG_KEYS && ((p.o_ptr | (uint64_t)(p.o_stride_b | p.o_stride_s | p.o_stride_h) << 1) & 15) == 0;
-    if (kStoreTma && p.o_tma && q_buf >= 0) {  // public: the build, O's alignment, the walk's length
+    // The tile's O may leave through its Q buffer (public: the build, O's alignment, the walk's
+    // length); then every warp releases that buffer in the next tile. In varlen tiles a warp
+    // whose 16 rows run past its sequence (into the next one's) stores from registers instead
+    // (public: the sequence's length).
+    const bool tile_tma = kStoreTma && p.o_tma && q_buf >= 0;
+    bool warp_tma = tile_tma;
+#if FC_VARLEN
+    // The same for every lane (row0 − lane/4 is the warp's first row); a vote makes that visible
+    // to the compiler, so the store's __syncwarp stays a plain warp barrier.
+    warp_tma = warp_tma && __all_sync(0xffffffffu, c.row0 - c.lane / 4 + 16 <= rows_q);
+#endif
+    if (warp_tma) {
         float inv[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -194,7 +209,7 @@ FC_DEVICE int epilogue(const Consumer& c, const float (&o)[cfg::D / 2], const On
             }
         }
     }
-    return -1;
+    return tile_tma ? q_buf : -1;
 }
 
 // Split mode: park the unnormalised partial (O, max, sum) in shared memory for the combine.

@@ -71,11 +71,11 @@ constexpr bool kDynamicOrder = FC_DYN_ORDER != 0;
 // divisions did not.
 constexpr bool kFastTileDiv = !(cfg::D > 128 && FC_SOFTCAP);
 
-// Only causal builds pair tiles (the host's Schedule): one tile per unit elsewhere, known at
-// compile time, so no tile count stays live across the tile's loop (the d256 80-key builds
-// spilled it). Not in the d256 softcap builds, whose register assignment spilled with the
-// shorter code.
-constexpr bool kOneTilePerUnit = FC_DECODE || (!FC_CAUSAL && !(cfg::D > 128 && FC_SOFTCAP));
+// Only dense causal builds pair tiles (the host's Schedule; varlen units are one tile): one tile
+// per unit elsewhere, known at compile time, so no tile count stays live across the tile's loop
+// (the d256 80-key builds and the varlen TMA-store builds spilled it). Not in the dense d256
+// softcap builds, whose register assignment spilled with the shorter code.
+constexpr bool kOneTilePerUnit = FC_DECODE || FC_VARLEN || (!FC_CAUSAL && !(cfg::D > 128 && FC_SOFTCAP));
 
 struct Scheduler {
     const Params& p;

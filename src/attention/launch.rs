@@ -59,6 +59,21 @@ pub struct Schedule {
     pub dynamic: Option<DynamicOrder>,
 }
 
+/// Whether a prefill launch's epilogue stores O with TMA (kernels/fc_epilogue.cuh, `kStoreTma`:
+/// tiles with two Q buffers and 128-byte rows, no key split) and O allows it (address and strides
+/// 16-byte aligned). A public choice: the build and O's layout.
+pub(super) fn stores_o_by_tma(p: &AttentionParams, tile: &Tile, o: u64, o_st: Strides) -> bool {
+    let build = tile.split == 1
+        && tile.q_buffers == 2
+        && tensor_map::swizzle_elems(p.head_dim) == tensor_map::SWIZZLE_ELEMS;
+    let elem = p.dtype.size() as i64;
+    let aligned = o % 16 == 0
+        && [o_st.batch, o_st.seq, o_st.head]
+            .iter()
+            .all(|s| (s * elem) % 16 == 0);
+    build && aligned
+}
+
 /// The dynamic order (kernels/fc_scheduler.cuh): one unit per tile, taken from a counter,
 /// heaviest first within sections of `section_heads` (batch, head) pairs, so the light tiles fill
 /// the tail where the static pairs leave the last wave part-empty (a block-count model puts
@@ -467,10 +482,8 @@ impl Plan {
         })
     }
 
-    /// O's tensor map (box: one warp's 16 rows) for builds whose epilogue stores O with TMA
-    /// (kernels/fc_epilogue.cuh, `kStoreTma`: dense prefill tiles with two Q buffers and 128-byte
-    /// rows), when O's address and strides are 16-byte aligned; `None` keeps the stores from
-    /// registers. A public choice: the build and O's layout.
+    /// O's tensor map (box: one warp's 16 rows) where the epilogue stores O with TMA
+    /// ([`stores_o_by_tma`]; not in decode builds); `None` keeps the stores from registers.
     fn encode_o_map(
         &self,
         o: u64,
@@ -478,16 +491,7 @@ impl Plan {
         maps: &mut MapCache<sys::CUtensorMap>,
     ) -> Option<sys::CUtensorMap> {
         let p = &self.params;
-        let build = self.decode.is_none()
-            && self.tile.split == 1
-            && self.tile.q_buffers == 2
-            && tensor_map::swizzle_elems(p.head_dim) == tensor_map::SWIZZLE_ELEMS;
-        let elem = p.dtype.size() as i64;
-        let aligned = o % 16 == 0
-            && [o_st.batch, o_st.seq, o_st.head]
-                .iter()
-                .all(|s| (s * elem) % 16 == 0);
-        if !(build && aligned) {
+        if !(self.decode.is_none() && stores_o_by_tma(p, &self.tile, o, o_st)) {
             return None;
         }
         maps.get_or_encode(MapOperand::O, o, o_st, || {

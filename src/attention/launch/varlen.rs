@@ -424,6 +424,23 @@ pub(crate) unsafe fn launch_device_list(
     Ok(())
 }
 
+/// O's tensor map over the pack (box: one warp's 16 rows) where the epilogue stores O with TMA
+/// ([`super::stores_o_by_tma`]); `None` keeps the stores from registers. A warp whose rows run
+/// past its sequence stores from registers either way (the kernel's choice, by the sequence's
+/// length).
+fn o_map(
+    p: &AttentionParams,
+    tile: &crate::kernels::Tile,
+    o: u64,
+    o_st: Strides,
+    total_q: usize,
+) -> Option<sys::CUtensorMap> {
+    if !(total_q > 0 && super::stores_o_by_tma(p, tile, o, o_st)) {
+        return None;
+    }
+    tensor_map::encode(o, p.dtype, o_st, 1, total_q, p.heads_q, p.head_dim, 16).ok()
+}
+
 /// Threads of the builder kernel (kernels/fc_varlen_build.cuh).
 const BUILD_THREADS: u32 = 1024;
 
@@ -463,6 +480,7 @@ unsafe fn launch_chunk(
     let (window_left, window_right, softcap_in, softcap_out) =
         super::feature_fields(p, total_q, total_k);
     let hq = FastDiv::new(p.heads_q as u32);
+    let o_map = o_map(p, &tile, o, o_st, total_q);
     let mut block = Box::new(KernelParams {
         q_map,
         k_map,
@@ -505,9 +523,9 @@ unsafe fn launch_chunk(
         units_per_head_shift: 0,
         heads_q_mul: hq.mul,
         heads_q_shift: hq.shift,
-        o_tma: 0,
+        o_tma: o_map.is_some() as i32,
         // SAFETY: a tensor map is plain bytes; the kernel reads it only when o_tma is 1.
-        o_map: unsafe { std::mem::zeroed() },
+        o_map: o_map.unwrap_or(unsafe { std::mem::zeroed() }),
         tile_counter: 0,
         section_heads: 0,
         section_heads_mul: 0,
