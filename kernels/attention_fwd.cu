@@ -64,7 +64,9 @@ FC_DEVICE void consumer(const Params& p, Shared& s, int wg) {
     for (int unit = consumer_next_unit(p, s, n++, sched.first_unit()); unit < end_unit;
          unit = consumer_next_unit(p, s, n++, unit + sched.unit_step())) {
         const int tiles = sched.tiles_in_unit(unit);
-        for (int k = 0; k < tiles; ++k) {
+        // 80-key builds recompute the count at each step from an opaque copy of the unit
+        // (public) instead of holding it across the tile: the causal d256 build spilled it.
+        for (int k = 0; k < (cfg::KEYS80 ? sched.tiles_in_unit(opaque_int(unit)) : tiles); ++k) {
             const Tile t = sched.tile(unit, k);
             const int key_limit = tile_key_limit(p, t);
             const KvRange kv = tile_kv(p, t, key_limit);

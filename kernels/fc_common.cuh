@@ -30,6 +30,12 @@ FC_DEVICE int page_div(int n, uint32_t mul, int shift) {
     return (int)((__umulhi((uint32_t)n, mul) + (uint32_t)n) >> shift);
 }
 
+// A value the compiler must recompute where it is used rather than hold in a register.
+FC_DEVICE int opaque_int(int x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+
 FC_DEVICE float neg_inf() { return __int_as_float(0xff800000); }
 
 // 2^x on the SFU (MUFU.EX2): fixed latency, no data-dependent path; exp2(-inf) = 0.
