@@ -94,8 +94,9 @@ constexpr bool WIDE_CONSUMERS = D > 128 && CONSUMERS == 2 && FC_VARLEN && FC_SOF
 // 176-key tiles hold an 88-register S and 44 of P beside the 64 of O: 240/24 as well.
 constexpr bool LONG_KEYS = BN == 176;
 // d256 on 80-key blocks: S 40 + P 20 beside the 128 of O; at 232 ptxas spilled (PERF_NOTES).
+constexpr bool KEYS80 = BN == 80;
 // Both take the 240/24 split.
-constexpr bool SPLIT_240 = LONG_KEYS || BN == 80;
+constexpr bool SPLIT_240 = LONG_KEYS || KEYS80;
 constexpr int PRODUCER_REGS =
     SPLIT_240 ? 24 : CONSUMERS <= 2 ? (D > 128 && CONSUMERS == 2 ? (WIDE_CONSUMERS ? 24 : 40) : 56) : 32;
 constexpr int CONSUMER_REGS =
