@@ -1,5 +1,6 @@
-//! Non-causal calls at d128 with at least 4096 keys run on 176-key blocks, and at d256 with at
-//! least 1024 keys on 80-key blocks (`Variant::for_shape`, PERF_NOTES branch fwdperf and "d256 on 80-key blocks"): the rule
+//! Non-causal calls at d128 with at least 4096 keys run on 176-key blocks, and d256 calls with at
+//! least 1024 keys (causal: 4096) on 80-key blocks (`Variant::for_shape`, PERF_NOTES branch
+//! fwdperf and "d256 on 80-key blocks"): the rule
 //! itself (CPU), accuracy against the fp64 reference at odd shapes around it, and bitwise
 //! determinism and batch invariance across the light-tile rule's boundary (64-row and 128-row
 //! tiles on the same key block). GPU tests skip visibly without a GPU; fail under
@@ -11,7 +12,7 @@ use flashcore::attention::{AttentionParams, DType, Element};
 use flashcore::kernels::{shipped_variants, Variant};
 
 #[test]
-fn the_rule_takes_long_key_blocks_for_non_causal_d128_and_d256() {
+fn the_rule_takes_long_key_blocks_for_d128_and_d256() {
     let shipped = shipped_variants();
     for dtype in [DType::F16, DType::Bf16] {
         let v = |d, causal, slen, sq, sk| Variant::for_shape(dtype, d, causal, slen, sq, sk);
@@ -24,12 +25,19 @@ fn the_rule_takes_long_key_blocks_for_non_causal_d128_and_d256() {
         assert_eq!(v(256, false, false, 1, 1024).block_n, 80);
         assert_eq!(v(256, false, false, 4096, 1023).block_n, 64);
         assert_eq!(v(256, false, false, 16384, 16384).block_n, 80);
-        assert_eq!(v(256, true, false, 8192, 8192).block_n, 64);
+        assert_eq!(v(256, true, false, 8192, 8192).block_n, 80);
+        assert_eq!(v(256, true, false, 1, 4096).block_n, 80);
+        assert_eq!(v(256, true, false, 4096, 4095).block_n, 64);
+        assert_eq!(v(256, true, true, 8192, 8192).block_n, 64);
         assert_eq!(v(256, false, true, 8192, 8192).block_n, 64);
         assert_eq!(v(96, false, false, 8192, 8192).block_n, 128);
         // Whatever the batch, the light-tile rule keeps the key block, and both tiles are shipped.
-        for (d, sk, keys) in [(128, 4500, 176), (256, 1100, 80)] {
-            let big = v(d, false, false, 300, sk);
+        for (d, causal, sk, keys) in [
+            (128, false, 4500, 176),
+            (256, false, 1100, 80),
+            (256, true, 4100, 80),
+        ] {
+            let big = v(d, causal, false, 300, sk);
             let light = big.with_light_tiles(1, 2, 300, 132);
             let heavy = big.with_light_tiles(64, 2, 300, 132);
             assert_eq!((light.block_m, light.block_n), (64, keys));
@@ -64,6 +72,16 @@ fn long_key_blocks_match_the_reference() {
         AttentionParams::new(1, 2, 17, 256).seqlen_k(1024),
         gqa(256, 4096),
         AttentionParams::new(1, 1, 1040, 256), // 13 blocks of 80 exactly
+        AttentionParams::new(1, 2, 1000, 256)
+            .seqlen_k(4101)
+            .causal(true),
+        AttentionParams::new(1, 1, 4160, 256).causal(true), // 52 blocks of 80 exactly
+        AttentionParams {
+            heads_kv: 2,
+            ..AttentionParams::new(2, 4, 17, 256)
+                .seqlen_k(4096)
+                .causal(true)
+        },
     ];
     for p in shapes {
         check::<half::f16>(&p);
@@ -79,9 +97,10 @@ fn long_key_blocks_are_deterministic_and_batch_invariant() {
     let mut rng = rng_from(seed());
     // Alone: 5 light 64-row tiles × 2 heads fit one wave (64-row tiles); in a batch of 40 they do
     // not (128-row tiles). Both on the same long key blocks: the bits must not change.
-    for (d, sk) in [(128, 4500), (256, 1100)] {
+    for (d, causal, sk) in [(128, false, 4500), (256, false, 1100), (256, true, 4100)] {
         let one = AttentionParams::new(1, 2, 300, d)
             .seqlen_k(sk)
+            .causal(causal)
             .dtype(DType::Bf16);
         let q: Vec<half::bf16> = randn(&mut rng, one.q_len());
         let k: Vec<half::bf16> = randn(&mut rng, one.kv_len());

@@ -38,13 +38,15 @@ impl Variant {
         // d128 non-causal with at least 4096 keys: 176-key blocks, as FA3 (PERF_NOTES, branch
         // fwdperf: −2 to −4% at 4k–16k, flat below). A rule of Sk alone, never of the batch, so
         // the light-tile rule keeps it (64-row tiles on 176 keys) and bits stay batch-invariant.
-        // d256 non-causal with at least 1024 keys: 80-key blocks, as FA3 and FA4 (PERF_NOTES, "d256
-        // on 80-key blocks": −2.6 to −3.7% from 1k; +2% at 512, where the last block is 40%
-        // masked).
+        // d256 with at least 1024 keys (causal: 4096): 80-key blocks, as FA3 and FA4 (PERF_NOTES,
+        // "d256 on 80-key blocks" and "Eighteenth session": non-causal −2.6 to −3.7% from 1k, +2%
+        // at 512, where the last block is 40% masked; causal −2.5 to −4% from 4k in 128-row
+        // tiles, but +1 to +3.5% in light ones there, and −1% / +7% at 2k).
+        let keys80_from = if causal { 4096 } else { 1024 };
         let block_n = if head_dim == 128 && !causal && !secret_len && split == 1 && seqlen_k >= 4096
         {
             176
-        } else if head_dim == 256 && !causal && !secret_len && split == 1 && seqlen_k >= 1024 {
+        } else if head_dim == 256 && !secret_len && split == 1 && seqlen_k >= keys80_from {
             80
         } else {
             block_n_for(head_dim)
@@ -362,7 +364,7 @@ pub fn backward_varlen(params: &AttentionParams, onepass: Option<bool>) -> Resul
 }
 
 /// Tuning knobs for measurements: `FLASHCORE_SPLIT=1|2|4` (d64), `FLASHCORE_BLOCK_M=64|128|192`
-/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|80|128|176` (80: d256 non-causal, 176: d128
+/// (192: d64 only) and `FLASHCORE_BLOCK_N=64|80|128|176` (80: d256, 176: d128
 /// non-causal) override the shape rule. Each is public and deterministic: it changes which kernel
 /// runs, never what it computes. Values outside these sets are ignored, and so is any combination
 /// that is not a shipped (audited) variant: the knobs never run a kernel `flashcore audit` has not

@@ -197,17 +197,15 @@ pub const FORWARD: &[Family] = &[
         block_n: Some(176),
         ..PREFILL
     },
-    // d256 non-causal: 80-key blocks, in 128-row and light 64-row tiles.
+    // d256: 80-key blocks, in 128-row and light 64-row tiles, causal and not.
     Family {
         name: "prefill, light 64-row tiles, 80-key blocks",
         head_dims: HeadDims::Only(&[256]),
-        masks: Masks::FullOnly,
+        masks: Masks::Both,
         block_m: 64,
         block_n: Some(80),
         ..PREFILL
     },
-    // Causal too in 128-row tiles, reachable through FLASHCORE_BLOCK_N=80 only (the shape rule
-    // keeps 64 keys for causal d256 until measured; the light causal tile spills at 80 keys).
     Family {
         name: "prefill, 80-key blocks",
         head_dims: HeadDims::Only(&[256]),
