@@ -2,8 +2,10 @@
 //! deliberately leaky control kernels fail (a test that cannot fail proves nothing). Skips
 //! visibly without a GPU; fails instead when FLASHCORE_REQUIRE_GPU=1.
 //!
-//! The bound here is |t| < 10 for the shipped kernel (robust at 20 000 measurements); the CLI's
-//! verdict threshold stays 4.5.
+//! The bound here is |t| < 10 for the shipped kernel (robust at 20 000 measurements) in SM cycles
+//! (or within the hardware floor's cycles), and in time unless the SM clock itself moved with the
+//! data (the DVFS residual: docs/security.md, seen on the H200); the CLI's verdict threshold
+//! stays 4.5.
 //!
 //! Issue 13's instruments too: the cycle timer reads plausible clocks and catches the
 //! skip-past-length control in cycles (its power check), the floor control runs with its own
@@ -17,6 +19,7 @@ use common::gpu;
 use flashcore::attention::{AttentionParams, Context};
 use flashcore::kernels::LeakyControl;
 use flashcore::leakage::report::{format_table, format_verdict_table};
+use flashcore::leakage::verdict::cycles_within_floor;
 use flashcore::leakage::{
     Attribution, ClassResult, CycleResult, DecodeConfig, FixedClass, Harness, LeakageConfig,
     LengthClass, ValueClass,
@@ -97,17 +100,9 @@ fn shipped_kernel_zeros_vs_random_shows_no_leak() {
         return;
     };
     let r = measure(&ctx, false, None, FixedClass::Values(ValueClass::Zeros));
-    assert!(
-        max_t(&r) < 10.0,
-        "shipped kernel: max |t| {} ({:?})",
-        max_t(&r),
-        r.analysis
-    );
     // Issue 13: the cycle timer and the floor ran on the same class.
     let c = r.cycles.as_ref().expect("cycle timer measured");
     check_cycles(c);
-    let cycles_t = c.cycles.max_abs_t().unwrap();
-    assert!(cycles_t < 10.0, "shipped kernel cycles: max |t| {cycles_t}");
     let floor = r.floor.as_ref().expect("floor measured");
     assert_eq!(floor.measurements, MEASUREMENTS);
     // The floor's cycle-timer build ran on the same class and wrote every record.
@@ -118,6 +113,37 @@ fn shipped_kernel_zeros_vs_random_shows_no_leak() {
         e.floor_cycles_t.is_some() && e.cycles_raw_t.is_some(),
         "{e:?}"
     );
+    // The instruction level: the SM cycles per CTA differ no more than the hardware floor's
+    // (the same loads and GEMMs on the same inputs, no secret in the softmax).
+    let cycles_t = c.cycles.max_abs_t().unwrap();
+    assert!(
+        cycles_t < 10.0 || cycles_within_floor(&e),
+        "shipped kernel cycles: max |t| {cycles_t} above the floor's ({e:?})"
+    );
+    // The time: |t| under 10, unless the SM clock itself followed the data (the DVFS residual of
+    // docs/security.md: on the H200 zeros ran at a ~0.7% faster clock than random inputs, time
+    // |t| 11–14 at this count). Then the first-order shift must be the clock's — the class with
+    // the faster clock is the faster one — and the second-order test stays under 10.
+    let time_t = max_t(&r);
+    if time_t >= 10.0 {
+        let mhz_t = c.mhz.raw.map_or(0.0, |x| x.t);
+        let first = [r.analysis.raw, r.analysis.cropped]
+            .into_iter()
+            .flatten()
+            .max_by(|a, b| a.t.abs().total_cmp(&b.t.abs()))
+            .map_or(0.0, |x| x.t);
+        let second = r.analysis.second_order.map_or(0.0, |x| x.t.abs());
+        assert!(
+            mhz_t.abs() >= 10.0 && first.signum() == -mhz_t.signum() && second < 10.0,
+            "shipped kernel: time max |t| {time_t} not explained by the SM clock (MHz t {mhz_t}; \
+             first-order t {first}, second-order |t| {second}; {:?})",
+            r.analysis
+        );
+        eprintln!(
+            "shipped kernel: time |t| {time_t:.2} with the SM clock following the data \
+             (MHz t {mhz_t:.2}, first-order time t {first:.2}): the DVFS residual"
+        );
+    }
     eprintln!(
         "{}\nevidence {e:?} -> {}",
         format_verdict_table(std::slice::from_ref(&r)),
