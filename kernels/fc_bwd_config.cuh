@@ -6,6 +6,7 @@
 #include "fc_common.cuh"
 #include "fc_mbarrier.cuh"
 #include "fc_wgmma.cuh"
+#include "fc_wgmma_keys.cuh"
 
 #if !defined(FC_HEAD_DIM) || !defined(FC_BF16) || !defined(FC_CAUSAL) || !defined(FC_KV_BM) || \
     !defined(FC_KV_STAGES) || !defined(FC_Q_BN) || !defined(FC_Q_STAGES)
@@ -75,10 +76,16 @@ constexpr int KV_STAGES = FC_KV_STAGES;
 constexpr int Q_BM = 128;
 constexpr int Q_BN = FC_Q_BN;
 constexpr int Q_STAGES = FC_Q_STAGES;
-static_assert((KV_BM == 64 || KV_BM == 128) && (Q_BN == 64 || Q_BN == 128), "wgmma N of the score GEMMs");
+static_assert((KV_BM == 64 || KV_BM == 128 || KV_BM == 80) && (Q_BN == 64 || Q_BN == 128), "wgmma N of the score GEMMs");
+// 80-row query tiles (wgmma N = 80 for the score GEMMs; dQ computed transposed, as 80 is not a
+// multiple of wgmma's M = 64: fc_bwd_onepass.cuh): the one pass at d128 without a causal mask, in
+// schedule 3 with one dQ buffer (BwdVariant::tiles; shared memory holds no second one).
+static_assert(KV_BM != 80 || (FC_ONEPASS && D == 128 && !FC_CAUSAL && FC_BWD_CORE == 3),
+              "80-row query tiles: the d128 non-causal one pass, schedule 3");
 // Rows of the preprocess workspace per (batch, head) are padded to a multiple of this, so every
-// tile of either kernel reads its LSE/D values without a bounds check.
-constexpr int ROW_PAD = 128;
+// tile of either kernel reads its LSE/D values without a bounds check: 128, or lcm(128, 80) = 640
+// with 80-row tiles (the host's BwdVariant::row_pad).
+constexpr int ROW_PAD = KV_BM == 80 ? 640 : 128;
 static_assert(KV_BN * HSPLIT == 64 * CONSUMERS && Q_BM == 64 * CONSUMERS, "64 rows per consumer warpgroup");
 static_assert(ROW_PAD % KV_BM == 0 && ROW_PAD % Q_BM == 0, "padding covers every query tile");
 }  // namespace bw
@@ -93,7 +100,7 @@ struct BwdParams {
     int64_t q_stride_b, q_stride_s, q_stride_h;  // elements
     int64_t k_stride_b, k_stride_s, k_stride_h;
     int32_t batch, seqlen_q, seqlen_k, heads_q;
-    int32_t group, sq_pad;                   // group = Hq / Hkv; sq_pad = Sq rounded up to ROW_PAD
+    int32_t group, sq_pad;                   // group = Hq / Hkv; sq_pad = Sq rounded up to bw::ROW_PAD
     float scale_log2, scale;                 // softmax scale · log2(e), softmax scale
     int32_t kv_m_blocks;                     // ceil(Sq / KV_BM)
     int32_t q_n_blocks;                      // ceil(Sk / Q_BN)
@@ -212,9 +219,11 @@ FC_DEVICE uint64_t bwd_desc_t(uint32_t base, int rows, int kk) {
 // At d256 the 64-bit descriptors of a tile that stays put for the whole loop (the dK/dV kernel's
 // K, V; the dQ kernel's Q, dO: 16 k-steps each) would be hoisted out of it and held in registers
 // the accumulators need (spills). Hiding the base address inside the loop makes them be rebuilt
-// per tile (a few integer ops). The identity at the other head dims (their code is unchanged).
+// per tile (a few integer ops). The same with 80-row tiles, whose score accumulators (2 × 40) and
+// dK, dV leave no registers for them (ptxas serialized the wgmmas). The identity elsewhere (their
+// code is unchanged).
 FC_DEVICE uint32_t bwd_opaque(uint32_t x) {
-    if constexpr (bw::D > 128) asm volatile("" : "+r"(x));
+    if constexpr (bw::D > 128 || bw::KV_BM == 80) asm volatile("" : "+r"(x));
     return x;
 }
 

@@ -176,10 +176,11 @@ FC_DEVICE void dkdv_stats_loader(const BwdParams& p, DkdvShared& s, int n_block,
     }
 }
 
-// One pass: dSᵀ of the last two tiles ([QCH][KV_BN][64] each), the tile's fp32 dQ partial
-// (fragment order, fc_bwd_onepass.cuh) and its full/empty barriers, beside DkdvShared.
+// One pass: dSᵀ of the last two tiles ([DS_A][DS_ROWS][64] each: [QCH][KV_BN][64], 80-row tiles
+// [key chunk][KV_BM][64]), the tile's fp32 dQ partial (fragment order, fc_bwd_onepass.cuh) and its
+// full/empty barriers, beside DkdvShared.
 struct OnepassShared {
-    uint16_t ds[2][bw::QCH][bw::KV_BN][64];
+    uint16_t ds[2][bw::DS_A][bw::DS_ROWS][64];
     float dq[bw::DQ_BUFS][bw::DQ_TILE];
     DkdvShared kv;
     uint64_t dq_full[bw::DQ_BARS], dq_empty[bw::DQ_BARS];  // per buffer (core 4: per piece)
@@ -187,7 +188,7 @@ struct OnepassShared {
 
 // The one-pass block around `s` (a constant offset: nothing more held across the loop; the size
 // check shows the members are unpadded, so `kv` sits right after `ds` and `dq`).
-constexpr int ONEPASS_KV_OFFSET = 2 * bw::QCH * bw::KV_BN * 64 * 2 + bw::DQ_BUFS * bw::DQ_TILE * 4;
+constexpr int ONEPASS_KV_OFFSET = 2 * bw::DS_A * bw::DS_ROWS * 64 * 2 + bw::DQ_BUFS * bw::DQ_TILE * 4;
 static_assert(sizeof(OnepassShared) == ONEPASS_KV_OFFSET + sizeof(DkdvShared) + 16 * bw::DQ_BARS,
               "OnepassShared is unpadded");
 // Opaque: addresses derived from it are rebuilt where used, not hoisted out of the loop (spills).
@@ -198,7 +199,7 @@ FC_DEVICE OnepassShared& onepass_of(DkdvShared& s) {
 }
 
 template <bool DQ>
-FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[bw::QCH][bw::KV_BN][64], int wg,
+FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[bw::DS_A][bw::DS_ROWS][64], int wg,
                              int n_block, int kv_head, int batch) {
     using namespace bw;
     const int warp = warp_id_in_block() % 4;
@@ -275,6 +276,13 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
             Mma<KV_BM>::ss(sacc, bwd_desc_k(dkdv_opaque(k_base), KV_BN, kk), bwd_desc_k(bwd_opaque(q_base), KV_BM, kk), kk > 0);
         }
         wgmma_commit();
+#if BWD_DQ_T
+        // 80-row tiles: dPᵀ is issued after Pᵀ's exponentials (below), not beside Sᵀ: dK, dV and
+        // both m64n80 accumulators in flight at once left ptxas too few registers (it serialized
+        // every wgmma of the kernel).
+        turns.pass(it);
+        wgmma_wait<0>();
+#else
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             Mma<KV_BM>::ss(dpacc, bwd_desc_k(dkdv_opaque(v_base), KV_BN, kk), bwd_desc_k(bwd_opaque(do_base), KV_BM, kk), kk > 0);
@@ -284,6 +292,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         // Sᵀ is ready while dPᵀ may still run: Pᵀ's exponentials overlap that GEMM, and dSᵀ
         // overlaps dV += Pᵀ dO.
         wgmma_wait<1>();
+#endif
         fence_regs(sacc);
 
         // Causal: query − key ≥ Sq − Sk; relative to this thread's first (key, query) pair.
@@ -322,6 +331,13 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         uint32_t pf[KV_BM / 16][4], sf[KV_BM / 16][4];
         acc_to_frags<KV_BM>(sacc, pf);
         wgmma_fence();
+#if BWD_DQ_T
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+            Mma<KV_BM>::ss(dpacc, bwd_desc_k(dkdv_opaque(v_base), KV_BN, kk), bwd_desc_k(bwd_opaque(do_base), KV_BM, kk), kk > 0);
+        }
+        wgmma_commit();
+#endif
 #pragma unroll
         for (int kk = 0; kk < KV_BM / 16; ++kk) {
             Mma<DWG>::rs_tb(dv, pf[kk], bwd_desc_t(do_base + dim_off, KV_BM, kk), 1);
@@ -355,7 +371,29 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         // and this warpgroup's 64×64 piece of the tile's dQ partial issued before dK += dSᵀ Q;
         // once dQ is done its partial goes to shared memory while dK runs, and the writer warp
         // takes it to the workspace on this key block's turn (fc_bwd_onepass.cuh).
-        float dq[DQ ? 32 : 1];
+        float dq[DQ ? DQ_ACC : 1];
+#if BWD_DQ_T
+        // 80-row tiles: dK += dSᵀ Q is issued first and retired (with dV) before dQᵀ's GEMM, so
+        // dSᵀ's fragments are dead while dQᵀ's 40 accumulators are live: with both, ptxas
+        // serialized every wgmma of the kernel (insufficient registers). dSᵀ's store to shared
+        // memory and the warpgroups' barrier overlap dK.
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KV_BM / 16; ++kk) {
+            Mma<DWG>::rs_tb(dk, sf[kk], bwd_desc_t(q_base + dim_off, KV_BM, kk), 1);
+        }
+        wgmma_commit();
+        static_assert(DQ, "80-row tiles are one-pass only");
+        onepass_issue_dq(onepass_of(s).ds[it & 1], s.k, sf, pf, dq, wg, warp * 16 + lane / 4, col0);
+        wgmma_wait<0>();
+        fence_regs(dq);
+        {
+            OnepassShared& o = onepass_of(s);
+            onepass_put_dq(o.dq, o.dq_full, o.dq_empty, dq, wg, it);
+        }
+        fence_regs(dv);
+        fence_regs(dk);
+#else
         if constexpr (DQ) onepass_issue_dq(onepass_of(s).ds[it & 1], s.k, sf, pf, dq, wg, warp * 16 + lane / 4, col0);
         wgmma_fence();
 #pragma unroll
@@ -366,7 +404,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         if constexpr (DQ) {
             wgmma_wait<1>();  // dQ is done (core 1+: and dV, issued before it); dK may still run
             fence_regs(dq);
-#if FC_BWD_CORE >= 1
+#if FC_BWD_CORE >= 1 && !BWD_DQ_T
             fence_regs(dv);
             fence_frags(pf);
 #endif
@@ -384,6 +422,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
             fence_frags(pf);
             fence_frags(sf);
         }
+#endif  // BWD_DQ_T
         bwd_release(&s.empty[st]);
     }
     dk[0] = bwd_leak(dk[0], dv[0], reinterpret_cast<const float*>(p.lse2_ptr));

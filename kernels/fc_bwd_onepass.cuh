@@ -33,8 +33,21 @@ static_assert(FC_HEAD_DIM == 64 || FC_HEAD_DIM == 128, "the one-pass kernels ser
 #endif
 
 namespace bw {
-// 64-query chunks of a streamed tile: dSᵀ is kept in shared memory as [chunk][key][64 queries].
-constexpr int QCH = KV_BM / 64;
+// dQ's GEMM, by tile height. 64 and 128 rows: dQ = dS K, each warpgroup one m64n64 piece, dSᵀ
+// kept in shared memory as [QCH][key][64 queries] (the GEMM's A, MN-major). 80 rows (DQ_T; 80 is
+// not a multiple of wgmma's M = 64): dQᵀ = Kᵀ dSᵀ, M = head dims (64 per warpgroup), N = the
+// tile's 80 queries, K = the block's 128 keys; A = K's tile read MN-major, B = dSᵀ kept K-major as
+// [key chunk][query][64 keys] (the layout of a Q tile with keys for dims), each warpgroup
+// storing its own 64-key chunk.
+#define BWD_DQ_T (FC_KV_BM % 64 != 0)
+constexpr bool DQ_T = BWD_DQ_T;
+// 64-query chunks of a streamed tile (DQ_T: unused).
+constexpr int QCH = DQ_T ? 1 : KV_BM / 64;
+// The dSᵀ tile as [DS_A][DS_ROWS][64].
+constexpr int DS_A = DQ_T ? KV_BN / 64 : QCH;
+constexpr int DS_ROWS = DQ_T ? KV_BM : KV_BN;
+// dQ accumulator floats per consumer thread: one m64n64 piece, or (DQ_T) one m64n80.
+constexpr int DQ_ACC = DQ_T ? KV_BM / 2 : 32;
 // Named barrier of the two consumer warpgroups (ids 1, 2 are the ping-pong turns).
 constexpr int CONSUMER_BAR = 3;
 }  // namespace bw
@@ -103,22 +116,31 @@ FC_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memo
 // global tile is one contiguous range. The conversion kernel undoes the permutation.
 namespace bw {
 constexpr int DQ_TILE = KV_BM * D;        // floats of one tile's accumulator
-constexpr int DQ_PIECE = 64 * 64;         // floats of one warpgroup's piece
-// Tile partials in flight between the consumers and the writer (core 3: two).
-constexpr int DQ_BUFS = FC_BWD_CORE >= 3 ? 2 : 1;
+constexpr int DQ_PIECE = 64 * (DQ_T ? KV_BM : 64);  // floats of one warpgroup's piece
+// Tile partials in flight between the consumers and the writer (core 3: two; 80-row tiles: one,
+// as shared memory holds no second 40 KiB beside the 80-row ring).
+constexpr int DQ_BUFS = FC_BWD_CORE >= 3 && !DQ_T ? 2 : 1;
 // Core 4: one writer warp per buffer (buffer b's tiles are it ≡ b mod DQ_BUFS), and per buffer
 // one full/empty barrier pair and one bulk operation per consumer warpgroup's piece.
 constexpr int DQ_WRITERS = FC_BWD_CORE >= 4 ? DQ_BUFS : 1;
 constexpr int DQ_SPLIT = FC_BWD_CORE >= 4 ? CONSUMERS : 1;
 constexpr int DQ_BARS = DQ_BUFS * DQ_SPLIT;  // full (and empty) barriers
 #if FC_ONEPASS
-static_assert(DQ_TILE == CONSUMERS * DQ_PIECE, "two 64x64 pieces per streamed tile");
+static_assert(DQ_TILE == CONSUMERS * DQ_PIECE, "two pieces per streamed tile");
 #endif
 }  // namespace bw
 
 // Offset (floats) of element (row, dim) of a tile inside its fragment-ordered range.
 FC_DEVICE int onepass_dq_perm(int row, int dim) {
     using namespace bw;
+    if constexpr (DQ_T) {
+        // Piece = head-dim half; in it the m64n80 accumulator of dQᵀ: M = dims, N = queries.
+        const int wg = dim / 64, pr = dim % 64, pc = row;
+        const int t = (pr / 16) * 32 + (pr % 8) * 4 + (pc % 8) / 2;
+        const int k = pc / 8;
+        const int e = 2 * ((pr % 16) / 8) + pc % 2;
+        return wg * DQ_PIECE + (k * 128 + t) * 4 + e;
+    }
     // The piece: d128 (one 64-query chunk), head-dim half; d64 (two chunks), query half.
     const int wg = QCH == 1 ? dim / 64 : row / 64;
     const int pr = row % 64, pc = dim % 64;
@@ -128,10 +150,10 @@ FC_DEVICE int onepass_dq_perm(int row, int dim) {
     return wg * DQ_PIECE + (k * 128 + t) * 4 + e;
 }
 
-// This thread's (t = thread within the warpgroup) m64n64 accumulator into piece `piece`.
-FC_DEVICE void onepass_store_dq(float* piece, const float (&dq)[32], int t) {
+// This thread's (t = thread within the warpgroup) m64nN accumulator into piece `piece`.
+FC_DEVICE void onepass_store_dq(float* piece, const float (&dq)[bw::DQ_ACC], int t) {
 #pragma unroll
-    for (int k = 0; k < 8; ++k) {
+    for (int k = 0; k < bw::DQ_ACC / 4; ++k) {
         const uint32_t v[4] = {__float_as_uint(dq[4 * k]), __float_as_uint(dq[4 * k + 1]),
                                __float_as_uint(dq[4 * k + 2]), __float_as_uint(dq[4 * k + 3])};
         st_shared_v4(smem_u32(piece + (k * 128 + t) * 4), v);
@@ -267,7 +289,7 @@ FC_DEVICE void onepass_dq_writer_split(const BwdParams& p, const float (*bufs)[b
 // This thread's 16-bit dSᵀ fragments (the A operand of dK += dSᵀ Q: rows = its two keys, k-slice
 // kk = queries 16kk..16kk+15) into `ds` ([QCH][KV_BN][64], 128-byte swizzled), `key` being the
 // thread's first key row within the CTA's block.
-FC_DEVICE void onepass_store_ds(uint16_t (*ds)[bw::KV_BN][64], const uint32_t (&sf)[bw::KV_BM / 16][4], int key,
+FC_DEVICE void onepass_store_ds(uint16_t (*ds)[bw::DS_ROWS][64], const uint32_t (&sf)[bw::KV_BM / 16][4], int key,
                                 int col0) {
     using namespace bw;
 #pragma unroll
@@ -285,7 +307,7 @@ FC_DEVICE void onepass_store_ds(uint16_t (*ds)[bw::KV_BN][64], const uint32_t (&
 // Core 2 (FC_BWD_CORE): the same dSᵀ tile, same layout, with one `stmatrix .x4` per k-slice: the
 // slice's four 8×8 pieces (sf[kk][0..3]: keys +0/+8 × queries +0/+8) are exactly the thread
 // layout stmatrix takes, and lane l names the row of piece l / 8 (its 16 bytes, swizzled).
-FC_DEVICE void onepass_stmatrix_ds(uint16_t (*ds)[bw::KV_BN][64], const uint32_t (&sf)[bw::KV_BM / 16][4],
+FC_DEVICE void onepass_stmatrix_ds(uint16_t (*ds)[bw::DS_ROWS][64], const uint32_t (&sf)[bw::KV_BM / 16][4],
                                    int key_base, int lane) {
     using namespace bw;
     const int piece = lane / 8, r = lane % 8;
@@ -301,6 +323,25 @@ FC_DEVICE void onepass_stmatrix_ds(uint16_t (*ds)[bw::KV_BN][64], const uint32_t
     }
 }
 
+// 80-row tiles (DQ_T): the same fragments stored transposed, as dQᵀ's K-major B — row = query,
+// 64 keys per row, this warpgroup's key chunk — with `stmatrix .trans`: each 8×8 piece
+// (sf[kk][r]: keys +8·(r % 2), queries 16kk + 8·(r / 2)) is written with its rows and columns
+// swapped, lane l naming query row l % 8 of piece l / 8 (16 bytes: the piece's 8 keys, swizzled).
+FC_DEVICE void onepass_stmatrix_ds_t(uint16_t (*ds)[bw::DS_ROWS][64], const uint32_t (&sf)[bw::KV_BM / 16][4],
+                                     int wg, int warp, int lane) {
+    using namespace bw;
+    const int piece = lane / 8, j = lane % 8;
+    const int chunk = 2 * warp + piece % 2;  // 16-byte chunk of the 64-key row: keys 16·warp + 8·(piece % 2)
+    const uint32_t base = smem_u32(&ds[wg][0][0]) + (8 * (piece / 2) + j) * ROW_BYTES + ((chunk ^ j) << 4);
+#pragma unroll
+    for (int kk = 0; kk < KV_BM / 16; ++kk) {
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                         base + kk * 16 * ROW_BYTES),
+                     "r"(sf[kk][0]), "r"(sf[kk][1]), "r"(sf[kk][2]), "r"(sf[kk][3])
+                     : "memory");
+    }
+}
+
 // A value the compiler must recompute where it is used instead of holding it in a register.
 FC_DEVICE uint32_t onepass_opaque(uint32_t x) {
     asm volatile("" : "+r"(x));
@@ -311,16 +352,20 @@ FC_DEVICE uint32_t onepass_opaque(uint32_t x) {
 // the two consumer warpgroups, and issues (one commit group) this warpgroup's m64n64k128 piece of
 // the tile's dQ partial = dS K into `dq` (after dV, which reads `pf`, is done): d128 (one 64-query chunk), head-dim half wg of all 64
 // queries; d64 (two chunks), query chunk wg × all 64 dims. Diagnostic builds drop parts.
-FC_DEVICE void onepass_issue_dq(uint16_t (*ds)[bw::KV_BN][64], const uint16_t (*k)[bw::KV_BN][bw::SW_ELEMS],
-                                const uint32_t (&sf)[bw::KV_BM / 16][4], uint32_t (&pf)[bw::KV_BM / 16][4],
-                                float (&dq)[32], int wg, int key, int col0) {
+FC_DEVICE void onepass_issue_dq(uint16_t (*ds)[bw::DS_ROWS][64], const uint16_t (*k)[bw::KV_BN][bw::SW_ELEMS],
+                                uint32_t (&sf)[bw::KV_BM / 16][4], uint32_t (&pf)[bw::KV_BM / 16][4],
+                                float (&dq)[bw::DQ_ACC], int wg, int key, int col0) {
     using namespace bw;
 #if !OP_DQ_GEMM
 #pragma unroll
-    for (int i = 0; i < 32; ++i) dq[i] = 0.0f;
+    for (int i = 0; i < DQ_ACC; ++i) dq[i] = 0.0f;
 #endif
 #if OP_EXCHANGE
-#if FC_BWD_CORE >= 2
+#if BWD_DQ_T
+    (void)key;
+    (void)col0;
+    onepass_stmatrix_ds_t(ds, sf, wg, warp_id_in_block() % 4, lane_id());
+#elif FC_BWD_CORE >= 2
     (void)key;
     (void)col0;
     onepass_stmatrix_ds(ds, sf, wg * 64 + (warp_id_in_block() % 4) * 16, lane_id());
@@ -330,20 +375,48 @@ FC_DEVICE void onepass_issue_dq(uint16_t (*ds)[bw::KV_BN][64], const uint16_t (*
     fence_proxy_async_smem();
     named_bar_sync(CONSUMER_BAR, 2 * 128);
 #endif
-#if FC_BWD_CORE == 0
+#if FC_BWD_CORE == 0 || BWD_DQ_T
     // dV += Pᵀ dO (reading Pᵀ's fragments) has had the store and the barrier to finish: waiting
-    // for it here frees those 16 registers while dQ's 32 accumulators are live (else a spill).
+    // for it here frees those 16 registers while dQ's 32 accumulators are live (else a spill; at
+    // 80 rows, 20 and 40 of them, and the wait also retires dK, issued before: dSᵀ's fragments
+    // are dead too — dkdv_consumer).
     wgmma_wait<0>();
     fence_frags(pf);
+#if BWD_DQ_T
+    fence_frags(sf);
+#endif
 #else
     // Core 1+: dQ queues behind dV on the tensor cores; Pᵀ's fragments stay live until the wait
     // after dK's issue (dkdv_consumer) covers both.
     (void)pf;
 #endif
+    wgmma_fence();
+#if BWD_DQ_T
+    {
+        // dQᵀ's head-dim half wg: A = Kᵀ from K's chunk wg (MN-major: keys are rows, the 64 dims
+        // contiguous — the descriptor the other builds use for K as B), B = dSᵀ (K-major over
+        // the keys, N = the 80 queries). Same keys, same k16 steps in the same order.
+        const uint32_t a_base = onepass_opaque(smem_u32(&k[wg][0][0]));
+        const uint32_t b_base = onepass_opaque(smem_u32(&ds[0][0][0]));
+#if OP_DQ_GEMM
+        const uint64_t a_desc = wgmma_desc_sw128(a_base, KV_BN * ROW_BYTES, 1024);
+        const uint64_t b_desc = wgmma_desc_rows<ROW_BYTES>(b_base, 16, GROUP_BYTES);
+#pragma unroll
+        for (int kk = 0; kk < KV_BN / 16; ++kk) {
+            Mma<KV_BM>::ss_ta(dq, wgmma_desc_advance(a_desc, kk * 16 * ROW_BYTES),
+                              wgmma_desc_advance(b_desc, (kk / K_STEPS) * (KV_BM * ROW_BYTES) + (kk % K_STEPS) * 32),
+                              kk > 0);
+        }
+#else
+        (void)a_base;
+        (void)b_base;
+#endif
+        wgmma_commit();
+    }
+#else
     // Rebuilt per tile (opaque): held across the loop, these descriptors spilled.
     const uint32_t a_base = onepass_opaque(smem_u32(&ds[QCH == 1 ? 0 : wg][0][0]));
     const uint32_t b_base = onepass_opaque(smem_u32(&k[QCH == 1 ? wg : 0][0][0]));
-    wgmma_fence();
 #if OP_DQ_GEMM
 #pragma unroll
     for (int kk = 0; kk < KV_BN / 16; ++kk) {
@@ -355,12 +428,13 @@ FC_DEVICE void onepass_issue_dq(uint16_t (*ds)[bw::KV_BN][64], const uint16_t (*
     (void)b_base;
 #endif
     wgmma_commit();
+#endif  // BWD_DQ_T
 }
 
 // This warpgroup's finished piece of tile `it` into buffer it % DQ_BUFS once the writer has read
 // that buffer's previous tile (core 4: this piece of it), then one arrival per warp on the
 // buffer's full barrier (core 4: this warpgroup's).
-FC_DEVICE void onepass_put_dq(float (*bufs)[bw::DQ_TILE], uint64_t* fulls, uint64_t* empties, const float (&dq)[32],
+FC_DEVICE void onepass_put_dq(float (*bufs)[bw::DQ_TILE], uint64_t* fulls, uint64_t* empties, const float (&dq)[bw::DQ_ACC],
                               int wg, int it) {
     using namespace bw;
     float* buf = bufs[it % DQ_BUFS];
@@ -388,13 +462,19 @@ FC_DEVICE void bwd_dq_convert_row(const BwdParams& p, int i, int h, int b) {
 #else
     const bool visited = true;
 #endif
-    // The tile's fragment-ordered range (onepass_dq_perm): this lane's dims in pairs.
+    // The tile's fragment-ordered range (onepass_dq_perm): this lane's dims in pairs (DQ_T: one
+    // by one, as a dim's neighbour is in another thread's quad there).
     float v[D / 32];
+    if constexpr (DQ_T) {
 #pragma unroll
-    for (int k = 0; k < D / 64; ++k) {
-        const float2 a =
-            *reinterpret_cast<const float2*>(acc + onepass_dq_perm(i % KV_BM, lane * (D / 32) + 2 * k));
-        v[2 * k] = a.x, v[2 * k + 1] = a.y;
+        for (int k = 0; k < D / 32; ++k) v[k] = acc[onepass_dq_perm(i % KV_BM, lane * (D / 32) + k)];
+    } else {
+#pragma unroll
+        for (int k = 0; k < D / 64; ++k) {
+            const float2 a =
+                *reinterpret_cast<const float2*>(acc + onepass_dq_perm(i % KV_BM, lane * (D / 32) + 2 * k));
+            v[2 * k] = a.x, v[2 * k + 1] = a.y;
+        }
     }
     uint32_t w[D / 64];
 #pragma unroll

@@ -109,6 +109,18 @@ pub fn bwd_core() -> Option<u8> {
     }
 }
 
+/// `FLASHCORE_BWD_QROWS`, read on every call: `Some(80)` for `80` (the one pass on 80-row query
+/// tiles where that build exists: `BwdVariant::rows80`), `None` otherwise (the default tiles).
+pub fn bwd_qrows() -> Option<usize> {
+    match std::env::var("FLASHCORE_BWD_QROWS")
+        .as_deref()
+        .map(str::trim)
+    {
+        Ok("80") => Some(80),
+        _ => None,
+    }
+}
+
 /// `FLASHCORE_BWD_STAGE_STATS`, read once per process: `0` makes the dK/dV kernel read the LSE
 /// and D rows from the workspace instead of staging them in shared memory.
 pub fn bwd_stage_stats() -> bool {

@@ -54,7 +54,7 @@ pub fn check_backward_params(p: &AttentionParams) -> Result<()> {
         ));
     }
     // The padded workspace's row count must fit the kernels' i32 row indices.
-    if padded_rows(p.seqlen_q) >= i32::MAX as usize {
+    if p.seqlen_q.div_ceil(kb::ROW_PAD_80) * kb::ROW_PAD_80 >= i32::MAX as usize {
         return Err(Error::invalid(
             "seqlen_q",
             "too long for the backward's workspace indices",
@@ -138,8 +138,9 @@ unsafe fn launch_with_block(
     )
 }
 
-fn padded_rows(seqlen_q: usize) -> usize {
-    seqlen_q.div_ceil(kb::ROW_PAD) * kb::ROW_PAD
+/// Sq rounded up to the variant's padding ([`BwdVariant::row_pad`]), host and kernels alike.
+pub(crate) fn padded_rows(seqlen_q: usize, v: BwdVariant) -> usize {
+    seqlen_q.div_ceil(v.row_pad()) * v.row_pad()
 }
 
 /// What one backward call brings, as the host sees it: each buffer's element type, length and
@@ -257,7 +258,7 @@ pub fn workspace_bytes(p: &AttentionParams) -> usize {
 
 /// Byte offsets of the workspace's parts (D, dQ accumulator, counters) and its size.
 fn workspace_layout(p: &AttentionParams, v: BwdVariant) -> (usize, usize, usize, usize) {
-    let rows = p.batch * p.heads_q * padded_rows(p.seqlen_q);
+    let rows = p.batch * p.heads_q * padded_rows(p.seqlen_q, v);
     let dvec = rows * 4;
     let two = 2 * rows * 4;
     if !v.onepass {
@@ -388,7 +389,7 @@ impl BackwardPlan {
             seqlen_k: p.seqlen_k as i32,
             heads_q: p.heads_q as i32,
             group: (p.heads_q / p.heads_kv) as i32,
-            sq_pad: padded_rows(p.seqlen_q) as i32,
+            sq_pad: padded_rows(p.seqlen_q, self.variant) as i32,
             scale_log2: scale * std::f32::consts::LOG2_E,
             scale,
             kv_m_blocks: p.seqlen_q.div_ceil(t.kv_block_m) as i32,
@@ -475,7 +476,7 @@ impl BackwardPlan {
         let t = self.variant.tiles();
         if which[0] {
             let grid = (
-                (padded_rows(p.seqlen_q) / kb::PREPROCESS_ROWS) as u32,
+                (padded_rows(p.seqlen_q, self.variant) / kb::PREPROCESS_ROWS) as u32,
                 hq,
                 b,
             );
@@ -515,7 +516,7 @@ impl BackwardPlan {
         if which[2] && self.variant.onepass {
             // dQ's conversion: one warp per padded row, as the preprocess.
             let grid = (
-                (padded_rows(p.seqlen_q) / kb::PREPROCESS_ROWS) as u32,
+                (padded_rows(p.seqlen_q, self.variant) / kb::PREPROCESS_ROWS) as u32,
                 hq,
                 b,
             );

@@ -33,6 +33,7 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
     "fc_tma.cuh",
     "fc_wgmma.cuh",
     "fc_wgmma_ops.cuh",
+    "fc_wgmma_keys.cuh",
     "fc_bwd_config.cuh",
     "fc_bwd_varlen.cuh",
     "fc_bwd_preprocess.cuh",
@@ -47,8 +48,11 @@ pub const HEADERS: &[(&str, &str)] = embed_headers!(
 /// (`kernels/fc_bwd_config.cuh`).
 pub const KV_BLOCK_N: usize = 128;
 pub const Q_BLOCK_M: usize = 128;
-/// Query rows per (batch, head) of the preprocess workspace are padded to a multiple of this.
+/// Query rows per (batch, head) of the preprocess workspace are padded to a multiple of this
+/// ([`BwdVariant::row_pad`]: every streamed tile height must divide it).
 pub const ROW_PAD: usize = 128;
+/// The padding of variants on 80-row query tiles ([`BwdVariant::qrows80`]): lcm(128, 80).
+pub const ROW_PAD_80: usize = 640;
 /// Threads of the GEMM kernels (a producer warpgroup and two consumers) and of the preprocess.
 pub const GEMM_THREADS: u32 = 384;
 pub const PREPROCESS_THREADS: u32 = 256;
@@ -103,6 +107,11 @@ pub struct BwdVariant {
     /// Packed variable-length sequences with `cu_seqlens` (`FC_VARLEN`, kernels/fc_bwd_varlen.cuh;
     /// two passes only): the grids' z is the sequence, read from public metadata.
     pub varlen: bool,
+    /// The one pass on 80-row query tiles (`FC_KV_BM=80`, kernels/fc_bwd_onepass.cuh: score
+    /// GEMMs of N = 80, dQ computed transposed), where it is built: d128 without a causal mask,
+    /// schedule 3, no window, softcap or varlen ([`BwdVariant::rows80`]); ignored elsewhere.
+    /// `FLASHCORE_BWD_QROWS=80` asks for it (a measurement knob; not shipped).
+    pub qrows80: bool,
 }
 
 impl BwdVariant {
@@ -110,7 +119,7 @@ impl BwdVariant {
     /// `bwd_f16_d64_full_window_softcap`, `bwd_f16_d64_causal_varlen`.
     pub fn name(&self) -> String {
         format!(
-            "bwd_{}_d{}_{}{}{}{}{}{}",
+            "bwd_{}_d{}_{}{}{}{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
@@ -130,8 +139,35 @@ impl BwdVariant {
             ["", "_core1", "_core2", "_core3", "_core4"][self.core.min(4) as usize],
             if self.window { "_window" } else { "" },
             if self.softcap { "_softcap" } else { "" },
-            if self.varlen { "_varlen" } else { "" }
+            if self.varlen { "_varlen" } else { "" },
+            if self.rows80() { "_q80" } else { "" }
         )
+    }
+
+    /// Whether this variant streams 80-row query tiles: [`BwdVariant::qrows80`] where that build
+    /// exists (the d128 non-causal one pass in schedule 3, without window, softcap or varlen).
+    /// It sums dQ, dK and dV over the same k16 steps in the same order as the 64-row build, but
+    /// in other groupings per tile (and dQ through the transposed product): its bits are a
+    /// function of the shape alone, like every build's, not necessarily the 64-row build's.
+    pub fn rows80(&self) -> bool {
+        self.qrows80
+            && self.onepass
+            && self.head_dim == 128
+            && !self.causal
+            && self.core == 3
+            && !self.window
+            && !self.softcap
+            && !self.varlen
+    }
+
+    /// Query rows per (batch, head) of the workspace are padded to a multiple of this: every
+    /// streamed tile height divides it ([`ROW_PAD`], or [`ROW_PAD_80`] on 80-row tiles).
+    pub fn row_pad(&self) -> usize {
+        if self.rows80() {
+            ROW_PAD_80
+        } else {
+            ROW_PAD
+        }
     }
 
     /// Every kernel of this variant's cubin (the audit's list): [`BwdVariant::symbols`] and the
@@ -160,6 +196,18 @@ impl BwdVariant {
     /// kernel streams 64-key blocks through one stage: Q and dO alone take 128 KiB there.
     pub fn tiles(&self) -> BwdTiles {
         let d64 = self.head_dim == 64;
+        if self.rows80() {
+            // 80-row query tiles: a 2-stage ring and one dQ buffer ([`BwdVariant::dq_bufs`]) fill
+            // the 227 KiB; the dQ kernel's tiles are unused (one pass).
+            return BwdTiles {
+                kv_block_n: KV_BLOCK_N,
+                kv_block_m: 80,
+                kv_stages: 2,
+                q_block_m: Q_BLOCK_M,
+                q_block_n: 128,
+                q_stages: 2,
+            };
+        }
         if self.head_dim == 256 {
             return BwdTiles {
                 kv_block_n: KV_BLOCK_N / 2,
@@ -267,9 +315,10 @@ impl BwdVariant {
             + self.dq_bufs() * split * 2 * 8
     }
 
-    /// fp32 dQ partials in flight in the one-pass kernel (`bw::DQ_BUFS`): two from core 3.
+    /// fp32 dQ partials in flight in the one-pass kernel (`bw::DQ_BUFS`): two from core 3, one on
+    /// 80-row tiles.
     pub fn dq_bufs(&self) -> usize {
-        if self.onepass && self.core >= 3 {
+        if self.onepass && self.core >= 3 && !self.rows80() {
             2
         } else {
             1
@@ -387,6 +436,55 @@ mod tests {
             assert!(!v.onepass && v.window && v.pingpong, "{v:?}");
             assert!(crate::attention::backward::check_backward_variant(v).is_ok());
         }
+    }
+
+    /// 80-row query tiles exist for the d128 non-causal one pass in schedule 3 only; elsewhere
+    /// the flag changes nothing (same name, same defines). Its shared memory fits, its padding is
+    /// a multiple of 80 and of 128, and it is not among the shipped builds.
+    #[test]
+    fn eighty_row_tiles_only_where_built() {
+        let base = BwdVariant {
+            dtype: DType::Bf16,
+            head_dim: 128,
+            causal: false,
+            pingpong: false,
+            onepass: true,
+            diag: 0,
+            core: 3,
+            window: false,
+            softcap: false,
+            varlen: false,
+            qrows80: false,
+        };
+        let v = BwdVariant {
+            qrows80: true,
+            ..base
+        };
+        assert!(v.rows80() && v.name().ends_with("_q80"), "{}", v.name());
+        assert!(v.options().contains(&"-DFC_KV_BM=80".to_string()));
+        assert_eq!((v.tiles().kv_stages, v.dq_bufs()), (2, 1));
+        assert!(v.onepass_smem_bytes() <= super::super::MAX_SMEM_BYTES);
+        assert_eq!(v.row_pad() % 80, 0);
+        assert_eq!(v.row_pad() % ROW_PAD, 0);
+        for w in [
+            BwdVariant { causal: true, ..v },
+            BwdVariant { head_dim: 64, ..v },
+            BwdVariant { core: 4, ..v },
+            BwdVariant {
+                onepass: false,
+                core: 0,
+                ..v
+            },
+        ] {
+            let plain = BwdVariant {
+                qrows80: false,
+                ..w
+            };
+            assert!(!w.rows80());
+            assert_eq!((w.name(), w.options()), (plain.name(), plain.options()));
+            assert_eq!(w.row_pad(), ROW_PAD);
+        }
+        assert!(shipped_bwd_variants().iter().all(|s| !s.rows80()));
     }
 
     #[test]

@@ -367,6 +367,7 @@ impl BwdFamily {
             window: self.window,
             softcap: self.softcap,
             varlen: self.varlen,
+            qrows80: false,
         }
     }
 }

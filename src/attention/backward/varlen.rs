@@ -152,7 +152,7 @@ impl BackwardPlan {
             seqlen_k: p.seqlen_k as i32,
             heads_q: p.heads_q as i32,
             group: (p.heads_q / p.heads_kv) as i32,
-            sq_pad: padded_rows(p.seqlen_q) as i32,
+            sq_pad: padded_rows(p.seqlen_q, self.variant) as i32,
             scale_log2: scale * std::f32::consts::LOG2_E,
             scale,
             kv_m_blocks: p.seqlen_q.div_ceil(t.kv_block_m) as i32,
@@ -238,7 +238,7 @@ impl BackwardPlan {
         };
         let (hq, hkv, b) = (p.heads_q as u32, p.heads_kv as u32, p.batch as u32);
         let t = self.variant.tiles();
-        let rows = (padded_rows(p.seqlen_q) / kb::PREPROCESS_ROWS) as u32;
+        let rows = (padded_rows(p.seqlen_q, self.variant) / kb::PREPROCESS_ROWS) as u32;
         launch(
             &self.kernels.preprocess,
             (rows, hq, b),
