@@ -109,13 +109,15 @@ pub fn bwd_core() -> Option<u8> {
     }
 }
 
-/// `FLASHCORE_BWD_QROWS`, read on every call: `Some(80)` for `80` (the one pass on 80-row query
-/// tiles where that build exists: `BwdVariant::rows80`), `None` otherwise (the default tiles).
+/// `FLASHCORE_BWD_QROWS`, read on every call: `Some(64)` for `64` (the one pass keeps its 64-row
+/// query steps where 80-row tiles are the default), `Some(80)` for `80`, `None` otherwise (the
+/// default: 80-row tiles where that build exists, `BwdVariant::rows80`).
 pub fn bwd_qrows() -> Option<usize> {
     match std::env::var("FLASHCORE_BWD_QROWS")
         .as_deref()
         .map(str::trim)
     {
+        Ok("64") => Some(64),
         Ok("80") => Some(80),
         _ => None,
     }

@@ -249,7 +249,8 @@ fn loaded(cuda: &Arc<CudaContext>, variant: BwdVariant) -> Result<Arc<LoadedBack
 }
 
 /// Bytes of scratch one backward call needs: the LSE in base 2 and D = rowsum(dO ∘ O), fp32,
-/// `batch · heads_q · padded Sq` each (Sq padded to a multiple of 128); for the one-pass
+/// `batch · heads_q · padded Sq` each (Sq padded to the variant's row padding, 128 or 640:
+/// [`BwdVariant::row_pad`]); for the one-pass
 /// variant the call runs ([`crate::kernels::select::backward`]), also dQ's fp32 accumulator (`head_dim`
 /// floats per padded row) and an int32 turn counter per (sequence, head, query tile).
 pub fn workspace_bytes(p: &AttentionParams) -> usize {

@@ -110,7 +110,7 @@ pub struct BwdVariant {
     /// The one pass on 80-row query tiles (`FC_KV_BM=80`, kernels/fc_bwd_onepass.cuh: score
     /// GEMMs of N = 80, dQ computed transposed), where it is built: d128 without a causal mask,
     /// schedule 3, no window, softcap or varlen ([`BwdVariant::rows80`]); ignored elsewhere.
-    /// `FLASHCORE_BWD_QROWS=80` asks for it (a measurement knob; not shipped).
+    /// The default where built; `FLASHCORE_BWD_QROWS=64` keeps 64-row steps (a measurement knob).
     pub qrows80: bool,
 }
 
@@ -440,7 +440,7 @@ mod tests {
 
     /// 80-row query tiles exist for the d128 non-causal one pass in schedule 3 only; elsewhere
     /// the flag changes nothing (same name, same defines). Its shared memory fits, its padding is
-    /// a multiple of 80 and of 128, and it is not among the shipped builds.
+    /// a multiple of 80 and of 128, and it is shipped (both dtypes).
     #[test]
     fn eighty_row_tiles_only_where_built() {
         let base = BwdVariant {
@@ -484,7 +484,9 @@ mod tests {
             assert_eq!((w.name(), w.options()), (plain.name(), plain.options()));
             assert_eq!(w.row_pad(), ROW_PAD);
         }
-        assert!(shipped_bwd_variants().iter().all(|s| !s.rows80()));
+        let shipped = shipped_bwd_variants();
+        assert_eq!(shipped.iter().filter(|s| s.rows80()).count(), 2);
+        assert!(shipped.contains(&v));
     }
 
     #[test]
@@ -522,10 +524,10 @@ mod tests {
         let vs = shipped_bwd_variants();
         // Per dtype and mask: every head dim × (ping-pong, lockstep, window, window+softcap,
         // varlen, varlen+window, varlen+window+softcap), plus the one pass at its head dims in
-        // each shipped schedule.
+        // each shipped schedule; and per dtype the d128 non-causal one pass on 80-row tiles.
         let per_mask = crate::spec::BACKWARD_HEAD_DIMS.len() * 7
             + ONEPASS_HEAD_DIMS.len() * SHIPPED_CORES.len();
-        assert_eq!(vs.len(), 2 * 2 * per_mask);
+        assert_eq!(vs.len(), 2 * 2 * per_mask + 2);
         let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), vs.len());
         for v in &vs {

@@ -293,8 +293,8 @@ pub fn backward_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant 
 /// The variant a call of this dtype, head dim, mask and shorter sequence length (min(Sq, Sk),
 /// public) runs: [`default_onepass`] unless `FLASHCORE_BWD_ONEPASS` is `0` or `1`; the one pass
 /// in schedule [`default_core`] unless `FLASHCORE_BWD_CORE` names one; the two-pass kernels
-/// ping-pong unless `FLASHCORE_BWD_PINGPONG=0`; 80-row query tiles with `FLASHCORE_BWD_QROWS=80`
-/// where they are built (measurement knobs; every variant but the 80-row one is shipped and
+/// ping-pong unless `FLASHCORE_BWD_PINGPONG=0`; the one pass on 80-row query tiles where they
+/// are built unless `FLASHCORE_BWD_QROWS=64` (measurement knobs; every variant is shipped and
 /// audited). The batch size never enters, so a sequence runs the same kernels alone and in a
 /// batch (batch invariance).
 pub fn backward_call_len(
@@ -326,8 +326,9 @@ pub fn backward_call_len(
         window: false,
         softcap: false,
         varlen: false,
-        // `FLASHCORE_BWD_QROWS=80`: 80-row query tiles where that build exists (BwdVariant::rows80).
-        qrows80: onepass && crate::knobs::bwd_qrows() == Some(80),
+        // 80-row query tiles where that build exists (BwdVariant::rows80): 4.5–5.8% faster than
+        // 64-row steps on the H200 (PERF_NOTES, "Backward one pass on 80-row query steps").
+        qrows80: onepass && crate::knobs::bwd_qrows() != Some(64),
     }
 }
 

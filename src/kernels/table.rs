@@ -279,11 +279,14 @@ pub fn forward_head_dims() -> Vec<usize> {
 pub struct BwdFamily {
     pub name: &'static str,
     pub head_dims: HeadDims,
+    pub masks: Masks,
     pub pingpong: bool,
     pub onepass: bool,
     pub window: bool,
     pub softcap: bool,
     pub varlen: bool,
+    /// 80-row query tiles ([`BwdVariant::qrows80`]).
+    pub qrows80: bool,
     /// The one-pass tile schedules shipped for this row ([`BwdVariant::core`]; 0 for two passes).
     pub cores: &'static [u8],
 }
@@ -291,11 +294,13 @@ pub struct BwdFamily {
 const TWO_PASS: BwdFamily = BwdFamily {
     name: "two passes",
     head_dims: HeadDims::All,
+    masks: Masks::Both,
     pingpong: true,
     onepass: false,
     window: false,
     softcap: false,
     varlen: false,
+    qrows80: false,
     cores: &[0],
 };
 
@@ -314,6 +319,17 @@ pub const BACKWARD: &[BwdFamily] = &[
         pingpong: false,
         onepass: true,
         cores: &SHIPPED_CORES,
+        ..TWO_PASS
+    },
+    // d128 without a causal mask: the one pass on 80-row query tiles, the default there.
+    BwdFamily {
+        name: "one pass, 80-row query tiles",
+        head_dims: HeadDims::Only(&[128]),
+        masks: Masks::FullOnly,
+        pingpong: false,
+        onepass: true,
+        qrows80: true,
+        cores: &[3],
         ..TWO_PASS
     },
     BwdFamily {
@@ -367,7 +383,7 @@ impl BwdFamily {
             window: self.window,
             softcap: self.softcap,
             varlen: self.varlen,
-            qrows80: false,
+            qrows80: self.qrows80,
         }
     }
 }
@@ -390,7 +406,7 @@ pub fn backward_variants() -> Vec<BwdVariant> {
         for head_dim in BACKWARD_HEAD_DIMS {
             for causal in [false, true] {
                 for f in BACKWARD {
-                    if f.head_dims().contains(&head_dim) {
+                    if f.head_dims().contains(&head_dim) && f.masks.causal().contains(&causal) {
                         for &core in f.cores {
                             v.push(f.variant(dtype, head_dim, causal, core));
                         }
@@ -456,9 +472,13 @@ pub fn support_matrix() -> String {
     s += "\n## Backward\n\n| Family | Head dims | Masks |\n|---|---|---|\n";
     for f in BACKWARD {
         s += &format!(
-            "| {} | {} | causal, full |\n",
+            "| {} | {} | {} |\n",
             f.name,
-            head_dim_list(f.head_dims())
+            head_dim_list(f.head_dims()),
+            match f.masks {
+                Masks::Both => "causal, full",
+                Masks::FullOnly => "full",
+            }
         );
     }
     s += &format!(
