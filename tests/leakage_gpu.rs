@@ -76,6 +76,14 @@ fn measure_with(
     r
 }
 
+/// The fixed class's mean SM cycles per CTA relative to the random class's, (fixed − random) /
+/// random, and its standard error (Welch).
+fn relative_shift(c: &CycleResult) -> (f64, f64) {
+    let (f, r) = (c.fixed_cycles.unwrap(), c.random_cycles.unwrap());
+    let se = (f.stddev.powi(2) / f.n as f64 + r.stddev.powi(2) / r.n as f64).sqrt();
+    ((f.mean - r.mean) / r.mean, se / r.mean)
+}
+
 fn max_t(r: &ClassResult) -> f64 {
     r.analysis.max_abs_t().expect("tests were made")
 }
@@ -114,11 +122,19 @@ fn shipped_kernel_zeros_vs_random_shows_no_leak() {
         "{e:?}"
     );
     // The instruction level: the SM cycles per CTA differ no more than the hardware floor's
-    // (the same loads and GEMMs on the same inputs, no secret in the softmax).
+    // (the same loads and GEMMs on the same inputs, no secret in the softmax) — by the verdict's
+    // max-|t| rule, or, where the two builds' noise differs (the same shift gives a larger t in
+    // the quieter one), by the shifts themselves: the kernel's relative cycle shift exceeds the
+    // floor's, in the same direction, by less than 4.5 standard errors of the difference.
     let cycles_t = c.cycles.max_abs_t().unwrap();
+    let (dk, sk) = relative_shift(c);
+    let (df, sf) = relative_shift(fc);
+    let excess = (dk.abs() - df.abs()) / (sk * sk + sf * sf).sqrt();
+    let same_direction = dk.signum() == df.signum() || dk.abs() < 4.5 * sk;
     assert!(
-        cycles_t < 10.0 || cycles_within_floor(&e),
-        "shipped kernel cycles: max |t| {cycles_t} above the floor's ({e:?})"
+        cycles_t < 10.0 || cycles_within_floor(&e) || (same_direction && excess < 4.5),
+        "shipped kernel cycles: max |t| {cycles_t}, relative shift {dk:.2e} ± {sk:.1e} against \
+         the floor's {df:.2e} ± {sf:.1e} ({e:?})"
     );
     // The time: |t| under 10, unless the SM clock itself followed the data (the DVFS residual of
     // docs/security.md: on the H200 zeros ran at a ~0.7% faster clock than random inputs, time
