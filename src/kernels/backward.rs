@@ -387,21 +387,20 @@ mod tests {
     #[test]
     fn one_pass_is_the_default_at_d128_causal_for_calls_it_serves() {
         use crate::attention::{AttentionParams, Window};
-        use crate::kernels::select::{default_core, default_onepass, ONEPASS_MIN_LEN};
+        use crate::kernels::select::{
+            default_core, default_onepass, ONEPASS_MIN_LEN, ONEPASS_MIN_LEN_D128,
+        };
         for len in [0, 512, ONEPASS_MIN_LEN] {
             assert!(default_onepass(128, true, len));
             assert!(!default_onepass(64, false, len));
             assert!(!default_onepass(96, true, len) && !default_onepass(256, true, len));
         }
-        for (d, causal) in [(128, false), (64, true)] {
-            assert!(
-                !default_onepass(d, causal, ONEPASS_MIN_LEN - 1),
-                "d{d} causal {causal}"
-            );
-            assert!(
-                default_onepass(d, causal, ONEPASS_MIN_LEN),
-                "d{d} causal {causal}"
-            );
+        for (d, causal, min) in [
+            (128, false, ONEPASS_MIN_LEN_D128),
+            (64, true, ONEPASS_MIN_LEN),
+        ] {
+            assert!(!default_onepass(d, causal, min - 1), "d{d} causal {causal}");
+            assert!(default_onepass(d, causal, min), "d{d} causal {causal}");
         }
         if std::env::var_os("FLASHCORE_BWD_ONEPASS").is_some() {
             return; // a measurement run chose the kernels itself
@@ -416,8 +415,11 @@ mod tests {
         }
         // Long d128 non-causal and d64 causal calls take the one pass; a short side keeps them
         // on the two passes; the batch size never decides.
-        let long = AttentionParams::new(1, 4, ONEPASS_MIN_LEN, 128);
+        let long = AttentionParams::new(1, 4, ONEPASS_MIN_LEN_D128, 128);
         assert!(crate::kernels::select::backward(&long).onepass);
+        if std::env::var_os("FLASHCORE_BWD_QROWS").is_none() {
+            assert!(crate::kernels::select::backward(&long).rows80());
+        }
         assert!(!crate::kernels::select::backward(&long.clone().seqlen_k(1024)).onepass);
         let long64 = AttentionParams::new(3, 4, ONEPASS_MIN_LEN, 64).causal(true);
         assert!(crate::kernels::select::backward(&long64).onepass);

@@ -334,22 +334,27 @@ pub fn backward_call_len(
 
 /// Whether a call runs the one-pass kernels by default, by measurement (the performance journal,
 /// docs/journal/perf-notes.md): d128 causal at every length, where the turn order matches the order
-/// in which key blocks reach a query tile; d128 non-causal and d64 causal once both sequences are
-/// at least [`ONEPASS_MIN_LEN`] long (schedule 3 took 5–7% less time than the two passes at 4096
-/// and 8192, d128 non-causal and d64 causal; at 2048 it ties at d128 and loses at d64). Elsewhere
-/// the two passes measured faster or were not measured. Calls the one pass does not serve (windows,
-/// softcap, varlen) run the two passes whatever this says.
+/// in which key blocks reach a query tile; d128 non-causal once both sequences are at least
+/// [`ONEPASS_MIN_LEN_D128`] long and d64 causal from [`ONEPASS_MIN_LEN`] (schedule 3 took 5–7%
+/// less time than the two passes at 4096 and 8192; on 80-row query tiles the d128 non-causal one
+/// pass took 4.3% less at 2048, tied at 1024 and lost 5% at 512; at 2048 the d64 causal one pass
+/// loses). Elsewhere the two passes measured faster or were not measured. Calls the one pass does
+/// not serve (windows, softcap, varlen) run the two passes whatever this says.
 pub fn default_onepass(head_dim: usize, causal: bool, min_len: usize) -> bool {
     match (head_dim, causal) {
         (128, true) => true,
-        (128, false) | (64, true) => min_len >= ONEPASS_MIN_LEN,
+        (128, false) => min_len >= ONEPASS_MIN_LEN_D128,
+        (64, true) => min_len >= ONEPASS_MIN_LEN,
         _ => false,
     }
 }
 
-/// The shortest min(Sq, Sk) at which d128 non-causal and d64 causal calls take the one pass
-/// ([`default_onepass`]): the shortest length measured faster (4096; 2048 ties or loses).
+/// The shortest min(Sq, Sk) at which d64 causal calls take the one pass ([`default_onepass`]):
+/// the shortest length measured faster (4096; 2048 loses).
 pub const ONEPASS_MIN_LEN: usize = 4096;
+
+/// The same for d128 non-causal calls, whose one pass runs 80-row query tiles: 2048 (1024 ties).
+pub const ONEPASS_MIN_LEN_D128: usize = 2048;
 
 /// The one pass's default tile schedule ([`BwdVariant::core`]; the performance journal):
 /// schedule 3, the fastest or tied at each of the backward suite's shapes in one-pass mode.
