@@ -358,7 +358,7 @@ impl Variant {
         // Prefill tiles double-buffer Q where it fits (not d256 at 128 rows, nor 176-key
         // blocks, nor 192-row tiles, whose 160-register consumers spill with it): the next
         // tile's Q and first K/V stages then load under this tile's last blocks and epilogue
-        // (branch `epi`). A split's CTA has one tile: one buffer. Nor the light causal d256
+        // (PERF_NOTES). A split's CTA has one tile: one buffer. Nor the light causal d256
         // tile on 80-key blocks: it spilled with the second buffer (one word), and a light
         // launch is a single wave, where the next tile's Q has little to hide behind.
         let two = Tile {

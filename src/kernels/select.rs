@@ -39,9 +39,9 @@ impl Variant {
         // fwdperf: −2 to −4% at 4k–16k, flat below). A rule of Sk alone, never of the batch, so
         // the light-tile rule keeps it (64-row tiles on 176 keys) and bits stay batch-invariant.
         // d256 with at least 1024 keys (causal: 4096): 80-key blocks, as FA3 and FA4 (PERF_NOTES,
-        // "d256 on 80-key blocks" and "Eighteenth session": non-causal −2.6 to −3.7% from 1k, +2%
-        // at 512, where the last block is 40% masked; causal −2.5 to −4% from 4k in 128-row
-        // tiles, but +1 to +3.5% in light ones there, and −1% / +7% at 2k).
+        // "d256 on 80-key blocks" and "d256 causal: the rule takes 80-key blocks": non-causal
+        // −2.6 to −3.7% from 1k, +2% at 512, where the last block is 40% masked; causal −2.5 to
+        // −4% from 4k in 128-row tiles, but +1 to +3.5% in light ones there, −1% / +7% at 2k).
         let keys80_from = if causal { 4096 } else { 1024 };
         let block_n = if head_dim == 128 && !causal && !secret_len && split == 1 && seqlen_k >= 4096
         {
