@@ -404,7 +404,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         if constexpr (DQ) {
             wgmma_wait<1>();  // dQ is done (core 1+: and dV, issued before it); dK may still run
             fence_regs(dq);
-#if FC_BWD_CORE >= 1 && !BWD_DQ_T
+#if FC_BWD_CORE >= 1
             fence_regs(dv);
             fence_frags(pf);
 #endif

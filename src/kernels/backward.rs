@@ -160,6 +160,20 @@ impl BwdVariant {
             && !self.varlen
     }
 
+    /// This variant on 80-row query tiles where that build exists, else unchanged: the flag is
+    /// set only where it selects a build, so one build is one `BwdVariant` value.
+    pub fn with_80_row_tiles(self) -> BwdVariant {
+        let v = BwdVariant {
+            qrows80: true,
+            ..self
+        };
+        if v.rows80() {
+            v
+        } else {
+            self
+        }
+    }
+
     /// Query rows per (batch, head) of the workspace are padded to a multiple of this: every
     /// streamed tile height divides it ([`ROW_PAD`], or [`ROW_PAD_80`] on 80-row tiles).
     pub fn row_pad(&self) -> usize {

@@ -315,7 +315,7 @@ pub fn backward_call_len(
     } else {
         0
     };
-    BwdVariant {
+    let v = BwdVariant {
         dtype,
         head_dim,
         causal,
@@ -326,9 +326,14 @@ pub fn backward_call_len(
         window: false,
         softcap: false,
         varlen: false,
-        // 80-row query tiles where that build exists (BwdVariant::rows80): 4.5–5.8% faster than
-        // 64-row steps on the H200 (PERF_NOTES, "Backward one pass on 80-row query steps").
-        qrows80: onepass && crate::knobs::bwd_qrows() != Some(64),
+        qrows80: false,
+    };
+    // 80-row query tiles where that build exists: 4.5–5.8% faster than 64-row steps on the H200
+    // (PERF_NOTES, "Backward one pass on 80-row query steps").
+    if crate::knobs::bwd_qrows() == Some(64) {
+        v
+    } else {
+        v.with_80_row_tiles()
     }
 }
 
