@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Eager per-call host time of flashcore's Python entry points beside
-``F.scaled_dot_product_attention`` on the same shapes, in one process (issue 21, "host overhead").
+``F.scaled_dot_product_attention`` on the same shapes, in one process ("host overhead").
 
 Host time = how long the Python call takes to return. Each repeat times `--calls` back-to-back
 calls with ``time.perf_counter`` (each call's result kept alive during the next, as in a model's

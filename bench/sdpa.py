@@ -181,7 +181,7 @@ BACKWARD_SHAPES = [
 
 
 def backward_suite(layout="bshd"):
-    """Issue 23's training shapes, bf16 (for --backward)."""
+    """The training shapes, bf16 (for --backward)."""
     return [("bf16", make_shape(b, h, s, d, c, layout)) for (b, h, s, d, c) in BACKWARD_SHAPES]
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Varlen prefill (issue 22) side by side: flashcore's ``flash_attn_varlen_func`` (the work list
+"""Varlen prefill side by side: flashcore's ``flash_attn_varlen_func`` (the work list
 built on the device), SDPA (flash and cuDNN backends) on the same sequences padded to a dense batch (what a
 framework without varlen runs: the padding is computed), FlashAttention-4's
 ``flash_attn.cute.flash_attn_varlen_func`` where it imports, and flashcore's dense

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The varlen backward (issues 22 + 23) beside the dense backward at the same total tokens:
+"""The varlen backward beside the dense backward at the same total tokens:
 ``torch.ops.flashcore.attention_varlen_backward`` on bench/varlen.py's length mixes ("uniform",
 "skewed", "equal"; 16k tokens by default) and ``torch.ops.flashcore.attention_backward`` on
 flashcore-dense's shape for the same mix (nb sequences of the mean length; for "equal" the very

@@ -10,7 +10,7 @@
 //   one pass (FC_ONEPASS=1): flashcore_bwd_onepass — the dK/dV kernel plus each tile's dQ
 //       partial, added to an fp32 accumulator in an order fixed by the shapes (turn counters,
 //       fc_bwd_onepass.cuh); flashcore_bwd_dq_convert — that accumulator to dQ;
-//   with learnable sinks (issue 24), after the preprocess: flashcore_bwd_dsink (fc_bwd_sink.cuh),
+//   with learnable sinks, after the preprocess: flashcore_bwd_dsink (fc_bwd_sink.cuh),
 //       the sinks' gradient from the workspace, one CTA per head.
 // Either way bitwise deterministic, and a sequence's bits do not depend on the batch it is in.
 // The GEMM kernels are warp-specialised like the forward: warpgroup 0 is the producer (one thread

@@ -18,7 +18,7 @@
 #define FC_ONEPASS 0
 #endif
 
-// FC_BWD_CORE (one pass only; issue 40, PERF_NOTES branch `bwd`): 0 = bwd1v3's tile schedule;
+// FC_BWD_CORE (one pass only; PERF_NOTES, "the one pass's core"): 0 = the first tile schedule;
 // 1 = dQ's GEMM issued without first draining dV += Pᵀ dO (Pᵀ's fragments stay live until one
 // wait after dK's issue covers dV and dQ); 2 = 1 plus dSᵀ to shared memory with stmatrix (four
 // 8×8 tiles per instruction) instead of 32-bit scalar stores; 3 = 2 plus a 2-stage (Q, dO) ring
@@ -55,7 +55,7 @@ constexpr int GROUP_BYTES = 8 * ROW_BYTES;  // one 8-row swizzle atom (the descr
 constexpr int K_STEPS = SW_ELEMS / 16;  // k16 steps per swizzled row
 // d256 (HSPLIT = 2): dK and dV of 64 keys × 256 dims would take 256 fp32 registers per thread,
 // so both consumer warpgroups work on the same 64 keys, each owning half the head dim of dK and
-// dV (both compute the tile's Sᵀ and dPᵀ: PERF_NOTES, branch bwdhd). DWG = dims per warpgroup.
+// dV (both compute the tile's Sᵀ and dPᵀ: PERF_NOTES, "the backward at head dims 96 and 256"). DWG = dims per warpgroup.
 constexpr int HSPLIT = D > 128 ? 2 : 1;
 constexpr int DWG = D / HSPLIT;
 constexpr int CONSUMERS = 2;         // consumer warpgroups, 64 rows each
@@ -63,7 +63,7 @@ constexpr int THREADS = 128 * (1 + CONSUMERS);
 // setmaxnreg split: 128·40 + 256·232 = 64512, what launch_bounds(384, 1) gives the block (at 24
 // the producer's address arithmetic spills: FA3/FA4's 24/240 left the one pass's producer
 // warpgroup with 37 LDL/STL, while its consumers fit core 1's schedule in 232 with none —
-// PERF_NOTES, branch `bwd`).
+// PERF_NOTES, "the one pass's core").
 constexpr int PRODUCER_REGS = 40;
 constexpr int CONSUMER_REGS = 232;
 static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168, "the block's registers");
@@ -108,7 +108,7 @@ struct BwdParams {
     // turn counters [B·Hq][kv_m_blocks] in the workspace; key blocks ceil(Sk / KV_BN).
     uint64_t dq_acc_ptr, flags_ptr;
     int32_t kv_n_blocks;
-    // Issue 24 (fc_bwd_mask.cuh): the window's sides (unbounded: Sq + Sk, host-clamped) and the
+    // Windows and softcap (fc_bwd_mask.cuh): the window's sides (unbounded: Sq + Sk, host-clamped) and the
     // softcap's factors (as the forward's: softcap_in = scale / cap, softcap_out = cap / scale).
     int32_t window_left, window_right;
     float softcap_in, softcap_out;

@@ -1,4 +1,4 @@
-// Backward sliding windows and softcap (issue 24, two-pass kernels only, dense and varlen): which query tiles a key
+// Backward sliding windows and softcap (two-pass kernels only, dense and varlen): which query tiles a key
 // block visits and which key blocks a query tile visits (skipped by index: public), the
 // per-element window test (a select), and the softcap's logit and derivative.
 //

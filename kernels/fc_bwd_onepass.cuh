@@ -103,7 +103,7 @@ FC_DEVICE void red_release_gpu_inc(int* ptr) {
 
 FC_DEVICE void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
-// dQ leaves the CTA as one bulk operation per tile from shared memory (branch bwd1v3): the
+// dQ leaves the CTA as one bulk operation per tile from shared memory: the
 // consumers store their fp32 partials into `OnepassShared::dq` and arrive on `dq_full`; warp 1 of
 // the producer warpgroup (idle otherwise) waits for the turn, issues the bulk store (rank 0) or
 // bulk reduction (the others), waits for it to complete, releases the turn, and frees the buffer.

@@ -1,4 +1,4 @@
-// The sequence a backward CTA works on (issue 22's varlen, FC_VARLEN): in a dense build the
+// The sequence a backward CTA works on (varlen, FC_VARLEN): in a dense build the
 // call's shape; in a varlen build sequence `b` of the pack, from cu_seqlens_q / cu_seqlens_k (and
 // seqused_k) in device memory — public metadata (DESIGN.md §1), declared public to the audit
 // (BwdVariant::declared). Offsets are clamped into the pack and lengths to max_seqlen (the grid

@@ -27,14 +27,14 @@ static_assert(!(FC_KV_PUBLIC || FC_PAGED) || FC_DECODE, "KV-cache builds are dec
 // Every KV-cache build (key counts public or secret): these also take per-sequence first keys
 // (flash-attn's cache_leftpad) in starts_ptr.
 #define FC_KV_CACHE (FC_DECODE && (FC_KV_PUBLIC || FC_SECRET_LEN))
-// Variable-length prefill (issue 22): Q, K, V packed as [total tokens, heads, dim] (maps with a
+// Variable-length prefill: Q, K, V packed as [total tokens, heads, dim] (maps with a
 // batch extent of 1); the host's work list in __constant__ memory (public metadata, DESIGN.md
 // §1) gives each query tile its token offsets and counts (fc_scheduler.cuh). Other builds do not
 // pass the define.
 #ifndef FC_VARLEN
 #define FC_VARLEN 0
 #endif
-// Softcap builds (issue 24): the scores go through softcap_out · tanh(s · softcap_in) before the
+// Softcap builds: the scores go through softcap_out · tanh(s · softcap_in) before the
 // softmax. Plain 128-row prefill tiles, varlen tiles and KV-cache decode (public or secret
 // counts); other builds do not pass the define (no secret-length prefill, no cluster split, no
 // 192-row tiles: they spill with it).
@@ -54,7 +54,7 @@ constexpr int BN = FC_BLOCK_N;              // keys per pipeline stage
 constexpr int STAGES = FC_STAGES;           // K/V ring depth
 // Shared tiles are [CHUNKS][rows][SW_ELEMS]: 64-element (128-byte) swizzled rows where the head
 // dim is a multiple of 64; d96 (an odd multiple of 32) uses 32-element (64-byte) rows with the
-// 64-byte swizzle, so no padding columns are loaded or multiplied (issue 24). The host's tensor
+// 64-byte swizzle, so no padding columns are loaded or multiplied. The host's tensor
 // maps use the same box and swizzle (src/attention/tensor_map.rs).
 static_assert(D == 64 || D == 96 || D == 128 || D == 256, "head dims 64, 96, 128, 256");
 constexpr int SW_ELEMS = D % 64 == 0 ? 64 : 32;
@@ -84,12 +84,12 @@ constexpr int THREADS = 128 * (1 + CONSUMERS);
 constexpr int ROW_BYTES = SW_ELEMS * 2;     // one swizzled row of two-byte elements
 constexpr int GROUP_BYTES = 8 * ROW_BYTES;  // one 8-row swizzle atom (the descriptors' stride)
 // Register split after setmaxnreg: the producer gives registers back, consumers take them.
-// d256's two consumers hold a 128-register O accumulator each (PERF_NOTES, issue 24): they take
+// d256's two consumers hold a 128-register O accumulator each (PERF_NOTES): they take
 // 232, the producer keeps 40.
 // d256 varlen softcap builds (a tile's sequence fields and the tanh beside the 128-register O)
 // take 240 and leave the producer 24 (its one TMA-issuing thread needs no more; FA3 splits
 // 24/240 too): at 232, ptxas parked an mbarrier address under a lane predicate it recomputed
-// in between, which the audit cannot prove public (issue 24).
+// in between, which the audit cannot prove public.
 constexpr bool WIDE_CONSUMERS = D > 128 && CONSUMERS == 2 && FC_VARLEN && FC_SOFTCAP;
 // 176-key tiles hold an 88-register S and 44 of P beside the 64 of O: 240/24 as well.
 constexpr bool LONG_KEYS = BN == 176;
@@ -139,7 +139,7 @@ struct Params {
     // KV-cache builds (FC_KV_CACHE): i32 [B] first key of each sequence (left padding: keys
     // before it are masked by select, never skipped), as public or secret as the counts; 0: none.
     uint64_t starts_ptr;
-    // Issue 24 (sliding windows, softcap, sinks). Window edges, softcap: public; sinks: secret.
+    // Sliding windows, softcap, sinks. Window edges, softcap: public; sinks: secret.
     uint64_t sinks_ptr;      // fp32 [Hq] learnable sink logits (gpt-oss): one more term in each row's
                              // softmax denominator, no value row; 0: none. Read by arithmetic only.
     int32_t window_left;     // query row r (bottom-right aligned) sees keys [r' − left, r' + right],

@@ -74,7 +74,7 @@ FC_DEVICE void quad_transpose(uint32_t (&a)[4], int c) {
 
 // store_row with 16-byte stores: a quarter of the store instructions and whole 32-byte sectors
 // per lane pair, where the 4-byte stores wrote half-sectors of eight rows each (PERF_NOTES,
-// branch `epi`: the epilogue was a fifth to a third of a short tile). `row_out` is the row's
+// the epilogue was a fifth to a third of a short tile). `row_out` is the row's
 // first element, 16-byte aligned; every lane of the warp calls it (the shuffles), and `store`
 // (public: the row is inside Sq) decides the write.
 FC_DEVICE void store_row_vec(uint16_t* row_out, const float (&o)[cfg::D / 2], int h, float inv, int quad_lane,

@@ -1,4 +1,4 @@
-// Measurement builds of the forward kernel for `flashcore leakage` (issue 13). Never shipped:
+// Measurement builds of the forward kernel for `flashcore leakage`. Never shipped:
 // every macro here compiles to nothing unless its define is set, so shipped variants are
 // unchanged instruction for instruction.
 //
@@ -84,7 +84,7 @@ FC_DEVICE void fc_timer_stop() {
         r[FC_TIMER_STOP_NS + w] = ns;
     }
 }
-// Phase marks (issue 14's breakdown, read by `flashcore bench --phases`): the SM clock when the
+// Phase marks (the per-phase breakdown read by `flashcore bench --phases`): the SM clock when the
 // block's barriers are initialised (thread 0); then, for the first consumer thread, each tile's
 // begin, its Q tile's arrival, its first scores and its last P V. A persistent CTA walks many
 // tiles, so the Q, S0 and LOOP words hold running sums laid end to end from the first tile's

@@ -1,4 +1,4 @@
-// The queued-timing wait of `flashcore leakage` (issue 13): one thread spins on the global
+// The queued-timing wait of `flashcore leakage`: one thread spins on the global
 // nanosecond timer for `ns` nanoseconds. Enqueued in front of each timed launch, it keeps the
 // device busy while the host enqueues the start event and the kernel, so the event interval
 // holds the kernel alone, not the host's launch latency. It reads no data.

@@ -1,4 +1,4 @@
-// The varlen work list built on the device (issue 22): from cu_seqlens_q / cu_seqlens_k (and
+// The varlen work list built on the device: from cu_seqlens_q / cu_seqlens_k (and
 // seqused_k, seqused_q) in device memory, with no host synchronisation, so a varlen call can be captured in
 // a CUDA graph. One CTA counting-sorts the pack's sequences by the key blocks their heaviest
 // query tile visits, heaviest first, each sequence's tiles consecutive (last query block first), into `chunks` chunks of VARLEN_SLOTS int4s — each the image of the forward

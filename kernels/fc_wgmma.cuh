@@ -99,7 +99,7 @@ struct Mma<128> {
     }
 };
 
-// O += P V at head dims 96 and 256 (issue 24): N is the head dim, so only the RS form exists.
+// O += P V at head dims 96 and 256: N is the head dim, so only the RS form exists.
 template <>
 struct Mma<96> {
     FC_DEVICE static void rs_tb(float (&d)[48], const uint32_t (&a)[4], uint64_t b, int scale_d) {

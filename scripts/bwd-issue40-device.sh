@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 40 device call (branch `bwd`): cross-schedule bit identity, the backward GPU tests, the
+# A backward device call: cross-schedule bit identity, the backward GPU tests, the
 # one-pass cores A/B (FLASHCORE_BWD_CORE) beside the two passes, graph replay, and one ncu profile.
 # Run from the checkout root with the carried folder as $1 (binaries built on the CPU machine).
 set -uo pipefail

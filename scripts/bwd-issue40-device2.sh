@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 40, second device call (branch `bwd`): cross-schedule bit identity by tensor, the backward
+# A second backward device call: cross-schedule bit identity by tensor, the backward
 # GPU tests under the new defaults, old vs new defaults (graph replay, two rounds), one ncu profile.
 set -uo pipefail
 C="${1:-.carry-bwd}"

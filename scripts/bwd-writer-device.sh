@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 40, branch bwd2: the one pass's core 4 (the dQ writer pipelined) against core 3 on the GPU
+# The one pass's core 4 (the dQ writer pipelined) against core 3 on the GPU
 # machine, from binaries built here by scripts/build-carry.sh into .carry/ (the device has no Rust).
 #   run from the checkout root, carry .carry:  bash scripts/bwd-writer-device.sh [CARRY_DIR]
 # 1. bits: dq, dk, dv (and out) of core 4 = core 3's, tensor by tensor, on seven inputs (GQA, partial

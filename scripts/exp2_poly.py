@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Fits and checks the polynomial of issue 25 lead (d), 2^f on [0, 1) with p(0) = 1 exactly (the kernel
-header kernels/fc_exp2_fma.cuh of commit b371bef, branch exp2fma; measured slower and reverted:
+header kernels/fc_exp2_fma.cuh of commit b371bef; measured slower and reverted:
 PERF_NOTES "Branch exp2fma").
 
 Relative-error minimax by Lawson's iteratively reweighted least squares on a dense grid, then the

@@ -55,7 +55,7 @@ def main():
     for ty in ("f16", "bf16"):
         for n in (64, 128):
             parts.append(ss(n, ty))
-        # O += P V has N = the head dim: 64, 96, 128, 256 (issue 24).
+        # O += P V has N = the head dim: 64, 96, 128, 256.
         for n in (64, 96, 128, 256):
             parts.append(rs(n, ty))
     OUT.write_text("".join(parts))

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes kernels/fc_wgmma_keys.cuh: the S = Q Kᵀ wgmma at the key-block widths only the forward
-kernel uses — 176 keys (d128 non-causal tiles, PERF_NOTES branch fwdperf) and 80 keys (d256
+kernel uses — 176 keys (d128 non-causal tiles, PERF_NOTES, "d128 non-causal on 176-key blocks") and 80 keys (d256
 tiles) — and their Mma dispatch; at N = 80 also the form with A MN-major (transposed) and B
 K-major, the backward one pass's dQᵀ = Kᵀ dSᵀ over 80-row query tiles. Kept apart from
 fc_wgmma_ops.cuh, which every backward build shares. Run after editing; the output is

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The GPU-free share of a decode step's host time (issue 42), measured on any machine: the Python
+"""The GPU-free share of a decode step's host time, measured on any machine: the Python
 layer of ``flashcore.flash_attn_with_kvcache`` with new k/v (B=1, 8k cache, 32/8 heads, d128,
 bf16 by default, as scripts/kvcache-host-time.py), on CPU tensors posing as device 0's, with the
 native call replaced by a no-op ("python") or by `_native.validate` of the same call — the

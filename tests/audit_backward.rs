@@ -1,4 +1,4 @@
-//! CI gate for the backward kernels (issue 23; docs/design.md §1, §5): every shipped backward variant's
+//! CI gate for the backward kernels (docs/design.md §1, §5): every shipped backward variant's
 //! three kernels audit clean with dO, Q, K, V, O and the LSE secret (everything read from device
 //! memory is; the one-pass variants' turn counters are a declared public buffer), no spill
 //! (LDL/STL), and the GEMM kernels use wgmma (HGMMA). Needs NVRTC and
@@ -68,7 +68,7 @@ fn leaky_control_build_is_flagged_in_every_backward_kernel() {
     }
 }
 
-/// Measurement aid (issue 40), not a gate: the variants whose name contains each comma-separated
+/// Measurement aid, not a gate: the variants whose name contains each comma-separated
 /// `FLASHCORE_BWD_AUDIT_ONLY` pattern (default `onepass`), audited one by one with their resources
 /// printed (spills, HGMMA, instructions, findings), and their SASS written to
 /// `FLASHCORE_BWD_SASS_DIR` when set. Fails on what the gate above would fail on.

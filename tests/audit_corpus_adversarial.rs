@@ -1,4 +1,4 @@
-//! The adversarial corpus of issue 12: cross-lane and cross-thread leaks
+//! The adversarial corpus: cross-lane and cross-thread leaks
 //! (tests/audit_corpus/leaks_cross_lane.cu), memory-side and latency-side leaks
 //! (leaks_more.cu) and clean-but-tricky kernels (clean_tricky.cu). For each kernel the test
 //! asserts
@@ -93,7 +93,7 @@ const LEAKS: &[(&str, Rule, &str, Witness, &str)] = &[
                 op_is(i, "VOTE.ANY") && pred_operand(i, 0) && pred_operand(i, 1)
             })
         },
-        "VOTE.ANY Pd, Ps (issue 12)",
+        "VOTE.ANY Pd, Ps",
     ),
     (
         "leak_vote_all_branch",

@@ -1,4 +1,4 @@
-//! Public buffers (issue 21, docs/design.md §1 "Metadata"): the audit is told which kernel parameters
+//! Public buffers (docs/design.md §1 "Metadata"): the audit is told which kernel parameters
 //! (or pointer fields of a struct parameter) point at public metadata — a paged KV cache's block
 //! table, `cache_seqlens` — and proves that only those buffers' contents reach addresses and
 //! branches. Each kernel of tests/audit_corpus/public_buffers.cu is audited with and without the

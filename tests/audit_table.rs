@@ -1,4 +1,4 @@
-//! The rule table, walked opcode by opcode (issue 12): for every opcode and every operand form,
+//! The rule table, walked opcode by opcode: for every opcode and every operand form,
 //! a synthetic instruction is built and
 //! * taint is checked to flow from each source (register, predicate, carry-in, address register,
 //!   guard) to each destination (register, predicate, carry-out), and into or out of the memory
@@ -356,7 +356,7 @@ fn listing(body: &str) -> String {
     format!("\t.section\t.text.k,\"ax\",@progbits\n        .type k,@function\nk:\n{body}")
 }
 
-/// The SASS of issue 12's kernel, as nvdisasm prints it (the part that matters).
+/// The SASS of the cross-lane vote kernel, as nvdisasm prints it (the part that matters).
 const ISSUE_12: &str = "        /*0000*/                   LDC R1, c[0x0][0x28] ;
         /*0010*/                   S2R R0, SR_CTAID.X ;
         /*0020*/                   LDC.64 R2, c[0x0][0x210] ;

@@ -1,4 +1,4 @@
-//! `flashcore audit` on users' kernels (issue 16): toolkit headers, `-I`/`-D`/`--std`/`--arch`,
+//! `flashcore audit` on users' kernels: toolkit headers, `-I`/`-D`/`--std`/`--arch`,
 //! `--kernel`, `--secret-param` by name, `--cubin` of what nvcc builds (a real nvcc fat binary,
 //! and the same inside an ELF object), findings on source lines, and every error path (exit 2
 //! with a message). Needs NVRTC, nvdisasm, cuobjdump and the toolkit headers

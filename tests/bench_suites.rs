@@ -238,7 +238,7 @@ fn python_argument_errors_exit_2() {
     assert!(o.status.success());
     let v: Vec<(DType, Shape)> = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v.len(), 36);
-    // --headdim with a suite keeps that head dim's shapes (issue 24's d256 rows: H = 8).
+    // --headdim with a suite keeps that head dim's shapes (the d256 rows: H = 8).
     let o = run(&[
         "--suite",
         "fa3",

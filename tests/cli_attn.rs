@@ -419,7 +419,7 @@ fn non_finite_inputs_are_warned_about_with_their_count() {
     assert!(!r.stderr.contains("warning"), "{}", r.stderr);
 }
 
-/// Issue 24's flags: `--window L,R` and `--softcap X` on the CPU reference, sinks read from the
+/// The flags: `--window L,R` and `--softcap X` on the CPU reference, sinks read from the
 /// input file (`sinks`, F32 [Hq]); each bad value a usage or runtime error. With a GPU, the same
 /// file through the kernel matches the reference.
 #[test]

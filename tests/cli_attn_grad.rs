@@ -266,7 +266,7 @@ fn gpu_grad_fails_cleanly_without_a_gpu_and_matches_reference_with_one() {
                 .causal(true),
             1e-2,
         ),
-        // Head dims 96 and 256 (branch bwdhd).
+        // Head dims 96 and 256.
         (gqa(1, 100, 77, 4, 1, 96).causal(true), 2e-3),
         (gqa(2, 33, 140, 2, 2, 256).dtype(DType::Bf16), 1e-2),
     ]
@@ -283,7 +283,7 @@ fn gpu_grad_fails_cleanly_without_a_gpu_and_matches_reference_with_one() {
     }
 }
 
-// --- issue 24: windows, softcap and sinks in the backward ---------------------------------------
+// --- windows, softcap and sinks in the backward ---------------------------------------
 
 /// `input_file` plus learnable sinks (F32 [Hq]) when `sinks` is given.
 fn feature_input(dir: &Path, p: &AttentionParams, seed: u64, sinks: Option<&[f32]>) -> PathBuf {

@@ -403,7 +403,7 @@ fn paged_input_matches_contiguous_with(page: usize) {
     }
 }
 
-/// Issue 24's features over a KV cache: `--window`, `--softcap` and `sinks` in the input file,
+/// The window, softcap and sink features over a KV cache: `--window`, `--softcap` and `sinks` in the input file,
 /// on `--cpu` against the reference computed here (positions aligned to each count), with a GPU
 /// the kernel against the same; sinks of the wrong count are an error.
 #[test]

@@ -1,5 +1,5 @@
 //! `flashcore attn` on a packed varlen input file (`cu_seqlens_q`, `cu_seqlens_k` beside q, k, v
-//! `[total, H, D]`; issue 22): `--cpu` against the per-sequence reference computed here, each
+//! `[total, H, D]`): `--cpu` against the per-sequence reference computed here, each
 //! bad-metadata error before any launch, and the GPU against `--cpu` (skipped visibly without a
 //! GPU).
 
@@ -264,7 +264,7 @@ fn gpu_matches_cpu() {
     assert!(lerr < 1e-3, "LSE GPU vs CPU: {lerr:.2e}");
 }
 
-/// Issue 24's features with cu_seqlens: `--window`, `--softcap` and `sinks` in the input file,
+/// The window, softcap and sink features with cu_seqlens: `--window`, `--softcap` and `sinks` in the input file,
 /// per sequence, on `--cpu` against the reference; with a GPU the kernel against the same; sinks
 /// of the wrong count are an error.
 #[test]
@@ -344,7 +344,7 @@ fn d_o_entry(seed: u64) -> (&'static str, Dtype, Vec<usize>, Vec<u8>) {
     )
 }
 
-/// `--grad` on a varlen input (issue 23): `--cpu` writes the per-sequence reference gradients
+/// `--grad` on a varlen input: `--cpu` writes the per-sequence reference gradients
 /// (dq q's shape, dk, dv k's), the GPU matches it within bf16's bound (skipped visibly without a
 /// GPU), and a missing `do` is an error naming it.
 #[test]

@@ -1,4 +1,4 @@
-//! Why dsink's bf16 error can exceed the gradients' bound (issue 23, the miss of
+//! Why dsink's bf16 error can exceed the gradients' bound (the miss of
 //! tests/gpu_backward_features.rs at seed 17063393434415650739, bf16, d64, Sq 300 / Sk 100,
 //! window (20, 10), sinks): the backward's D = rowsum(dO ∘ O) reads the dtype-rounded O (its
 //! input), the float64 oracle the exact O; dsink = −Σ P_sink·D is a per-head sum of mixed-sign

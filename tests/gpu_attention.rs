@@ -76,7 +76,7 @@ fn bf16_all_variants_match_reference() {
     sweep_test::<half::bf16>("bf16_all_variants_match_reference", DType::Bf16, &[64, 128]);
 }
 
-/// Issue 24's head dims: 96 (Phi-3; 64-byte swizzled rows) and 256 (Gemma 2; 64-key stages).
+/// Head dims 96 (Phi-3; 64-byte swizzled rows) and 256 (Gemma 2; 64-key stages).
 #[test]
 fn f16_head_dims_96_256_match_reference() {
     sweep_test::<half::f16>(

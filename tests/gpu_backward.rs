@@ -1,4 +1,4 @@
-//! GPU correctness of the backward pass (issue 23): dQ, dK, dV against the float64 reference
+//! GPU correctness of the backward pass: dQ, dK, dV against the float64 reference
 //! gradients at odd shapes (S = 1, 17, 1000; Sq ≠ Sk; causal with Sq > Sk, whose first rows are
 //! fully masked; GQA 4:1 and MQA; both layouts), both dtypes and head dims; bitwise run-to-run
 //! and batch invariance; bad input rejected before launch. Fresh random inputs each run (the seed

@@ -1,4 +1,4 @@
-//! GPU correctness of issue 24's features in the backward (two-pass kernels): sliding windows
+//! GPU correctness of the window, softcap and sink features in the backward (two-pass kernels): sliding windows
 //! (both sides, left-only, right-only, with causal, GQA, Sq ≠ Sk, rows that see no key),
 //! softcap (± causal, GQA) and learnable sinks (with dsink), alone and combined, against the
 //! float64 reference gradients (`attention_backward_f64_sinks`; dsink's from the O the backward

@@ -106,7 +106,7 @@ fn decode_bf16_matches_reference() {
     sweep_test::<half::bf16>("decode_bf16_matches_reference", DType::Bf16, &[64, 128]);
 }
 
-/// Issue 24's head dims in decode mode (d256: two 64-key stages; the combine's rows of 24 and
+/// Head dims 96 and 256 in decode mode (d256: two 64-key stages; the combine's rows of 24 and
 /// 64 column quads).
 #[test]
 fn decode_head_dims_96_256_match_reference() {

@@ -417,7 +417,7 @@ fn fused_append_writes_the_rows_and_matches_append_then_attention() {
     );
 }
 
-/// Issue 42 (host time): `ExternalContext::attention_loaded` launches only a call whose kernel a
+/// Host time: `ExternalContext::attention_loaded` launches only a call whose kernel a
 /// plan holds already — before that it returns `false` and writes nothing — with `attention`'s
 /// bits; and the tensor maps a plan keeps per buffer serve a decode loop that alternates q
 /// buffers and caches (layers) with each call's own bits, those of the same call made alone on

@@ -1,4 +1,4 @@
-//! GPU correctness of issue 24's features against the float64 reference: sliding windows
+//! GPU correctness of the window, softcap and sink features against the float64 reference: sliding windows
 //! (`window_size`, with whole key blocks skipped), softcap, learnable sinks, and their
 //! combinations with causal masks, GQA, Sq ≠ Sk and odd lengths (S = 1, 17, 1000: decode, split
 //! and plain tiles). NaN-free on rows whose window holds no key (O = 0, LSE = −inf, or the sink
@@ -197,7 +197,7 @@ fn bf16_windows_softcap_sinks_match_reference() {
     );
 }
 
-/// The same combinations at issue 24's head dims 96 (Phi-3) and 256 (Gemma 2: softcap 50,
+/// The same combinations at head dims 96 (Phi-3) and 256 (Gemma 2: softcap 50,
 /// windows of 4096 on alternating layers).
 #[test]
 fn f16_head_dims_96_256_windows_softcap_sinks_match_reference() {

@@ -1,4 +1,4 @@
-//! Issue 24's features beyond the dense path, on the GPU against the float64 reference: sliding
+//! The window, softcap and sink features beyond the dense path, on the GPU against the float64 reference: sliding
 //! windows, softcap and learnable sinks in varlen packs (each sequence's window bottom-right
 //! aligned to its own counts; lengths 1, 17, 128, 129, 4097 in one pack, Sq ≠ Sk per sequence;
 //! host- and device-built work lists with the same bits), softcap over KV caches (public and
@@ -197,7 +197,7 @@ fn varlen_windows_softcap_sinks_match_reference() {
     }
 }
 
-/// Issue 24's head dims in varlen with every feature on (Gemma 2: d256, softcap; Phi-3: d96).
+/// Head dims 96 and 256 in varlen with every feature on (Gemma 2: d256, softcap; Phi-3: d96).
 #[test]
 fn varlen_head_dims_96_256_with_features_match_reference() {
     let Some(ctx) = gpu("varlen_head_dims_96_256_with_features_match_reference") else {

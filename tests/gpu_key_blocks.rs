@@ -1,6 +1,6 @@
 //! Non-causal calls at d128 with at least 4096 keys run on 176-key blocks, and d256 calls with at
-//! least 1024 keys (causal: 4096) on 80-key blocks (`Variant::for_shape`, PERF_NOTES branch
-//! fwdperf and "d256 on 80-key blocks"): the rule
+//! least 1024 keys (causal: 4096) on 80-key blocks (`Variant::for_shape`, PERF_NOTES, "d128
+//! non-causal on 176-key blocks" and "d256 on 80-key blocks"): the rule
 //! itself (CPU), accuracy against the fp64 reference at odd shapes around it, and bitwise
 //! determinism and batch invariance across the light-tile rule's boundary (64-row and 128-row
 //! tiles on the same key block). GPU tests skip visibly without a GPU; fail under

@@ -1,4 +1,4 @@
-//! Chunked prefill over a KV cache on the GPU (issue 22, `Context::attention_kv_chunked`):
+//! Chunked prefill over a KV cache on the GPU (`Context::attention_kv_chunked`):
 //! packed chunks of new queries over a contiguous cache against the float64 reference per
 //! sequence, the bits of the same rows run as a compact varlen pack, and the cache kinds the
 //! path refuses. Skips visibly without a GPU; fails under FLASHCORE_REQUIRE_GPU=1.
@@ -156,7 +156,7 @@ fn kv_chunked_prefill_refuses_what_it_does_not_take() {
         (base.secret(), "secret_lengths"),
         (base.leftpad(&lens), "leftpad"),
         (base.prefill_consistent(), "prefill_consistent"),
-        // Sinks are taken (issue 24), but one per query head.
+        // Sinks are taken, but one per query head.
         (base.sinks(&sinks), "sinks"),
     ];
     for (cache, want) in cases {

@@ -1,4 +1,4 @@
-//! GPU: the forward kernel as a programmatic dependent launch (issue 25, lead (e)). A kernel
+//! GPU: the forward kernel as a programmatic dependent launch. A kernel
 //! that writes Q, K and V runs just before the attention in the same stream; the attention must
 //! see its writes. Skips visibly without a GPU; fails under FLASHCORE_REQUIRE_GPU=1.
 //!

@@ -82,7 +82,7 @@ fn one_context_from_several_threads_gives_the_serial_bits() {
 }
 
 /// The epilogue writes O with 16-byte stores when every row is 16-byte aligned (what the
-/// validated entry points guarantee), and with 4-byte stores otherwise (branch `epi`). A raw
+/// validated entry points guarantee), and with 4-byte stores otherwise. A raw
 /// launch at a 4-byte offset takes the 4-byte path: same bits as the aligned launch, and the
 /// elements around the output untouched.
 #[test]

@@ -1,4 +1,4 @@
-//! Varlen prefill (issue 22) on the GPU: packed sequences of mixed lengths against the f64
+//! Varlen prefill on the GPU: packed sequences of mixed lengths against the f64
 //! reference per sequence, Sq ≠ Sk per sequence, empty sequences, GQA, causal and not, and the
 //! bits of a sequence independent of its neighbours and of its place in the pack. Skips visibly
 //! without a GPU; fails under FLASHCORE_REQUIRE_GPU=1.
@@ -155,7 +155,7 @@ fn mixed_lengths_match_the_reference() {
     );
 }
 
-/// Issue 24's head dims: mixed packs at d96 (fp16, GQA) and d256 (bf16), causal and not.
+/// Head dims 96 and 256: mixed packs at d96 (fp16, GQA) and d256 (bf16), causal and not.
 #[test]
 fn head_dims_96_256_match_the_reference() {
     let Some(ctx) = gpu("head_dims_96_256_match_the_reference") else {

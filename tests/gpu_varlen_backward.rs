@@ -1,4 +1,4 @@
-//! The varlen backward (issues 22 + 23) on the GPU: dQ, dK, dV of packed sequences of mixed
+//! The varlen backward on the GPU: dQ, dK, dV of packed sequences of mixed
 //! lengths (1, 17, 128, 129, 1000, 4097; empty sequences — no queries, no keys; Sq ≠ Sk per
 //! sequence, causal rows fully masked) against the float64 reference per sequence, causal and
 //! not, GQA and MQA, f16 and bf16, every head dim; issue 24's windows (aligned to
@@ -643,7 +643,7 @@ fn backward_only(
     })
 }
 
-/// Issue 24's features in the varlen backward: windows (both sides, left-only with causal,
+/// The window, softcap and sink features in the varlen backward: windows (both sides, left-only with causal,
 /// right-only), softcap and learnable sinks, alone and combined, at every head dim, against the
 /// float64 reference per sequence (each window bottom-right aligned to the sequence's own
 /// lengths; rows that see no key), dsink against the oracle from the O the backward read.

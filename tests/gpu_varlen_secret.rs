@@ -1,4 +1,4 @@
-//! Secret lengths with varlen (issue 22, `Context::attention_varlen_secret_len`) on the GPU:
+//! Secret lengths with varlen (`Context::attention_varlen_secret_len`) on the GPU:
 //! public slots, secret true lengths. Each sequence against the f64 reference of its true
 //! length (odd lengths, 0, 1, 17, 129, slots longer than lengths, `max_seqlen` past the longest
 //! slot), rows past a length exactly 0 (LSE −inf), and the bits of a sequence independent of

@@ -94,7 +94,7 @@ fn every_variant_fits_in_shared_memory() {
     }
 }
 
-/// The light-tile rule (issue 14): 64-row tiles exactly when their work units fit in one wave;
+/// The light-tile rule: 64-row tiles exactly when their work units fit in one wave;
 /// secret-length and split builds keep their tiles; every variant it picks is shipped.
 #[test]
 fn light_tiles_only_when_one_wave_of_64_row_units_fits() {

@@ -1,4 +1,4 @@
-//! The timing test's measurement builds (issue 13), compiled and audited on the CPU (needs NVRTC
+//! The timing test's measurement builds, compiled and audited on the CPU (needs NVRTC
 //! and nvdisasm: `bash scripts/install-cuda-tools.sh`; fails, never skips, without them):
 //! - the cycle-timer build of the shipped source audits clean (its instrumentation is
 //!   public-only) and really reads the SM clock and the global timer;

@@ -43,7 +43,7 @@ fn usage_errors_exit_2() {
     );
 }
 
-/// Decode mode (issue 21): each refusal exits 2 with what to do, before any device is touched.
+/// Decode mode: each refusal exits 2 with what to do, before any device is touched.
 #[test]
 fn decode_usage_errors_exit_2() {
     let d = ["--decode", "--secret-len"];

@@ -1,4 +1,4 @@
-//! Decode mode of the leakage test (issue 21), GPU-free: what `flashcore leakage --decode`
+//! Decode mode of the leakage test, GPU-free: what `flashcore leakage --decode`
 //! configures, every combination it refuses (the library's own checks included: no cycle timer,
 //! no floor, no control in decode mode), the paged cache's block table, and the JSON record of
 //! the call. The process-level usage errors are in `tests/leakage_cli.rs`, the GPU run in

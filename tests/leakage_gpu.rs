@@ -7,11 +7,11 @@
 //! data (the DVFS residual: docs/security.md, seen on the H200); the CLI's verdict threshold
 //! stays 4.5.
 //!
-//! Issue 13's instruments too: the cycle timer reads plausible clocks and catches the
+//! The timing test's instruments too: the cycle timer reads plausible clocks and catches the
 //! skip-past-length control in cycles (its power check), the floor control runs with its own
 //! cycle count, and queued timing keeps the one-random self-check quiet.
 //!
-//! Decode mode (issue 21): the KV-cache call with secret counts passes, contiguous and paged;
+//! Decode mode: the KV-cache call with secret counts passes, contiguous and paged;
 //! the same call with public counts (the walk ends at each count) is caught.
 
 mod common;
@@ -108,7 +108,7 @@ fn shipped_kernel_zeros_vs_random_shows_no_leak() {
         return;
     };
     let r = measure(&ctx, false, None, FixedClass::Values(ValueClass::Zeros));
-    // Issue 13: the cycle timer and the floor ran on the same class.
+    // The cycle timer and the floor ran on the same class.
     let c = r.cycles.as_ref().expect("cycle timer measured");
     check_cycles(c);
     let floor = r.floor.as_ref().expect("floor measured");
@@ -168,7 +168,7 @@ fn shipped_kernel_zeros_vs_random_shows_no_leak() {
     assert_ne!(r.attribution, Attribution::CycleLeak);
 }
 
-/// The floor with the cycle timer (issue 13): launches, writes a record for every CTA of every
+/// The floor with the cycle timer: launches, writes a record for every CTA of every
 /// launch, with the shipped kernel's CTA count and cycles of the same order (same loads, same
 /// GEMMs); here it is the kernel under test (`--control floor`) beside the shipped kernel's
 /// cycle-timer build.

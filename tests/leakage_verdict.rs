@@ -1,4 +1,4 @@
-//! The verdict a user acts on (issue 13), GPU-free: the attribution table row by row, the
+//! The verdict a user acts on, GPU-free: the attribution table row by row, the
 //! whole pipeline (simulated quantised timings → analysis → attribution) for each outcome, the
 //! cycle summary, and the tables that show it.
 
@@ -70,7 +70,7 @@ fn attribution_table() {
     );
 }
 
-/// Issue 13's cycle rule: a cycles |t| above 4.5 passes only within the floor's cycles.
+/// The timing test's cycle rule: a cycles |t| above 4.5 passes only within the floor's cycles.
 #[test]
 fn cycles_against_the_floors_cycles() {
     use Attribution::*;

@@ -434,7 +434,7 @@ fn backward_matches_finite_differences() {
     }
 }
 
-/// Issue 24 in the backward oracle: windows (left-only, right-only, a window some rows see no key
+/// Windows, softcap and sinks in the backward oracle: windows (left-only, right-only, a window some rows see no key
 /// through), softcap and sinks, alone and combined, against central differences of
 /// L = Σ O ∘ dO through the forward oracle with the same features — dQ, dK, dV and dsink.
 #[test]
@@ -507,7 +507,7 @@ fn backward_features_match_finite_differences() {
     }
 }
 
-/// Issue 24's features straight from their definitions: a window in signed arithmetic
+/// The window, softcap and sink features straight from their definitions: a window in signed arithmetic
 /// (flash-attn's bottom-right alignment, causal forcing right = 0), the softcap, and a sink
 /// added to the denominator (exp without max subtraction: small scores).
 fn naive_features(

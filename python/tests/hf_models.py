@@ -10,7 +10,7 @@ import torch
 # fcore's error may exceed the best backend's by this factor. Backends that compute the same
 # function differ by ~10% in this error (eager rounds the probabilities to the low precision
 # before P·V, SDPA's kernels do not: 0.0235 vs 0.0217 for the Llama below on CPU); a backend
-# that drops gpt-oss' sinks or Gemma 2's softcap is off by 4-9x here (and by 1.45x in issue 20's
+# that drops gpt-oss' sinks or Gemma 2's softcap is off by 4-9x here (and by 1.45x in an earlier
 # report, default weights, on the H100).
 BOUND = 1.25
 # Query and key projections are scaled by this, so that attention is peaked, not near uniform
@@ -40,7 +40,7 @@ def configs():
         "gemma2": tf.Gemma2Config(
             **c, head_dim=64, query_pre_attn_scalar=64, sliding_window=16, attn_logit_softcapping=10.0
         ),
-        # Gemma 2's real head dim (256) and softcap (50), layers sliding / full (issue 24)
+        # Gemma 2's real head dim (256) and softcap (50), layers sliding / full
         "gemma2_d256": tf.Gemma2Config(
             **c, head_dim=256, query_pre_attn_scalar=256, sliding_window=16, attn_logit_softcapping=50.0
         ),
@@ -69,7 +69,7 @@ EXPECTED = {
         "phi3": {"device": 2},
         "gpt_oss": {"s_aux": 2},
     },
-    # Issue 24: windows (their masks recognised by flashcore.hf.window_of), softcap, sinks and head
+    # Windows (their masks recognised by flashcore.hf.window_of), softcap, sinks and head
     # dims 96 (Phi-3) and 256 (Gemma 2) are served.
     "cuda": {
         "llama": {"flashcore": 2},
@@ -199,7 +199,7 @@ def compare_training(family, device, dtype, seq, padded=False, cfg=None):
 
 
 def training_configs():
-    """Training-step configs at head dims 96 and 256 (branch bwdhd) without the features whose
+    """Training-step configs at head dims 96 and 256 without the features whose
     backward another branch adds: Gemma 2 at its real head dim 256 with no softcap and a window
     (128 tokens) longer than the sequences trained on (64), so each layer is plain causal attention
     (at a window equal to the sequence the sliding layer gets a mask, served as a window).

@@ -157,7 +157,7 @@ def test_flash_attn_func_rejects_what_it_does_not_do(fake):
         (dict(dropout_p=0.1), "dropout"),
         (dict(alibi_slopes=torch.zeros(2, device="cuda")), "alibi"),
         (dict(return_attn_probs=True), "return_lse"),
-        # Issue 24's arguments are implemented; their bad values are refused.
+        # The arguments are implemented; their bad values are refused.
         (dict(window_size=(-2, 0)), "window_size"),
         (dict(window_size=(1, 2, 3)), "window_size"),
         (dict(softcap=-1.0), "softcap"),
@@ -192,7 +192,7 @@ def test_flash_attn_func_takes_flash_attns_arguments_and_drops_none(mock_launch)
     flashcore.flash_attn_func(q, q, q, deterministic=True)
     assert [c[4:6] for c in mock_launch] == [(False, None), (True, 0.5), (False, None)]
     _same_launch(mock_launch[0], mock_launch[2])
-    # Issue 24: the window, the softcap and the sinks reach the launch as keywords (only there).
+    # The window, the softcap and the sinks reach the launch as keywords (only there).
     sinks = torch.zeros(2)
     flashcore.flash_attn_func(q, q, q, causal=True, window_size=(16, 0), softcap=30.0, learnable_sink=sinks)
     kw = dict(x for x in mock_launch[-1] if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str))

@@ -1,4 +1,4 @@
-"""Training through issue 24's features without a GPU (branch bwdfeat): the feature backward op's
+"""Training through the window, softcap and sink features without a GPU: the feature backward op's
 schema, the autograd wiring (window, softcap, sinks and the sinks' gradient reach the native
 backward; dq, dk, dv and dsink come back with the right shapes and dtypes), the native
 validation of the sinks' buffers, the feature backward at head dims 96 and 256, and what is still

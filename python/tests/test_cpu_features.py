@@ -1,4 +1,4 @@
-"""Issue 24's features (window_size, softcap, learnable_sink) on the KV-cache, chunked-prefill and
+"""The window, softcap and sink features (window_size, softcap, learnable_sink) on the KV-cache, chunked-prefill and
 varlen entry points, without a GPU: every error path, the ops' schemas and fake shapes (so
 torch.compile sees them), one opaque node per call when traced, and flashcore.hf's analysis of
 padded sliding-window masks and its routing of featured calls over masks."""
@@ -246,7 +246,7 @@ def gpu(monkeypatch):
 
 def test_features_over_a_served_mask_are_served(gpu):
     # A decode step or padded prefill whose mask flashcore computes (mask_served) is served with
-    # sinks and a softcap: the KV-cache and varlen kernels take them (issue 24).
+    # sinks and a softcap: the KV-cache and varlen kernels take them.
     q = cuda(2, 4, 1, 64, dtype=torch.bfloat16)
     k = cuda(2, 2, 40, 64, dtype=torch.bfloat16)
     mask = torch.ones(2, 1, 1, 40, dtype=torch.bool, device="cuda")

@@ -44,8 +44,7 @@ def test_unsupported_arguments_and_grad_raise():
     for kw in ({"dropout_p": 0.1}, {"alibi_slopes": torch.zeros(4)}, {"block_table": cq}):
         with pytest.raises(ValueError, match="does not support"):
             flashcore.flash_attn_varlen_func(q, k, v, cq, ck, 5, 6, **kw)
-    # Varlen trains (issue 23) through a window, softcap and sinks too, at every head dim (branch
-    # bwdcombo): these calls pass the grad checks and stop at the op's device check (CPU here).
+    # Varlen trains through a window, softcap and sinks too, at every head dim: these calls pass the grad checks and stop at the op's device check (CPU here).
     with pytest.raises(ValueError, match="CUDA"):
         flashcore.flash_attn_varlen_func(q.clone().requires_grad_(), k, v, cq, ck, 5, 6, causal=True,
                                          window_size=(2, 0), softcap=5.0)

@@ -64,7 +64,7 @@ CASES = [
     (2, 257, 100, 4, 2, 128, True),  # Sq > Sk: the first rows see no key
     (3, 1, 77, 6, 3, 64, False),  # a decode step
     (1, 1024, 1024, 16, 16, 128, False),
-    # Issue 24's head dims: 96 (Phi-3) and 256 (Gemma 2), GQA, Sq != Sk both ways, S = 1, 17, 1000.
+    # Head dims 96 (Phi-3) and 256 (Gemma 2), GQA, Sq != Sk both ways, S = 1, 17, 1000.
     (1, 300, 300, 4, 4, 96, False),
     (1, 17, 1000, 4, 2, 96, True),
     (2, 1000, 17, 4, 1, 96, False),
@@ -295,7 +295,7 @@ def test_sdpa_backend_activate_and_restore():
             assert stats["flashcore"] == before["flashcore"] + 1
             assert torch.equal(got, want)
             assert got.stride() == native.stride()  # the query's memory layout, as torch's kernel gives
-            # A head dim flashcore lacks takes the fallback and stays right; 96 (issue 24) is served.
+            # A head dim flashcore lacks takes the fallback and stays right; 96 is served.
             q80, k80 = randn(1, 4, 200, 80), randn(1, 4, 200, 80)
             out80 = F.scaled_dot_product_attention(q80, k80, k80, is_causal=True)
             assert stats["fallback"] == before["fallback"] + 1
@@ -426,9 +426,8 @@ def test_hf_left_padded_generate_serves_every_decode_step(family, dtype):
             layers = cfg.num_hidden_layers
             served = flashcore.hf.stats["flashcore"] - stats["flashcore"]
             fell = {r: n - before.get(r, 0) for r, n in flashcore.hf.reasons.items() if n != before.get(r, 0)}
-            # The padded prefill runs on varlen (issue 22), a window shorter than the prompt
-            # (mistral's layers, qwen2's layer 1) too: flashcore.hf recognises it in the mask
-            # (issue 24).
+            # The padded prefill runs on varlen, a window shorter than the prompt
+            # (mistral's layers, qwen2's layer 1) too: flashcore.hf recognises it in the mask.
             assert served == new * layers, (served, fell)
             assert fell == {}, fell
     print(f"hf left-padded generate {family} {dtype}: {errors}")
@@ -782,7 +781,7 @@ GRAD_CASES = [
     (2, 100, 257, 4, 2, 64, True),  # Sq < Sk
     (2, 257, 100, 4, 4, 128, True),  # Sq > Sk: the first 157 rows see no key
     (2, 128, 384, 8, 8, 128, False),
-    # Head dims 96 (Phi-3) and 256 (Gemma 2/3), branch bwdhd
+    # Head dims 96 (Phi-3) and 256 (Gemma 2/3)
     (1, 1, 1, 2, 2, 96, False),
     (2, 17, 17, 4, 1, 96, True),
     (1, 1000, 1000, 8, 2, 96, True),
@@ -985,7 +984,7 @@ def test_hf_training_step_head_dims_96_256(family, dtype):
     assert flashcore.hf.reasons.get("head_dim", 0) == before.get("head_dim", 0)
 
 
-# --- issue 24: sliding windows, softcap, learnable sinks ------------------------------------------
+# --- sliding windows, softcap, learnable sinks ------------------------------------------
 
 
 def reference_features(q, k, v, causal, scale=None, window=(-1, -1), softcap=0.0, sinks=None):
@@ -1031,7 +1030,7 @@ def reference_features(q, k, v, causal, scale=None, window=(-1, -1), softcap=0.0
         (1, 17, 17, 2, 2, 64, False, (-1, -1), 5.0, False),
         (1, 2048, 2048, 8, 2, 64, True, (127, 0), 0.0, True),  # gpt-oss' sliding layer
         (1, 300, 20, 2, 2, 128, False, (5, 5), 0.0, True),     # rows that see no key
-        # Issue 24's head dims: Gemma 2's softcap 50 with a causal window (d256), Phi-3 (d96).
+        # Head dims 96 and 256: Gemma 2's softcap 50 with a causal window (d256), Phi-3 (d96).
         (1, 1000, 1000, 8, 4, 256, True, (255, 0), 50.0, False),
         (2, 17, 300, 4, 2, 256, True, (-1, -1), 50.0, True),
         (1, 1, 1000, 8, 1, 256, False, (100, 0), 0.0, True),

@@ -1,4 +1,4 @@
-"""Training through issue 24's features (branch bwdfeat): sliding windows, softcap and learnable
+"""Training through the window, softcap and sink features: sliding windows, softcap and learnable
 sinks in the backward. flash_attn_func's gradients (dq, dk, dv and the sink's) against float64
 autograd of a reference with the same features; bitwise run-to-run determinism; the backward op's
 opcheck; what is still refused; and a training step of scaled-down Mistral (window), Gemma 2 (head

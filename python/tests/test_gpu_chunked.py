@@ -1,4 +1,4 @@
-"""Chunked prefill over a KV cache on the GPU (issue 22): flash_attn_with_kvcache with more than 16
+"""Chunked prefill over a KV cache on the GPU: flash_attn_with_kvcache with more than 16
 new positions per sequence, dense or packed with cu_seqlens_q, over contiguous and paged caches,
 against a float64 reference per sequence; the cache contents after the append; a prompt prefilled
 chunk by chunk against the one-shot prefill (bits); left padding; torch.compile and CUDA graphs.

@@ -1,4 +1,4 @@
-"""Issue 24's features beyond dense calls on the GPU: window_size, softcap and learnable_sink in
+"""The window, softcap and sink features beyond dense calls on the GPU: window_size, softcap and learnable_sink in
 flash_attn_varlen_func (per sequence), flash_attn_with_kvcache (decode over contiguous and paged
 caches, public and secret counts, left padding, the fused append) and its chunked prefill, against
 a float64 reference; the same calls under torch.compile(fullgraph=True) and CUDA-graph replay

@@ -1,4 +1,4 @@
-"""GPU: flashcore's forward launched as a programmatic dependent (issue 25, lead (e)) right after
+"""GPU: flashcore's forward launched as a programmatic dependent right after
 PyTorch kernels that write its inputs — cuBLAS GEMMs projecting Q, K, V, then an elementwise
 kernel on Q as its immediate predecessor — eagerly and replayed from a CUDA graph (where the
 launch attribute becomes a programmatic edge). The attention waits (`griddepcontrol.wait`) before

@@ -1,4 +1,4 @@
-"""flash_attn_varlen_func on the GPU (issue 22): packed sequences against a float64 reference per
+"""flash_attn_varlen_func on the GPU: packed sequences against a float64 reference per
 sequence, seqused_k, torch.compile(fullgraph=True), CUDA graph capture (with cu_seqlens changed
 between replays: the work list is built on the device), opcheck, two streams at once, errors.
 Skips visibly without a usable GPU; FLASHCORE_REQUIRE_GPU=1 turns the skips into failures."""
@@ -196,7 +196,7 @@ def test_errors_before_launch():
         f(q, k, v, cq, ck, 5, 6, dropout_p=0.1)
     with pytest.raises(ValueError, match="max_seqlen_q"):
         f(q, k, v, cq, ck, -1, 6)
-    # Varlen trains (issue 23): autograd records the call instead of refusing it
+    # Varlen trains: autograd records the call instead of refusing it
     # (test_gpu_varlen_backward.py checks the gradients).
     assert f(q.clone().requires_grad_(), k, v, cq, ck, 5, 6).requires_grad
     check_cu = flashcore.varlen.check_cu_seqlens

@@ -1,4 +1,4 @@
-"""Training through flash_attn_varlen_func on the GPU (issues 22 + 23): gradients of packed
+"""Training through flash_attn_varlen_func on the GPU: gradients of packed
 sequences of mixed lengths (empty ones too, Sq != Sk, GQA, causal and not, seqused_k/seqused_q,
 every head dim; windows, softcap and learnable sinks) against float64 autograd per
 sequence; bitwise run to run and independent of the neighbours;
@@ -181,7 +181,7 @@ def test_what_has_no_backward_is_refused():
 
 
 def feature_reference(q, k, v, d_o, lq, lk, causal, window, softcap, sinks):
-    """float64 autograd per sequence with issue 24's features (each window bottom-right aligned to
+    """float64 autograd per sequence with the window, softcap and sink features (each window bottom-right aligned to
     the sequence's own lengths; sinks join every row's denominator): (dq, dk, dv, dsink)."""
     hq, hkv, d = q.shape[1], k.shape[1], q.shape[2]
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
@@ -290,7 +290,7 @@ def test_varlen_feature_bits_are_deterministic_and_opcheck():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("case", [(64, (15, 0), 10.0, True), (128, (15, 0), 0.0, False), (64, (127, 0), 0.0, True)])
 def test_padded_pack_feature_gradients_match_float64(case, dtype):
-    """A padded batch with issue 24's features as the HF backend packs it: slot b of S rows, its
+    """A padded batch with the window, softcap and sink features as the HF backend packs it: slot b of S rows, its
     sequence from row b·S + start[b] (left padding), used[b] tokens (seqused_q = seqused_k), a
     causal window, softcap and sinks; every used row's gradients against float64, all other rows 0."""
     d, window, softcap, with_sinks = case

@@ -1,4 +1,4 @@
-"""flash_attn_varlen_func(..., secret_lengths=) on the GPU (issue 22): public slots, secret true
+"""flash_attn_varlen_func(..., secret_lengths=) on the GPU: public slots, secret true
 lengths. Against a float64 reference of each sequence's true length (0, 1, 17, 129, odd ones,
 slots longer than lengths), rows past a length exactly 0 (LSE -inf), the bits of a sequence
 independent of its neighbours' lengths and of its slot past its length, torch.compile and a CUDA

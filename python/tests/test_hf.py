@@ -84,7 +84,7 @@ def test_what_sdpa_cannot_express_goes_to_eager(gpu, kwargs, want):
 
 @pytest.mark.parametrize("case", ["sinks", "softcap", "window", "all"])
 def test_sinks_softcap_and_windows_are_served(gpu, case):
-    # Issue 24: flashcore computes gpt-oss' sinks, Gemma 2's softcap and windows (64 keys, a
+    # Flashcore computes gpt-oss' sinks, Gemma 2's softcap and windows (64 keys, a
     # window of 63 with no mask: window_size (62, 0)) itself.
     kwargs = {
         "sinks": dict(s_aux=torch.zeros(4, device="cuda")),
@@ -144,7 +144,7 @@ def test_what_sdpa_expresses_goes_to_sdpa(gpu, monkeypatch):
         assert got == want and fh.fallback_path(want) == "sdpa"
     w = torch.empty(2, 4, 64, 64, dtype=BF16, device="cuda", requires_grad=True)
     assert reason(w, k, v) is None  # training is served (flashcore.autograd)
-    # Head dims 96 and 256 are served for inference and training (branch bwdhd).
+    # Head dims 96 and 256 are served for inference and training.
     for d in (96, 256):
         assert reason(*qkv(d=d)) is None
         qd, kd, vd = qkv(d=d)

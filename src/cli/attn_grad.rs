@@ -34,7 +34,7 @@ pub fn attn_grad(args: &AttnArgs, sinks: Option<&[f32]>) -> Result<()> {
         ));
     }
     if super::attn_varlen::has_varlen(&args.input)? {
-        // Packed sequences with cu_seqlens: the varlen backward (issues 22 + 23).
+        // Packed sequences with cu_seqlens: the varlen backward.
         return super::attn_varlen::attn_varlen(args, None);
     }
     let input = tensor_io::read_attn_input(&args.input, args.layout)?;

@@ -35,8 +35,8 @@ impl Variant {
         } else {
             128
         };
-        // d128 non-causal with at least 4096 keys: 176-key blocks, as FA3 (PERF_NOTES, branch
-        // fwdperf: −2 to −4% at 4k–16k, flat below). A rule of Sk alone, never of the batch, so
+        // d128 non-causal with at least 4096 keys: 176-key blocks, as FA3 (PERF_NOTES, "d128
+        // non-causal on 176-key blocks": −2 to −4% at 4k–16k, flat below). A rule of Sk alone, never of the batch, so
         // the light-tile rule keeps it (64-row tiles on 176 keys) and bits stay batch-invariant.
         // d256 with at least 1024 keys (causal: 4096): 80-key blocks, as FA3 and FA4 (PERF_NOTES,
         // "d256 on 80-key blocks" and "d256 causal: the rule takes 80-key blocks": non-causal

@@ -1,4 +1,4 @@
-// Public buffers (docs/design.md §1, "Metadata"; issue 21): kernels that read a paged KV cache's block
+// Public buffers (docs/design.md §1, "Metadata"): kernels that read a paged KV cache's block
 // table and cache_seqlens from device memory. tests/audit_public.rs audits each with and without
 // the metadata pointer declared public (`--public-param`) and asserts the verdict it states here.
 // Everything else global memory holds (K, what K's bytes say) stays secret.
