@@ -50,6 +50,39 @@ pub fn decode_split_blocks() -> Option<usize> {
     *FIXED.get_or_init(|| number("FLASHCORE_DECODE_SPLIT").filter(|n| (1..=4096).contains(n)))
 }
 
+/// `FLASHCORE_PAGED_PREFILL=kernel`, read on every call: chunked prefill over a paged cache reads
+/// the pages in the varlen kernel (its paged build, audited and shipped). Unset, a paged cache is
+/// refused by the Rust chunked call and gathered into a contiguous copy by the Python one: the
+/// in-kernel read becomes the default once its GPU tests and timings are on record.
+pub fn paged_prefill_in_kernel() -> bool {
+    std::env::var("FLASHCORE_PAGED_PREFILL").as_deref().map(str::trim) == Ok("kernel")
+}
+
+/// The L2 promotion of decode's K/V tensor maps (`FLASHCORE_DECODE_KV_L2`, read once per
+/// process): how many bytes around each TMA read the L2 fetches from DRAM. It changes which bytes
+/// a load brings into the L2, never the bytes it delivers: the output bits are the same.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum L2Promotion {
+    None,
+    B64,
+    B128,
+    /// Unset or anything else: 256 bytes, as every other map.
+    B256,
+}
+
+/// `FLASHCORE_DECODE_KV_L2=none|64|128|256`.
+pub fn decode_kv_l2() -> L2Promotion {
+    static MODE: OnceLock<L2Promotion> = OnceLock::new();
+    *MODE.get_or_init(|| {
+        match std::env::var("FLASHCORE_DECODE_KV_L2").as_deref().map(str::trim) {
+            Ok("none") => L2Promotion::None,
+            Ok("64") => L2Promotion::B64,
+            Ok("128") => L2Promotion::B128,
+            _ => L2Promotion::B256,
+        }
+    })
+}
+
 /// The values of `FLASHCORE_PDL`: when the forward launches as a programmatic dependent of the
 /// previous kernel in its stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

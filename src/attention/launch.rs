@@ -534,10 +534,20 @@ impl Plan {
             None => (p.batch, p.seqlen_k),
         };
         let box_rows = self.kv_box_rows();
+        // Decode streams each K/V byte once: the promotion is a measurement knob there.
+        let l2 = match self.decode {
+            Some(_) => crate::knobs::decode_kv_l2(),
+            None => crate::knobs::L2Promotion::B256,
+        };
         let mut kv = |ptr, st| {
             maps.get_or_encode(MapOperand::Kv, ptr, st, || {
-                tensor_map::encode(
-                    ptr, p.dtype, st, kv_batch, kv_seq, p.heads_kv, p.head_dim, box_rows,
+                tensor_map::encode_with_l2(
+                    ptr,
+                    p.dtype,
+                    st,
+                    [kv_batch, kv_seq, p.heads_kv, p.head_dim],
+                    box_rows,
+                    l2,
                 )
             })
         };

@@ -3,6 +3,7 @@
 //! layout the kernel's wgmma descriptors expect. Out-of-range rows read as zeros.
 
 use crate::error::{Error, Result};
+use crate::knobs::L2Promotion;
 use crate::spec::DType;
 use crate::spec::Strides;
 use cudarc::driver::sys;
@@ -52,6 +53,7 @@ pub fn encode_packed(
         dims,
         [sh, ss, sb],
         [swizzle_elems(head_dim), pack, rows / pack, 1],
+        L2Promotion::B256,
     )
 }
 
@@ -72,6 +74,25 @@ pub fn encode(
     head_dim: usize,
     box_rows: u32,
 ) -> Result<sys::CUtensorMap> {
+    encode_with_l2(
+        ptr,
+        dtype,
+        strides,
+        [batch, seqlen, heads, head_dim],
+        box_rows,
+        L2Promotion::B256,
+    )
+}
+
+/// [`encode`] with the L2 promotion given: `[batch, seqlen, heads, head_dim]` as there.
+pub fn encode_with_l2(
+    ptr: u64,
+    dtype: DType,
+    strides: Strides,
+    [batch, seqlen, heads, head_dim]: [usize; 4],
+    box_rows: u32,
+    l2: L2Promotion,
+) -> Result<sys::CUtensorMap> {
     let [sb, ss, sh] = byte_strides(strides, dtype);
     let dims: [u64; 4] = [head_dim as u64, seqlen as u64, heads as u64, batch as u64];
     // Byte strides of dims 1..3 (dim 0 is contiguous).
@@ -81,6 +102,7 @@ pub fn encode(
         dims,
         [ss, sh, sb],
         [swizzle_elems(head_dim), box_rows, 1, 1],
+        l2,
     )
 }
 
@@ -91,6 +113,7 @@ fn encode_dims(
     dims: [u64; 4],
     strides: [u64; 3],
     boxes: [u32; 4],
+    l2: L2Promotion,
 ) -> Result<sys::CUtensorMap> {
     let elem_strides: [u32; 4] = [1, 1, 1, 1];
     let data_type = match dtype {
@@ -111,7 +134,12 @@ fn encode_dims(
             elem_strides.as_ptr(),
             sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
             swizzle_mode(dims[0] as usize),
-            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            match l2 {
+                L2Promotion::None => sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_NONE,
+                L2Promotion::B64 => sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_64B,
+                L2Promotion::B128 => sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                L2Promotion::B256 => sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            },
             sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
         )
     };
