@@ -16,14 +16,15 @@
 #endif
 // KV-cache builds of decode mode (fc_decode.cuh): FC_KV_PUBLIC reads each sequence's key count
 // from lens_ptr as public metadata (FC_SECRET_LEN: as a secret); FC_PAGED reads K/V pages
-// through a block table (fc_producer.cuh). Other builds do not pass them.
+// through a block table (fc_producer.cuh), in decode builds and in varlen builds (chunked
+// prefill over a paged cache). Other builds do not pass them.
 #ifndef FC_KV_PUBLIC
 #define FC_KV_PUBLIC 0
 #endif
 #ifndef FC_PAGED
 #define FC_PAGED 0
 #endif
-static_assert(!(FC_KV_PUBLIC || FC_PAGED) || FC_DECODE, "KV-cache builds are decode builds");
+static_assert(!FC_KV_PUBLIC || FC_DECODE, "KV-cache builds are decode builds");
 // Every KV-cache build (key counts public or secret): these also take per-sequence first keys
 // (flash-attn's cache_leftpad) in starts_ptr.
 #define FC_KV_CACHE (FC_DECODE && (FC_KV_PUBLIC || FC_SECRET_LEN))
@@ -34,6 +35,7 @@ static_assert(!(FC_KV_PUBLIC || FC_PAGED) || FC_DECODE, "KV-cache builds are dec
 #ifndef FC_VARLEN
 #define FC_VARLEN 0
 #endif
+static_assert(!FC_PAGED || FC_DECODE || FC_VARLEN, "paged caches: decode or varlen builds");
 // Softcap builds: the scores go through softcap_out · tanh(s · softcap_in) before the
 // softmax. Plain 128-row prefill tiles, varlen tiles and KV-cache decode (public or secret
 // counts); other builds do not pass the define (no secret-length prefill, no cluster split, no
@@ -89,8 +91,9 @@ constexpr int GROUP_BYTES = 8 * ROW_BYTES;  // one 8-row swizzle atom (the descr
 // d256 varlen softcap builds (a tile's sequence fields and the tanh beside the 128-register O)
 // take 240 and leave the producer 24 (its one TMA-issuing thread needs no more; FA3 splits
 // 24/240 too): at 232, ptxas parked an mbarrier address under a lane predicate it recomputed
-// in between, which the audit cannot prove public.
-constexpr bool WIDE_CONSUMERS = D > 128 && CONSUMERS == 2 && FC_VARLEN && FC_SOFTCAP;
+// in between, which the audit cannot prove public. Not the paged ones: their 128-thread
+// producer (the gather) spilled at 24, and at 232/40 they audit clean.
+constexpr bool WIDE_CONSUMERS = D > 128 && CONSUMERS == 2 && FC_VARLEN && FC_SOFTCAP && !FC_PAGED;
 // 176-key tiles hold an 88-register S and 44 of P beside the 64 of O: 240/24 as well.
 constexpr bool LONG_KEYS = BN == 176;
 // d256 on 80-key blocks: S 40 + P 20 beside the 128 of O; at 232 ptxas spilled (PERF_NOTES).
@@ -132,7 +135,7 @@ struct Params {
     // Paged KV caches (FC_PAGED, fc_producer.cuh): the block table is public metadata
     // (allocator state, DESIGN.md §1), and so are FC_KV_PUBLIC's key counts in lens_ptr.
     uint64_t table_ptr;      // paged cache: i32 [B][table_stride] page indices; 0: contiguous K/V
-    int32_t table_stride;    // the table's row length (pages per sequence)
+    int32_t table_stride;    // the table's row length (pages per sequence; varlen: B · that, one row)
     int32_t num_pages;       // pages in the pool (entries are clamped into it)
     int32_t page_shift;      // log2(page size)
     int32_t box_rows;        // rows per K/V TMA box: min(page size, BN), or BN when contiguous

@@ -10,10 +10,18 @@
 #include "fc_tma.cuh"
 
 #if FC_PAGED
-// A paged KV cache (decode mode): K and V are pools of pages; a K/V block of BN keys is one TMA
-// box of box_rows = min(page size, BN) rows per page it spans, each page looked up in the block
-// table (public metadata, DESIGN.md §1) and clamped into the pool, so no entry can address
-// outside it. Boxes land 16-row aligned, so the 128-byte swizzle matches a whole-block load's.
+// A paged KV cache (decode, and varlen for chunked prefill): K and V are pools of pages; a K/V
+// block of BN keys is one TMA box of box_rows = min(page size, BN) rows per page it spans, each
+// page looked up in the block table (public metadata, DESIGN.md §1) and clamped into the pool,
+// so no entry can address outside it. Boxes land 16-row aligned, so the 128-byte swizzle
+// matches a whole-block load's.
+//
+// Varlen builds address a virtual pack: sequence b's key j is row b · capacity + j, capacity a
+// whole number of pages, and the table ([B][pages per sequence], row-major) is read as one row of
+// B · pages-per-sequence entries (table_stride), so virtual row r's page is entry r / page_size —
+// table[b][j / page_size]. The work list's key start is b · capacity plus the sequence's first
+// key; the host takes TMA boxes only where every such start is a whole number of boxes (no left
+// padding), else the gather below, which takes any row.
 constexpr int MAX_BOXES = cfg::BN / 16;  // the smallest page is 16 rows
 
 struct BlockPages {
@@ -60,6 +68,10 @@ constexpr int ROW_PIECES = cfg::D / 8;                // 16-byte pieces in one k
 constexpr int ATOM_PIECES = cfg::ROW_BYTES / 16;      // pieces per swizzled row (8 or 4)
 constexpr uint32_t SWIZZLE = cfg::ROW_BYTES / 16 - 1;  // 128-byte swizzle: 7; 64-byte: 3
 constexpr int GATHER_STEPS = cfg::BN * ROW_PIECES / 128;
+// Copies in flight per thread before the loop goes round: four, or one in the d256 varlen
+// builds, whose producer keeps 40 registers beside two 232-register consumers (unrolled, the
+// loop's addresses spilled).
+constexpr int GATHER_UNROLL = FC_VARLEN && cfg::D > 128 ? 1 : 4;
 static_assert(cfg::BN * ROW_PIECES % 128 == 0, "whole gather steps");
 
 FC_DEVICE void cp_async_16(uint32_t dst, const void* src) {
@@ -81,7 +93,7 @@ FC_DEVICE void gather_kv_block(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][cfg::SW_ELE
                                int key_row, int kv_head, int tid) {
     const int32_t* table = reinterpret_cast<const int32_t*>(p.table_ptr) + (int64_t)batch * p.table_stride;
     const uint16_t* base = reinterpret_cast<const uint16_t*>(pool) + kv_head * stride[2];
-#pragma unroll 4
+#pragma unroll GATHER_UNROLL
     for (int n = 0; n < GATHER_STEPS; ++n) {
         const int i = tid + 128 * n;
         const int r = i / ROW_PIECES;  // the block's row (a key); consecutive threads: one row
@@ -155,20 +167,25 @@ FC_DEVICE void producer(const Params& p, Shared& s) {
                 const uint32_t phase = ring_phase(g);
                 const int key_row = kv_block(kv, it) * cfg::BN;
 #if FC_PAGED
+#if FC_VARLEN
+                const int page_row = t.k_start + key_row;  // the virtual pack's row (t.batch is 0)
+#else
+                const int page_row = key_row;
+#endif
                 if (p.gather) {
                     mbar_wait(&s.k_empty[stage], phase ^ 1);
-                    gather_kv_block(s.k[stage], p.k_ptr, p.k_stride, &s.k_full[stage], p, t.batch, key_row, kv_head, tid);
+                    gather_kv_block(s.k[stage], p.k_ptr, p.k_stride, &s.k_full[stage], p, t.batch, page_row, kv_head, tid);
                     mbar_wait(&s.v_empty[stage], phase ^ 1);
-                    gather_kv_block(s.v[stage], p.v_ptr, p.v_stride, &s.v_full[stage], p, t.batch, key_row, kv_head, tid);
+                    gather_kv_block(s.v[stage], p.v_ptr, p.v_stride, &s.v_full[stage], p, t.batch, page_row, kv_head, tid);
                     continue;
                 }
-                const BlockPages bp = block_pages(p, t.batch, key_row);
+                const BlockPages bp = block_pages(p, t.batch, page_row);
                 mbar_wait(&s.k_empty[stage], phase ^ 1);
                 mbar_arrive_expect_tx(&s.k_full[stage], cfg::KV_BYTES);
-                load_kv_block(s.k[stage], &p.k_map, &s.k_full[stage], p, bp, key_row, kv_head);
+                load_kv_block(s.k[stage], &p.k_map, &s.k_full[stage], p, bp, page_row, kv_head);
                 mbar_wait(&s.v_empty[stage], phase ^ 1);
                 mbar_arrive_expect_tx(&s.v_full[stage], cfg::KV_BYTES);
-                load_kv_block(s.v[stage], &p.v_map, &s.v_full[stage], p, bp, key_row, kv_head);
+                load_kv_block(s.v[stage], &p.v_map, &s.v_full[stage], p, bp, page_row, kv_head);
 #else
 #if FC_VARLEN
                 // Keys of the sequence from its first token; those past its count (the next

@@ -10,7 +10,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 dest="$here/.cuda-nvcc"
 stamp="$dest/.installed-v1"
 if [ ! -f "$stamp" ]; then
-  python3 -m pip install --quiet --disable-pip-version-check --target "$dest" --upgrade \
+  python3 -m pip install --quiet --disable-pip-version-check --no-cache-dir --target "$dest" --upgrade \
     nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 \
     nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85
   touch "$stamp"

@@ -8,7 +8,7 @@ here=$(cd "$(dirname "$0")/.." && pwd)
 dest="$here/.cuda-tools"
 stamp="$dest/.installed-v2"
 [ -f "$stamp" ] && exit 0
-python3 -m pip install --quiet --disable-pip-version-check --target "$dest" --upgrade \
+python3 -m pip install --quiet --disable-pip-version-check --no-cache-dir --target "$dest" --upgrade \
   nvidia-cuda-nvrtc==13.0.88 \
   nvidia-cuda-runtime==13.0.96 \
   nvidia-cuda-cccl==13.0.85 \

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The Python package's tests (python/tests): a virtual environment in .venv-py/ with PyPI's torch
-# (its CUDA wheel imports on a machine without a GPU; ~1 min, ~4.6 GB with its CUDA libraries),
+# (its CUDA wheel imports on a machine without a GPU; ~1 min, ~4.9 GB with its CUDA libraries),
 # transformers and pytest, then flashcore built from ./python by pip (maturin; reuses target/).
 # GPU tests skip visibly without an sm_90 GPU. Called by scripts/test.sh; FLASHCORE_PYTHON_TESTS=0
-# skips it.
+# skips it. pip keeps no download cache (the wheels would take ~3 GB more);
+# FLASHCORE_PY_VENV_DISPOSABLE=1 (CI's one-shot clone) removes the environment after the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ "${FLASHCORE_PYTHON_TESTS:-1}" == "0" ]]; then
@@ -12,12 +13,18 @@ if [[ "${FLASHCORE_PYTHON_TESTS:-1}" == "0" ]]; then
 fi
 venv="${FLASHCORE_PY_VENV:-.venv-py}"
 py="$venv/bin/python"
+if [[ "${FLASHCORE_PY_VENV_DISPOSABLE:-0}" == "1" ]]; then
+    trap 'rm -rf "$venv"' EXIT
+fi
 if [[ ! -x "$py" ]]; then
     python3 -m venv "$venv"
 fi
+pip_install() {
+    "$py" -m pip install -q --disable-pip-version-check --no-cache-dir "$@"
+}
 # Pinned to what the GPU machine runs, so CPU and GPU results speak of the same versions.
-"$py" -m pip install -q --disable-pip-version-check torch==2.11.0 transformers==5.17.0 numpy pytest
-"$py" -m pip install -q --disable-pip-version-check ./python
+pip_install torch==2.11.0 transformers==5.17.0 numpy pytest
+pip_install ./python
 echo "== python tests"
 # From the repository root, so `import flashcore` finds the installed package, not python/flashcore.
 "$py" -m pytest -q -rs -p no:cacheprovider python/tests

@@ -24,14 +24,14 @@ fn sass(cubin: &[u8], name: &str) -> String {
 }
 
 /// The shipped forward set, counted by hand so that a family added or lost shows: per dtype
-/// (f16, bf16) and mask (causal, full), 15 families at every head dim — plain and secret-length
-/// prefill, 64-row tiles, decode, varlen, the four KV-cache builds (counts public/secret ×
-/// contiguous/paged), and softcap twins of the 128-row prefill, varlen and the four KV-cache
-/// builds — and 5 at d64 only (split 2 and 4, secret-length split 2 and 4, 192 rows); plus, per
+/// (f16, bf16) and mask (causal, full), 17 families at every head dim — plain and secret-length
+/// prefill, 64-row tiles, decode, varlen over a pack and over a paged cache, the four KV-cache
+/// builds (counts public/secret × contiguous/paged), and softcap twins of the 128-row prefill,
+/// both varlen builds and the four KV-cache builds — and 5 at d64 only (split 2 and 4, secret-length split 2 and 4, 192 rows); plus, per
 /// dtype, d128 non-causal at 176 keys and d256 at 80 keys (causal and not), each in 64- and
 /// 128-row tiles. A new head dim changes only `SUPPORTED_HEAD_DIMS`.
 fn expected_variants() -> usize {
-    2 * (2 * (15 * flashcore::spec::SUPPORTED_HEAD_DIMS.len() + 5) + 2 + 4)
+    2 * (2 * (17 * flashcore::spec::SUPPORTED_HEAD_DIMS.len() + 5) + 2 + 4)
 }
 
 #[test]

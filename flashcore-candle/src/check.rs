@@ -365,6 +365,7 @@ impl VarlenSpec {
             seqused_q: 0,
             workspace: base[4],
             sinks: 0,
+            pages: None,
         }
     }
 

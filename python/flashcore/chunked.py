@@ -8,8 +8,10 @@ pack whose sequence b starts at token ``b · (batch stride / row stride)``, so `
 that arithmetic series (plus each left padding) and ``seqused_k`` each sequence's key count after
 the append. Nothing is synchronised with the host: the call runs inside CUDA graphs and
 ``torch.compile``. A paged cache is first gathered into one contiguous copy of the batch's pages
-(one torch indexing launch, ~``B · capacity`` rows of K and V: time and memory a kernel-side
-paged varlen read would save, which flashcore does not have yet).
+(one torch indexing launch, ~``B · capacity`` rows of K and V), unless
+``FLASHCORE_PAGED_PREFILL=kernel``: then the varlen kernel's paged build reads the pages through
+the block table itself (``torch.ops.flashcore.chunked_paged``; any page size, the same bits), with
+no copy. The in-kernel read becomes the default once its GPU tests and timings are on record.
 
 New rows (``k``, ``v``) are written into the cache with torch indexing before the attention:
 dense ``[B, n, Hkv, D]`` at rows ``cache_seqlens[b] ..`` of each sequence, or packed
@@ -23,9 +25,13 @@ rows of a one-shot causal prefill of the whole sequence (within the fp64-judged 
 tests also check the bits against ``flash_attn_varlen_func`` over the whole sequence).
 """
 
+import os
+from typing import Optional, Tuple
+
 import torch
 
-from . import _checks, varlen
+from . import _checks, _native, varlen
+from ._launch import _DTYPES, current_stream
 
 
 def _rows_per_batch(cache):
@@ -45,6 +51,83 @@ def _pack_view(cache, rows):
     b, s, h, d = cache.shape
     total = (b - 1) * rows + s
     return cache.as_strided((total, h, d), (cache.stride(1), cache.stride(2), cache.stride(3)))
+
+
+def _paged_in_kernel():
+    """``FLASHCORE_PAGED_PREFILL=kernel``, read on every call: the in-kernel paged read."""
+    return os.environ.get("FLASHCORE_PAGED_PREFILL", "").strip() == "kernel"
+
+
+def _pool_readable(t):
+    """A page pool ``[num_pages, page, Hkv, D]`` TMA can read in place (head dim contiguous,
+    16-byte aligned, strides of whole 16-byte units)."""
+    st = t.stride()
+    ok = (st[3] == 1 or t.shape[3] <= 1) and t.data_ptr() % 16 == 0
+    return ok and all(t.shape[i] <= 1 or (st[i] > 0 and st[i] % 8 == 0) for i in (0, 1, 2))
+
+
+@torch.library.custom_op("flashcore::chunked_paged", mutates_args=())
+def chunked_paged_op(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_table: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    seqused_k: torch.Tensor,
+    max_seqlen_q: int,
+    causal: bool,
+    scale: Optional[float],
+    return_lse: bool,
+    left_padded: bool,
+    window_left: int = -1,
+    window_right: int = -1,
+    softcap: float = 0.0,
+    sinks: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Packed queries q ``[total_q, Hq, D]`` over a paged cache read in the kernel: pools
+    ``[num_pages, page, Hkv, D]`` behind `block_table` (int32 ``[B, max_pages]``, contiguous).
+    The pack's keys are virtual rows (sequence b's key j is row ``b · capacity + j``, capacity =
+    ``max_pages · page``): `cu_seqlens_k` holds ``b · capacity`` plus each sequence's first key,
+    `seqused_k` its key count; `left_padded` when some first key is past ``b · capacity`` (the
+    kernel then gathers rows). Returns (out, lse ``[Hq, total_q]``, empty unless `return_lse`)."""
+    out, lse = varlen._outputs(q, return_lse)
+    b = cu_seqlens_q.shape[0] - 1
+    if q.shape[0] == 0 or b == 0:
+        return out, lse
+    q = varlen._readable(q)
+    kp = k_pool if _pool_readable(k_pool) else k_pool.contiguous()
+    vp = v_pool if _pool_readable(v_pool) else v_pool.contiguous()
+    page, hkv, d = kp.shape[1], kp.shape[2], kp.shape[3]
+    capacity = block_table.shape[1] * page
+    dev = q.get_device()
+    dtype = _DTYPES[q.dtype]
+    shape = varlen._shape(b, max_seqlen_q, capacity, q.shape[1], hkv, d)
+    n = _native.varlen_workspace_bytes(dtype, shape, bool(causal))
+    ws = torch.empty(max(n, 16), dtype=torch.uint8, device=q.device)
+    feats = {}
+    if (window_left, window_right) != (-1, -1):
+        feats["window"] = (window_left, window_right)
+    if softcap:
+        feats["softcap"] = softcap
+    if sinks is not None:
+        feats["sinks"] = sinks.data_ptr()
+    _native.attention_varlen(
+        dev, current_stream(dev), dtype, shape, bool(causal), scale,
+        varlen._desc(q), (kp.data_ptr(), tuple(kp.stride()[:3])), (vp.data_ptr(), tuple(vp.stride()[:3])),
+        varlen._desc(out), (q.shape[0], b * capacity), lse.data_ptr() if return_lse else 0,
+        (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(), seqused_k.data_ptr(), 0),
+        ws.data_ptr(),
+        pages=(block_table.data_ptr(), page, kp.shape[0], bool(left_padded)),
+        **feats,
+    )
+    return out, lse
+
+
+@chunked_paged_op.register_fake
+def _chunked_paged_fake(q, k_pool, v_pool, block_table, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, causal,
+                        scale, return_lse, left_padded, window_left=-1, window_right=-1, softcap=0.0, sinks=None):
+    return varlen._outputs(q, return_lse)
 
 
 def _gathered(cache, block_table):
@@ -181,27 +264,59 @@ def attention(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, cu_seqle
         raise ValueError("flashcore: cu_seqlens_k_new given without new k, v")
     else:
         counts = seqlens
-    kc, vc = (k_cache, v_cache) if block_table is None else (_gathered(k_cache, block_table), _gathered(v_cache, block_table))
-    rows = _rows_per_batch(kc)
-    if rows is None or _rows_per_batch(vc) != rows:
-        kc, vc = kc.contiguous(), vc.contiguous()
-        rows = capacity
-    cu_k = torch.arange(b + 1, device=q.device, dtype=torch.int32) * rows
-    used = counts.clamp(0, capacity)
-    if leftpad is not None:
-        start = torch.minimum(leftpad.clamp(min=0), used)
-        cu_k = cu_k + torch.cat([start, start.new_zeros(1)])
-        used = used - start
-    r = varlen.flash_attn_varlen_func(
-        q_pack, _pack_view(kc, rows), _pack_view(vc, rows), cu_q, cu_k, max_q, capacity,
-        softmax_scale=softmax_scale, causal=causal, seqused_k=used.to(torch.int32), return_lse=bool(return_lse),
-        window_size=feats[0], softcap=feats[1], learnable_sink=feats[2],
-    )
-    out, lse = r if return_lse else (r, None)
+    if block_table is not None and _paged_in_kernel():
+        out, lse = _paged(q_pack, k_cache, v_cache, block_table, counts, leftpad, cu_q, max_q, capacity, causal,
+                          softmax_scale, return_lse, feats)
+    else:
+        out, lse = _contiguous(q_pack, k_cache, v_cache, block_table, counts, leftpad, cu_q, max_q, capacity, causal,
+                               softmax_scale, return_lse, feats)
     if packed:
         return out, lse
     out = out.view(q.shape)
     if lse is not None:
         lse = lse.view(q.shape[2], b, q.shape[1]).permute(1, 0, 2).contiguous()
     return out, lse
+
+
+def _starts(b, rows, counts, leftpad, capacity, device):
+    """(cu_seqlens_k, seqused_k) of the cache as a pack whose sequence b starts at row
+    ``b · rows``: each first key (left padding) added, each count clamped to the capacity."""
+    cu_k = torch.arange(b + 1, device=device, dtype=torch.int32) * rows
+    used = counts.clamp(0, capacity)
+    if leftpad is not None:
+        start = torch.minimum(leftpad.clamp(min=0), used)
+        cu_k = cu_k + torch.cat([start, start.new_zeros(1)])
+        used = used - start
+    return cu_k, used.to(torch.int32)
+
+
+def _paged(q_pack, k_cache, v_cache, block_table, counts, leftpad, cu_q, max_q, capacity, causal, softmax_scale,
+           return_lse, feats):
+    """The pages read by the kernel through the table (no copy)."""
+    b = cu_q.shape[0] - 1
+    cu_k, used = _starts(b, capacity, counts, leftpad, capacity, q_pack.device)
+    window, softcap, sinks = feats
+    out, lse = chunked_paged_op(
+        q_pack, k_cache, v_cache, block_table.contiguous(), cu_q, cu_k, used, max_q, bool(causal), softmax_scale,
+        bool(return_lse), leftpad is not None, window[0], window[1], softcap, sinks,
+    )
+    return out, (lse if return_lse else None)
+
+
+def _contiguous(q_pack, k_cache, v_cache, block_table, counts, leftpad, cu_q, max_q, capacity, causal, softmax_scale,
+                return_lse, feats):
+    """The cache read as a contiguous pack in place (a paged cache gathered into one first)."""
+    b = cu_q.shape[0] - 1
+    kc, vc = (k_cache, v_cache) if block_table is None else (_gathered(k_cache, block_table), _gathered(v_cache, block_table))
+    rows = _rows_per_batch(kc)
+    if rows is None or _rows_per_batch(vc) != rows:
+        kc, vc = kc.contiguous(), vc.contiguous()
+        rows = capacity
+    cu_k, used = _starts(b, rows, counts, leftpad, capacity, q_pack.device)
+    r = varlen.flash_attn_varlen_func(
+        q_pack, _pack_view(kc, rows), _pack_view(vc, rows), cu_q, cu_k, max_q, capacity,
+        softmax_scale=softmax_scale, causal=causal, seqused_k=used, return_lse=bool(return_lse),
+        window_size=feats[0], softcap=feats[1], learnable_sink=feats[2],
+    )
+    return r if return_lse else (r, None)
 

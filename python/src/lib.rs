@@ -434,6 +434,10 @@ fn workspace_bytes(
 /// heads_kv, head_dim); q/out `[total_q, Hq, D]`, k/v `[total_k, Hkv, D]` given as (pointer,
 /// (0, seq stride, head stride)); `lse` fp32 `[Hq, total_q]` or 0; `cu_seqlens_*` i32 device
 /// pointers; `seqused_k`, `seqused_q` 0 for none; `workspace` of `varlen_workspace_bytes`.
+/// `pages` = (block table pointer, page size, pages in the pool, left padded): k/v are a paged
+/// cache's pools `[num_pages, page_size, Hkv, D]` given as (pointer, (page stride, row stride,
+/// head stride)), max_seqlen_k is the capacity and the pack's keys are virtual rows
+/// (`VarlenPages`).
 #[allow(clippy::too_many_arguments)]
 fn varlen_call(
     dtype: &str,
@@ -446,9 +450,20 @@ fn varlen_call(
     meta: (u64, u64, u64, u64),
     workspace: u64,
     features: Features,
+    pages: Option<VarlenPagesArg>,
 ) -> PyResult<external::VarlenCall> {
     let [q, k, v, out] = tensors;
     Ok(external::VarlenCall {
+        pages: pages.map(|(block_table, page_size, num_pages, left_padded)| {
+            external::varlen::VarlenPages {
+                block_table,
+                pages: Pages {
+                    page_size,
+                    num_pages,
+                },
+                left_padded,
+            }
+        }),
         params: features.apply(params(dtype, shape, causal, scale)?)?,
         total_q: totals.0,
         total_k: totals.1,
@@ -466,9 +481,13 @@ fn varlen_call(
     })
 }
 
+/// A paged cache behind a varlen call: (block table pointer, page size, pages in the pool,
+/// left padded).
+type VarlenPagesArg = (u64, usize, usize, bool);
+
 /// Checks a varlen call's shapes, alignment and strides without touching a GPU.
 #[pyfunction]
-#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, totals, lse, meta, workspace, window=(-1, -1), softcap=0.0, sinks=0))]
+#[pyo3(signature = (dtype, shape, causal, scale, q, k, v, out, totals, lse, meta, workspace, window=(-1, -1), softcap=0.0, sinks=0, pages=None))]
 #[allow(clippy::too_many_arguments)]
 fn validate_varlen(
     dtype: &str,
@@ -486,6 +505,7 @@ fn validate_varlen(
     window: (i64, i64),
     softcap: f64,
     sinks: u64,
+    pages: Option<VarlenPagesArg>,
 ) -> PyResult<()> {
     let features = Features {
         window,
@@ -503,6 +523,7 @@ fn validate_varlen(
         meta,
         workspace,
         features,
+        pages,
     )?;
     external::validate_varlen(&c).map_err(to_py)
 }
@@ -510,7 +531,7 @@ fn validate_varlen(
 /// Validates, then enqueues a varlen call on `stream` of device `device`: the work list is built
 /// on the device from `cu_seqlens` (no host synchronisation; capturable).
 #[pyfunction]
-#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, totals, lse, meta, workspace, window=(-1, -1), softcap=0.0, sinks=0))]
+#[pyo3(signature = (device, stream, dtype, shape, causal, scale, q, k, v, out, totals, lse, meta, workspace, window=(-1, -1), softcap=0.0, sinks=0, pages=None))]
 #[allow(clippy::too_many_arguments)]
 fn attention_varlen(
     py: Python<'_>,
@@ -531,6 +552,7 @@ fn attention_varlen(
     window: (i64, i64),
     softcap: f64,
     sinks: u64,
+    pages: Option<VarlenPagesArg>,
 ) -> PyResult<()> {
     let features = Features {
         window,
@@ -548,6 +570,7 @@ fn attention_varlen(
         meta,
         workspace,
         features,
+        pages,
     )?;
     let ctx = context(device)?;
     py.detach(move || {
@@ -559,9 +582,10 @@ fn attention_varlen(
 
 /// Loads the varlen kernel of a shape for `stream` (each stream has its own instance: its work
 /// list): the warm-up before capturing a CUDA graph on that stream. A softcap (any value > 0)
-/// selects its own build.
+/// and a paged cache (`paged`) select their own builds.
 #[pyfunction]
-#[pyo3(signature = (device, stream, dtype, shape, causal, softcap=0.0))]
+#[pyo3(signature = (device, stream, dtype, shape, causal, softcap=0.0, paged=false))]
+#[allow(clippy::too_many_arguments)]
 fn prepare_varlen(
     py: Python<'_>,
     device: usize,
@@ -570,6 +594,7 @@ fn prepare_varlen(
     shape: Shape,
     causal: bool,
     softcap: f64,
+    paged: bool,
 ) -> PyResult<()> {
     let f = Features {
         softcap,
@@ -577,7 +602,7 @@ fn prepare_varlen(
     };
     let p = f.apply(params(dtype, shape, causal, None)?)?;
     let ctx = context(device)?;
-    py.detach(move || ctx.prepare_varlen(&p, stream as cudarc::driver::sys::CUstream))
+    py.detach(move || ctx.prepare_varlen(&p, paged, stream as cudarc::driver::sys::CUstream))
         .map_err(to_py)
 }
 

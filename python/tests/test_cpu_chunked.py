@@ -121,6 +121,30 @@ def test_packed_and_paged_chunk_shapes(fake):
     assert out.shape == q.shape and lse.shape == (16, 300)
 
 
+def test_paged_chunk_read_in_the_kernel_copies_nothing(fake, monkeypatch):
+    """With FLASHCORE_PAGED_PREFILL=kernel the pages go to the kernel through the block table
+    (torch.ops.flashcore.chunked_paged): no gathered copy, the same output shapes."""
+    monkeypatch.setenv("FLASHCORE_PAGED_PREFILL", "kernel")
+
+    def no_gather(*_):
+        raise AssertionError("the pool was gathered into a copy")
+
+    monkeypatch.setattr(chunked, "_gathered", no_gather)
+    q = cuda(300, 16, 128)
+    pool = cuda(40, 7, 4, 128)  # 7-row pages: the kernel gathers rows itself
+    table = torch.zeros(3, 8, dtype=torch.int32, device="cuda")
+    cu = torch.zeros(4, dtype=torch.int32, device="cuda")
+    lens = torch.zeros(3, dtype=torch.int32, device="cuda")
+    k = cuda(300, 4, 128)
+    out, lse = flashcore.flash_attn_with_kvcache(q, pool, pool, k, k, cache_seqlens=lens, block_table=table,
+                                                 cu_seqlens_q=cu, max_seqlen_q=200, causal=True,
+                                                 return_softmax_lse=True, cache_leftpad=lens)
+    assert out.shape == q.shape and lse.shape == (16, 300)
+    dense = flashcore.flash_attn_with_kvcache(cuda(3, 40, 16, 128), pool, pool, cache_seqlens=lens,
+                                              block_table=table, causal=True)
+    assert dense.shape == (3, 40, 16, 128)
+
+
 # --- errors ----------------------------------------------------------------------------------
 
 

@@ -1,7 +1,8 @@
 """Chunked prefill over a KV cache on the GPU: flash_attn_with_kvcache with more than 16
 new positions per sequence, dense or packed with cu_seqlens_q, over contiguous and paged caches,
 against a float64 reference per sequence; the cache contents after the append; a prompt prefilled
-chunk by chunk against the one-shot prefill (bits); left padding; torch.compile and CUDA graphs.
+chunk by chunk against the one-shot prefill (bits); the pages read in the kernel against the
+gathered copy (bits); left padding; torch.compile and CUDA graphs.
 Skips visibly without a usable GPU; FLASHCORE_REQUIRE_GPU=1 turns the skips into failures."""
 
 import math
@@ -139,6 +140,48 @@ def test_chunk_by_chunk_prefill_gives_the_one_shot_bits(dtype, page):
     dense = flashcore.flash_attn_func(q[None], k[None], v[None], causal=True)[0]
     want = ref_rows(q, k, v, True)
     assert rel_l2(chunked, want) <= TOL[dtype] and rel_l2(dense, want) <= TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("page", [1, 7, 16, 48, 64, 256])
+@pytest.mark.parametrize("leftpad", [False, True])
+def test_paged_chunked_prefill_read_in_the_kernel_gives_the_gathered_bits(dtype, page, leftpad, monkeypatch):
+    """FLASHCORE_PAGED_PREFILL=kernel (the varlen kernel reads the pages through the table: TMA
+    boxes or, for other page sizes and with left padding, a row gather) against the default path
+    (the pages gathered into a contiguous copy first): the same output and LSE bits, the same
+    cache after the append; rows past each count hold NaN."""
+    gen = torch.Generator(device="cuda").manual_seed(torch.seed() % 2**31)
+    b, cap, hq, hkv, d = 3, 5376, 8, 2, 128  # 5376: a whole number of every page size
+    counts, new = [0, 17, 3000], [1, 300, 33]
+    cache_k = torch.randn(b, cap, hkv, d, device="cuda", generator=gen).to(dtype)
+    cache_v = torch.randn(b, cap, hkv, d, device="cuda", generator=gen).to(dtype)
+    for i in range(b):
+        cache_k[i, counts[i] + new[i]:] = float("nan")
+        cache_v[i, counts[i] + new[i]:] = float("nan")
+    q = torch.randn(sum(new), hq, d, device="cuda", generator=gen).to(dtype)
+    k = torch.randn(sum(new), hkv, d, device="cuda", generator=gen).to(dtype)
+    v = torch.randn(sum(new), hkv, d, device="cuda", generator=gen).to(dtype)
+    cu = torch.tensor([0] + torch.tensor(new).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    kc, table = paged(cache_k, page, torch.Generator().manual_seed(11))
+    vc, _ = paged(cache_v, page, torch.Generator().manual_seed(11))
+    kw = dict(cache_seqlens=torch.tensor(counts, dtype=torch.int32, device="cuda"), causal=True,
+              cu_seqlens_q=cu, max_seqlen_q=max(new), block_table=table, return_softmax_lse=True)
+    if leftpad:
+        kw["cache_leftpad"] = torch.tensor([0, 5, 1001], dtype=torch.int32, device="cuda")
+    runs = []
+    for mode in (None, "kernel"):
+        if mode is None:
+            monkeypatch.delenv("FLASHCORE_PAGED_PREFILL", raising=False)
+        else:
+            monkeypatch.setenv("FLASHCORE_PAGED_PREFILL", mode)
+        kp, vp = kc.clone(), vc.clone()
+        out, lse = flashcore.flash_attn_with_kvcache(q, kp, vp, k, v, **kw)
+        runs.append((out, lse, kp, vp))
+    (og, lg, kg, vg), (ok, lk, kk, vk) = runs
+    assert torch.equal(kg, kk) and torch.equal(vg, vk), "the append differs"
+    assert not torch.isnan(ok).any()
+    assert torch.equal(ok, og), "out bits differ from the gathered path's"
+    assert torch.equal(lk, lg), "LSE bits differ from the gathered path's"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16])

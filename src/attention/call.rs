@@ -35,8 +35,8 @@ pub enum Keys<'a, T> {
     },
     /// A few new queries per sequence over a KV cache (decode).
     KvCache(KvCache<'a, T>),
-    /// Packed new queries (`cu_seqlens_q`, i32 `[batch + 1]`) over a contiguous KV cache:
-    /// chunked prefill.
+    /// Packed new queries (`cu_seqlens_q`, i32 `[batch + 1]`) over a KV cache, contiguous or
+    /// paged: chunked prefill.
     KvChunked {
         cache: KvCache<'a, T>,
         cu_seqlens_q: &'a CudaSlice<i32>,

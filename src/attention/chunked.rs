@@ -1,8 +1,10 @@
 //! Chunked prefill over a KV cache: many new queries per sequence — a long prompt
 //! split into chunks, or new tokens after a reused prefix — attending to a cache plus
-//! themselves. The varlen kernel reads a contiguous cache in place: sequence `b` is the slice
-//! of one pack that starts at row `b · capacity`, and its key count is the varlen `seqused_k`,
-//! so nothing is copied and nothing synchronises with the host. Because each query row is
+//! themselves. The varlen kernel reads the cache in place: sequence `b` is the slice of one
+//! pack that starts at row `b · capacity`, and its key count is the varlen `seqused_k`, so
+//! nothing is copied and nothing synchronises with the host. A paged cache is that pack too,
+//! its rows found through the block table by the kernel (TMA boxes for pages that are powers
+//! of two of at least 16 rows, a row-by-row gather for any other size: the same bits). Because each query row is
 //! computed over the same key blocks in the same order as in a one-shot varlen prefill of the
 //! whole sequence, a prompt prefilled chunk by chunk gets that prefill's bits (GPU-tested).
 
@@ -21,11 +23,14 @@ impl Context {
     /// the longest chunk (max_seqlen_q), `params.seqlen_k` the cache's capacity; heads, head dim,
     /// dtype and scale as for [`Context::attention`]; `params.window`, `params.softcap` and
     /// `cache.sinks` apply, the window aligned to each sequence's count. `out` is packed like `q`; `lse`, when
-    /// given, fp32 `[heads_q, total_q]`. Takes contiguous bshd caches `[batch, capacity,
-    /// heads_kv, head_dim]` with public counts: a paged cache, secret counts, left padding and the
+    /// given, fp32 `[heads_q, total_q]`. Takes bshd caches with public counts, contiguous
+    /// `[batch, capacity, heads_kv, head_dim]` or, with `FLASHCORE_PAGED_PREFILL=kernel`, paged
+    /// (pools `[num_pages, page_size, heads_kv, head_dim]`, any page size, behind a block table
+    /// `[batch, capacity / page_size]`: the bits of the same cache stored contiguously; without
+    /// it a paged cache is refused); secret counts, left padding and the
     /// prefill-consistent mode (chunks already get the prefill's bits) are refused — not built
-    /// on this path yet (the Python path gathers a paged cache first). Counts are not
-    /// read back: values past the capacity are clamped on the device.
+    /// on this path yet. Counts and table entries are not read back: counts past the capacity
+    /// are clamped on the device, and entries into the pool.
     #[allow(clippy::too_many_arguments)]
     pub fn attention_kv_chunked<T: Element>(
         &self,
@@ -70,20 +75,36 @@ impl Context {
                 )
             })?;
         let cu_seqlens_k = self.upload(&starts)?;
-        self.varlen_device(
-            params,
-            q,
-            [cache.k, cache.v],
-            [cu_seqlens_q, &cu_seqlens_k],
-            [Some(cache.seqlens_k), None],
-            cache.sinks,
-            out,
-            lse,
-        )
+        match cache.block_table {
+            // Pages are read through the table in the kernel: the offsets above are the
+            // virtual pack's (`PagedKv`), whatever page holds a row.
+            Some(paged) => self.varlen_paged_device(
+                params,
+                q,
+                [cache.k, cache.v],
+                paged,
+                [cu_seqlens_q, &cu_seqlens_k],
+                cache.seqlens_k,
+                cache.sinks,
+                out,
+                lse,
+            ),
+            None => self.varlen_device(
+                params,
+                q,
+                [cache.k, cache.v],
+                [cu_seqlens_q, &cu_seqlens_k],
+                [Some(cache.seqlens_k), None],
+                cache.sinks,
+                out,
+                lse,
+            ),
+        }
     }
 }
 
-/// What the chunked path takes of a [`KvCache`] (the rest is checked as a varlen call).
+/// What the chunked path takes of a [`KvCache`] (the rest is checked as a varlen call; a paged
+/// cache's geometry by the paged launch).
 fn check_chunked_cache<T>(params: &AttentionParams, cache: &KvCache<'_, T>) -> Result<()> {
     let refuse = |arg: &'static str, what: &str| {
         Err(Error::invalid(
@@ -91,7 +112,7 @@ fn check_chunked_cache<T>(params: &AttentionParams, cache: &KvCache<'_, T>) -> R
             format!("{what} is not supported by chunked prefill over a cache yet"),
         ))
     };
-    if cache.block_table.is_some() {
+    if cache.block_table.is_some() && !crate::knobs::paged_prefill_in_kernel() {
         return refuse("block_table", "a paged cache");
     }
     if cache.secret_lengths {

@@ -40,7 +40,7 @@ pub mod varlen;
 
 /// The KV append's rules and parameter block for a call.
 mod append;
-pub use varlen::{validate_varlen, VarlenCall};
+pub use varlen::{validate_varlen, VarlenCall, VarlenPages};
 
 /// One attention call on caller-owned memory. `params` gives the shape (Q and O are
 /// `[batch, seqlen_q, heads_q, head_dim]`, K and V `[batch, seqlen_k, heads_kv, head_dim]` in

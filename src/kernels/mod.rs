@@ -272,7 +272,11 @@ impl Variant {
             if self.causal { "causal" } else { "full" },
             self.block_m,
             if self.secret_len { "_slen" } else { "" },
-            if self.varlen { "_varlen" } else { "" },
+            match (self.varlen, self.paged) {
+                (true, true) => "_varlen_paged",
+                (true, false) => "_varlen",
+                _ => "",
+            },
         )
     }
 
@@ -312,6 +316,16 @@ impl Variant {
         Variant {
             varlen: true,
             ..Variant::basic(dtype, head_dim, causal, 128)
+        }
+    }
+
+    /// The varlen variant over a paged KV cache (`FC_VARLEN` and `FC_PAGED`: chunked prefill):
+    /// [`Variant::varlen`]'s tile and code, K/V read through the block table, so its output bits
+    /// are those of the same cache stored contiguously.
+    pub fn varlen_paged(dtype: DType, head_dim: usize, causal: bool) -> Variant {
+        Variant {
+            paged: true,
+            ..Variant::varlen(dtype, head_dim, causal)
         }
     }
 

@@ -223,6 +223,15 @@ pub fn varlen(params: &AttentionParams) -> Variant {
     }
 }
 
+/// The variant a varlen call over a paged cache runs (chunked prefill): [`varlen`]'s, reading
+/// K/V through the block table.
+pub fn varlen_paged(params: &AttentionParams) -> Variant {
+    Variant {
+        paged: true,
+        ..varlen(params)
+    }
+}
+
 /// The variant a call with these parameters runs: [`backward_call`], plus the
 /// window and softcap (softcap runs the window build: an unbounded window masks nothing). A
 /// call with either runs the two-pass kernels (the one-pass kernel refuses them:

@@ -153,6 +153,13 @@ pub const FORWARD: &[Family] = &[
         varlen: true,
         ..PREFILL
     },
+    // Chunked prefill over a paged cache: the varlen tile, K/V through the block table.
+    Family {
+        name: "varlen prefill, paged KV cache",
+        varlen: true,
+        paged: true,
+        ..PREFILL
+    },
     kv_cache("KV cache, public counts", false, false, false),
     kv_cache("KV cache, public counts, paged", false, true, false),
     kv_cache("KV cache, secret counts", true, false, false),
@@ -166,6 +173,13 @@ pub const FORWARD: &[Family] = &[
     Family {
         name: "varlen prefill, softcap",
         varlen: true,
+        softcap: true,
+        ..PREFILL
+    },
+    Family {
+        name: "varlen prefill, paged KV cache, softcap",
+        varlen: true,
+        paged: true,
         softcap: true,
         ..PREFILL
     },

@@ -17,8 +17,9 @@
 use super::{check_no_self_overlap, check_tensor, DeviceTensor, ExternalContext, RestoreCurrent};
 use crate::attention::device::LoadedKernel;
 use crate::attention::launch::varlen::{self as lv, Buffers, Target};
+use crate::attention::validate;
 use crate::error::{Error, Result};
-use crate::spec::{AttentionParams, Layout};
+use crate::spec::{AttentionParams, Layout, Pages};
 use cudarc::driver::sys;
 use std::sync::Arc;
 
@@ -52,6 +53,26 @@ pub struct VarlenCall {
     /// Learnable attention sinks (gpt-oss): fp32 `[heads_q]`, contiguous, secret; 0 for none.
     /// `params.window` and `params.softcap` apply per sequence.
     pub sinks: u64,
+    /// K and V are a paged KV cache's pools, read through its block table ([`VarlenPages`]);
+    /// `None`: packed `[total_k, heads_kv, head_dim]`.
+    pub pages: Option<VarlenPages>,
+}
+
+/// A paged KV cache read in place by a varlen call (chunked prefill over pages). `k` and `v` are
+/// the pools `[num_pages, page_size, heads_kv, head_dim]` (their strides' `batch` is the page
+/// stride), `params.seqlen_k` is the capacity (a whole number of pages: the table's row length
+/// times the page size), and the pack's keys are virtual rows: sequence b's key j is row
+/// `b · capacity + j`. So `total_k` is `batch · capacity` and `cu_seqlens_k[b]` is `b · capacity`
+/// plus the sequence's first key. Output bits are those of the same keys packed contiguously.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VarlenPages {
+    /// i32 `[batch, capacity / page_size]`, contiguous (public metadata; entries are clamped
+    /// into the pool).
+    pub block_table: u64,
+    pub pages: Pages,
+    /// Some sequence's first key is past `b · capacity` (left padding): the kernel gathers rows
+    /// instead of loading TMA boxes, which need every key block on a box boundary (same bits).
+    pub left_padded: bool,
 }
 
 /// Bytes of workspace a varlen call of this shape needs.
@@ -76,6 +97,25 @@ pub fn validate_varlen(call: &VarlenCall) -> Result<()> {
         call.total_q * row_q,
         (call.lse != 0).then_some(p.heads_q * call.total_q),
     )?;
+    if let Some(pg) = &call.pages {
+        validate::check_pages(&params, &pg.pages)?;
+        if call.total_k != p.batch * p.seqlen_k {
+            return Err(Error::invalid(
+                "total_k",
+                format!(
+                    "a paged pack holds batch · capacity = {} virtual key rows, got {}",
+                    p.batch * p.seqlen_k,
+                    call.total_k
+                ),
+            ));
+        }
+        if pg.block_table == 0 || pg.block_table % 4 != 0 {
+            return Err(Error::invalid(
+                "block_table",
+                "null or not 4-byte aligned device pointer",
+            ));
+        }
+    }
     if call.total_q > i32::MAX as usize || call.total_k > i32::MAX as usize {
         return Err(Error::invalid("q", "more than 2^31 - 1 packed tokens"));
     }
@@ -115,7 +155,11 @@ pub fn validate_varlen(call: &VarlenCall) -> Result<()> {
         check_tensor("out", &call.out, q_ext, esize)?;
         check_no_self_overlap(&call.out, q_ext, p.head_dim)?;
     }
-    if call.total_k > 0 {
+    if let Some(pg) = &call.pages {
+        let pool_ext = [pg.pages.num_pages, pg.pages.page_size, p.heads_kv];
+        check_tensor("k", &call.k, pool_ext, esize)?;
+        check_tensor("v", &call.v, pool_ext, esize)?;
+    } else if call.total_k > 0 {
         let kv_ext = [1, call.total_k, p.heads_kv];
         check_tensor("k", &call.k, kv_ext, esize)?;
         check_tensor("v", &call.v, kv_ext, esize)?;
@@ -150,9 +194,14 @@ impl ExternalContext {
     fn varlen_kernel(
         &self,
         params: &AttentionParams,
+        paged: bool,
         stream: sys::CUstream,
     ) -> Result<Arc<LoadedKernel>> {
-        let variant = lv::variant_for(params);
+        let variant = if paged {
+            crate::kernels::select::varlen_paged(params)
+        } else {
+            lv::variant_for(params)
+        };
         let key = (variant, StreamKey::of(stream));
         let mut map = self
             .varlen_kernels
@@ -167,11 +216,17 @@ impl ExternalContext {
     }
 
     /// Loads (compiling through the disk cache on first use) the varlen kernel of `params` for
-    /// `stream`, without launching: call it before capturing a CUDA graph on that stream.
-    pub fn prepare_varlen(&self, params: &AttentionParams, stream: sys::CUstream) -> Result<()> {
+    /// `stream` (the paged cache's build when `paged`), without launching: call it before
+    /// capturing a CUDA graph on that stream.
+    pub fn prepare_varlen(
+        &self,
+        params: &AttentionParams,
+        paged: bool,
+        stream: sys::CUstream,
+    ) -> Result<()> {
         let _restore = RestoreCurrent::save()?;
         self.ctx.cuda().bind_to_thread()?;
-        self.varlen_kernel(params, stream).map(|_| ())
+        self.varlen_kernel(params, paged, stream).map(|_| ())
     }
 
     /// Validates `call` ([`validate_varlen`]) and enqueues the builder, the copies and the
@@ -203,10 +258,13 @@ impl ExternalContext {
         if call.total_q == 0 {
             return Ok(());
         }
-        let kernel = self.varlen_kernel(&p, stream)?;
+        let kernel = self.varlen_kernel(&p, call.pages.is_some(), stream)?;
         let hd = p.head_dim;
         let q_ext = [1, call.total_q, p.heads_q];
-        let kv_ext = [1, call.total_k.max(1), p.heads_kv];
+        let kv_ext = match &call.pages {
+            Some(pg) => [pg.pages.num_pages, pg.pages.page_size, p.heads_kv],
+            None => [1, call.total_k.max(1), p.heads_kv],
+        };
         let bufs = Buffers {
             ptrs: [call.q.ptr, call.k.ptr, call.v.ptr, call.out.ptr, call.lse],
             strides: [
@@ -217,6 +275,12 @@ impl ExternalContext {
             ],
             totals: [call.total_q, call.total_k],
             sinks: call.sinks,
+            paged: call.pages.map(|pg| lv::PagedKv {
+                table: pg.block_table,
+                pages: pg.pages,
+                pages_per_seq: p.seqlen_k / pg.pages.page_size,
+                left_padded: pg.left_padded,
+            }),
         };
         let target = Target {
             stream,
@@ -264,6 +328,7 @@ mod tests {
             seqused_q: 0,
             workspace: 0x70000,
             sinks: 0,
+            pages: None,
             params: p,
         }
     }
@@ -299,6 +364,51 @@ mod tests {
         assert_eq!(rule_of(validate_varlen(&c).unwrap_err()).0, "workspace");
         c.workspace = 0x70008;
         assert_eq!(rule_of(validate_varlen(&c).unwrap_err()).0, "workspace");
+    }
+
+    /// `call()` over a paged cache: 3 sequences of capacity 320 in 16-row pages of a 64-page pool.
+    fn paged_call() -> VarlenCall {
+        let mut c = call();
+        c.params.seqlen_k = 320;
+        c.total_k = 3 * 320;
+        let pool = |ptr| DeviceTensor {
+            ptr,
+            strides: Strides {
+                batch: 16 * 4 * 64,
+                seq: 4 * 64,
+                head: 64,
+            },
+        };
+        c.k = pool(0x100000);
+        c.v = pool(0x200000);
+        c.pages = Some(VarlenPages {
+            block_table: 0x80000,
+            pages: Pages {
+                page_size: 16,
+                num_pages: 64,
+            },
+            left_padded: false,
+        });
+        c
+    }
+
+    #[test]
+    fn a_paged_call_is_checked_before_any_launch() {
+        validate_varlen(&paged_call()).unwrap();
+        type Break = fn(&mut VarlenCall);
+        let cases: [(&str, Break); 6] = [
+            ("total_k", |c| c.total_k = 400),
+            ("block_table", |c| c.pages.as_mut().unwrap().block_table = 0),
+            ("block_table", |c| c.pages.as_mut().unwrap().block_table = 0x80002),
+            ("page_size", |c| c.pages.as_mut().unwrap().pages.page_size = 0),
+            ("seqlen_k", |c| c.pages.as_mut().unwrap().pages.page_size = 7),
+            ("k", |c| c.k.strides.batch = 4),
+        ];
+        for (arg, breaks) in cases {
+            let mut c = paged_call();
+            breaks(&mut c);
+            assert_eq!(rule_of(validate_varlen(&c).unwrap_err()).0, arg, "{arg}");
+        }
     }
 
     #[test]

@@ -292,6 +292,8 @@ pub(crate) struct Buffers {
     pub strides: [Strides; 4],
     pub totals: [usize; 2],
     pub sinks: u64,
+    /// K and V are a paged cache's pools, read through its block table; `None`: packed.
+    pub paged: Option<PagedKv>,
 }
 
 impl Buffers {
@@ -304,7 +306,37 @@ impl Buffers {
             strides: [q, kv, kv, q],
             totals,
             sinks: 0,
+            paged: None,
         }
+    }
+}
+
+/// A paged KV cache read in place by the varlen kernel (chunked prefill; `FC_PAGED`,
+/// kernels/fc_producer.cuh). K and V are the pools `[num_pages, page_size, heads_kv, head_dim]`
+/// (their strides' `batch` is the page stride). The pack's keys are virtual rows: sequence b's
+/// key j is row `b · capacity + j` (capacity = `pages_per_seq · page_size`), so `cu_seqlens_k`
+/// holds `b · capacity` plus each sequence's first key, and the pack's key total is `batch ·
+/// capacity`. The block table is i32 `[batch, pages_per_seq]`, row-major, public metadata.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PagedKv {
+    pub table: u64,
+    pub pages: crate::spec::Pages,
+    pub pages_per_seq: usize,
+    /// Some sequence's first key may sit inside a page (left padding): TMA boxes need every
+    /// block on a box boundary, so the pages are gathered row by row (the same bits).
+    pub left_padded: bool,
+}
+
+impl PagedKv {
+    /// Whether the kernel gathers rows (`cp.async`) instead of loading TMA boxes: page sizes
+    /// that are not a power of two of at least 16 rows, or left padding. Public.
+    pub fn gather(&self) -> bool {
+        !self.pages.tma_boxes() || self.left_padded
+    }
+
+    /// Rows per K/V TMA box: the block, or the page where pages are shorter.
+    fn box_rows(&self, keys: u32) -> u32 {
+        keys.min(self.pages.page_size as u32)
     }
 }
 
@@ -461,11 +493,22 @@ unsafe fn launch_chunk(
     let rows = tile.block_m as u32;
     let keys = tile.block_n as u32;
     // A pack without keys still gets maps of one row: every item has no key then (the lists
-    // clamp key counts into the pack), so no K/V load is ever issued through them.
-    let kv_rows = total_k.max(1);
+    // clamp key counts into the pack), so no K/V load is ever issued through them. A paged
+    // cache's maps span the pools, one box per page a block spans (unused when gathering).
+    let (kv_pack, kv_rows, box_rows) = match bufs.paged {
+        Some(pg) => (pg.pages.num_pages, pg.pages.page_size, pg.box_rows(keys)),
+        None => (1, total_k.max(1), keys),
+    };
     let q_map = tensor_map::encode(q, p.dtype, q_st, 1, total_q, p.heads_q, p.head_dim, rows)?;
-    let k_map = tensor_map::encode(k, p.dtype, k_st, 1, kv_rows, p.heads_kv, p.head_dim, keys)?;
-    let v_map = tensor_map::encode(v, p.dtype, v_st, 1, kv_rows, p.heads_kv, p.head_dim, keys)?;
+    let kv_map = |ptr, st| {
+        tensor_map::encode(
+            ptr, p.dtype, st, kv_pack, kv_rows, p.heads_kv, p.head_dim, box_rows,
+        )
+    };
+    let k_map = kv_map(k, k_st)?;
+    let v_map = kv_map(v, v_st)?;
+    let paged = bufs.paged;
+    let divisor = paged.map_or((0, 0), |pg| pg.pages.divisor());
     let units = items as u128 * p.heads_q as u128;
     if units > i32::MAX as u128 {
         return Err(Error::invalid(
@@ -508,11 +551,12 @@ unsafe fn launch_chunk(
         pack_shift: 0,
         split_blocks: 0,
         num_splits: 1,
-        table_ptr: 0,
-        table_stride: 0,
-        num_pages: 0,
-        page_shift: 0,
-        box_rows: keys as i32,
+        table_ptr: paged.map_or(0, |pg| pg.table),
+        // The table read as one row (the virtual pack's rows: PagedKv).
+        table_stride: paged.map_or(0, |pg| (pg.pages_per_seq * p.batch) as i32),
+        num_pages: paged.map_or(0, |pg| pg.pages.num_pages as i32),
+        page_shift: paged.map_or(0, |pg| pg.pages.page_size.trailing_zeros() as i32),
+        box_rows: box_rows as i32,
         starts_ptr: 0,
         sinks_ptr: bufs.sinks,
         window_left,
@@ -532,14 +576,22 @@ unsafe fn launch_chunk(
         section_heads_shift: 0,
         section_units_mul: 0,
         section_units_shift: 0,
-        page_size: 0,
-        page_mul: 0,
-        page_div_shift: 0,
-        gather: 0,
-        k_ptr: 0,
-        v_ptr: 0,
-        k_stride: [0; 3],
-        v_stride: [0; 3],
+        page_size: paged.map_or(0, |pg| pg.pages.page_size as i32),
+        page_mul: divisor.0,
+        page_div_shift: divisor.1,
+        gather: paged.is_some_and(|pg| pg.gather()) as i32,
+        k_ptr: if paged.is_some() { k } else { 0 },
+        v_ptr: if paged.is_some() { v } else { 0 },
+        k_stride: if paged.is_some() {
+            k_st.as_array()
+        } else {
+            [0; 3]
+        },
+        v_stride: if paged.is_some() {
+            v_st.as_array()
+        } else {
+            [0; 3]
+        },
     });
     let grid = (units.min(target.num_sms.max(1) as u128) as u32, 1, 1);
     let mut args: [*mut std::ffi::c_void; 1] =
@@ -800,6 +852,98 @@ impl Context {
         // SAFETY: the buffers' lengths were checked against the pack's totals, the metadata's
         // against the batch, their alignment just now; the workspace is this call's own (freed
         // in stream order).
+        unsafe { launch_device_list(&target, params, bufs, meta, ws_ptr) }
+    }
+
+    /// Varlen with device offsets over a paged cache's pools (chunked prefill: [`PagedKv`]);
+    /// `cu_seqlens_k` holds the virtual pack's offsets (`b · capacity`), `seqused_k` each
+    /// sequence's key count, `params.seqlen_k` the capacity.
+    #[allow(clippy::too_many_arguments)]
+    pub(in crate::attention) fn varlen_paged_device<T: Element>(
+        &self,
+        params: &AttentionParams,
+        q: &CudaSlice<T>,
+        [k, v]: [&CudaSlice<T>; 2],
+        (table, pages): (&CudaSlice<i32>, crate::spec::Pages),
+        [cu_seqlens_q, cu_seqlens_k]: [&CudaSlice<i32>; 2],
+        seqused_k: &CudaSlice<i32>,
+        sinks: Option<&CudaSlice<f32>>,
+        out: &mut CudaSlice<T>,
+        lse: Option<&mut CudaSlice<f32>>,
+    ) -> Result<()> {
+        validate::check_buffers_dtype(params, T::DTYPE)?;
+        validate::check_pages(params, &pages)?;
+        let pool = pages.pool_len(params);
+        for (name, len) in [("k", k.len()), ("v", v.len())] {
+            if len != pool {
+                return Err(Error::invalid(
+                    name,
+                    format!(
+                        "a pool of {} pages of {} rows holds {pool} elements, got {len}",
+                        pages.num_pages, pages.page_size
+                    ),
+                ));
+            }
+        }
+        let pages_per_seq = params.seqlen_k / pages.page_size;
+        check_meta_len("block_table", table.len(), params.batch * pages_per_seq)?;
+        let row_k = params.heads_kv * params.head_dim;
+        let virtual_k = params.batch * params.seqlen_k;
+        let (total_q, total_k) = check_varlen_shapes(
+            params,
+            q.len(),
+            [virtual_k * row_k; 2],
+            out.len(),
+            lse.as_ref().map(|l| l.len()),
+        )?;
+        check_meta_len("cu_seqlens_q", cu_seqlens_q.len(), params.batch + 1)?;
+        check_meta_len("cu_seqlens_k", cu_seqlens_k.len(), params.batch + 1)?;
+        check_meta_len("seqused_k", seqused_k.len(), params.batch)?;
+        let stream = self.stream().clone();
+        let (sinks_ptr, _g) = sinks_ptr(&stream, params, sinks)?;
+        let kernel = self.kernel(crate::kernels::select::varlen_paged(params))?;
+        let ws_bytes = workspace_bytes(params);
+        if total_q == 0 || ws_bytes == 0 || total_k == 0 {
+            return Ok(()); // a capacity of at least one page: total_k is 0 only for no batch
+        }
+        let ws = self.alloc::<u8>(ws_bytes)?;
+        let (ptrs, _guards) = packed_ptrs(&stream, q, k, v, out, lse)?;
+        let meta = [
+            cu_seqlens_q.device_ptr(&stream).0,
+            cu_seqlens_k.device_ptr(&stream).0,
+            seqused_k.device_ptr(&stream).0,
+            0,
+        ];
+        let (table_ptr, _tg) = table.device_ptr(&stream);
+        validate::check_buffer("block_table", table.len(), table.len(), table_ptr, 4)?;
+        let ws_ptr = ws.device_ptr(&stream).0;
+        let target = Target {
+            stream: stream.cu_stream(),
+            num_sms: self.num_sms(),
+            kernel: &kernel,
+        };
+        let q_st = Strides::contiguous(Layout::Bshd, total_q, params.heads_q, params.head_dim);
+        let pool_st = Strides::contiguous(
+            Layout::Bshd,
+            pages.page_size,
+            params.heads_kv,
+            params.head_dim,
+        );
+        let bufs = Buffers {
+            ptrs,
+            strides: [q_st, pool_st, pool_st, q_st],
+            totals: [total_q, total_k],
+            sinks: sinks_ptr,
+            paged: Some(PagedKv {
+                table: table_ptr,
+                pages,
+                pages_per_seq,
+                left_padded: false,
+            }),
+        };
+        // SAFETY: the pools' and the table's lengths were checked against the pages, the pack's
+        // against its totals, the metadata's against the batch, their alignment just now; the
+        // workspace is this call's own (freed in stream order).
         unsafe { launch_device_list(&target, params, bufs, meta, ws_ptr) }
     }
 
