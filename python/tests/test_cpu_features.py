@@ -206,6 +206,25 @@ def test_rust_validate_varlen_checks_the_features():
         flashcore._native.validate_varlen(*args, window=(-4, 0))
 
 
+def test_rust_validate_varlen_checks_a_paged_cache():
+    """The paged cache behind a varlen call (chunked prefill read in the kernel): pools
+    [num_pages, page, Hkv, D], max_seqlen_k the capacity, total_k = batch · capacity."""
+    shape = (2, 5, 64, 4, 2, 64)  # capacity 64: four 16-row pages per sequence
+    t = (0x10000, (0, 4 * 64, 64))
+    pool = (0x20000, (16 * 2 * 64, 2 * 64, 64))
+    meta = (0x30000, 0x30100, 0x30200, 0)
+    args = ("f16", shape, False, None, t, pool, pool, (0x40000, (0, 4 * 64, 64)), (8, 128), 0, meta, 0x50000)
+    flashcore._native.validate_varlen(*args, pages=(0x60000, 16, 9, False))
+    with pytest.raises(ValueError, match="total_k"):
+        flashcore._native.validate_varlen(*args[:8], (8, 100), *args[9:], pages=(0x60000, 16, 9, False))
+    with pytest.raises(ValueError, match="block_table"):
+        flashcore._native.validate_varlen(*args, pages=(0x60002, 16, 9, False))
+    with pytest.raises(ValueError, match="seqlen_k"):
+        flashcore._native.validate_varlen(*args, pages=(0x60000, 7, 9, False))
+    with pytest.raises(ValueError, match="num_pages"):
+        flashcore._native.validate_varlen(*args, pages=(0x60000, 16, 0, False))
+
+
 # --- flashcore.hf ----------------------------------------------------------------------------
 
 
