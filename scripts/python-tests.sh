@@ -22,7 +22,14 @@ fi
 pip_install() {
     "$py" -m pip install -q --disable-pip-version-check --no-cache-dir "$@"
 }
-# Pinned to what the GPU machine runs, so CPU and GPU results speak of the same versions.
+# Pinned to what the GPU machine runs, so CPU and GPU results speak of the same versions. torch's
+# largest wheels go in one at a time first (the versions torch 2.11.0 pins): pip holds every
+# downloaded wheel until all are installed (~3 GB beside the ~5 GB installed), one by one only one.
+for wheel in nvidia-cudnn-cu13==9.19.0.56 nvidia-cublas==13.1.0.3 nvidia-cusparse==12.6.3.3 \
+    nvidia-nccl-cu13==2.28.9 nvidia-cusparselt-cu13==0.8.0 nvidia-cusolver==12.0.4.66 \
+    nvidia-cufft==12.0.0.61 nvidia-nvshmem-cu13==3.4.5 triton==3.6.0; do
+    "$py" -m pip show -q "${wheel%%==*}" >/dev/null 2>&1 || pip_install --no-deps "$wheel"
+done
 pip_install torch==2.11.0 transformers==5.17.0 numpy pytest
 pip_install ./python
 echo "== python tests"
