@@ -55,7 +55,10 @@ pub fn decode_split_blocks() -> Option<usize> {
 /// refused by the Rust chunked call and gathered into a contiguous copy by the Python one: the
 /// in-kernel read becomes the default once its GPU tests and timings are on record.
 pub fn paged_prefill_in_kernel() -> bool {
-    std::env::var("FLASHCORE_PAGED_PREFILL").as_deref().map(str::trim) == Ok("kernel")
+    std::env::var("FLASHCORE_PAGED_PREFILL")
+        .as_deref()
+        .map(str::trim)
+        == Ok("kernel")
 }
 
 /// The L2 promotion of decode's K/V tensor maps (`FLASHCORE_DECODE_KV_L2`, read once per
@@ -74,7 +77,10 @@ pub enum L2Promotion {
 pub fn decode_kv_l2() -> L2Promotion {
     static MODE: OnceLock<L2Promotion> = OnceLock::new();
     *MODE.get_or_init(|| {
-        match std::env::var("FLASHCORE_DECODE_KV_L2").as_deref().map(str::trim) {
+        match std::env::var("FLASHCORE_DECODE_KV_L2")
+            .as_deref()
+            .map(str::trim)
+        {
             Ok("none") => L2Promotion::None,
             Ok("64") => L2Promotion::B64,
             Ok("128") => L2Promotion::B128,

@@ -248,18 +248,26 @@ fn paged_case<T: Element>(
             "{what}: bits differ from the contiguous cache's"
         );
         assert!(
-            lse.iter().zip(&want_lse).all(|(a, b)| a.to_bits() == b.to_bits()),
+            lse.iter()
+                .zip(&want_lse)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{what}: LSE bits differ from the contiguous cache's"
         );
         let got = f64s(&out);
-        assert!(got.iter().all(|x| x.is_finite()), "{what}: non-finite output");
+        assert!(
+            got.iter().all(|x| x.is_finite()),
+            "{what}: non-finite output"
+        );
         for b in 0..counts.len() {
             let (a, e) = (cu_q[b] as usize * row_q, cu_q[b + 1] as usize * row_q);
             if a == e {
                 continue;
             }
             let err = reference::rel_l2(&got[a..e], &r.out[a..e]);
-            assert!(err <= tolerance(dtype), "{what}: sequence {b} rel L2 {err:.3e}");
+            assert!(
+                err <= tolerance(dtype),
+                "{what}: sequence {b} rel L2 {err:.3e}"
+            );
         }
         eprintln!("ok {what}");
     }

@@ -399,9 +399,15 @@ mod tests {
         let cases: [(&str, Break); 6] = [
             ("total_k", |c| c.total_k = 400),
             ("block_table", |c| c.pages.as_mut().unwrap().block_table = 0),
-            ("block_table", |c| c.pages.as_mut().unwrap().block_table = 0x80002),
-            ("page_size", |c| c.pages.as_mut().unwrap().pages.page_size = 0),
-            ("seqlen_k", |c| c.pages.as_mut().unwrap().pages.page_size = 7),
+            ("block_table", |c| {
+                c.pages.as_mut().unwrap().block_table = 0x80002
+            }),
+            ("page_size", |c| {
+                c.pages.as_mut().unwrap().pages.page_size = 0
+            }),
+            ("seqlen_k", |c| {
+                c.pages.as_mut().unwrap().pages.page_size = 7
+            }),
             ("k", |c| c.k.strides.batch = 4),
         ];
         for (arg, breaks) in cases {

@@ -1132,6 +1132,59 @@ mod tests {
     use super::*;
     use crate::attention::validate::rule_of;
 
+    /// A paged pack loads TMA boxes only where pages are powers of two of at least 16 rows and
+    /// no sequence starts inside a box; every shape's paged varlen build is a shipped one.
+    #[test]
+    fn paged_packs_take_boxes_or_the_gather_and_a_shipped_build() {
+        let paged = |page_size, left_padded| PagedKv {
+            table: 0x1000,
+            pages: crate::spec::Pages {
+                page_size,
+                num_pages: 64,
+            },
+            pages_per_seq: 4,
+            left_padded,
+        };
+        for (page, left, gather) in [
+            (16, false, false),
+            (64, false, false),
+            (256, false, false),
+            (64, true, true),
+            (1, false, true),
+            (7, false, true),
+            (48, false, true),
+            (8, false, true),
+        ] {
+            assert_eq!(
+                paged(page, left).gather(),
+                gather,
+                "page {page} left {left}"
+            );
+        }
+        assert_eq!(paged(16, false).box_rows(128), 16);
+        assert_eq!(paged(256, false).box_rows(64), 64);
+        let shipped = crate::kernels::shipped_variants();
+        for dtype in [crate::spec::DType::F16, crate::spec::DType::Bf16] {
+            for d in crate::spec::SUPPORTED_HEAD_DIMS {
+                for causal in [false, true] {
+                    for softcap in [0.0, 30.0] {
+                        let p = AttentionParams::new(2, 4, 300, d)
+                            .dtype(dtype)
+                            .causal(causal)
+                            .softcap(softcap);
+                        let v = crate::kernels::select::varlen_paged(&p);
+                        assert!(v.paged && v.varlen && shipped.contains(&v), "{}", v.name());
+                        assert_eq!(v.tile(), variant_for(&p).tile(), "{}", v.name());
+                        assert!(
+                            v.name().ends_with("_varlen_paged")
+                                || v.name().ends_with("_varlen_paged_softcap")
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn accepts_a_good_pack_with_empty_sequences() {
         check_cu_seqlens("cu_seqlens_q", &[0, 1, 1, 18, 4115], 4, 4115, 4097).unwrap();
