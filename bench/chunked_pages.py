@@ -2,9 +2,9 @@
 contiguous copy first (the default), and the same pages read in the varlen kernel through the
 block table (``FLASHCORE_PAGED_PREFILL=kernel``), page sizes 1, 16, 64, 256. bf16, packed chunks
 of new queries (``cu_seqlens_q``) over caches that already hold the chunk's keys (no append:
-what is timed is the attention and, on the default paged path, its gather). CUDA-graph replay of
-10 calls per sample, median of 15 samples; the layouts alternate shape by shape. Also checks
-that every layout gives the contiguous cache's bits. A benchmark, not a test.
+what is timed is the attention and, on the default paged path, its gather). CUDA-graph replay
+(``kvcache_pages.timed``: 20 calls per sample, median of 15); the layouts alternate shape by
+shape. Also checks that every layout gives the contiguous cache's bits. A benchmark, not a test.
 Usage: python3 bench/chunked_pages.py [--out FILE.json]"""
 import json
 import os
@@ -13,6 +13,7 @@ import sys
 import torch
 
 import flashcore
+from kvcache_pages import timed
 
 # (sequences, cache rows each (capacity), keys each after the chunk, chunk queries each, Hq, Hkv, D)
 SHAPES = [
@@ -21,25 +22,6 @@ SHAPES = [
     (16, 4096, 2048, 256, 16, 16, 64),
 ]
 PAGES = (1, 16, 64, 256)
-
-
-def timed(fn, reps=10, samples=15):
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    ts = []
-    for _ in range(samples):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / reps)
-    ts.sort()
-    return ts[len(ts) // 2]
 
 
 def knob(value):

@@ -29,6 +29,29 @@ fn bits<T: Element>(x: &[T]) -> Vec<u64> {
     x.iter().map(|v| v.to_f64().to_bits()).collect()
 }
 
+/// A chunked call's parameters: one sequence per chunk, the longest chunk as `seqlen_q`, the
+/// cache's capacity as `seqlen_k`.
+fn chunk_params(
+    chunks: &[usize],
+    cap: usize,
+    [hq, hkv, d]: [usize; 3],
+    dtype: DType,
+    causal: bool,
+) -> AttentionParams {
+    AttentionParams {
+        batch: chunks.len(),
+        seqlen_q: *chunks.iter().max().unwrap(),
+        seqlen_k: cap,
+        heads_q: hq,
+        heads_kv: hkv,
+        head_dim: d,
+        dtype,
+        causal,
+        ..AttentionParams::new(1, 1, 1, d)
+    }
+    .layout(Layout::Bshd)
+}
+
 fn chunk_case<T: Element>(
     ctx: &Context,
     dtype: DType,
@@ -44,18 +67,7 @@ fn chunk_case<T: Element>(
     let chunks = [100usize, 1000, 17, 1]; // its newest positions are the queries
     let row_k = hkv * d;
     let row_q = hq * d;
-    let p = AttentionParams {
-        batch: counts.len(),
-        seqlen_q: *chunks.iter().max().unwrap(),
-        seqlen_k: cap,
-        heads_q: hq,
-        heads_kv: hkv,
-        head_dim: d,
-        dtype,
-        causal,
-        ..AttentionParams::new(1, 1, 1, d)
-    }
-    .layout(Layout::Bshd);
+    let p = chunk_params(&chunks, cap, [hq, hkv, d], dtype, causal);
     let kc: Vec<T> = randn(&mut rng, counts.len() * cap * row_k);
     let vc: Vec<T> = randn(&mut rng, counts.len() * cap * row_k);
     let cu_q = prefix(&chunks);
@@ -166,19 +178,7 @@ fn paged_case<T: Element>(
     let chunks = [100usize, 1000, 17, 1, 0];
     let row_k = hkv * d;
     let row_q = hq * d;
-    let p = AttentionParams {
-        batch: counts.len(),
-        seqlen_q: *chunks.iter().max().unwrap(),
-        seqlen_k: cap,
-        heads_q: hq,
-        heads_kv: hkv,
-        head_dim: d,
-        dtype,
-        causal,
-        ..AttentionParams::new(1, 1, 1, d)
-    }
-    .layout(Layout::Bshd)
-    .softcap(softcap);
+    let p = chunk_params(&chunks, cap, [hq, hkv, d], dtype, causal).softcap(softcap);
     let mut kc: Vec<T> = randn(&mut rng, counts.len() * cap * row_k);
     let mut vc: Vec<T> = randn(&mut rng, counts.len() * cap * row_k);
     for (b, &n) in counts.iter().enumerate() {

@@ -108,9 +108,10 @@ def test_dense_chunk_shapes(fake):
     assert flashcore.flash_attn_with_kvcache(cuda(2, 17, 8, 64), kc, vc, cache_seqlens=3).shape == (2, 17, 8, 64)
 
 
-def test_packed_and_paged_chunk_shapes(fake):
+def _packed_paged_chunk(page):
+    """A packed chunked call over a pool of `page`-row pages: its output shapes."""
     q = cuda(300, 16, 128)
-    pool = cuda(40, 64, 4, 128)
+    pool = cuda(40, page, 4, 128)
     table = torch.zeros(3, 8, dtype=torch.int32, device="cuda")
     cu = torch.zeros(4, dtype=torch.int32, device="cuda")
     lens = torch.zeros(3, dtype=torch.int32, device="cuda")
@@ -119,6 +120,11 @@ def test_packed_and_paged_chunk_shapes(fake):
                                                  cu_seqlens_q=cu, max_seqlen_q=200, causal=True,
                                                  return_softmax_lse=True, cache_leftpad=lens)
     assert out.shape == q.shape and lse.shape == (16, 300)
+    return pool, table, lens
+
+
+def test_packed_and_paged_chunk_shapes(fake):
+    _packed_paged_chunk(64)
 
 
 def test_paged_chunk_read_in_the_kernel_copies_nothing(fake, monkeypatch):
@@ -130,16 +136,7 @@ def test_paged_chunk_read_in_the_kernel_copies_nothing(fake, monkeypatch):
         raise AssertionError("the pool was gathered into a copy")
 
     monkeypatch.setattr(chunked, "_gathered", no_gather)
-    q = cuda(300, 16, 128)
-    pool = cuda(40, 7, 4, 128)  # 7-row pages: the kernel gathers rows itself
-    table = torch.zeros(3, 8, dtype=torch.int32, device="cuda")
-    cu = torch.zeros(4, dtype=torch.int32, device="cuda")
-    lens = torch.zeros(3, dtype=torch.int32, device="cuda")
-    k = cuda(300, 4, 128)
-    out, lse = flashcore.flash_attn_with_kvcache(q, pool, pool, k, k, cache_seqlens=lens, block_table=table,
-                                                 cu_seqlens_q=cu, max_seqlen_q=200, causal=True,
-                                                 return_softmax_lse=True, cache_leftpad=lens)
-    assert out.shape == q.shape and lse.shape == (16, 300)
+    pool, table, lens = _packed_paged_chunk(7)  # 7-row pages: the kernel gathers rows itself
     dense = flashcore.flash_attn_with_kvcache(cuda(3, 40, 16, 128), pool, pool, cache_seqlens=lens,
                                               block_table=table, causal=True)
     assert dense.shape == (3, 40, 16, 128)
