@@ -35,6 +35,14 @@
 #error "FC_BWD_CORE is a one-pass schedule"
 #endif
 
+// FC_BWD_WIDE (80-row query tiles only; PERF_NOTES, "Backward 80-row one pass at 24/240
+// registers"): 1 = a 24/240 register split, which leaves the consumers room for dPᵀ issued beside
+// Sᵀ and dQᵀ's GEMM issued before dK's wait (at 232 ptxas serialized the wgmmas with both). The
+// same values in the same order: the same bits as the 232-register build.
+#ifndef FC_BWD_WIDE
+#define FC_BWD_WIDE 0
+#endif
+
 // FC_BWD_LEAKY_CONTROL (never shipped; tests/audit_backward.rs builds it to show the audit of
 // these kernels is not vacuous): 1 = each kernel reads memory at an address taken from a secret
 // (the preprocess from its dot product, the GEMM kernels from a wgmma accumulator).
@@ -64,8 +72,10 @@ constexpr int THREADS = 128 * (1 + CONSUMERS);
 // the producer's address arithmetic spills: FA3/FA4's 24/240 left the one pass's producer
 // warpgroup with 37 LDL/STL, while its consumers fit core 1's schedule in 232 with none —
 // PERF_NOTES, "the one pass's core").
-constexpr int PRODUCER_REGS = 40;
-constexpr int CONSUMER_REGS = 232;
+// FC_BWD_WIDE: 24/240 (80-row tiles only), the same 64512: there the producer warpgroup's
+// roles, their loops kept rolled, fit 24 registers without a spill.
+constexpr int PRODUCER_REGS = FC_BWD_WIDE ? 24 : 40;
+constexpr int CONSUMER_REGS = FC_BWD_WIDE ? 240 : 232;
 static_assert(128 * PRODUCER_REGS + 256 * CONSUMER_REGS <= 384 * 168, "the block's registers");
 // dK/dV kernel: a CTA owns KV_BN keys (64 per consumer) and streams KV_BM-row Q/dO tiles.
 // dQ kernel: a CTA owns Q_BM query rows (64 per consumer) and streams Q_BN-key K/V tiles.
@@ -82,6 +92,7 @@ static_assert((KV_BM == 64 || KV_BM == 128 || KV_BM == 80) && (Q_BN == 64 || Q_B
 // schedule 3 with one dQ buffer (BwdVariant::tiles; shared memory holds no second one).
 static_assert(KV_BM != 80 || (FC_ONEPASS && D == 128 && !FC_CAUSAL && FC_BWD_CORE == 3),
               "80-row query tiles: the d128 non-causal one pass, schedule 3");
+static_assert(!FC_BWD_WIDE || KV_BM == 80, "the 24/240 split is an 80-row-tile build");
 // Rows of the preprocess workspace per (batch, head) are padded to a multiple of this, so every
 // tile of either kernel reads its LSE/D values without a bounds check: 128, or lcm(128, 80) = 640
 // with 80-row tiles (the host's BwdVariant::row_pad).

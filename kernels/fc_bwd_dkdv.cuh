@@ -276,7 +276,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
             Mma<KV_BM>::ss(sacc, bwd_desc_k(dkdv_opaque(k_base), KV_BN, kk), bwd_desc_k(bwd_opaque(q_base), KV_BM, kk), kk > 0);
         }
         wgmma_commit();
-#if BWD_DQ_T
+#if BWD_DQ_T_NARROW
         // 80-row tiles: dPᵀ is issued after Pᵀ's exponentials (below), not beside Sᵀ: dK, dV and
         // both m64n80 accumulators in flight at once left ptxas too few registers (it serialized
         // every wgmma of the kernel).
@@ -331,7 +331,7 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         uint32_t pf[KV_BM / 16][4], sf[KV_BM / 16][4];
         acc_to_frags<KV_BM>(sacc, pf);
         wgmma_fence();
-#if BWD_DQ_T
+#if BWD_DQ_T_NARROW
 #pragma unroll
         for (int kk = 0; kk < D / 16; ++kk) {
             Mma<KV_BM>::ss(dpacc, bwd_desc_k(dkdv_opaque(v_base), KV_BN, kk), bwd_desc_k(bwd_opaque(do_base), KV_BM, kk), kk > 0);
@@ -376,7 +376,8 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         // 80-row tiles: dK += dSᵀ Q is issued first and retired (with dV) before dQᵀ's GEMM, so
         // dSᵀ's fragments are dead while dQᵀ's 40 accumulators are live: with both, ptxas
         // serialized every wgmma of the kernel (insufficient registers). dSᵀ's store to shared
-        // memory and the warpgroups' barrier overlap dK.
+        // memory and the warpgroups' barrier overlap dK. FC_BWD_WIDE (240 registers): only dV is
+        // retired first, and dQᵀ's GEMM runs beside dK.
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KV_BM / 16; ++kk) {
@@ -387,6 +388,9 @@ FC_DEVICE void dkdv_consumer(const BwdParams& p, DkdvShared& s, uint16_t (*ds)[b
         onepass_issue_dq(onepass_of(s).ds[it & 1], s.k, sf, pf, dq, wg, warp * 16 + lane / 4, col0);
         wgmma_wait<0>();
         fence_regs(dq);
+#if FC_BWD_WIDE
+        fence_frags(sf);  // dK read them until this wait
+#endif
         {
             OnepassShared& o = onepass_of(s);
             onepass_put_dq(o.dq, o.dq_full, o.dq_empty, dq, wg, it);

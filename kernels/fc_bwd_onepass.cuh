@@ -41,6 +41,9 @@ namespace bw {
 // storing its own 64-key chunk.
 #define BWD_DQ_T (FC_KV_BM % 64 != 0)
 constexpr bool DQ_T = BWD_DQ_T;
+// 80-row tiles at 232 registers: dPᵀ issued after Pᵀ's exponentials, dK and dV retired before
+// dQᵀ's GEMM. FC_BWD_WIDE (240) keeps dPᵀ beside Sᵀ and issues dQᵀ's GEMM while dK runs.
+#define BWD_DQ_T_NARROW (BWD_DQ_T && !FC_BWD_WIDE)
 // 64-query chunks of a streamed tile (DQ_T: unused).
 constexpr int QCH = DQ_T ? 1 : KV_BM / 64;
 // The dSᵀ tile as [DS_A][DS_ROWS][64].
@@ -375,7 +378,12 @@ FC_DEVICE void onepass_issue_dq(uint16_t (*ds)[bw::DS_ROWS][64], const uint16_t 
     fence_proxy_async_smem();
     named_bar_sync(CONSUMER_BAR, 2 * 128);
 #endif
-#if FC_BWD_CORE == 0 || BWD_DQ_T
+#if BWD_DQ_T && FC_BWD_WIDE
+    // dV (issued before dK) is done, so Pᵀ's fragments are dead; dK, which reads dSᵀ's, may
+    // still run beside dQᵀ (the wait after dQᵀ's issue retires both: dkdv_consumer).
+    wgmma_wait<1>();
+    fence_frags(pf);
+#elif FC_BWD_CORE == 0 || BWD_DQ_T
     // dV += Pᵀ dO (reading Pᵀ's fragments) has had the store and the barrier to finish: waiting
     // for it here frees those 16 registers while dQ's 32 accumulators are live (else a spill; at
     // 80 rows, 20 and 40 of them, and the wait also retires dK, issued before: dSᵀ's fragments

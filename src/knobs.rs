@@ -162,6 +162,19 @@ pub fn bwd_qrows() -> Option<usize> {
     }
 }
 
+/// `FLASHCORE_BWD_REGS`, read on every call: `Some(240)` for `240` (the d128 non-causal one pass
+/// on 80-row tiles runs its 24/240-register build, same bits; a measurement knob), `None`
+/// otherwise (the 40/232 build).
+pub fn bwd_regs() -> Option<u32> {
+    match std::env::var("FLASHCORE_BWD_REGS")
+        .as_deref()
+        .map(str::trim)
+    {
+        Ok("240") => Some(240),
+        _ => None,
+    }
+}
+
 /// `FLASHCORE_BWD_STAGE_STATS`, read once per process: `0` makes the dK/dV kernel read the LSE
 /// and D rows from the workspace instead of staging them in shared memory.
 pub fn bwd_stage_stats() -> bool {

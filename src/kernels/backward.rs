@@ -112,6 +112,12 @@ pub struct BwdVariant {
     /// schedule 3, no window, softcap or varlen ([`BwdVariant::rows80`]); ignored elsewhere.
     /// The default where built; `FLASHCORE_BWD_QROWS=64` keeps 64-row steps (a measurement knob).
     pub qrows80: bool,
+    /// The 80-row build at a 24/240 register split (`FC_BWD_WIDE`, kernels/fc_bwd_config.cuh):
+    /// its consumers keep dPᵀ beside Sᵀ and issue dQᵀ's GEMM while dK runs (at 40/232 they give
+    /// both overlaps up). Same values in the same order as the 80-row build: the same bits. Only
+    /// where that build exists ([`BwdVariant::wide`]); ignored elsewhere. Selected by
+    /// `FLASHCORE_BWD_REGS=240` (a measurement knob).
+    pub regs240: bool,
 }
 
 impl BwdVariant {
@@ -119,7 +125,7 @@ impl BwdVariant {
     /// `bwd_f16_d64_full_window_softcap`, `bwd_f16_d64_causal_varlen`.
     pub fn name(&self) -> String {
         format!(
-            "bwd_{}_d{}_{}{}{}{}{}{}{}",
+            "bwd_{}_d{}_{}{}{}{}{}{}{}{}",
             self.dtype.name(),
             self.head_dim,
             if self.causal { "causal" } else { "full" },
@@ -140,7 +146,8 @@ impl BwdVariant {
             if self.window { "_window" } else { "" },
             if self.softcap { "_softcap" } else { "" },
             if self.varlen { "_varlen" } else { "" },
-            if self.rows80() { "_q80" } else { "" }
+            if self.rows80() { "_q80" } else { "" },
+            if self.wide() { "_w240" } else { "" }
         )
     }
 
@@ -158,6 +165,26 @@ impl BwdVariant {
             && !self.window
             && !self.softcap
             && !self.varlen
+    }
+
+    /// Whether this variant is the 80-row build at 24/240 registers: [`BwdVariant::regs240`] on
+    /// an 80-row variant ([`BwdVariant::rows80`]).
+    pub fn wide(&self) -> bool {
+        self.regs240 && self.rows80()
+    }
+
+    /// This variant at the 24/240 register split where that build exists (an 80-row variant),
+    /// else unchanged: as [`BwdVariant::with_80_row_tiles`], one build is one value.
+    pub fn with_240_registers(self) -> BwdVariant {
+        let v = BwdVariant {
+            regs240: true,
+            ..self
+        };
+        if v.wide() {
+            v
+        } else {
+            self
+        }
     }
 
     /// This variant on 80-row query tiles where that build exists, else unchanged: the flag is
@@ -262,6 +289,10 @@ impl BwdVariant {
         o.push(format!("-DFC_CAUSAL={}", self.causal as u8));
         o.push(format!("-DFC_WINDOW={}", self.window as u8));
         o.push(format!("-DFC_SOFTCAP={}", self.softcap as u8));
+        // Only the 24/240 build passes it: every other build's options stay as they were.
+        if self.wide() {
+            o.push("-DFC_BWD_WIDE=1".into());
+        }
         o
     }
 
@@ -471,6 +502,7 @@ mod tests {
             softcap: false,
             varlen: false,
             qrows80: false,
+            regs240: false,
         };
         let v = BwdVariant {
             qrows80: true,
@@ -501,8 +533,57 @@ mod tests {
             assert_eq!(w.row_pad(), ROW_PAD);
         }
         let shipped = shipped_bwd_variants();
-        assert_eq!(shipped.iter().filter(|s| s.rows80()).count(), 2);
+        assert_eq!(shipped.iter().filter(|s| s.rows80()).count(), 4);
         assert!(shipped.contains(&v));
+    }
+
+    /// The 24/240 build exists only beside the 80-row one: elsewhere the flag changes nothing
+    /// (same name, same defines); where built it is the 80-row build's tiles, padding and shared
+    /// memory with one define more, and it is shipped (both dtypes).
+    #[test]
+    fn the_240_register_build_only_on_80_row_tiles() {
+        let q80 = shipped_bwd_variants()
+            .into_iter()
+            .find(|v| v.rows80() && v.dtype == DType::Bf16 && !v.regs240)
+            .unwrap();
+        let w = q80.with_240_registers();
+        assert!(
+            w.wide() && w.name() == format!("{}_w240", q80.name()),
+            "{}",
+            w.name()
+        );
+        let mut opts = q80.options();
+        opts.push("-DFC_BWD_WIDE=1".into());
+        assert_eq!(w.options(), opts);
+        assert_eq!(
+            (w.tiles(), w.row_pad(), w.onepass_smem_bytes()),
+            (q80.tiles(), q80.row_pad(), q80.onepass_smem_bytes())
+        );
+        for other in [
+            BwdVariant {
+                qrows80: false,
+                ..q80
+            },
+            BwdVariant {
+                causal: true,
+                ..q80
+            },
+            BwdVariant { core: 4, ..q80 },
+        ] {
+            assert_eq!(other.with_240_registers(), other);
+            let flagged = BwdVariant {
+                regs240: true,
+                ..other
+            };
+            assert!(!flagged.wide());
+            assert_eq!(
+                (flagged.name(), flagged.options()),
+                (other.name(), other.options())
+            );
+        }
+        let shipped = shipped_bwd_variants();
+        assert_eq!(shipped.iter().filter(|s| s.wide()).count(), 2);
+        assert!(shipped.contains(&w));
     }
 
     #[test]
@@ -540,10 +621,11 @@ mod tests {
         let vs = shipped_bwd_variants();
         // Per dtype and mask: every head dim × (ping-pong, lockstep, window, window+softcap,
         // varlen, varlen+window, varlen+window+softcap), plus the one pass at its head dims in
-        // each shipped schedule; and per dtype the d128 non-causal one pass on 80-row tiles.
+        // each shipped schedule; and per dtype the d128 non-causal one pass on 80-row tiles, at
+        // 40/232 and at 24/240 registers.
         let per_mask = crate::spec::BACKWARD_HEAD_DIMS.len() * 7
             + ONEPASS_HEAD_DIMS.len() * SHIPPED_CORES.len();
-        assert_eq!(vs.len(), 2 * 2 * per_mask + 2);
+        assert_eq!(vs.len(), 2 * 2 * per_mask + 2 * 2);
         let names: std::collections::HashSet<String> = vs.iter().map(|v| v.name()).collect();
         assert_eq!(names.len(), vs.len());
         for v in &vs {

@@ -258,6 +258,7 @@ pub fn backward(p: &AttentionParams) -> BwdVariant {
         diag: 0,
         core: 0,
         qrows80: false,
+        regs240: false,
         ..base
     }
 }
@@ -277,6 +278,7 @@ pub fn backward_varlen_call(dtype: DType, head_dim: usize, causal: bool) -> BwdV
         window: false,
         softcap: false,
         qrows80: false,
+        regs240: false,
     }
 }
 
@@ -303,7 +305,8 @@ pub fn backward_call(dtype: DType, head_dim: usize, causal: bool) -> BwdVariant 
 /// public) runs: [`default_onepass`] unless `FLASHCORE_BWD_ONEPASS` is `0` or `1`; the one pass
 /// in schedule [`default_core`] unless `FLASHCORE_BWD_CORE` names one; the two-pass kernels
 /// ping-pong unless `FLASHCORE_BWD_PINGPONG=0`; the one pass on 80-row query tiles where they
-/// are built unless `FLASHCORE_BWD_QROWS=64` (measurement knobs; every variant is shipped and
+/// are built unless `FLASHCORE_BWD_QROWS=64`, and there the 24/240-register build with
+/// `FLASHCORE_BWD_REGS=240` (measurement knobs; every variant is shipped and
 /// audited). The batch size never enters, so a sequence runs the same kernels alone and in a
 /// batch (batch invariance).
 pub fn backward_call_len(
@@ -336,13 +339,25 @@ pub fn backward_call_len(
         softcap: false,
         varlen: false,
         qrows80: false,
+        regs240: false,
     };
     // 80-row query tiles where that build exists: 4.5–5.8% faster than 64-row steps on the H200
     // (PERF_NOTES, "Backward one pass on 80-row query steps").
-    if crate::knobs::bwd_qrows() == Some(64) {
+    let v = if crate::knobs::bwd_qrows() == Some(64) {
         v
     } else {
         v.with_80_row_tiles()
+    };
+    with_bwd_regs(v, crate::knobs::bwd_regs())
+}
+
+/// The 80-row build at 24/240 registers where `regs` asks for it (`FLASHCORE_BWD_REGS=240`) and
+/// `v` is an 80-row build ([`BwdVariant::with_240_registers`]); `v` otherwise.
+pub fn with_bwd_regs(v: BwdVariant, regs: Option<u32>) -> BwdVariant {
+    if regs == Some(240) {
+        v.with_240_registers()
+    } else {
+        v
     }
 }
 
@@ -451,5 +466,86 @@ mod tests {
         assert_eq!(with_knobs(d128, k(Some(2), None, None)), d128);
         // Nothing asked: the rule.
         assert_eq!(with_knobs(rule, k(None, None, None)), rule);
+    }
+
+    /// `FLASHCORE_BWD_REGS=240` moves only the 80-row build (the d128 non-causal one pass from
+    /// `ONEPASS_MIN_LEN_D128`) to its 24/240 twin; every other call's variant, and every call
+    /// without the knob, is unchanged. (The rule is given the knob's value: the environment is
+    /// not touched.)
+    #[test]
+    fn bwd_regs_240_moves_only_the_80_row_build() {
+        let shipped = crate::kernels::shipped_bwd_variants();
+        let q80 = |dtype| {
+            BwdVariant {
+                dtype,
+                head_dim: 128,
+                causal: false,
+                pingpong: false,
+                onepass: true,
+                diag: 0,
+                core: default_core(),
+                window: false,
+                softcap: false,
+                varlen: false,
+                qrows80: false,
+                regs240: false,
+            }
+            .with_80_row_tiles()
+        };
+        for dtype in [DType::Bf16, DType::F16] {
+            let v = q80(dtype);
+            assert!(v.rows80());
+            let w = with_bwd_regs(v, Some(240));
+            assert!(w.wide() && w.name().ends_with("_q80_w240"), "{}", w.name());
+            assert!(shipped.contains(&w), "{} is not shipped", w.name());
+            assert_eq!(with_bwd_regs(v, None), v);
+            // Not 80-row builds: the 64-row one pass, causal, d64, varlen, two passes, schedule 4.
+            let others = [
+                BwdVariant {
+                    qrows80: false,
+                    ..v
+                },
+                BwdVariant {
+                    causal: true,
+                    qrows80: false,
+                    ..v
+                },
+                BwdVariant {
+                    head_dim: 64,
+                    causal: true,
+                    qrows80: false,
+                    ..v
+                },
+                backward_varlen_call(dtype, 128, false),
+                BwdVariant {
+                    onepass: false,
+                    pingpong: true,
+                    core: 0,
+                    qrows80: false,
+                    ..v
+                },
+                BwdVariant {
+                    core: 4,
+                    qrows80: false,
+                    ..v
+                },
+            ];
+            for o in others {
+                assert!(!o.rows80());
+                assert_eq!(with_bwd_regs(o, Some(240)), o, "{}", o.name());
+            }
+        }
+        if std::env::var_os("FLASHCORE_BWD_REGS").is_none()
+            && std::env::var_os("FLASHCORE_BWD_ONEPASS").is_none()
+            && std::env::var_os("FLASHCORE_BWD_CORE").is_none()
+            && std::env::var_os("FLASHCORE_BWD_QROWS").is_none()
+        {
+            // Without the knob the selected 80-row build is the 40/232 one.
+            let long = backward_call_len(DType::Bf16, 128, false, ONEPASS_MIN_LEN_D128);
+            assert!(long.rows80() && !long.wide(), "{}", long.name());
+            assert_eq!(with_bwd_regs(long, Some(240)), long.with_240_registers());
+            let short = backward_call_len(DType::Bf16, 128, false, ONEPASS_MIN_LEN_D128 - 1);
+            assert_eq!(with_bwd_regs(short, Some(240)), short);
+        }
     }
 }

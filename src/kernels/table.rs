@@ -301,6 +301,8 @@ pub struct BwdFamily {
     pub varlen: bool,
     /// 80-row query tiles ([`BwdVariant::qrows80`]).
     pub qrows80: bool,
+    /// The 80-row build at 24/240 registers ([`BwdVariant::regs240`]).
+    pub regs240: bool,
     /// The one-pass tile schedules shipped for this row ([`BwdVariant::core`]; 0 for two passes).
     pub cores: &'static [u8],
 }
@@ -315,6 +317,7 @@ const TWO_PASS: BwdFamily = BwdFamily {
     softcap: false,
     varlen: false,
     qrows80: false,
+    regs240: false,
     cores: &[0],
 };
 
@@ -343,6 +346,19 @@ pub const BACKWARD: &[BwdFamily] = &[
         pingpong: false,
         onepass: true,
         qrows80: true,
+        cores: &[3],
+        ..TWO_PASS
+    },
+    // The same at a 24/240 register split (two overlaps the 232-register build gives up);
+    // FLASHCORE_BWD_REGS=240 selects it.
+    BwdFamily {
+        name: "one pass, 80-row query tiles, 240-register consumers",
+        head_dims: HeadDims::Only(&[128]),
+        masks: Masks::FullOnly,
+        pingpong: false,
+        onepass: true,
+        qrows80: true,
+        regs240: true,
         cores: &[3],
         ..TWO_PASS
     },
@@ -398,6 +414,7 @@ impl BwdFamily {
             softcap: self.softcap,
             varlen: self.varlen,
             qrows80: self.qrows80,
+            regs240: self.regs240,
         }
     }
 }
