@@ -11,51 +11,6 @@ use common::*;
 use flashcore::attention::{AttentionParams, Context, DType, Element, Layout};
 use flashcore::reference;
 
-/// The gradients of one call, downloaded.
-struct Grads<T> {
-    dq: Vec<T>,
-    dk: Vec<T>,
-    dv: Vec<T>,
-}
-
-/// Forward (for O and LSE) then backward on the given inputs, outputs poisoned first.
-fn backward<T: Element>(
-    ctx: &Context,
-    p: &AttentionParams,
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    d_o: &[T],
-) -> Grads<T> {
-    let up = |x: &[T]| ctx.upload(x).unwrap();
-    let (dq_, dk_, dv_, ddo) = (up(q), up(k), up(v), up(d_o));
-    let mut o = up(&vec![poison::<T>(); p.q_len()]);
-    let mut lse = ctx.upload(&vec![f32::NAN; p.lse_len()]).unwrap();
-    ctx.attention(p, &dq_, &dk_, &dv_, &mut o, Some(&mut lse))
-        .unwrap();
-    let mut gq = up(&vec![poison::<T>(); p.q_len()]);
-    let mut gk = up(&vec![poison::<T>(); p.kv_len()]);
-    let mut gv = up(&vec![poison::<T>(); p.kv_len()]);
-    ctx.attention_backward(
-        p,
-        &dq_,
-        &dk_,
-        &dv_,
-        &o,
-        Some(&lse),
-        &ddo,
-        &mut gq,
-        &mut gk,
-        &mut gv,
-    )
-    .unwrap_or_else(|e| panic!("{p:?}: {e}"));
-    Grads {
-        dq: ctx.download(&gq).unwrap(),
-        dk: ctx.download(&gk).unwrap(),
-        dv: ctx.download(&gv).unwrap(),
-    }
-}
-
 fn f64s<T: Element>(x: &[T]) -> Vec<f64> {
     x.iter().map(|v| v.to_f64()).collect()
 }

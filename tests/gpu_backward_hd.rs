@@ -1,6 +1,6 @@
-//! GPU correctness of the backward at head dims 96 (Phi-3) and 256 (Gemma 2/3) (branch bwdhd,
-//! issues 23 + 24): dQ, dK, dV against the float64 reference gradients at odd shapes (S = 1, 17,
-//! 1000; Sq ≠ Sk; causal with Sq > Sk; GQA 4:1 and MQA; both layouts), both dtypes; bitwise
+//! GPU correctness of the backward at head dims 96 (Phi-3) and 256 (Gemma 2/3): dQ, dK, dV
+//! against the float64 reference gradients at odd shapes (S = 1, 17, 1000; Sq ≠ Sk; causal with
+//! Sq > Sk; GQA 4:1 and MQA; both layouts), both dtypes; bitwise
 //! run-to-run and batch invariance. Fresh random inputs each run (the seed is printed;
 //! FLASHCORE_SEED replays it); outputs are poisoned with NaN before each launch. Skips visibly
 //! without a GPU; fails under FLASHCORE_REQUIRE_GPU=1. The d64/d128 sweep is tests/gpu_backward.rs.
@@ -9,50 +9,6 @@ mod common;
 use common::*;
 use flashcore::attention::{AttentionParams, Context, DType, Element, Layout};
 use flashcore::reference;
-
-struct Grads<T> {
-    dq: Vec<T>,
-    dk: Vec<T>,
-    dv: Vec<T>,
-}
-
-/// Forward (for O and LSE) then backward on the given inputs, every output poisoned first.
-fn backward<T: Element>(
-    ctx: &Context,
-    p: &AttentionParams,
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    d_o: &[T],
-) -> Grads<T> {
-    let up = |x: &[T]| ctx.upload(x).unwrap();
-    let (q_, k_, v_, do_) = (up(q), up(k), up(v), up(d_o));
-    let mut o = up(&vec![poison::<T>(); p.q_len()]);
-    let mut lse = ctx.upload(&vec![f32::NAN; p.lse_len()]).unwrap();
-    ctx.attention(p, &q_, &k_, &v_, &mut o, Some(&mut lse))
-        .unwrap();
-    let mut gq = up(&vec![poison::<T>(); p.q_len()]);
-    let mut gk = up(&vec![poison::<T>(); p.kv_len()]);
-    let mut gv = up(&vec![poison::<T>(); p.kv_len()]);
-    ctx.attention_backward(
-        p,
-        &q_,
-        &k_,
-        &v_,
-        &o,
-        Some(&lse),
-        &do_,
-        &mut gq,
-        &mut gk,
-        &mut gv,
-    )
-    .unwrap_or_else(|e| panic!("{p:?}: {e}"));
-    Grads {
-        dq: ctx.download(&gq).unwrap(),
-        dk: ctx.download(&gk).unwrap(),
-        dv: ctx.download(&gv).unwrap(),
-    }
-}
 
 fn f64s<T: Element>(x: &[T]) -> Vec<f64> {
     x.iter().map(|v| v.to_f64()).collect()

@@ -276,3 +276,48 @@ pub fn randn_data(r: &mut impl Rng, n: usize, dtype: DType) -> flashcore::tensor
 pub fn bits<T: Element>(x: &[T]) -> Vec<u64> {
     x.iter().map(|v| v.to_f64().to_bits()).collect()
 }
+
+/// dQ, dK, dV of one backward call.
+pub struct Grads<T> {
+    pub dq: Vec<T>,
+    pub dk: Vec<T>,
+    pub dv: Vec<T>,
+}
+
+/// Forward (for O and LSE) then backward on the given inputs, every output poisoned first.
+pub fn backward<T: Element>(
+    ctx: &Context,
+    p: &AttentionParams,
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    d_o: &[T],
+) -> Grads<T> {
+    let up = |x: &[T]| ctx.upload(x).unwrap();
+    let (q_, k_, v_, do_) = (up(q), up(k), up(v), up(d_o));
+    let mut o = up(&vec![poison::<T>(); p.q_len()]);
+    let mut lse = ctx.upload(&vec![f32::NAN; p.lse_len()]).unwrap();
+    ctx.attention(p, &q_, &k_, &v_, &mut o, Some(&mut lse))
+        .unwrap();
+    let mut gq = up(&vec![poison::<T>(); p.q_len()]);
+    let mut gk = up(&vec![poison::<T>(); p.kv_len()]);
+    let mut gv = up(&vec![poison::<T>(); p.kv_len()]);
+    ctx.attention_backward(
+        p,
+        &q_,
+        &k_,
+        &v_,
+        &o,
+        Some(&lse),
+        &do_,
+        &mut gq,
+        &mut gk,
+        &mut gv,
+    )
+    .unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    Grads {
+        dq: ctx.download(&gq).unwrap(),
+        dk: ctx.download(&gk).unwrap(),
+        dv: ctx.download(&gv).unwrap(),
+    }
+}
