@@ -105,13 +105,7 @@ def chunked_paged_op(
     shape = varlen._shape(b, max_seqlen_q, capacity, q.shape[1], hkv, d)
     n = _native.varlen_workspace_bytes(dtype, shape, bool(causal))
     ws = torch.empty(max(n, 16), dtype=torch.uint8, device=q.device)
-    feats = {}
-    if (window_left, window_right) != (-1, -1):
-        feats["window"] = (window_left, window_right)
-    if softcap:
-        feats["softcap"] = softcap
-    if sinks is not None:
-        feats["sinks"] = sinks.data_ptr()
+    feats = varlen._feature_kwargs((window_left, window_right), softcap, sinks)
     _native.attention_varlen(
         dev, current_stream(dev), dtype, shape, bool(causal), scale,
         varlen._desc(q), (kp.data_ptr(), tuple(kp.stride()[:3])), (vp.data_ptr(), tuple(vp.stride()[:3])),

@@ -139,6 +139,19 @@ class VarlenCall:
         self.window, self.softcap, self.sinks, self.dims = window, softcap, sinks, dims
 
 
+def _feature_kwargs(window, softcap, sinks):
+    """The native varlen call's keyword arguments for a window, a softcap and sinks (only those
+    given: the defaults mean none)."""
+    feats = {}
+    if tuple(window) != (-1, -1):
+        feats["window"] = tuple(window)
+    if softcap:
+        feats["softcap"] = softcap
+    if sinks is not None:
+        feats["sinks"] = sinks.data_ptr()
+    return feats
+
+
 def _run(call):
     """The op's body on a checked call (`VarlenCall`): its outputs, and the one native call.
     Returns (out, lse)."""
@@ -155,13 +168,7 @@ def _run(call):
     shape = _shape(b, call.max_q, call.max_k, hq, hkv, d)
     causal = bool(call.causal)
     n = _native.varlen_workspace_bytes(dtype, shape, causal)
-    feats = {}
-    if window != (-1, -1):
-        feats["window"] = window
-    if softcap:
-        feats["softcap"] = softcap
-    if sinks is not None:
-        feats["sinks"] = sinks.data_ptr()
+    feats = _feature_kwargs(window, softcap, sinks)
     ws = torch.empty(max(n, 16), dtype=torch.uint8, device=q.device)
     k_ptr = k.data_ptr() if k.numel() else ws.data_ptr()  # no key anywhere: never read
     v_ptr = v.data_ptr() if v.numel() else ws.data_ptr()

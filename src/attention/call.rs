@@ -143,6 +143,7 @@ impl Context {
                 p,
                 q,
                 [k, v],
+                None,
                 [cu_seqlens_q, cu_seqlens_k],
                 [seqused_k, seqused_q],
                 sinks,

@@ -4,9 +4,10 @@
 //! pack that starts at row `b · capacity`, and its key count is the varlen `seqused_k`, so
 //! nothing is copied and nothing synchronises with the host. A paged cache is that pack too,
 //! its rows found through the block table by the kernel (TMA boxes for pages that are powers
-//! of two of at least 16 rows, a row-by-row gather for any other size: the same bits). Because each query row is
-//! computed over the same key blocks in the same order as in a one-shot varlen prefill of the
-//! whole sequence, a prompt prefilled chunk by chunk gets that prefill's bits (GPU-tested).
+//! of two of at least 16 rows, a row-by-row gather for any other size: the same bits). Because
+//! each query row is computed over the same key blocks in the same order as in a one-shot varlen
+//! prefill of the whole sequence, a prompt prefilled chunk by chunk gets that prefill's bits
+//! (GPU-tested).
 
 use cudarc::driver::CudaSlice;
 
@@ -75,36 +76,24 @@ impl Context {
                 )
             })?;
         let cu_seqlens_k = self.upload(&starts)?;
-        match cache.block_table {
-            // Pages are read through the table in the kernel: the offsets above are the
-            // virtual pack's (`PagedKv`), whatever page holds a row.
-            Some(paged) => self.varlen_paged_device(
-                params,
-                q,
-                [cache.k, cache.v],
-                paged,
-                [cu_seqlens_q, &cu_seqlens_k],
-                cache.seqlens_k,
-                cache.sinks,
-                out,
-                lse,
-            ),
-            None => self.varlen_device(
-                params,
-                q,
-                [cache.k, cache.v],
-                [cu_seqlens_q, &cu_seqlens_k],
-                [Some(cache.seqlens_k), None],
-                cache.sinks,
-                out,
-                lse,
-            ),
-        }
+        // A paged cache's rows are found through the table in the kernel: the offsets above
+        // are the virtual pack's (`VarlenPages`), whatever page holds a row.
+        self.varlen_device(
+            params,
+            q,
+            [cache.k, cache.v],
+            cache.block_table,
+            [cu_seqlens_q, &cu_seqlens_k],
+            [Some(cache.seqlens_k), None],
+            cache.sinks,
+            out,
+            lse,
+        )
     }
 }
 
 /// What the chunked path takes of a [`KvCache`] (the rest is checked as a varlen call; a paged
-/// cache's geometry by the paged launch).
+/// cache's pools and table by the varlen call too).
 fn check_chunked_cache<T>(params: &AttentionParams, cache: &KvCache<'_, T>) -> Result<()> {
     let refuse = |arg: &'static str, what: &str| {
         Err(Error::invalid(

@@ -19,7 +19,7 @@ use crate::attention::device::LoadedKernel;
 use crate::attention::launch::varlen::{self as lv, Buffers, Target};
 use crate::attention::validate;
 use crate::error::{Error, Result};
-use crate::spec::{AttentionParams, Layout, Pages};
+use crate::spec::{AttentionParams, Layout};
 use cudarc::driver::sys;
 use std::sync::Arc;
 
@@ -58,22 +58,7 @@ pub struct VarlenCall {
     pub pages: Option<VarlenPages>,
 }
 
-/// A paged KV cache read in place by a varlen call (chunked prefill over pages). `k` and `v` are
-/// the pools `[num_pages, page_size, heads_kv, head_dim]` (their strides' `batch` is the page
-/// stride), `params.seqlen_k` is the capacity (a whole number of pages: the table's row length
-/// times the page size), and the pack's keys are virtual rows: sequence b's key j is row
-/// `b · capacity + j`. So `total_k` is `batch · capacity` and `cu_seqlens_k[b]` is `b · capacity`
-/// plus the sequence's first key. Output bits are those of the same keys packed contiguously.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct VarlenPages {
-    /// i32 `[batch, capacity / page_size]`, contiguous (public metadata; entries are clamped
-    /// into the pool).
-    pub block_table: u64,
-    pub pages: Pages,
-    /// Some sequence's first key is past `b · capacity` (left padding): the kernel gathers rows
-    /// instead of loading TMA boxes, which need every key block on a box boundary (same bits).
-    pub left_padded: bool,
-}
+pub use crate::attention::launch::varlen::VarlenPages;
 
 /// Bytes of workspace a varlen call of this shape needs.
 pub fn workspace_bytes(params: &AttentionParams) -> usize {
@@ -275,12 +260,7 @@ impl ExternalContext {
             ],
             totals: [call.total_q, call.total_k],
             sinks: call.sinks,
-            paged: call.pages.map(|pg| lv::PagedKv {
-                table: pg.block_table,
-                pages: pg.pages,
-                pages_per_seq: p.seqlen_k / pg.pages.page_size,
-                left_padded: pg.left_padded,
-            }),
+            paged: call.pages,
         };
         let target = Target {
             stream,
@@ -383,7 +363,7 @@ mod tests {
         c.v = pool(0x200000);
         c.pages = Some(VarlenPages {
             block_table: 0x80000,
-            pages: Pages {
+            pages: crate::spec::Pages {
                 page_size: 16,
                 num_pages: 64,
             },

@@ -293,7 +293,7 @@ pub(crate) struct Buffers {
     pub totals: [usize; 2],
     pub sinks: u64,
     /// K and V are a paged cache's pools, read through its block table; `None`: packed.
-    pub paged: Option<PagedKv>,
+    pub paged: Option<VarlenPages>,
 }
 
 impl Buffers {
@@ -311,26 +311,28 @@ impl Buffers {
     }
 }
 
-/// A paged KV cache read in place by the varlen kernel (chunked prefill; `FC_PAGED`,
+/// A paged KV cache read in place by a varlen call (chunked prefill over pages; `FC_PAGED`,
 /// kernels/fc_producer.cuh). K and V are the pools `[num_pages, page_size, heads_kv, head_dim]`
-/// (their strides' `batch` is the page stride). The pack's keys are virtual rows: sequence b's
-/// key j is row `b · capacity + j` (capacity = `pages_per_seq · page_size`), so `cu_seqlens_k`
-/// holds `b · capacity` plus each sequence's first key, and the pack's key total is `batch ·
-/// capacity`. The block table is i32 `[batch, pages_per_seq]`, row-major, public metadata.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PagedKv {
-    pub table: u64,
+/// (their strides' `batch` is the page stride), `params.seqlen_k` is the capacity (a whole number
+/// of pages: the table's row length times the page size), and the pack's keys are virtual rows:
+/// sequence b's key j is row `b · capacity + j`. So the pack's key total is `batch · capacity` and
+/// `cu_seqlens_k[b]` is `b · capacity` plus the sequence's first key. Output bits are those of
+/// the same keys packed contiguously.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VarlenPages {
+    /// i32 `[batch, capacity / page_size]`, contiguous (public metadata; entries are clamped
+    /// into the pool).
+    pub block_table: u64,
     pub pages: crate::spec::Pages,
-    pub pages_per_seq: usize,
-    /// Some sequence's first key may sit inside a page (left padding): TMA boxes need every
-    /// block on a box boundary, so the pages are gathered row by row (the same bits).
+    /// Some sequence's first key is past `b · capacity` (left padding): the kernel gathers rows
+    /// instead of loading TMA boxes, which need every key block on a box boundary (same bits).
     pub left_padded: bool,
 }
 
-impl PagedKv {
+impl VarlenPages {
     /// Whether the kernel gathers rows (`cp.async`) instead of loading TMA boxes: page sizes
     /// that are not a power of two of at least 16 rows, or left padding. Public.
-    pub fn gather(&self) -> bool {
+    pub(crate) fn gather(&self) -> bool {
         !self.pages.tma_boxes() || self.left_padded
     }
 
@@ -551,9 +553,9 @@ unsafe fn launch_chunk(
         pack_shift: 0,
         split_blocks: 0,
         num_splits: 1,
-        table_ptr: paged.map_or(0, |pg| pg.table),
-        // The table read as one row (the virtual pack's rows: PagedKv).
-        table_stride: paged.map_or(0, |pg| (pg.pages_per_seq * p.batch) as i32),
+        table_ptr: paged.map_or(0, |pg| pg.block_table),
+        // The table read as one row (the virtual pack's rows: VarlenPages).
+        table_stride: paged.map_or(0, |pg| (p.batch * p.seqlen_k / pg.pages.page_size) as i32),
         num_pages: paged.map_or(0, |pg| pg.pages.num_pages as i32),
         page_shift: paged.map_or(0, |pg| pg.pages.page_size.trailing_zeros() as i32),
         box_rows: box_rows as i32,
@@ -786,13 +788,16 @@ impl Context {
         self.run(&call, out, lse)
     }
 
-    /// Varlen with device offsets ([`Keys::Varlen`]).
+    /// Varlen with device offsets ([`Keys::Varlen`]), over packed K and V or, with `pages`, a
+    /// paged cache's pools and block table ([`VarlenPages`]: `cu_seqlens_k` then holds the
+    /// virtual pack's offsets, `params.seqlen_k` the capacity).
     #[allow(clippy::too_many_arguments)]
     pub(in crate::attention) fn varlen_device<T: Element>(
         &self,
         params: &AttentionParams,
         q: &CudaSlice<T>,
         [k, v]: [&CudaSlice<T>; 2],
+        pages: Option<(&CudaSlice<i32>, crate::spec::Pages)>,
         [cu_seqlens_q, cu_seqlens_k]: [&CudaSlice<i32>; 2],
         [seqused_k, seqused_q]: [Option<&CudaSlice<i32>>; 2],
         sinks: Option<&CudaSlice<f32>>,
@@ -800,10 +805,14 @@ impl Context {
         lse: Option<&mut CudaSlice<f32>>,
     ) -> Result<()> {
         validate::check_buffers_dtype(params, T::DTYPE)?;
+        let kv_len = match pages {
+            Some((table, pg)) => check_pools(params, [k.len(), v.len()], table.len(), &pg)?,
+            None => [k.len(), v.len()],
+        };
         let (total_q, total_k) = check_varlen_shapes(
             params,
             q.len(),
-            [k.len(), v.len()],
+            kv_len,
             out.len(),
             lse.as_ref().map(|l| l.len()),
         )?;
@@ -817,7 +826,11 @@ impl Context {
         }
         let stream = self.stream().clone();
         let (sinks_ptr, _g) = sinks_ptr(&stream, params, sinks)?;
-        let kernel = self.kernel(variant_for(params))?;
+        let variant = match pages {
+            Some(_) => crate::kernels::select::varlen_paged(params),
+            None => variant_for(params),
+        };
+        let kernel = self.kernel(variant)?;
         let ws_bytes = workspace_bytes(params);
         if total_q == 0 || ws_bytes == 0 {
             return Ok(());
@@ -839,111 +852,38 @@ impl Context {
             opt_ptr(&stream, seqused_k),
             opt_ptr(&stream, seqused_q),
         ];
+        let _table_guard = match pages {
+            Some((table, _)) => {
+                let (ptr, g) = table.device_ptr(&stream);
+                validate::check_buffer("block_table", table.len(), table.len(), ptr, 4)?;
+                Some((ptr, g))
+            }
+            None => None,
+        };
         let ws_ptr = ws.device_ptr(&stream).0;
         let target = Target {
             stream: stream.cu_stream(),
             num_sms: self.num_sms(),
             kernel: &kernel,
         };
-        let bufs = Buffers {
+        let mut bufs = Buffers {
             sinks: sinks_ptr,
             ..Buffers::contiguous(params, ptrs, [total_q, total_k])
         };
-        // SAFETY: the buffers' lengths were checked against the pack's totals, the metadata's
-        // against the batch, their alignment just now; the workspace is this call's own (freed
-        // in stream order).
-        unsafe { launch_device_list(&target, params, bufs, meta, ws_ptr) }
-    }
-
-    /// Varlen with device offsets over a paged cache's pools (chunked prefill: [`PagedKv`]);
-    /// `cu_seqlens_k` holds the virtual pack's offsets (`b · capacity`), `seqused_k` each
-    /// sequence's key count, `params.seqlen_k` the capacity.
-    #[allow(clippy::too_many_arguments)]
-    pub(in crate::attention) fn varlen_paged_device<T: Element>(
-        &self,
-        params: &AttentionParams,
-        q: &CudaSlice<T>,
-        [k, v]: [&CudaSlice<T>; 2],
-        (table, pages): (&CudaSlice<i32>, crate::spec::Pages),
-        [cu_seqlens_q, cu_seqlens_k]: [&CudaSlice<i32>; 2],
-        seqused_k: &CudaSlice<i32>,
-        sinks: Option<&CudaSlice<f32>>,
-        out: &mut CudaSlice<T>,
-        lse: Option<&mut CudaSlice<f32>>,
-    ) -> Result<()> {
-        validate::check_buffers_dtype(params, T::DTYPE)?;
-        validate::check_pages(params, &pages)?;
-        let pool = pages.pool_len(params);
-        for (name, len) in [("k", k.len()), ("v", v.len())] {
-            if len != pool {
-                return Err(Error::invalid(
-                    name,
-                    format!(
-                        "a pool of {} pages of {} rows holds {pool} elements, got {len}",
-                        pages.num_pages, pages.page_size
-                    ),
-                ));
-            }
-        }
-        let pages_per_seq = params.seqlen_k / pages.page_size;
-        check_meta_len("block_table", table.len(), params.batch * pages_per_seq)?;
-        let row_k = params.heads_kv * params.head_dim;
-        let virtual_k = params.batch * params.seqlen_k;
-        let (total_q, total_k) = check_varlen_shapes(
-            params,
-            q.len(),
-            [virtual_k * row_k; 2],
-            out.len(),
-            lse.as_ref().map(|l| l.len()),
-        )?;
-        check_meta_len("cu_seqlens_q", cu_seqlens_q.len(), params.batch + 1)?;
-        check_meta_len("cu_seqlens_k", cu_seqlens_k.len(), params.batch + 1)?;
-        check_meta_len("seqused_k", seqused_k.len(), params.batch)?;
-        let stream = self.stream().clone();
-        let (sinks_ptr, _g) = sinks_ptr(&stream, params, sinks)?;
-        let kernel = self.kernel(crate::kernels::select::varlen_paged(params))?;
-        let ws_bytes = workspace_bytes(params);
-        if total_q == 0 || ws_bytes == 0 || total_k == 0 {
-            return Ok(()); // a capacity of at least one page: total_k is 0 only for no batch
-        }
-        let ws = self.alloc::<u8>(ws_bytes)?;
-        let (ptrs, _guards) = packed_ptrs(&stream, q, k, v, out, lse)?;
-        let meta = [
-            cu_seqlens_q.device_ptr(&stream).0,
-            cu_seqlens_k.device_ptr(&stream).0,
-            seqused_k.device_ptr(&stream).0,
-            0,
-        ];
-        let (table_ptr, _tg) = table.device_ptr(&stream);
-        validate::check_buffer("block_table", table.len(), table.len(), table_ptr, 4)?;
-        let ws_ptr = ws.device_ptr(&stream).0;
-        let target = Target {
-            stream: stream.cu_stream(),
-            num_sms: self.num_sms(),
-            kernel: &kernel,
-        };
-        let q_st = Strides::contiguous(Layout::Bshd, total_q, params.heads_q, params.head_dim);
-        let pool_st = Strides::contiguous(
-            Layout::Bshd,
-            pages.page_size,
-            params.heads_kv,
-            params.head_dim,
-        );
-        let bufs = Buffers {
-            ptrs,
-            strides: [q_st, pool_st, pool_st, q_st],
-            totals: [total_q, total_k],
-            sinks: sinks_ptr,
-            paged: Some(PagedKv {
-                table: table_ptr,
-                pages,
-                pages_per_seq,
+        if let (Some((_, pg)), Some((table, _))) = (pages, &_table_guard) {
+            let pool =
+                Strides::contiguous(Layout::Bshd, pg.page_size, params.heads_kv, params.head_dim);
+            bufs.strides[1] = pool;
+            bufs.strides[2] = pool;
+            bufs.paged = Some(VarlenPages {
+                block_table: *table,
+                pages: pg,
                 left_padded: false,
-            }),
-        };
-        // SAFETY: the pools' and the table's lengths were checked against the pages, the pack's
-        // against its totals, the metadata's against the batch, their alignment just now; the
-        // workspace is this call's own (freed in stream order).
+            });
+        }
+        // SAFETY: the buffers' lengths were checked against the pack's totals (a paged cache's
+        // pools and table against its pages), the metadata's against the batch, their alignment
+        // just now; the workspace is this call's own (freed in stream order).
         unsafe { launch_device_list(&target, params, bufs, meta, ws_ptr) }
     }
 
@@ -1117,6 +1057,37 @@ impl Context {
 }
 
 /// A metadata array's element count against the batch.
+/// A paged cache's pools (`kv_len` elements each) and block table (`table_len` entries) against
+/// its pages and the call's capacity; returns the element counts of the virtual pack's K and V
+/// (`batch · capacity` rows), which the varlen shape check takes.
+fn check_pools(
+    params: &AttentionParams,
+    kv_len: [usize; 2],
+    table_len: usize,
+    pages: &crate::spec::Pages,
+) -> Result<[usize; 2]> {
+    validate::check_pages(params, pages)?;
+    let pool = pages.pool_len(params);
+    for (name, len) in [("k", kv_len[0]), ("v", kv_len[1])] {
+        if len != pool {
+            return Err(Error::invalid(
+                name,
+                format!(
+                    "a pool of {} pages of {} rows holds {pool} elements, got {len}",
+                    pages.num_pages, pages.page_size
+                ),
+            ));
+        }
+    }
+    check_meta_len(
+        "block_table",
+        table_len,
+        params.batch * (params.seqlen_k / pages.page_size),
+    )?;
+    let rows = params.batch * params.seqlen_k;
+    Ok([rows * params.heads_kv * params.head_dim; 2])
+}
+
 pub(crate) fn check_meta_len(arg: &'static str, len: usize, want: usize) -> Result<()> {
     if len != want {
         return Err(Error::invalid(
@@ -1136,13 +1107,12 @@ mod tests {
     /// no sequence starts inside a box; every shape's paged varlen build is a shipped one.
     #[test]
     fn paged_packs_take_boxes_or_the_gather_and_a_shipped_build() {
-        let paged = |page_size, left_padded| PagedKv {
-            table: 0x1000,
+        let paged = |page_size, left_padded| VarlenPages {
+            block_table: 0x1000,
             pages: crate::spec::Pages {
                 page_size,
                 num_pages: 64,
             },
-            pages_per_seq: 4,
             left_padded,
         };
         for (page, left, gather) in [
