@@ -498,8 +498,8 @@ fn window_softcap_and_sinks_flags() {
             &["--softcap"],
         );
     }
-    // Sinks of the wrong count or dtype; features with --grad (taken by the backward since
-    // issue 24, tests/cli_attn_grad.rs: this file has no `do`, and that is the error).
+    // Sinks of the wrong count or dtype; features with --grad (taken by the backward:
+    // tests/cli_attn_grad.rs; this file has no `do`, and that is the error).
     let bad_sinks = Tensor {
         shape: vec![3],
         data: TensorData::F32(vec![0.0; 3]),

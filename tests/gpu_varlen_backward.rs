@@ -1,7 +1,7 @@
 //! The varlen backward on the GPU: dQ, dK, dV of packed sequences of mixed
 //! lengths (1, 17, 128, 129, 1000, 4097; empty sequences — no queries, no keys; Sq ≠ Sk per
 //! sequence, causal rows fully masked) against the float64 reference per sequence, causal and
-//! not, GQA and MQA, f16 and bf16, every head dim; issue 24's windows (aligned to
+//! not, GQA and MQA, f16 and bf16, every head dim; windows (aligned to
 //! each sequence's own lengths), softcap and learnable sinks (dsink summed over the pack);
 //! `seqused_k`; a sequence's gradient bits independent of its neighbours and of its place in the
 //! pack, Inf/NaN in its neighbours included; bitwise run to run; bad `cu_seqlens` and buffers

@@ -59,7 +59,7 @@ def configs():
 EXPECTED = {
     "cpu": {
         "llama": {"device": 2},
-        # Sliding-window masks are recognised (window_of, padded_prefill_of: issue 24) and then
+        # Sliding-window masks are recognised (window_of, padded_prefill_of) and then
         # fall back for the device.
         "qwen2": {"device": 2},
         "mistral": {"device": 2},

@@ -1,4 +1,4 @@
-"""Chunked prefill over a KV cache (flashcore.chunked, issue 22) without a GPU: the append's
+"""Chunked prefill over a KV cache (flashcore.chunked) without a GPU: the append's
 semantics on CPU tensors (dense, packed, paged, rows past the capacity), the shapes the path
 returns under FakeTensorMode, and every argument error."""
 

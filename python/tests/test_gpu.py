@@ -372,7 +372,7 @@ def test_hf_model_families(family, dtype):
     """Each family's logits through "fcore" vs an fp32 eager model on the same (sharpened) weights,
     within hf_models.BOUND of the best backend transformers has in this dtype, with flashcore
     serving what it can (every family's layers, windows, Gemma 2's softcap and gpt-oss' sinks
-    included: issue 24) and Phi-3 falling back where it must (head dim 96, to SDPA)."""
+    included) and Phi-3 falling back where it must (head dim 96, to SDPA)."""
     pytest.importorskip("transformers")
     import hf_models
 

@@ -4,7 +4,7 @@
 // asserts the rule, the sink instruction and the SASS instruction that carries the flow).
 // Secrets are the contents of global memory; SECURITY.md says why each one is a leak.
 
-// The kernel of issue 12: a warp vote on secret data, then a branch on the vote.
+// A warp vote on secret data, then a branch on the vote.
 extern "C" __global__ void leak_vote_any_branch(const float* x, float* y, int n, int iters) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     float v = (i < n) ? x[i] : 0.f, acc = v;
