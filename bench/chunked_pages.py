@@ -1,8 +1,8 @@
 """Chunked prefill over a KV cache by cache layout: a contiguous cache, a paged one gathered into a
-contiguous copy first (the default), and the same pages read in the varlen kernel through the
-block table (``FLASHCORE_PAGED_PREFILL=kernel``), page sizes 1, 16, 64, 256. bf16, packed chunks
+contiguous copy first (``FLASHCORE_PAGED_PREFILL=gather``), and the same pages read in the varlen
+kernel through the block table (``=kernel``), page sizes 1, 16, 64, 256. bf16, packed chunks
 of new queries (``cu_seqlens_q``) over caches that already hold the chunk's keys (no append:
-what is timed is the attention and, on the default paged path, its gather). CUDA-graph replay
+what is timed is the attention and, on the gathered path, its gather). CUDA-graph replay
 (``kvcache_pages.timed``: 20 calls per sample, median of 15); the layouts alternate shape by
 shape. Also checks that every layout gives the contiguous cache's bits. A benchmark, not a test.
 Usage: python3 bench/chunked_pages.py [--out FILE.json]"""
@@ -54,7 +54,7 @@ def main():
             pv = torch.empty_like(pk)
             pk[table.long()] = kc.view(b, slots, page, hkv, d)
             pv[table.long()] = vc.view(b, slots, page, hkv, d)
-            for name, value in ((f"gathered{page}", None), (f"kernel{page}", "kernel")):
+            for name, value in ((f"gathered{page}", "gather"), (f"kernel{page}", "kernel")):
                 knob(value)
                 out = flashcore.flash_attn_with_kvcache(q, pk, pv, block_table=table, **kw)
                 same[name] = bool(torch.equal(out, want))

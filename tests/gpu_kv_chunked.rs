@@ -278,15 +278,6 @@ fn kv_chunked_prefill_over_pages_gets_the_contiguous_bits() {
     let Some(ctx) = gpu("kv_chunked_prefill_over_pages_gets_the_contiguous_bits") else {
         return;
     };
-    if !flashcore::knobs::paged_prefill_in_kernel() {
-        // The in-kernel read is off by default: a paged cache is refused (checked in
-        // kv_chunked_prefill_refuses_what_it_does_not_take).
-        eprintln!(
-            "NOT RUN kv_chunked_prefill_over_pages_gets_the_contiguous_bits: \
-             set FLASHCORE_PAGED_PREFILL=kernel to test the in-kernel paged read"
-        );
-        return;
-    }
     paged_case::<half::bf16>(&ctx, DType::Bf16, 128, 16, 4, true, 0.0);
     paged_case::<half::f16>(&ctx, DType::F16, 64, 8, 8, false, 0.0);
     paged_case::<half::bf16>(&ctx, DType::Bf16, 96, 8, 2, true, 0.0);
@@ -335,23 +326,20 @@ fn kv_chunked_prefill_refuses_what_it_does_not_take() {
         page_size: 16,
         num_pages: 0,
     };
-    let in_kernel = flashcore::knobs::paged_prefill_in_kernel();
-    let paged_arg = |arg: &'static str| if in_kernel { arg } else { "block_table" };
     let cases: [(KvCache<'_, half::f16>, &str); 10] = [
         (base.secret(), "secret_lengths"),
         (base.leftpad(&lens), "leftpad"),
         (base.prefill_consistent(), "prefill_consistent"),
         // Sinks are taken, but one per query head.
         (base.sinks(&sinks), "sinks"),
-        // Paged caches are taken with the in-kernel read (else refused as a whole); their
-        // geometry is checked before any launch.
+        // Paged caches are taken; their geometry is checked before any launch.
         (
             KvCache::paged(&short_pool, &pool, &lens, &table, pages),
-            paged_arg("k"),
+            "k",
         ),
         (
             KvCache::paged(&pool, &short_pool, &lens, &table, pages),
-            paged_arg("v"),
+            "v",
         ),
         (
             KvCache::paged(&pool, &pool, &lens, &short_table, pages),
@@ -360,15 +348,15 @@ fn kv_chunked_prefill_refuses_what_it_does_not_take() {
         // A capacity of 64 rows is no whole number of 7-row pages.
         (
             KvCache::paged(&pool, &pool, &lens, &table, pages7),
-            paged_arg("seqlen_k"),
+            "seqlen_k",
         ),
         (
             KvCache::paged(&pool, &pool, &lens, &table, no_pages),
-            paged_arg("num_pages"),
+            "num_pages",
         ),
         (
             KvCache::paged(&pool, &pool, &lens, &table, pages).secret(),
-            paged_arg("secret_lengths"),
+            "secret_lengths",
         ),
     ];
     for (cache, want) in cases {

@@ -7,11 +7,13 @@ The cache is read in place by the varlen kernel: a contiguous cache ``[B, S_cach
 pack whose sequence b starts at token ``b · (batch stride / row stride)``, so ``cu_seqlens_k`` is
 that arithmetic series (plus each left padding) and ``seqused_k`` each sequence's key count after
 the append. Nothing is synchronised with the host: the call runs inside CUDA graphs and
-``torch.compile``. A paged cache is first gathered into one contiguous copy of the batch's pages
-(one torch indexing launch, ~``B · capacity`` rows of K and V), unless
-``FLASHCORE_PAGED_PREFILL=kernel``: then the varlen kernel's paged build reads the pages through
-the block table itself (``torch.ops.flashcore.chunked_paged``; any page size, the same bits), with
-no copy. The in-kernel read becomes the default once its GPU tests and timings are on record.
+``torch.compile``. A paged cache is read through the block table by the varlen kernel's paged
+build (``torch.ops.flashcore.chunked_paged``; any page size, no copy) where that is the faster
+read: pages of 64 rows or more, and every page size at head dims up to 64. Shorter pages at larger
+head dims are first gathered into one contiguous copy of the batch's pages (one torch indexing
+launch, ~``B · capacity`` rows of K and V): there the kernel's row-by-row gather measured slower
+than the copy. ``FLASHCORE_PAGED_PREFILL=kernel`` or ``gather`` (read on every call) picks one
+read for every call. Both give the same bits.
 
 New rows (``k``, ``v``) are written into the cache with torch indexing before the attention:
 dense ``[B, n, Hkv, D]`` at rows ``cache_seqlens[b] ..`` of each sequence, or packed
@@ -53,9 +55,21 @@ def _pack_view(cache, rows):
     return cache.as_strided((total, h, d), (cache.stride(1), cache.stride(2), cache.stride(3)))
 
 
-def _paged_in_kernel():
-    """``FLASHCORE_PAGED_PREFILL=kernel``, read on every call: the in-kernel paged read."""
-    return os.environ.get("FLASHCORE_PAGED_PREFILL", "").strip() == "kernel"
+# The in-kernel read's rule (H200, bench/chunked_pages.py, time ÷ the contiguous cache's): pages
+# of 64 and 256 rows 1.04–1.08 against the copy's 1.03–1.31; at d128 pages of 1 and 16 rows
+# 1.27–2.15 against 1.02–1.27; at d64 every page size 0.97–1.39 against 2.29–2.40.
+_KERNEL_MIN_PAGE = 64
+_KERNEL_ANY_PAGE_MAX_DIM = 64
+
+
+def _paged_in_kernel(page_size, head_dim):
+    """Whether the kernel reads the pages through the table (True) or a contiguous copy is
+    gathered first: ``FLASHCORE_PAGED_PREFILL=kernel|gather`` (read on every call), else the
+    measured rule. Either read gives the same bits."""
+    mode = os.environ.get("FLASHCORE_PAGED_PREFILL", "").strip()
+    if mode in ("kernel", "gather"):
+        return mode == "kernel"
+    return page_size >= _KERNEL_MIN_PAGE or head_dim <= _KERNEL_ANY_PAGE_MAX_DIM
 
 
 def _pool_readable(t):
@@ -258,7 +272,7 @@ def attention(q, k_cache, v_cache, k, v, seqlens, block_table, leftpad, cu_seqle
         raise ValueError("flashcore: cu_seqlens_k_new given without new k, v")
     else:
         counts = seqlens
-    if block_table is not None and _paged_in_kernel():
+    if block_table is not None and _paged_in_kernel(k_cache.shape[1], k_cache.shape[3]):
         out, lse = _paged(q_pack, k_cache, v_cache, block_table, counts, leftpad, cu_q, max_q, capacity, causal,
                           softmax_scale, return_lse, feats)
     else:

@@ -323,8 +323,8 @@ def flash_attn_with_kvcache(
     packed ``[total_q, Hq, D]`` with ``cu_seqlens_q`` (int32 ``[B + 1]``) and ``max_seqlen_q``
     (FlashAttention-3's names; new `k`, `v` then packed ``[total_new, Hkv, D]`` by
     ``cu_seqlens_k_new``, default ``cu_seqlens_q``), runs the varlen prefill kernel over the cache
-    in place (a paged cache is gathered first, or read through the block table by the kernel with
-    ``FLASHCORE_PAGED_PREFILL=kernel``: the same bits); causal rows are those of a one-shot causal prefill
+    in place (a paged cache read through the block table by the kernel, or for short pages at head
+    dims above 64 gathered into a copy first: the same bits; ``flashcore.chunked``); causal rows are those of a one-shot causal prefill
     of each whole sequence. Packed calls return lse ``[Hq, total_q]``. `secret_lengths` is not
     offered there yet (ValueError).
     """

@@ -142,6 +142,36 @@ def test_paged_chunk_read_in_the_kernel_copies_nothing(fake, monkeypatch):
     assert dense.shape == (3, 40, 16, 128)
 
 
+def test_paged_read_rule_and_its_knob(monkeypatch):
+    """Unset, the kernel reads pages of 64 rows or more, and any page at head dims up to 64;
+    shorter pages at larger heads are gathered. FLASHCORE_PAGED_PREFILL forces either read."""
+    monkeypatch.delenv("FLASHCORE_PAGED_PREFILL", raising=False)
+    assert chunked._paged_in_kernel(64, 128) and chunked._paged_in_kernel(256, 256)
+    assert chunked._paged_in_kernel(1, 64) and chunked._paged_in_kernel(16, 64)
+    assert not chunked._paged_in_kernel(16, 128) and not chunked._paged_in_kernel(1, 256)
+    monkeypatch.setenv("FLASHCORE_PAGED_PREFILL", "kernel")
+    assert chunked._paged_in_kernel(1, 128)
+    monkeypatch.setenv("FLASHCORE_PAGED_PREFILL", " gather ")
+    assert not chunked._paged_in_kernel(256, 64)
+    monkeypatch.setenv("FLASHCORE_PAGED_PREFILL", "other")
+    assert not chunked._paged_in_kernel(16, 128) and chunked._paged_in_kernel(64, 128)
+
+
+def test_paged_chunk_of_short_pages_at_d128_is_gathered(fake, monkeypatch):
+    """The default rule at head dim 128 and 7-row pages: the pool is gathered into a copy."""
+    monkeypatch.delenv("FLASHCORE_PAGED_PREFILL", raising=False)
+    seen = []
+    real = chunked._gathered
+
+    def spy(cache, table):
+        seen.append(cache.shape)
+        return real(cache, table)
+
+    monkeypatch.setattr(chunked, "_gathered", spy)
+    _packed_paged_chunk(7)
+    assert seen, "the 7-row pool at d128 was not gathered"
+
+
 # --- errors ----------------------------------------------------------------------------------
 
 

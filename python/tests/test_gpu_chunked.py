@@ -147,9 +147,9 @@ def test_chunk_by_chunk_prefill_gives_the_one_shot_bits(dtype, page):
 @pytest.mark.parametrize("leftpad", [False, True])
 def test_paged_chunked_prefill_read_in_the_kernel_gives_the_gathered_bits(dtype, page, leftpad, monkeypatch):
     """FLASHCORE_PAGED_PREFILL=kernel (the varlen kernel reads the pages through the table: TMA
-    boxes or, for other page sizes and with left padding, a row gather) against the default path
-    (the pages gathered into a contiguous copy first): the same output and LSE bits, the same
-    cache after the append; rows past each count hold NaN."""
+    boxes or, for other page sizes and with left padding, a row gather) against =gather (the
+    pages gathered into a contiguous copy first): the same output and LSE bits, the same cache
+    after the append; rows past each count hold NaN."""
     gen = torch.Generator(device="cuda").manual_seed(torch.seed() % 2**31)
     b, cap, hq, hkv, d = 3, 5376, 8, 2, 128  # 5376: a whole number of every page size
     counts, new = [0, 17, 3000], [1, 300, 33]
@@ -169,11 +169,8 @@ def test_paged_chunked_prefill_read_in_the_kernel_gives_the_gathered_bits(dtype,
     if leftpad:
         kw["cache_leftpad"] = torch.tensor([0, 5, 1001], dtype=torch.int32, device="cuda")
     runs = []
-    for mode in (None, "kernel"):
-        if mode is None:
-            monkeypatch.delenv("FLASHCORE_PAGED_PREFILL", raising=False)
-        else:
-            monkeypatch.setenv("FLASHCORE_PAGED_PREFILL", mode)
+    for mode in ("gather", "kernel"):
+        monkeypatch.setenv("FLASHCORE_PAGED_PREFILL", mode)
         kp, vp = kc.clone(), vc.clone()
         out, lse = flashcore.flash_attn_with_kvcache(q, kp, vp, k, v, **kw)
         runs.append((out, lse, kp, vp))

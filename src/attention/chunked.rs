@@ -25,10 +25,10 @@ impl Context {
     /// dtype and scale as for [`Context::attention`]; `params.window`, `params.softcap` and
     /// `cache.sinks` apply, the window aligned to each sequence's count. `out` is packed like `q`; `lse`, when
     /// given, fp32 `[heads_q, total_q]`. Takes bshd caches with public counts, contiguous
-    /// `[batch, capacity, heads_kv, head_dim]` or, with `FLASHCORE_PAGED_PREFILL=kernel`, paged
-    /// (pools `[num_pages, page_size, heads_kv, head_dim]`, any page size, behind a block table
-    /// `[batch, capacity / page_size]`: the bits of the same cache stored contiguously; without
-    /// it a paged cache is refused); secret counts, left padding and the
+    /// `[batch, capacity, heads_kv, head_dim]` or paged (pools
+    /// `[num_pages, page_size, heads_kv, head_dim]`, any page size, behind a block table
+    /// `[batch, capacity / page_size]`, read through the table by the kernel: the bits of the
+    /// same cache stored contiguously); secret counts, left padding and the
     /// prefill-consistent mode (chunks already get the prefill's bits) are refused — not built
     /// on this path yet. Counts and table entries are not read back: counts past the capacity
     /// are clamped on the device, and entries into the pool.
@@ -101,9 +101,6 @@ fn check_chunked_cache<T>(params: &AttentionParams, cache: &KvCache<'_, T>) -> R
             format!("{what} is not supported by chunked prefill over a cache yet"),
         ))
     };
-    if cache.block_table.is_some() && !crate::knobs::paged_prefill_in_kernel() {
-        return refuse("block_table", "a paged cache");
-    }
     if cache.secret_lengths {
         return refuse("secret_lengths", "a secret count");
     }

@@ -534,7 +534,7 @@ impl Plan {
             None => (p.batch, p.seqlen_k),
         };
         let box_rows = self.kv_box_rows();
-        // Decode streams each K/V byte once: the promotion is a measurement knob there.
+        // Decode streams each K/V byte once: 128-byte promotion there (knobs::decode_kv_l2).
         let l2 = match self.decode {
             Some(_) => crate::knobs::decode_kv_l2(),
             None => crate::knobs::L2Promotion::B256,
