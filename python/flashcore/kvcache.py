@@ -324,8 +324,8 @@ def flash_attn_with_kvcache(
     (FlashAttention-3's names; new `k`, `v` then packed ``[total_new, Hkv, D]`` by
     ``cu_seqlens_k_new``, default ``cu_seqlens_q``), runs the varlen prefill kernel over the cache
     in place (a paged cache read through the block table by the kernel, or for short pages at head
-    dims above 64 gathered into a copy first: the same bits; ``flashcore.chunked``); causal rows are those of a one-shot causal prefill
-    of each whole sequence. Packed calls return lse ``[Hq, total_q]``. `secret_lengths` is not
+    dims above 64 gathered into a copy first: the same bits; ``flashcore.chunked``); causal rows
+    are those of a one-shot causal prefill of each whole sequence. Packed calls return lse ``[Hq, total_q]``. `secret_lengths` is not
     offered there yet (ValueError).
     """
     # The common decode step — a contiguous cache, an int32 tensor of counts, new rows or none,

@@ -176,8 +176,8 @@ def test_paged_chunked_prefill_read_in_the_kernel_gives_the_gathered_bits(dtype,
         runs.append((out, lse, kp, vp))
     (og, lg, kg, vg), (ok, lk, kk, vk) = runs
     # Bitwise (the unused rows hold NaN, which torch.equal never calls equal).
-    assert torch.equal(kg.view(torch.int16), kk.view(torch.int16)) and torch.equal(vg.view(torch.int16), vk.view(torch.int16)), \
-        "the append differs"
+    same_k = torch.equal(kg.view(torch.int16), kk.view(torch.int16))
+    assert same_k and torch.equal(vg.view(torch.int16), vk.view(torch.int16)), "the append differs"
     assert not torch.isnan(ok).any()
     assert torch.equal(ok, og), "out bits differ from the gathered path's"
     assert torch.equal(lk, lg), "LSE bits differ from the gathered path's"
