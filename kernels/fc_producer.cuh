@@ -63,6 +63,9 @@ FC_DEVICE void load_kv_block(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][cfg::SW_ELEMS
 // the entry into the pool, as above) and its row key mod page_size, in [0, page_size) whatever
 // the clamp: every address stays inside the pool. Only public values reach an address: the
 // table's entries, indices, strides and pointers.
+#ifndef FC_ROW_GATHER
+#define FC_ROW_GATHER 0
+#endif
 constexpr int GATHER_BAR = 15;                        // named barrier of the producer warpgroup
 constexpr int ROW_PIECES = cfg::D / 8;                // 16-byte pieces in one key's row
 constexpr int ATOM_PIECES = cfg::ROW_BYTES / 16;      // pieces per swizzled row (8 or 4)
@@ -85,14 +88,52 @@ FC_DEVICE void cp_async_arrive(uint64_t* bar) {
     asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
-// One K or V block of BN keys gathered by the 128 producer threads (`tid`), completing `bar`'s
-// phase once every copy has landed: each thread's completion is tracked by the barrier, then
-// (after all 128 have registered theirs) thread 0 gives the phase's one expected arrival.
-FC_DEVICE void gather_kv_block(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][cfg::SW_ELEMS], uint64_t pool,
-                               const int64_t (&stride)[3], uint64_t* bar, const Params& p, int batch,
-                               int key_row, int kv_head, int tid) {
-    const int32_t* table = reinterpret_cast<const int32_t*>(p.table_ptr) + (int64_t)batch * p.table_stride;
-    const uint16_t* base = reinterpret_cast<const uint16_t*>(pool) + kv_head * stride[2];
+// The row-major gather (builds with FC_ROW_GATHER, a measurement build for now:
+// `FLASHCORE_GATHER=rows`): ROW_THREADS threads per key row, each copying
+// every ROW_THREADS-th 16-byte piece of it, so one table lookup and one 64-bit source address
+// serve ROW_COPIES copies (the piece-per-thread loop pays both for every copy: ~50 instructions
+// per 16 bytes at d128). A warp's copies of one instruction still read 64 contiguous bytes of
+// each of its 8 rows.
+constexpr int ROW_THREADS = 4;
+constexpr int ROW_COPIES = ROW_PIECES / ROW_THREADS;  // d64 2, d96 3, d128 4, d256 8
+constexpr int ROWS_PER_PASS = 128 / ROW_THREADS;
+constexpr int PASS_UNROLL = GATHER_UNROLL == 1 ? 1 : 2;
+static_assert(ROW_PIECES % ROW_THREADS == 0, "whole pieces per thread");
+
+FC_DEVICE void gather_rows(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][cfg::SW_ELEMS], const uint16_t* base,
+                           const int64_t (&stride)[3], const int32_t* table, const Params& p, int key_row,
+                           int tid) {
+    static_assert(cfg::BN % ROWS_PER_PASS == 0, "whole passes per block");
+    static_assert(ATOM_PIECES % ROW_THREADS == 0, "a thread's pieces keep their place in a swizzle atom");
+    constexpr uint32_t CHUNK_BYTES = cfg::BN * cfg::SW_ELEMS * 2;
+    const int lane_piece = tid % ROW_THREADS;
+#pragma unroll PASS_UNROLL
+    for (int n = 0; n < cfg::BN / ROWS_PER_PASS; ++n) {
+        const int r = tid / ROW_THREADS + ROWS_PER_PASS * n;  // the block's row (a key)
+        const int key = key_row + r;
+        const int q = page_div(key, p.page_mul, p.page_div_shift);
+        const int in_page = key - q * p.page_size;
+        const int page = min(max(table[min(q, p.table_stride - 1)], 0), p.num_pages - 1);
+        const uint16_t* src = base + page * stride[0] + in_page * stride[1] + lane_piece * 8;
+        // TMA's swizzle (address bits [4, 7) ^= bits [7, 10)) is the row's: the row starts on a
+        // 128-byte line and a piece moves within it, so the XOR is computed once per row, and a
+        // piece ROW_THREADS · c further (disjoint bits from lane_piece's) XORs in a constant.
+        const uint32_t row_addr = smem_u32(&dst[0][r][0]);
+        const uint32_t lane_off = (uint32_t)(lane_piece * 16) ^ (((row_addr >> 7) & SWIZZLE) << 4);
+#pragma unroll
+        for (int c = 0; c < ROW_COPIES; ++c) {
+            const uint32_t chunk = ROW_THREADS * c / ATOM_PIECES;
+            const uint32_t step = (ROW_THREADS * c % ATOM_PIECES) * 16;
+            cp_async_16(row_addr + chunk * CHUNK_BYTES + (lane_off ^ step), src + ROW_THREADS * 8 * c);
+        }
+    }
+}
+
+// The piece-per-thread gather (the shipped builds): thread tid copies pieces tid, tid + 128, …
+// of the block's rows (consecutive threads: consecutive pieces of one row).
+FC_DEVICE void gather_pieces(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][cfg::SW_ELEMS], const uint16_t* base,
+                             const int64_t (&stride)[3], const int32_t* table, const Params& p, int key_row,
+                             int tid) {
 #pragma unroll GATHER_UNROLL
     for (int n = 0; n < GATHER_STEPS; ++n) {
         const int i = tid + 128 * n;
@@ -107,6 +148,21 @@ FC_DEVICE void gather_kv_block(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][cfg::SW_ELE
         d ^= ((d >> 7) & SWIZZLE) << 4;  // TMA's swizzle: address bits [4, 7) ^= bits [7, 10)
         cp_async_16(d, src);
     }
+}
+
+// One K or V block of BN keys gathered by the 128 producer threads (`tid`), completing `bar`'s
+// phase once every copy has landed: each thread's completion is tracked by the barrier, then
+// (after all 128 have registered theirs) thread 0 gives the phase's one expected arrival.
+FC_DEVICE void gather_kv_block(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][cfg::SW_ELEMS], uint64_t pool,
+                               const int64_t (&stride)[3], uint64_t* bar, const Params& p, int batch,
+                               int key_row, int kv_head, int tid) {
+    const int32_t* table = reinterpret_cast<const int32_t*>(p.table_ptr) + (int64_t)batch * p.table_stride;
+    const uint16_t* base = reinterpret_cast<const uint16_t*>(pool) + kv_head * stride[2];
+#if FC_ROW_GATHER
+    gather_rows(dst, base, stride, table, p, key_row, tid);
+#else
+    gather_pieces(dst, base, stride, table, p, key_row, tid);
+#endif
     cp_async_arrive(bar);
     named_bar_sync(GATHER_BAR, 128);  // every thread's copies are tracked by the barrier
     if (tid == 0) mbar_arrive(bar);

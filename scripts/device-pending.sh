@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# One GPU call for what is built but not yet measured, and for the decode map the serving work
-# needs next: the decode suite side by side (flashcore, cuDNN and FA2 through SDPA, one process),
+# One GPU call for what is built but not yet measured — the row-major gather of paged K/V
+# (FLASHCORE_GATHER=rows: its GPU tests, then chunked prefill and decode over 1- and 7-row pages
+# against the default gather) — and for the decode map the serving work needs next: the decode suite side by side (flashcore, cuDNN and FA2 through SDPA, one process),
 # decode's K/V L2 promotion A/B (128, the default, against 256) for the H100's record, and ncu of
 # flashcore's and cuDNN's decode kernels at 32,32/8,4k,128 and flashcore's at 64,16/16,1k,64 — the
 # shapes still 1.09–1.10× SDPA on the H200.
 # Build here first: `bash scripts/build-carry.sh` (binaries and test binaries into .carry/; the
-# device takes 64 MiB: keep .carry/flashcore, .carry/wheel and the test binaries named below,
-# stripped) and a wheel (`python3 -m pip wheel --no-deps ./python -w .carry/wheel`).
-#   bash scripts/device-pending.sh [tests|bench|ncu|all]   (default all)
+# device takes 64 MiB: keep .carry/flashcore, .carry/wheel and the test binaries named below
+# (gpu_bit_pins, gpu_kv_chunked, gpu_kv_pages), stripped) and a wheel (`python3 -m pip wheel --no-deps ./python -w .carry/wheel`).
+#   bash scripts/device-pending.sh [tests|gather|bench|ncu|all]   (default all)
 # Logs go to $OUT (the device tool's return folder), else device-out/.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -39,9 +40,21 @@ if [[ "$what" == all || "$what" == tests ]]; then
     {
         run_test gpu_bit_pins
         run_test gpu_kv_chunked
+        run_test gpu_kv_chunked FLASHCORE_GATHER=rows
+        run_test gpu_kv_pages FLASHCORE_GATHER=rows
     } | tee "$out/tests.txt"
     FLASHCORE_REQUIRE_GPU=1 python3 -m pytest -q -p no:cacheprovider python/tests/test_gpu_chunked.py 2>&1 | tail -3 \
         | tee "$out/py-chunked.txt"
+fi
+if [[ "$what" == all || "$what" == gather ]]; then
+    for run in pieces:1 rows:1 rows:2 pieces:2; do
+        mode="${run%%:*}" round="${run##*:}"
+        FLASHCORE_GATHER=$mode timeout 120 python3 bench/chunked_pages.py --out "$out/chunked-$mode-r$round.json" \
+            2>&1 | sed "s/^/$mode r$round /" >>"$out/chunked-gather.txt"
+        FLASHCORE_GATHER=$mode timeout 120 .carry/tests/gpu_kv_pages --ignored --nocapture page_size_speed \
+            2>&1 | sed "s/^/$mode r$round /" >>"$out/decode-gather.txt"
+    done
+    echo "gather A/B t=$(elapsed)"
 fi
 if [[ "$what" == all || "$what" == bench ]]; then
     (while true; do

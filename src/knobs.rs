@@ -50,6 +50,16 @@ pub fn decode_split_blocks() -> Option<usize> {
     *FIXED.get_or_init(|| number("FLASHCORE_DECODE_SPLIT").filter(|n| (1..=4096).contains(n)))
 }
 
+/// `FLASHCORE_GATHER=rows`, read once per process: the paged builds compile the row-major
+/// gather for pages TMA boxes cannot take (`FC_ROW_GATHER`, fc_producer.cuh's `gather_rows`:
+/// four threads per key row, one block-table lookup per row) instead of the shipped one piece
+/// per thread and lookup. A measurement build: the same bytes land in the same shared-memory
+/// places (the same bits), not yet run on a GPU.
+pub fn row_gather() -> bool {
+    static ROWS: OnceLock<bool> = OnceLock::new();
+    *ROWS.get_or_init(|| std::env::var("FLASHCORE_GATHER").as_deref().map(str::trim) == Ok("rows"))
+}
+
 /// The L2 promotion of decode's K/V tensor maps (`FLASHCORE_DECODE_KV_L2`, read once per
 /// process): how many bytes around each TMA read the L2 fetches from DRAM. It changes which bytes
 /// a load brings into the L2, never the bytes it delivers: the output bits are the same. Decode

@@ -441,6 +441,10 @@ impl Variant {
         if self.softcap {
             o.push("-DFC_SOFTCAP=1".into());
         }
+        // The row-major gather in paged builds, asked for by a measurement knob.
+        if self.paged && crate::knobs::row_gather() {
+            o.push("-DFC_ROW_GATHER=1".into());
+        }
         // Measurement builds only: shipped variants pass neither define (both default to 0).
         if test.floor_control {
             o.push("-DFC_FLOOR_CONTROL=1".into());

@@ -446,6 +446,17 @@ mod tests {
     use crate::spec::DType;
 
     #[test]
+    fn row_gather_is_compiled_only_into_paged_builds_and_only_when_asked() {
+        let asked = crate::knobs::row_gather();
+        for v in crate::kernels::shipped_variants() {
+            let rows = KernelBuild::from(v)
+                .options()
+                .contains(&"-DFC_ROW_GATHER=1".to_string());
+            assert_eq!(rows, asked && v.paged, "{}", v.name());
+        }
+    }
+
+    #[test]
     fn knobs_pick_only_shipped_variants() {
         let k = |split, block_m, block_n| ForwardTiles {
             split,
