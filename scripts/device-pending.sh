@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # One GPU call for what is built but not yet measured — the row-major gather of paged K/V
-# (FLASHCORE_GATHER=rows: its GPU tests, then chunked prefill and decode over 1- and 7-row pages
-# against the default gather) — and for the decode map the serving work needs next: the decode suite side by side (flashcore, cuDNN and FA2 through SDPA, one process),
-# decode's K/V L2 promotion A/B (128, the default, against 256) for the H100's record, and ncu of
-# flashcore's and cuDNN's decode kernels at 32,32/8,4k,128 and flashcore's at 64,16/16,1k,64 — the
-# shapes still 1.09–1.10× SDPA on the H200.
-# Build here first: `bash scripts/build-carry.sh` (binaries and test binaries into .carry/; the
-# device takes 64 MiB: keep .carry/flashcore, .carry/wheel and the test binaries named below
-# (gpu_bit_pins, gpu_kv_chunked, gpu_kv_pages), stripped) and a wheel (`python3 -m pip wheel --no-deps ./python -w .carry/wheel`).
+# (FLASHCORE_GATHER=rows: its GPU tests, then chunked prefill and decode over 1- and 7-row
+# pages against the default gather) — and for the decode map the serving work needs next: the
+# decode suite side by side (flashcore, cuDNN and FA2 through SDPA, one process), decode's K/V
+# L2 promotion A/B (128, the default, against 256) for the H100's record, and ncu of flashcore's
+# and cuDNN's decode kernels at 32,32/8,4k,128 and flashcore's at 64,16/16,1k,64 — the shapes
+# still 1.09–1.10× SDPA on the H200.
+# Build here first (the device takes 64 MiB of carried files):
+#   bash scripts/build-carry.sh gpu_bit_pins gpu_kv_chunked gpu_kv_pages
+#   python3 -m pip wheel --no-deps ./python -w .carry/wheel
+# then run with carry [".carry"]:
 #   bash scripts/device-pending.sh [tests|gather|bench|ncu|all]   (default all)
 # Logs go to $OUT (the device tool's return folder), else device-out/.
 set -uo pipefail
