@@ -53,8 +53,9 @@ pub fn decode_split_blocks() -> Option<usize> {
 /// `FLASHCORE_GATHER=rows`, read once per process: the paged builds compile the row-major
 /// gather for pages TMA boxes cannot take (`FC_ROW_GATHER`, fc_producer.cuh's `gather_rows`:
 /// four threads per key row, one block-table lookup per row) instead of the shipped one piece
-/// per thread and lookup. A measurement build: the same bytes land in the same shared-memory
-/// places (the same bits), not yet run on a GPU.
+/// per thread and lookup. A measurement build, not a shipped one: the same bytes land in the
+/// same shared-memory places (the same bits), but it is not yet run on a GPU, and its decode
+/// public-count paged softcap builds do not pass the audit yet (the counts pointer's provenance).
 pub fn row_gather() -> bool {
     static ROWS: OnceLock<bool> = OnceLock::new();
     *ROWS.get_or_init(|| std::env::var("FLASHCORE_GATHER").as_deref().map(str::trim) == Ok("rows"))
