@@ -88,6 +88,16 @@ FC_DEVICE void cp_async_arrive(uint64_t* bar) {
     asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(smem_u32(bar)) : "memory");
 }
 
+// Key `key`'s row in the pool: table[key / page_size] (slot clamped into the table's row, entry
+// into the pool) and row key mod page_size of that page, at `base` (the pool at this KV head).
+FC_DEVICE const uint16_t* paged_row(const uint16_t* base, const int64_t (&stride)[3], const int32_t* table,
+                                    const Params& p, int key) {
+    const int q = page_div(key, p.page_mul, p.page_div_shift);
+    const int in_page = key - q * p.page_size;
+    const int page = min(max(table[min(q, p.table_stride - 1)], 0), p.num_pages - 1);
+    return base + page * stride[0] + in_page * stride[1];
+}
+
 // The row-major gather (builds with FC_ROW_GATHER, a measurement build for now:
 // `FLASHCORE_GATHER=rows`): ROW_THREADS threads per key row, each copying
 // every ROW_THREADS-th 16-byte piece of it, so one table lookup and one 64-bit source address
@@ -110,11 +120,7 @@ FC_DEVICE void gather_rows(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][cfg::SW_ELEMS],
 #pragma unroll PASS_UNROLL
     for (int n = 0; n < cfg::BN / ROWS_PER_PASS; ++n) {
         const int r = tid / ROW_THREADS + ROWS_PER_PASS * n;  // the block's row (a key)
-        const int key = key_row + r;
-        const int q = page_div(key, p.page_mul, p.page_div_shift);
-        const int in_page = key - q * p.page_size;
-        const int page = min(max(table[min(q, p.table_stride - 1)], 0), p.num_pages - 1);
-        const uint16_t* src = base + page * stride[0] + in_page * stride[1] + lane_piece * 8;
+        const uint16_t* src = paged_row(base, stride, table, p, key_row + r) + lane_piece * 8;
         // TMA's swizzle (address bits [4, 7) ^= bits [7, 10)) is the row's: the row starts on a
         // 128-byte line and a piece moves within it, so the XOR is computed once per row, and a
         // piece ROW_THREADS · c further (disjoint bits from lane_piece's) XORs in a constant.
@@ -139,11 +145,7 @@ FC_DEVICE void gather_pieces(uint16_t (&dst)[cfg::CHUNKS][cfg::BN][cfg::SW_ELEMS
         const int i = tid + 128 * n;
         const int r = i / ROW_PIECES;  // the block's row (a key); consecutive threads: one row
         const int piece = i % ROW_PIECES;
-        const int key = key_row + r;
-        const int q = page_div(key, p.page_mul, p.page_div_shift);
-        const int in_page = key - q * p.page_size;
-        const int page = min(max(table[min(q, p.table_stride - 1)], 0), p.num_pages - 1);
-        const uint16_t* src = base + page * stride[0] + in_page * stride[1] + piece * 8;
+        const uint16_t* src = paged_row(base, stride, table, p, key_row + r) + piece * 8;
         uint32_t d = smem_u32(&dst[piece / ATOM_PIECES][r][0]) + (piece % ATOM_PIECES) * 16;
         d ^= ((d >> 7) & SWIZZLE) << 4;  // TMA's swizzle: address bits [4, 7) ^= bits [7, 10)
         cp_async_16(d, src);
