@@ -13,81 +13,6 @@ use common::*;
 use flashcore::attention::{AttentionParams, Context, DType, Element, Layout, Window};
 use flashcore::reference;
 
-/// The gradients of one call, downloaded (dsink empty without sinks), and the forward's O and
-/// LSE the backward read.
-struct Grads<T> {
-    dq: Vec<T>,
-    dk: Vec<T>,
-    dv: Vec<T>,
-    dsink: Vec<f32>,
-    o: Vec<T>,
-    lse: Vec<f32>,
-}
-
-/// Forward (for O and LSE, with the sinks if given) then backward, outputs poisoned first.
-fn backward<T: Element>(
-    ctx: &Context,
-    p: &AttentionParams,
-    [q, k, v, d_o]: [&[T]; 4],
-    sinks: Option<&[f32]>,
-) -> Grads<T> {
-    let up = |x: &[T]| ctx.upload(x).unwrap();
-    let (q_, k_, v_, do_) = (up(q), up(k), up(v), up(d_o));
-    let mut o = up(&vec![poison::<T>(); p.q_len()]);
-    let mut lse = ctx.upload(&vec![f32::NAN; p.lse_len()]).unwrap();
-    let sinks_ = sinks.map(|s| ctx.upload(s).unwrap());
-    match &sinks_ {
-        Some(s) => ctx.attention_with_sinks(p, &q_, &k_, &v_, &mut o, Some(&mut lse), s),
-        None => ctx.attention(p, &q_, &k_, &v_, &mut o, Some(&mut lse)),
-    }
-    .unwrap_or_else(|e| panic!("{p:?}: forward: {e}"));
-    let mut gq = up(&vec![poison::<T>(); p.q_len()]);
-    let mut gk = up(&vec![poison::<T>(); p.kv_len()]);
-    let mut gv = up(&vec![poison::<T>(); p.kv_len()]);
-    let mut gs = ctx.upload(&vec![f32::NAN; p.heads_q]).unwrap();
-    match &sinks_ {
-        Some(s) => ctx.attention_backward_with_sinks(
-            p,
-            &q_,
-            &k_,
-            &v_,
-            &o,
-            Some(&lse),
-            &do_,
-            s,
-            &mut gq,
-            &mut gk,
-            &mut gv,
-            &mut gs,
-        ),
-        None => ctx.attention_backward(
-            p,
-            &q_,
-            &k_,
-            &v_,
-            &o,
-            Some(&lse),
-            &do_,
-            &mut gq,
-            &mut gk,
-            &mut gv,
-        ),
-    }
-    .unwrap_or_else(|e| panic!("{p:?}: backward: {e}"));
-    Grads {
-        dq: ctx.download(&gq).unwrap(),
-        dk: ctx.download(&gk).unwrap(),
-        dv: ctx.download(&gv).unwrap(),
-        dsink: if sinks.is_some() {
-            ctx.download(&gs).unwrap()
-        } else {
-            Vec::new()
-        },
-        o: ctx.download(&o).unwrap(),
-        lse: ctx.download(&lse).unwrap(),
-    }
-}
-
 fn f64s<T: Element>(x: &[T]) -> Vec<f64> {
     x.iter().map(|v| v.to_f64()).collect()
 }
@@ -139,7 +64,7 @@ fn check_case<T: Element>(
             .map(|_| rng.random_range(-1.0..2.0))
             .collect()
     });
-    let g = backward(ctx, p, [&q, &k, &v, &d_o], sinks.as_deref());
+    let g = backward_with_sinks(ctx, p, [&q, &k, &v, &d_o], sinks.as_deref());
     let s64: Option<Vec<f64>> = sinks
         .as_ref()
         .map(|s| s.iter().map(|&x| x as f64).collect());
@@ -319,9 +244,9 @@ fn feature_gradient_bits_are_identical_run_to_run() {
         let v: Vec<half::bf16> = randn(&mut rng, p.kv_len());
         let d_o: Vec<half::bf16> = randn(&mut rng, p.q_len());
         let sinks: Vec<f32> = (0..8).map(|i| i as f32 * 0.25 - 0.5).collect();
-        let first = backward(&ctx, &p, [&q, &k, &v, &d_o], Some(&sinks));
+        let first = backward_with_sinks(&ctx, &p, [&q, &k, &v, &d_o], Some(&sinks));
         for _ in 0..3 {
-            let again = backward(&ctx, &p, [&q, &k, &v, &d_o], Some(&sinks));
+            let again = backward_with_sinks(&ctx, &p, [&q, &k, &v, &d_o], Some(&sinks));
             assert!(
                 same_bits(&first.dq, &again.dq),
                 "d{d}: dq bits differ between runs"

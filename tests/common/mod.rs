@@ -277,11 +277,15 @@ pub fn bits<T: Element>(x: &[T]) -> Vec<u64> {
     x.iter().map(|v| v.to_f64().to_bits()).collect()
 }
 
-/// dQ, dK, dV of one backward call.
+/// The gradients of one backward call, downloaded (dsink empty without sinks), and the
+/// forward's O and LSE the backward read.
 pub struct Grads<T> {
     pub dq: Vec<T>,
     pub dk: Vec<T>,
     pub dv: Vec<T>,
+    pub dsink: Vec<f32>,
+    pub o: Vec<T>,
+    pub lse: Vec<f32>,
 }
 
 /// Forward (for O and LSE) then backward on the given inputs, every output poisoned first.
@@ -293,31 +297,70 @@ pub fn backward<T: Element>(
     v: &[T],
     d_o: &[T],
 ) -> Grads<T> {
+    backward_with_sinks(ctx, p, [q, k, v, d_o], None)
+}
+
+/// [`backward`], with learnable sinks in the forward and the backward when given (dsink then
+/// downloaded).
+pub fn backward_with_sinks<T: Element>(
+    ctx: &Context,
+    p: &AttentionParams,
+    [q, k, v, d_o]: [&[T]; 4],
+    sinks: Option<&[f32]>,
+) -> Grads<T> {
     let up = |x: &[T]| ctx.upload(x).unwrap();
     let (q_, k_, v_, do_) = (up(q), up(k), up(v), up(d_o));
     let mut o = up(&vec![poison::<T>(); p.q_len()]);
     let mut lse = ctx.upload(&vec![f32::NAN; p.lse_len()]).unwrap();
-    ctx.attention(p, &q_, &k_, &v_, &mut o, Some(&mut lse))
-        .unwrap();
+    let sinks_ = sinks.map(|s| ctx.upload(s).unwrap());
+    match &sinks_ {
+        Some(s) => ctx.attention_with_sinks(p, &q_, &k_, &v_, &mut o, Some(&mut lse), s),
+        None => ctx.attention(p, &q_, &k_, &v_, &mut o, Some(&mut lse)),
+    }
+    .unwrap_or_else(|e| panic!("{p:?}: forward: {e}"));
     let mut gq = up(&vec![poison::<T>(); p.q_len()]);
     let mut gk = up(&vec![poison::<T>(); p.kv_len()]);
     let mut gv = up(&vec![poison::<T>(); p.kv_len()]);
-    ctx.attention_backward(
-        p,
-        &q_,
-        &k_,
-        &v_,
-        &o,
-        Some(&lse),
-        &do_,
-        &mut gq,
-        &mut gk,
-        &mut gv,
-    )
-    .unwrap_or_else(|e| panic!("{p:?}: {e}"));
+    let mut gs = ctx.upload(&vec![f32::NAN; p.heads_q]).unwrap();
+    match &sinks_ {
+        Some(s) => ctx.attention_backward_with_sinks(
+            p,
+            &q_,
+            &k_,
+            &v_,
+            &o,
+            Some(&lse),
+            &do_,
+            s,
+            &mut gq,
+            &mut gk,
+            &mut gv,
+            &mut gs,
+        ),
+        None => ctx.attention_backward(
+            p,
+            &q_,
+            &k_,
+            &v_,
+            &o,
+            Some(&lse),
+            &do_,
+            &mut gq,
+            &mut gk,
+            &mut gv,
+        ),
+    }
+    .unwrap_or_else(|e| panic!("{p:?}: backward: {e}"));
     Grads {
         dq: ctx.download(&gq).unwrap(),
         dk: ctx.download(&gk).unwrap(),
         dv: ctx.download(&gv).unwrap(),
+        dsink: if sinks.is_some() {
+            ctx.download(&gs).unwrap()
+        } else {
+            Vec::new()
+        },
+        o: ctx.download(&o).unwrap(),
+        lse: ctx.download(&lse).unwrap(),
     }
 }
